@@ -1,0 +1,1 @@
+"""Alembic environment and versions for fairlane's database (run through tenancy.db.upgrade)."""

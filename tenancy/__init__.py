@@ -1,0 +1,98 @@
+"""Tenants, API keys, adapters, quota rows and usage records on SQLAlchemy 2, with their CRUD."""
+
+from tenancy.adapters import create_adapter, delete_adapter, get_adapter, list_adapters
+from tenancy.api_keys import (
+    CreatedApiKey,
+    authenticate_key,
+    create_api_key,
+    get_api_key,
+    list_api_keys,
+    revoke_api_key,
+    touch_api_key,
+)
+from tenancy.db import (
+    DEFAULT_DATABASE_URL,
+    alembic_config,
+    current_revision,
+    downgrade,
+    make_engine,
+    make_session_factory,
+    upgrade,
+)
+from tenancy.errors import ConflictError, NotFoundError, TenancyError, ValidationError
+from tenancy.keys import GeneratedKey, generate_key, hash_key, key_prefix, verify_key
+from tenancy.models import (
+    TENANT_ACTIVE,
+    TENANT_DISABLED,
+    Adapter,
+    ApiKey,
+    Base,
+    Quota,
+    Tenant,
+    UsageRecord,
+)
+from tenancy.quota_rows import QUOTA_FIELDS, get_quota, list_quotas, set_quota
+from tenancy.tenants import (
+    DEFAULT_ALLOWED_TIERS,
+    create_tenant,
+    disable_tenant,
+    get_tenant,
+    get_tenant_by_name,
+    list_tenants,
+    update_tenant,
+)
+from tenancy.usage import UsageSummary, UsageTotals, list_usage, record_usage, usage_summary
+
+__all__ = [
+    "DEFAULT_ALLOWED_TIERS",
+    "DEFAULT_DATABASE_URL",
+    "QUOTA_FIELDS",
+    "TENANT_ACTIVE",
+    "TENANT_DISABLED",
+    "Adapter",
+    "ApiKey",
+    "Base",
+    "ConflictError",
+    "CreatedApiKey",
+    "GeneratedKey",
+    "NotFoundError",
+    "Quota",
+    "TenancyError",
+    "Tenant",
+    "UsageRecord",
+    "UsageSummary",
+    "UsageTotals",
+    "ValidationError",
+    "alembic_config",
+    "authenticate_key",
+    "create_adapter",
+    "create_api_key",
+    "create_tenant",
+    "current_revision",
+    "delete_adapter",
+    "disable_tenant",
+    "downgrade",
+    "generate_key",
+    "get_adapter",
+    "get_api_key",
+    "get_quota",
+    "get_tenant",
+    "get_tenant_by_name",
+    "hash_key",
+    "key_prefix",
+    "list_adapters",
+    "list_api_keys",
+    "list_quotas",
+    "list_tenants",
+    "list_usage",
+    "make_engine",
+    "make_session_factory",
+    "record_usage",
+    "revoke_api_key",
+    "set_quota",
+    "touch_api_key",
+    "update_tenant",
+    "upgrade",
+    "usage_summary",
+    "verify_key",
+]

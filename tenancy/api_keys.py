@@ -1,0 +1,84 @@
+"""API key CRUD and authentication: the full key is returned by create_api_key and never again."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from tenancy.errors import NotFoundError
+from tenancy.keys import generate_key, key_prefix, verify_key
+from tenancy.models import ApiKey, Tenant, utcnow
+from tenancy.tenants import get_tenant
+
+DEFAULT_SCOPES = ("inference",)
+
+
+@dataclass(frozen=True)
+class CreatedApiKey:
+    """The stored row and the one-time plaintext key."""
+
+    api_key: ApiKey
+    key: str
+
+
+def create_api_key(
+    session: Session, *, tenant_id: int, name: str = "", scopes: Sequence[str] = DEFAULT_SCOPES
+) -> CreatedApiKey:
+    get_tenant(session, tenant_id=tenant_id)
+    while True:  # a prefix collision is astronomically rare (62**8); draw again if it happens
+        generated = generate_key()
+        if session.scalar(select(ApiKey.id).where(ApiKey.prefix == generated.prefix)) is None:
+            break
+    row = ApiKey(
+        tenant_id=tenant_id, prefix=generated.prefix, secret_hash=generated.secret_hash, name=name, scopes=list(scopes)
+    )
+    session.add(row)
+    session.commit()
+    return CreatedApiKey(api_key=row, key=generated.key)
+
+
+def list_api_keys(session: Session, *, tenant_id: int, include_revoked: bool = True) -> list[ApiKey]:
+    get_tenant(session, tenant_id=tenant_id)
+    query = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id)
+    if not include_revoked:
+        query = query.where(ApiKey.revoked_at.is_(None))
+    return list(session.scalars(query))
+
+
+def get_api_key(session: Session, *, key_id: int) -> ApiKey:
+    row = session.get(ApiKey, key_id)
+    if row is None:
+        raise NotFoundError(f"API key {key_id} not found", param="key_id")
+    return row
+
+
+def revoke_api_key(session: Session, *, key_id: int) -> ApiKey:
+    """Mark a key revoked (idempotent: the first revocation time is kept)."""
+    row = get_api_key(session, key_id=key_id)
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+        session.commit()
+    return row
+
+
+def authenticate_key(session: Session, *, key: str) -> tuple[ApiKey, Tenant] | None:
+    """The key's row and tenant if the key is ours, unrevoked and its tenant active; else None."""
+    prefix = key_prefix(key)
+    if prefix is None:
+        return None
+    row = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+    if row is None or not verify_key(key, row.secret_hash) or row.revoked:
+        return None
+    tenant = row.tenant
+    if not tenant.active:
+        return None
+    return row, tenant
+
+
+def touch_api_key(session: Session, *, key_id: int) -> None:
+    """Record that a key was used now (one UPDATE; callers throttle how often)."""
+    session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=utcnow()))
+    session.commit()

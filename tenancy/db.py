@@ -1,0 +1,75 @@
+"""Database engine, sessions and programmatic Alembic migrations.
+
+SQLite by default (``sqlite:///fairlane.db``), PostgreSQL by URL
+(``postgresql+psycopg://user@host:5432/db``). The Alembic configuration lives here in code; the
+scripts live in the top-level ``migrations`` package, found without importing it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+DEFAULT_DATABASE_URL = "sqlite:///fairlane.db"
+
+
+def _enable_sqlite_foreign_keys(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(url: str = DEFAULT_DATABASE_URL, **kwargs) -> Engine:
+    """An Engine for ``url``; SQLite gets foreign keys on and may be shared across threads."""
+    if url.startswith("sqlite"):
+        kwargs.setdefault("connect_args", {"check_same_thread": False})
+        engine = create_engine(url, **kwargs)
+        event.listen(engine, "connect", _enable_sqlite_foreign_keys)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def migrations_dir() -> Path:
+    spec = importlib.util.find_spec("migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the 'migrations' package is not installed next to 'tenancy'")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    # '%' is ConfigParser's interpolation character; URLs may carry it (escaped passwords).
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str = DEFAULT_DATABASE_URL, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` (the latest by default)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str = DEFAULT_DATABASE_URL, revision: str = "base") -> None:
+    """Revert migrations down to ``revision`` (an empty schema by default)."""
+    command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()

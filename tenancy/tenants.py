@@ -1,0 +1,100 @@
+"""Tenant CRUD: keyword-only functions over a Session; each commits its own change."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tenancy.errors import ConflictError, NotFoundError, ValidationError
+from tenancy.models import TENANT_ACTIVE, TENANT_DISABLED, Tenant
+
+DEFAULT_ALLOWED_TIERS = ("standard", "batch")
+_UNSET = object()
+
+
+def _check_tiers(default_tier: str, allowed_tiers: Sequence[str]) -> None:
+    if not allowed_tiers:
+        raise ValidationError("allowed_tiers must not be empty", param="allowed_tiers")
+    if default_tier not in allowed_tiers:
+        raise ValidationError(
+            f"default_tier {default_tier!r} is not in allowed_tiers {list(allowed_tiers)}", param="default_tier"
+        )
+
+
+def create_tenant(
+    session: Session,
+    *,
+    name: str,
+    weight: float = 1.0,
+    default_tier: str = "standard",
+    allowed_tiers: Sequence[str] = DEFAULT_ALLOWED_TIERS,
+) -> Tenant:
+    if weight <= 0:
+        raise ValidationError("weight must be positive", param="weight")
+    _check_tiers(default_tier, allowed_tiers)
+    if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
+        raise ConflictError(f"tenant {name!r} already exists", param="name")
+    tenant = Tenant(name=name, weight=weight, default_tier=default_tier, allowed_tiers=list(allowed_tiers))
+    session.add(tenant)
+    session.commit()
+    return tenant
+
+
+def list_tenants(session: Session, *, include_disabled: bool = True) -> list[Tenant]:
+    query = select(Tenant).order_by(Tenant.id)
+    if not include_disabled:
+        query = query.where(Tenant.status == TENANT_ACTIVE)
+    return list(session.scalars(query))
+
+
+def get_tenant(session: Session, *, tenant_id: int) -> Tenant:
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        raise NotFoundError(f"tenant {tenant_id} not found", param="tenant_id")
+    return tenant
+
+
+def get_tenant_by_name(session: Session, *, name: str) -> Tenant:
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        raise NotFoundError(f"tenant {name!r} not found", param="name")
+    return tenant
+
+
+def update_tenant(
+    session: Session,
+    *,
+    tenant_id: int,
+    name: str | None = None,
+    weight: float | None = None,
+    default_tier: str | None = None,
+    allowed_tiers: Sequence[str] | None = None,
+    status: str | None = None,
+) -> Tenant:
+    """Change the given fields; None leaves a field as it is."""
+    tenant = get_tenant(session, tenant_id=tenant_id)
+    if name is not None and name != tenant.name:
+        if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
+            raise ConflictError(f"tenant {name!r} already exists", param="name")
+        tenant.name = name
+    if weight is not None:
+        if weight <= 0:
+            raise ValidationError("weight must be positive", param="weight")
+        tenant.weight = weight
+    if status is not None:
+        if status not in (TENANT_ACTIVE, TENANT_DISABLED):
+            raise ValidationError(f"status must be {TENANT_ACTIVE!r} or {TENANT_DISABLED!r}", param="status")
+        tenant.status = status
+    new_default = default_tier if default_tier is not None else tenant.default_tier
+    new_allowed = list(allowed_tiers) if allowed_tiers is not None else list(tenant.allowed_tiers)
+    _check_tiers(new_default, new_allowed)
+    tenant.default_tier, tenant.allowed_tiers = new_default, new_allowed
+    session.commit()
+    return tenant
+
+
+def disable_tenant(session: Session, *, tenant_id: int) -> Tenant:
+    """Disable a tenant: its keys stop authenticating; its data stays."""
+    return update_tenant(session, tenant_id=tenant_id, status=TENANT_DISABLED)

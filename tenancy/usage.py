@@ -1,0 +1,102 @@
+"""Usage records (one per request) and their per-tenant summaries over a period."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tenancy.models import UsageRecord
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class UsageSummary:
+    """Totals for one tenant in [since, until), and the same split by model and by tier."""
+
+    tenant_id: int
+    since: datetime
+    until: datetime
+    totals: UsageTotals
+    by_model: dict[str, UsageTotals] = field(default_factory=dict)
+    by_tier: dict[str, UsageTotals] = field(default_factory=dict)
+
+
+def record_usage(
+    session: Session,
+    *,
+    request_id: str,
+    tenant_id: int,
+    key_id: int | None,
+    model: str,
+    tier: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    status: str,
+    ttft_ms: float | None = None,
+    latency_ms: float | None = None,
+) -> UsageRecord:
+    record = UsageRecord(
+        request_id=request_id,
+        tenant_id=tenant_id,
+        key_id=key_id,
+        model=model,
+        tier=tier,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        ttft_ms=ttft_ms,
+        latency_ms=latency_ms,
+        status=status,
+    )
+    session.add(record)
+    session.commit()
+    return record
+
+
+def list_usage(session: Session, *, tenant_id: int, since: datetime, until: datetime) -> list[UsageRecord]:
+    query = (
+        select(UsageRecord)
+        .where(UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since, UsageRecord.created_at < until)
+        .order_by(UsageRecord.created_at, UsageRecord.id)
+    )
+    return list(session.scalars(query))
+
+
+def usage_summary(session: Session, *, tenant_id: int, since: datetime, until: datetime) -> UsageSummary:
+    def grouped(column):
+        query = (
+            select(
+                column,
+                func.count(UsageRecord.id),
+                func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
+                func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
+            )
+            .where(
+                UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since, UsageRecord.created_at < until
+            )
+            .group_by(column)
+        )
+        return {key: UsageTotals(int(n), int(p), int(c)) for key, n, p, c in session.execute(query)}
+
+    by_model = grouped(UsageRecord.model)
+    totals = UsageTotals(
+        requests=sum(t.requests for t in by_model.values()),
+        prompt_tokens=sum(t.prompt_tokens for t in by_model.values()),
+        completion_tokens=sum(t.completion_tokens for t in by_model.values()),
+    )
+    return UsageSummary(
+        tenant_id=tenant_id, since=since, until=until, totals=totals, by_model=by_model,
+        by_tier=grouped(UsageRecord.tier),
+    )
