@@ -1,0 +1,26 @@
+"""fairlane's inference engine: paged KV cache, continuous batching, our own Llama forward.
+
+Public API (other packages import only these names):
+    Engine, EngineConfig, LLM, SamplingParams, RequestOutput, errors.
+"""
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.engine import Engine
+from engine.errors import ContextLengthExceededError, DuplicateRequestError, EngineError, InvalidRequestError
+from engine.llm import LLM, Completion
+from engine.request import FinishReason, RequestOutput, SamplingParams
+
+__all__ = [
+    "CacheConfig",
+    "Completion",
+    "ContextLengthExceededError",
+    "DuplicateRequestError",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "FinishReason",
+    "InvalidRequestError",
+    "LLM",
+    "RequestOutput",
+    "SamplingParams",
+    "SchedulerConfig",
+]

@@ -1,0 +1,12 @@
+"""Attention backends behind one interface: `make_backend(name, ...)`."""
+from engine.attention import torch_ref  # noqa: F401  (registers "torch")
+from engine.attention.base import (
+    BACKENDS,
+    AttentionBackend,
+    AttentionMetadata,
+    PrefillChunk,
+    make_backend,
+    register_backend,
+)
+
+__all__ = ["BACKENDS", "AttentionBackend", "AttentionMetadata", "PrefillChunk", "make_backend", "register_backend"]

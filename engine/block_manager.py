@@ -1,0 +1,156 @@
+"""Paged KV blocks: allocation on demand, reference counts and hash-based prefix sharing.
+
+Plain Python, no torch. A block holds `block_size` token slots of every layer's K and V. A full
+block whose tokens are known is registered under a chained hash (hash of the previous block's hash,
+its tokens and an extra key such as the LoRA adapter), so a later sequence with the same prefix
+reuses it instead of recomputing it. Freed blocks keep their hash until they are handed out again,
+so a recently finished prefix is still found (an LRU cache of free blocks).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from engine.request import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = field(default=())
+
+
+def chain_hash(prev: int | None, token_ids: tuple[int, ...], extra: str | None) -> int:
+    return hash((prev, token_ids, extra))
+
+
+class BlockManager:
+    """Hands out KV blocks to sequences. Paired verbs: can_allocate/allocate, can_append/append, free."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
+        if num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.hash_to_block: dict[int, int] = {}
+        # Free blocks in the order they were freed: the oldest is handed out first.
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Per sequence: number of its leading blocks already registered under a hash.
+        self._hashed: dict[str, int] = {}
+        self.num_prefix_hit_tokens = 0
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return len(self.blocks) - len(self.free_ids)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def prefix_hits(self, seq: Sequence) -> list[int]:
+        """Ids of cached blocks holding seq's leading full blocks. At least one token is always
+        left to compute, because the step must produce the last position's logits."""
+        if not self.enable_prefix_caching:
+            return []
+        bs, hits, prev = self.block_size, [], None
+        for start in range(0, seq.num_tokens - 1 - (bs - 1), bs):  # full blocks before the last token
+            tokens = tuple(seq.token_ids[start : start + bs])
+            prev = chain_hash(prev, tokens, seq.lora)
+            block_id = self.hash_to_block.get(prev)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int, reserve: int = 0) -> bool:
+        """Can seq start with `hits` shared and `num_new_tokens` computed now, keeping `reserve` free?"""
+        cached = len(hits) * self.block_size
+        fresh = self.blocks_needed(cached + num_new_tokens) - len(hits)
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # cached but on the free list
+        return fresh + revived + reserve <= self.num_free_blocks
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return need <= self.num_free_blocks
+
+    # ---- mutations -----------------------------------------------------------------------
+    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> None:
+        """Give a waiting sequence its shared prefix blocks plus fresh ones for its first chunk."""
+        assert not seq.block_table, f"{seq.request_id} already holds blocks"
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_ids[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        self.num_prefix_hit_tokens += seq.num_cached_tokens
+        self._hashed[seq.request_id] = len(hits)
+        self.append(seq, num_new_tokens)
+
+    def append(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Make room for seq's next `num_new_tokens` KV entries."""
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        for _ in range(need):
+            seq.block_table.append(self._take_free())
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the blocks seq has just filled (its KV is now written) for prefix sharing."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        done = self._hashed.get(seq.request_id, 0)
+        full = seq.num_computed_tokens // bs
+        if full <= done:
+            return
+        prev = self.blocks[seq.block_table[done - 1]].hash if done else None
+        for i in range(done, full):
+            block = self.blocks[seq.block_table[i]]
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            prev = chain_hash(prev, tokens, seq.lora)
+            if block.hash is None:  # a shared block is already registered
+                block.hash, block.token_ids = prev, tokens
+                self.hash_to_block.setdefault(prev, block.block_id)
+        self._hashed[seq.request_id] = full
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block of seq (finish, abort or preemption). Blocks last freed are reused last."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_ids[block_id] = None
+        seq.block_table.clear()
+        seq.num_computed_tokens = 0
+        self._hashed.pop(seq.request_id, None)
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free_ids.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+            del self.hash_to_block[block.hash]
+        block.hash, block.token_ids, block.ref_count = None, (), 1
+        return block_id
+
+    # ---- accounting ----------------------------------------------------------------------
+    def utilization(self, seqs) -> float:
+        """Real tokens / allocated slots over the given sequences' blocks (shared blocks once)."""
+        blocks: dict[int, int] = {}
+        for seq in seqs:
+            for i, block_id in enumerate(seq.block_table):
+                filled = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
+                blocks[block_id] = max(blocks.get(block_id, 0), filled)
+        slots = len(blocks) * self.block_size
+        return sum(blocks.values()) / slots if slots else 1.0

@@ -1,0 +1,70 @@
+"""Frozen engine configuration. Each config extends the one it builds on (cache → scheduler → engine)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: blocks of `block_size` token slots."""
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: as many as kv_cache_gib holds
+    kv_cache_gib: float = 1.0
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        if self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig(CacheConfig):
+    """Limits of one engine step and the policy that orders waiting work."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    policy: str = "fcfs"
+    chunked_prefill: bool = True
+    # Free blocks kept back when admitting new sequences, so running ones can grow a little.
+    watermark: float = 0.01
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len <= 1:
+            raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+
+@dataclass(frozen=True)
+class EngineConfig(SchedulerConfig):
+    """Everything an Engine needs. `model` is "smollm2", a HF folder, a .gguf file or "dummy"."""
+
+    model: str = "smollm2"
+    dtype: str = "bfloat16"
+    num_threads: int | None = None  # None: leave torch's default
+    seed: int = 0
+    attention_backend: str = "torch"
+    dummy_config: dict | None = field(default=None, hash=False)  # LlamaConfig kwargs for "dummy"
+    cache_dir: str | None = None  # where converted GGUF models are kept; None: ~/.cache/fairlane
+    # Detokenize every step (servers stream text); offline generation decodes once at the end.
+    incremental_text: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.num_threads is not None and self.num_threads <= 0:
+            raise ValueError(f"num_threads must be positive, got {self.num_threads}")

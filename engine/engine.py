@@ -1,0 +1,211 @@
+"""The engine: add_request / abort / step. Owns the scheduler, the block manager and the runner."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import DetokState, Detokenizer, find_stop, holdback
+from engine.errors import ContextLengthExceededError, DuplicateRequestError, InvalidRequestError
+from engine.loader import load_model
+from engine.model_runner import ModelRunner
+from engine.request import FinishReason, RequestOutput, SamplingParams, Sequence, SequenceStatus
+from engine.scheduler import Scheduler
+from engine.stats import EngineStats
+
+
+class Engine:
+    """A preemptive continuous-batching engine over a paged KV cache. Single-threaded: call
+    add_request/abort between steps."""
+
+    def __init__(self, config: EngineConfig | None = None, **overrides):
+        config = replace(config, **overrides) if config else EngineConfig(**overrides)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        loaded = load_model(config.model, cache_dir=config.cache_dir, dummy_config=config.dummy_config,
+                            seed=config.seed)
+        self.model_name = loaded.name
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.vocab_size = loaded.config.vocab_size
+        max_pos = loaded.config.max_position_embeddings
+        max_len = min(config.max_model_len or max_pos, max_pos)
+        self.runner = ModelRunner(loaded, replace(config, max_model_len=max_len), max_len)
+        # A sequence must fit the whole cache on its own, or it could never finish.
+        self.max_model_len = min(max_len, self.runner.num_blocks * config.block_size)
+        self.config = replace(config, max_model_len=self.max_model_len)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                          enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
+        self.seqs: dict[str, Sequence] = {}
+        self._detok: dict[str, DetokState] = {}
+        self._generators: dict[str, torch.Generator] = {}
+        self.stats = EngineStats()
+
+    # ---- requests --------------------------------------------------------------------------
+    def validate(self, prompt_token_ids, params: SamplingParams, resume_token_ids=()) -> None:
+        """Raise InvalidRequestError (with a clear message and the offending param) for bad input."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams", param="params")
+        self._check_ids(prompt_token_ids, "prompt")
+        if len(prompt_token_ids) == 0:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if resume_token_ids:
+            self._check_ids(resume_token_ids, "resume_token_ids")
+            if len(resume_token_ids) >= params.max_tokens:
+                raise InvalidRequestError("resume_token_ids already reach max_tokens", param="resume_token_ids")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ContextLengthExceededError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but "
+                f"{total} were requested ({len(prompt_token_ids)} in the prompt, {params.max_tokens} "
+                "for the completion); shorten the prompt or lower max_tokens",
+                param="max_tokens" if len(prompt_token_ids) < self.max_model_len else "prompt",
+            )
+        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"unknown stop token id(s) {bad}: the vocabulary has "
+                                      f"{self.vocab_size} tokens", param="stop_token_ids")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a model with a tokenizer", param="stop")
+
+    def _check_ids(self, ids, name: str) -> None:
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InvalidRequestError(f"{name} must be a list of token ids (integers)", param=name)
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise InvalidRequestError(f"{name} holds token ids outside the vocabulary [0, {self.vocab_size})", param=name)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+                    tenant: str = "default", weight: float = 1.0, priority: int = 0,
+                    arrival_time: float | None = None, ttft_target_s: float | None = None,
+                    tpot_target_s: float | None = None, lora: str | None = None,
+                    resume_token_ids=()) -> None:
+        """Queue a request. `resume_token_ids` are output tokens already produced elsewhere (a dead
+        worker's): generation continues after them and they count toward max_tokens."""
+        if request_id in self.seqs:
+            raise DuplicateRequestError(f"request {request_id!r} is already in the engine", param="request_id")
+        self.validate(prompt_token_ids, params, resume_token_ids)
+        if lora is not None:
+            raise InvalidRequestError("LoRA adapters are not supported by this engine yet", param="lora")
+        if weight <= 0:
+            raise InvalidRequestError("weight must be positive", param="weight")
+        seq = Sequence(
+            request_id=request_id, token_ids=list(prompt_token_ids) + list(resume_token_ids),
+            num_prompt_tokens=len(prompt_token_ids), params=params, tenant=tenant, weight=weight,
+            priority=priority, ttft_target_s=ttft_target_s, tpot_target_s=tpot_target_s, lora=lora,
+            num_resumed_tokens=len(resume_token_ids),
+        )
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        if params.seed is not None:
+            self._generators[request_id] = torch.Generator().manual_seed(params.seed)
+        if self.detokenizer is not None and (self.config.incremental_text or params.stop):
+            self._detok[request_id] = self.detokenizer.start(len(resume_token_ids))
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks. False if it is unknown or already done."""
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return False
+        seq.finish_reason = FinishReason.ABORT
+        self._release(seq)
+        return True
+
+    # ---- stepping --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once over every scheduled token, sample, and report."""
+        plan = self.scheduler.schedule()
+        self.stats.preemptions += len(plan.preempted)
+        if plan.is_empty:
+            return []
+        t0 = time.perf_counter()
+        sampled = self.runner.run(plan, self._generators)
+        self.stats.forward_seconds += time.perf_counter() - t0
+        self.scheduler.finish_step(plan)
+        self.stats.steps += 1
+        for item in plan.scheduled:
+            if item.num_tokens == 1 and item.samples and item.seq.num_output_tokens > 0:
+                self.stats.decode_tokens += 1
+            else:
+                self.stats.prefill_tokens += item.num_tokens
+        self.stats.utilization_sum += self.block_manager.utilization(self.scheduler.running)
+        self.stats.utilization_steps += 1
+        now = time.monotonic()
+        return [self._append(item.seq, token, now) for item, token in sampled]
+
+    def _append(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        seq.token_ids.append(token)
+        self.stats.output_tokens += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        p = seq.params
+        if not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
+            seq.finish_reason = FinishReason.STOP
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = FinishReason.LENGTH
+        text = self._text(seq)
+        out = RequestOutput(
+            request_id=seq.request_id, new_token_ids=[token], new_text=text,
+            finished=seq.finish_reason is not None,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+        )
+        if out.finished:
+            self._release(seq)
+        return out
+
+    def _text(self, seq: Sequence) -> str:
+        """New text safe to hand out; detects stop strings (the stop string itself is not emitted)."""
+        state = self._detok.get(seq.request_id)
+        if state is None:
+            return ""
+        new = self.detokenizer.step(state, seq.output_token_ids)
+        stops = seq.params.stop
+        if new and stops:
+            cut = find_stop(state.text, len(new), stops)
+            if cut != -1:
+                state.text = state.text[:cut]
+                seq.finish_reason = FinishReason.STOP
+        end = len(state.text)
+        if seq.finish_reason is None and stops:
+            end -= holdback(state.text, stops)
+        end = max(end, state.emitted)
+        chunk, state.emitted = state.text[state.emitted : end], end
+        return chunk
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.seqs.pop(seq.request_id, None)
+        self._detok.pop(seq.request_id, None)
+        self._generators.pop(seq.request_id, None)
+
+    # ---- state -----------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def has_room(self) -> bool:
+        """Could one more request start at the next step (nothing waiting, a slot and blocks free)?"""
+        return self.scheduler.has_room()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting

@@ -1,0 +1,106 @@
+"""The offline API: `LLM(model=...).generate(prompts, params)`."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.errors import InvalidRequestError
+from engine.request import SamplingParams
+
+Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
+
+
+@dataclass
+class Completion:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+
+
+class LLM:
+    """Runs batches of prompts to completion on one Engine."""
+
+    def __init__(self, model: str = "smollm2", config: EngineConfig | None = None, **overrides):
+        overrides.setdefault("incremental_text", False)  # text is decoded once, at the end
+        self.engine = Engine(config, model=model, **overrides) if config else Engine(model=model, **overrides)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids for a prompt: ids pass through, text is tokenized, chat messages get the template."""
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise InvalidRequestError("this model has no tokenizer: pass token ids", param="prompt")
+        if isinstance(prompt, str):
+            return tok.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+            if not prompt or not all("role" in m and "content" in m for m in prompt):
+                raise InvalidRequestError("chat messages need a role and content each", param="messages")
+            return list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
+        raise InvalidRequestError("a prompt is text, a list of token ids or a list of chat messages", param="prompt")
+
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+                 *, use_tqdm: bool = False, on_finish=None) -> list[Completion]:
+        """Generate for every prompt; results in input order. Every prompt is validated before any
+        is scheduled. `on_finish(index, completion)` is called as each one finishes."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and
+                                        all(isinstance(x, (int, dict)) for x in prompts)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise InvalidRequestError("give one SamplingParams, or one per prompt", param="params")
+        encoded = [self.encode(p) for p in prompts]
+        for ids, p in zip(encoded, plist):
+            self.engine.validate(ids, p)
+        ids_by_req = {}
+        for i, (ids, p) in enumerate(zip(encoded, plist)):
+            rid = f"llm-{uuid.uuid4().hex[:12]}-{i}"
+            ids_by_req[rid] = i
+            self.engine.add_request(rid, ids, p)
+        return self._run(ids_by_req, encoded, _progress(len(prompts), use_tqdm), on_finish)
+
+    def _run(self, index: dict[str, int], encoded: list[list[int]], bar, on_finish) -> list[Completion]:
+        tokens: dict[str, list[int]] = {rid: [] for rid in index}
+        results: list[Completion | None] = [None] * len(index)
+        tok = self.engine.tokenizer
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    tokens[out.request_id] += out.new_token_ids
+                    if out.finished:
+                        i = index[out.request_id]
+                        ids = tokens[out.request_id]
+                        text = tok.decode(ids, skip_special_tokens=True) if tok is not None else ""
+                        results[i] = Completion(out.request_id, encoded[i], ids, text, out.finish_reason)
+                        if on_finish:
+                            on_finish(i, results[i])
+                        bar.update(1)
+        finally:
+            bar.close()
+            for rid in index:  # an exception (or Ctrl-C) must not leave requests holding blocks
+                self.engine.abort(rid)
+        return results  # type: ignore[return-value]
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="generate")
+

@@ -1,0 +1,101 @@
+"""Turns a step plan into tensors, runs the model over the paged KV cache and samples."""
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionMetadata, PrefillChunk, make_backend
+from engine.config import EngineConfig
+from engine.loader import LoadedModel
+from engine.models import LlamaModel
+from engine.sampler import sample
+from engine.scheduler import ScheduledSeq, StepPlan
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
+        cfg = loaded.config
+        self.dtype = TORCH_DTYPES[config.dtype]
+        self.block_size = config.block_size
+        num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+        backend = make_backend(config.attention_backend, num_heads, self.num_kv_heads, self.head_dim)
+        self.model = LlamaModel.from_state_dict(cfg, loaded.state_dict, self.dtype, backend, max_model_len)
+        self.vocab_size = cfg.vocab_size
+        self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
+        slots = self.num_blocks * self.block_size
+        # Per layer: K and V caches [slots, KVH, D].
+        self.kv_caches = [
+            (torch.zeros(slots, self.num_kv_heads, self.head_dim, dtype=self.dtype),
+             torch.zeros(slots, self.num_kv_heads, self.head_dim, dtype=self.dtype))
+            for _ in range(cfg.num_hidden_layers)
+        ]
+
+    def _blocks_for(self, gib: float, num_layers: int) -> int:
+        per_block = num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        return max(1, int(gib * 2**30 // per_block))
+
+    def run(self, plan: StepPlan, generators: dict[str, torch.Generator]) -> list[tuple[ScheduledSeq, int]]:
+        """Run one step; returns (item, sampled token) for every item that reached its sequence's end."""
+        items = sorted(plan.scheduled, key=lambda it: it.num_tokens != 1)  # decodes first (stable)
+        input_ids, positions, meta, sample_rows = self._prepare(items)
+        hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        samplers = [it for it in items if it.samples]
+        if not samplers:
+            return []
+        logits = self.model.logits(hidden[sample_rows])
+        params = [it.seq.params for it in samplers]
+        gens = [generators.get(it.seq.request_id) for it in samplers]
+        return list(zip(samplers, sample(logits, params, gens)))
+
+    def _prepare(self, items: list[ScheduledSeq]):
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        sample_rows: list[int] = []
+        decodes = [it for it in items if it.num_tokens == 1]
+        for it in decodes:
+            p = it.seq.num_computed_tokens
+            ids.append(it.seq.token_ids[p])
+            pos.append(p)
+        for it in items[len(decodes):]:
+            start = it.seq.num_computed_tokens
+            ids += it.seq.token_ids[start : start + it.num_tokens]
+            pos += range(start, start + it.num_tokens)
+        for row, it in enumerate(decodes):
+            if it.samples:
+                sample_rows.append(row)
+        arange_bs = torch.arange(bs)
+        slot_parts: list[torch.Tensor] = []
+        decode_slots = decode_mask = None
+        if decodes:
+            ctx = torch.tensor([it.seq.num_computed_tokens + 1 for it in decodes])
+            max_len = int(ctx.max())
+            nb = -(-max_len // bs)
+            tables = torch.tensor([it.seq.block_table[:nb] + [0] * (nb - min(nb, len(it.seq.block_table)))
+                                   for it in decodes])  # [B, nb]
+            decode_slots = (tables[:, :, None] * bs + arange_bs).view(len(decodes), -1)[:, :max_len]
+            decode_mask = (torch.arange(max_len)[None, :] < ctx[:, None])[:, None, None, :]
+            slot_parts.append(decode_slots.gather(1, (ctx - 1)[:, None]).view(-1))
+        prefills: list[PrefillChunk] = []
+        row = len(decodes)
+        for it in items[len(decodes):]:
+            start, n = it.seq.num_computed_tokens, it.num_tokens
+            table = torch.tensor(it.seq.block_table)
+            seq_slots = (table[:, None] * bs + arange_bs).view(-1)[: start + n]
+            slot_parts.append(seq_slots[start:])
+            prefills.append(PrefillChunk(row, n, start + n, seq_slots if start else None))
+            row += n
+            if it.samples:
+                sample_rows.append(row - 1)
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slot_parts),
+            num_decodes=len(decodes),
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+            prefills=prefills,
+        )
+        # sample_rows follow `items` order restricted to samplers: decodes first, then prefills.
+        return torch.tensor(ids), torch.tensor(pos), meta, torch.tensor(sample_rows, dtype=torch.long)

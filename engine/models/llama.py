@@ -1,0 +1,121 @@
+"""Our own Llama-family forward over a packed batch of variable-length sequences.
+
+RMSNorm, RoPE (with the config's scaling, via transformers' rope init), grouped-query attention
+through a pluggable backend over the paged KV cache, SwiGLU, tied embeddings. No padding: the
+step's tokens are one [T, hidden] matrix; only rows that sample go through the LM head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from engine.attention import AttentionBackend, AttentionMetadata
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [hidden, H * D]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]  gate and up fused
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same arithmetic as transformers' LlamaRMSNorm: normalise in fp32, scale in the model dtype.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaModel:
+    """Weights plus the forward. Build with `from_state_dict`."""
+
+    def __init__(self, config: LlamaConfig, layers: list[LayerWeights], embed: torch.Tensor,
+                 norm: torch.Tensor, lm_head: torch.Tensor, attention: AttentionBackend, max_positions: int):
+        self.config = config
+        self.layers = layers
+        self.embed = embed  # [vocab, hidden]
+        self.norm = norm
+        self.lm_head = lm_head  # [vocab, hidden]; the same tensor as embed when tied
+        self.attention = attention
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.dtype = embed.dtype
+        rotary = LlamaRotaryEmbedding(config)
+        cos, sin = rotary(embed[:1], torch.arange(max_positions)[None])  # [1, P, D] each, model dtype
+        self.cos, self.sin = cos[0], sin[0]
+
+    @classmethod
+    def from_state_dict(cls, config: LlamaConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
+                        attention: AttentionBackend, max_positions: int) -> "LlamaModel":
+        def w(name: str) -> torch.Tensor:
+            return sd[name].to(dtype).contiguous()
+
+        def maybe(name: str) -> torch.Tensor | None:
+            return sd[name].to(dtype) if name in sd else None
+
+        layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            qkv_bias = None
+            if a + "q_proj.bias" in sd:
+                qkv_bias = torch.cat([w(a + f"{x}_proj.bias") for x in "qkv"])
+            layers.append(LayerWeights(
+                input_norm=w(p + "input_layernorm.weight"),
+                qkv=torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"]).contiguous(),
+                qkv_bias=qkv_bias,
+                o=w(a + "o_proj.weight"),
+                o_bias=maybe(a + "o_proj.bias"),
+                post_norm=w(p + "post_attention_layernorm.weight"),
+                gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous(),
+                down=w(p + "mlp.down_proj.weight"),
+            ))
+        embed = w("model.embed_tokens.weight")
+        tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in sd
+        lm_head = embed if tied else w("lm_head.weight")
+        return cls(config, layers, embed, w("model.norm.weight"), lm_head, attention, max_positions)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """input_ids, positions: [T]. Returns the final normed hidden states [T, hidden]."""
+        T = input_ids.shape[0]
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1)
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            h = rms_norm(x, layer.input_norm, self.eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+            q = q.view(T, H, D)
+            k = k.view(T, KVH, D)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            attn = self.attention.forward(q, k, v.view(T, KVH, D), k_cache, v_cache, meta)
+            x = x + F.linear(attn.view(T, H * D), layer.o, layer.o_bias)
+            h = rms_norm(x, layer.post_norm, self.eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return rms_norm(x, self.norm, self.eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [S, hidden] rows that sample -> fp32 logits [S, vocab]."""
+        return F.linear(hidden, self.lm_head).float()

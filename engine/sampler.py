@@ -1,0 +1,41 @@
+"""Token selection for the rows that sample: greedy, temperature, top-k, top-p, per-request seeds."""
+from __future__ import annotations
+
+import torch
+
+from engine.request import SamplingParams
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int]:
+    """logits: [S, V] fp32, one row per sampling sequence. Returns one token id per row."""
+    greedy_ids = logits.argmax(dim=-1)
+    if all(p.greedy for p in params):
+        return greedy_ids.tolist()
+    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype)
+    logits = logits / temps[:, None]
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):
+        logits = _top_k_top_p(logits, params)
+    probs = torch.softmax(logits, dim=-1)
+    # Gumbel-style draw: argmax(p / E) with E ~ Exp(1) samples from p; a seeded row uses its own stream.
+    noise = torch.empty_like(probs).exponential_()
+    for i, gen in enumerate(generators):
+        if gen is not None:
+            noise[i].exponential_(generator=gen)
+    sampled = (probs / noise).argmax(dim=-1)
+    greedy_rows = torch.tensor([p.greedy for p in params])
+    return torch.where(greedy_rows, greedy_ids, sampled).tolist()
+
+
+def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+    ps = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
+    ranks = torch.arange(vocab)[None, :]
+    drop = ranks >= ks[:, None]
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly before each token; the top token always stays
+    drop |= before > ps[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

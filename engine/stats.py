@@ -1,0 +1,21 @@
+"""Counters an engine keeps about its own work (read by benchmarks, tests and metrics)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prefill_tokens: int = 0  # prompt (or recomputed) tokens run through the model
+    decode_tokens: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+    utilization_sum: float = 0.0  # sum over steps of real tokens / allocated slots
+    utilization_steps: int = 0
+    forward_seconds: float = 0.0
+
+    @property
+    def kv_utilization(self) -> float:
+        """Mean over steps of the fraction of allocated KV slots that hold real tokens."""
+        return self.utilization_sum / self.utilization_steps if self.utilization_steps else 1.0
