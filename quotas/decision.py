@@ -1,0 +1,84 @@
+"""Results of the quota library: an admission ``Decision``, its ``Reservation``, ``Usage``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# The limit that refused a request; also the ``code`` a gateway may put in its error body.
+LimitName = Literal["requests_per_minute", "tokens_per_minute", "concurrency", "daily_budget",
+                    "monthly_budget", "max_tokens", "tier"]
+Scope = Literal["tenant", "key"]
+SettleOutcome = Literal["settled", "unknown", "not_charged", "unavailable"]
+
+
+@dataclass(frozen=True)
+class RateInfo:
+    """One rate limit as OpenAI's headers show it: the strictest bucket that applies."""
+
+    limit: int  # per minute (tier-scaled for a tier sub-bucket)
+    remaining: int  # units that would be admitted now
+    reset_after: float  # seconds until the bucket is full again
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What an admission charged; hand it to ``Limiter.settle`` or ``Limiter.refund`` once.
+
+    ``lease_id`` is the concurrency lease held until settlement (or ``lease_ttl``).
+    ``charged`` is False when a fail-open limiter admitted without Redis: settling is a no-op.
+    """
+
+    id: str
+    tenant: str
+    key: str | None
+    tier: str
+    reserved_tokens: int  # prompt_tokens + max_tokens
+    lease_id: str
+    charged: bool = True
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to one admission.
+
+    ``allowed``: admit the request. Otherwise ``limit`` names the limit that refused (of
+    several, the one that frees up last), ``scope`` says whose limit it was, and
+    ``retry_after`` is the wait in seconds, or None when waiting cannot help (the request
+    asks more than the limit allows at all: tier, max_tokens, or tokens above a whole limit).
+    ``requests``/``tokens`` feed the ``x-ratelimit-*`` headers (None: not limited).
+    ``enforced`` is False when Redis was down and the limiter fails open.
+    """
+
+    allowed: bool
+    limit: LimitName | None = None
+    scope: Scope | None = None
+    retry_after: float | None = None  # seconds
+    reservation: Reservation | None = None
+    requests: RateInfo | None = None
+    tokens: RateInfo | None = None
+    enforced: bool = True
+
+    @property
+    def retryable(self) -> bool:
+        """True when the same request may be admitted later (a 429 with retry-after)."""
+        return not self.allowed and self.retry_after is not None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A scope's current usage, for the admin API (``QuotaStore.usage``)."""
+
+    tenant: str
+    key: str | None
+    configured: bool  # limits are stored in Redis for this scope
+    requests: RateInfo | None  # None: not limited
+    tokens: RateInfo | None
+    in_flight: int  # unexpired concurrency leases
+    max_concurrency: int | None
+    daily_used: int  # tokens charged today (UTC), reservations included
+    daily_remaining: int | None  # None: no daily budget
+    daily_reset_after: float  # seconds until the UTC day ends
+    monthly_used: int
+    monthly_remaining: int | None
+    monthly_reset_after: float

@@ -1,0 +1,144 @@
+"""The seam the gateway calls: admit a request, then settle or refund its reservation.
+
+Admission is one EVALSHA of ``admit.lua``: every limit of the tenant and of the API key is
+checked and charged together, or nothing is charged. Settlement is one EVALSHA of
+``settle.lua``, idempotent. When Redis cannot be reached the limiter fails closed
+(``QuotaBackendUnavailable``, the gateway answers 503) or, if configured, open (admits
+without charging and logs a warning); either way the same client recovers by itself when
+Redis is back, scripts included (NOSCRIPT reloads them).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError, ReadOnlyError, TimeoutError
+
+from . import codec
+from .decision import Decision, Reservation, SettleOutcome
+from .errors import QuotaBackendUnavailable, QuotaNotConfigured
+from .keys import KeySpace
+from .limits import Demand, QuotaLimits
+from .scripts import Scripts
+from .store import QuotaStore
+
+log = logging.getLogger(__name__)
+
+# Redis is unreachable, or is a replica after a failover: the backend is unavailable.
+BACKEND_ERRORS = (ConnectionError, TimeoutError, ReadOnlyError, OSError)
+
+# Loads a scope's limits from the database: (tenant, key or None) → limits, or None when the
+# scope has no quota row (stored as unlimited). Called only when Redis has none, e.g. after a
+# Redis restart.
+Loader = Callable[[str, str | None], Awaitable[QuotaLimits | None]]
+
+
+class Limiter:
+    """Admission control on Redis for one gateway process (share one per process).
+
+    ``lease_ttl`` (seconds) bounds how long a concurrency slot outlives a gateway that
+    crashed before settling; set it above the longest request. A reservation can be settled
+    for ``lease_ttl + settle_grace`` seconds, after which it stays charged in full.
+    ``unavailable_retry_after`` is the retry-after (seconds) of a fail-closed refusal.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        keys: KeySpace | None = None,
+        on_redis_error: Literal["closed", "open"] = "closed",
+        lease_ttl: float = 900.0,
+        settle_grace: float = 300.0,
+        unavailable_retry_after: float = 1.0,
+        loader: Loader | None = None,
+    ) -> None:
+        if on_redis_error not in ("closed", "open"):
+            raise ValueError(f"on_redis_error must be 'closed' or 'open', not {on_redis_error!r}")
+        if lease_ttl <= 0 or settle_grace < 0:
+            raise ValueError("lease_ttl must be > 0 and settle_grace >= 0 (seconds)")
+        self.redis = redis
+        self.keys = keys or KeySpace()
+        self.on_redis_error = on_redis_error
+        self.lease_ttl = lease_ttl
+        self.settle_grace = settle_grace
+        self.unavailable_retry_after = unavailable_retry_after
+        self.loader = loader
+        self.scripts = Scripts.register(redis)  # once: EVALSHA from here on
+        self.store = QuotaStore(redis, keys=self.keys, scripts=self.scripts)
+
+    async def admit(self, demand: Demand, *, now: float | None = None) -> Decision:
+        """Check and charge every limit of ``demand`` in one atomic call.
+
+        Returns an allowed Decision carrying a Reservation (settle or refund it exactly
+        once), or a refused one naming the limit. Raises ``QuotaBackendUnavailable`` when
+        Redis is unreachable and the limiter fails closed, ``QuotaNotConfigured`` when a
+        scope has no limits in Redis and there is no loader. ``now`` (Unix seconds) replaces
+        Redis's clock, for tests only.
+        """
+        rid = uuid.uuid4().hex
+        keys = self.keys.admission_keys(demand.tenant, demand.key, demand.tier, rid)
+        args = [codec.now_arg(now), demand.tier, demand.tokens, demand.max_tokens, rid,
+                round(self.lease_ttl * codec.US), round((self.lease_ttl + self.settle_grace) * 1000),
+                1 if demand.key is None else 2]
+        try:
+            for _ in range(3):  # at most: load the tenant's limits, then the key's
+                reply = await self.scripts.admit(keys=keys, args=args)
+                if int(reply[0]) != -1:
+                    return codec.decode_admit(reply, demand, rid)
+                await self._load(demand.tenant, None if reply[2] in (b"tenant", "tenant") else demand.key)
+            raise QuotaNotConfigured(demand.tenant, demand.key)
+        except BACKEND_ERRORS as exc:
+            return self._unavailable(demand, rid, exc)
+
+    async def settle(self, reservation: Reservation, used_tokens: int, *,
+                     now: float | None = None) -> SettleOutcome:
+        """Correct a reservation to the tokens really used and release its lease.
+
+        Unused tokens go back to tokens/min and the budgets; tokens above the reservation
+        are charged. Idempotent: a second call returns ``"unknown"`` and changes nothing.
+        Never raises for Redis errors (returns ``"unavailable"``): the request has already
+        been served, and an unsettled reservation only over-charges until its lease expires.
+        """
+        if used_tokens < 0:
+            raise ValueError(f"used_tokens must be >= 0, got {used_tokens}")
+        return await self._settle(reservation, used_tokens, now)
+
+    async def refund(self, reservation: Reservation, *, now: float | None = None) -> SettleOutcome:
+        """Give back everything a request that failed before running was charged.
+
+        Its tokens, its budget use and its lease, and its request count as well: the failure
+        was the service's, not the client's (the client cancelling a running request is
+        ``settle`` with the tokens produced). Idempotent like ``settle``.
+        """
+        return await self._settle(reservation, -1, now)
+
+    async def _settle(self, res: Reservation, used: int, now: float | None) -> SettleOutcome:
+        if not res.charged:
+            return "not_charged"
+        keys = self.keys.admission_keys(res.tenant, res.key, res.tier, res.id)
+        try:
+            reply = await self.scripts.settle(keys=keys, args=[codec.now_arg(now), used, res.lease_id])
+        except BACKEND_ERRORS as exc:
+            log.warning("quota settlement of %s for tenant %s failed: %s", res.id, res.tenant, exc)
+            return "unavailable"
+        return "settled" if int(reply[0]) == 1 else "unknown"
+
+    async def _load(self, tenant: str, key: str | None) -> None:
+        if self.loader is None:
+            raise QuotaNotConfigured(tenant, key)
+        limits = await self.loader(tenant, key)
+        await self.store.put(tenant, limits if limits is not None else QuotaLimits(), key)
+
+    def _unavailable(self, demand: Demand, rid: str, exc: BaseException) -> Decision:
+        if self.on_redis_error == "closed":
+            raise QuotaBackendUnavailable(self.unavailable_retry_after, exc) from exc
+        log.warning("quota backend unavailable, admitting tenant %s unchecked (fail-open): %s",
+                    demand.tenant, exc)
+        reservation = Reservation(id=rid, tenant=demand.tenant, key=demand.key, tier=demand.tier,
+                                  reserved_tokens=demand.tokens, lease_id=rid, charged=False)
+        return Decision(True, reservation=reservation, enforced=False)

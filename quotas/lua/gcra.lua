@@ -1,0 +1,75 @@
+-- gcra.lua: the Generic Cell Rate Algorithm on a hash, exact in integers.
+--
+-- Units
+--   window   60 s = 60,000,000 µs; `lim` is a count (requests or tokens) per window
+--   state    hash {tat = integer µs, frac = numerator over lim, lim = limit the state used}
+--            The theoretical arrival time (TAT) is tat + frac/lim µs. The emission interval of
+--            one unit is WINDOW/lim µs, generally not an integer: keeping the remainder as a
+--            numerator over lim makes N units in a burst of N exactly one window, so a limit
+--            of N admits exactly N, never N-1 or N+1 through rounding.
+--   burst    = lim: the delay variation tolerance is one whole window, so an idle bucket
+--            accepts `lim` units at once and then one unit every WINDOW/lim µs.
+-- Requires common.lua (int, ms_after) and a global-free `now` passed in.
+
+local WINDOW = 60000000  -- µs per rate window (one minute)
+
+-- Current TAT of a bucket as (tat µs, frac), never earlier than now.
+local function gcra_load(key, lim, now)
+  local s = redis.call('HMGET', key, 'tat', 'frac', 'lim')
+  local tat = tonumber(s[1])
+  if not tat or tat < now then
+    return now, 0
+  end
+  local frac, slim = tonumber(s[2]) or 0, tonumber(s[3]) or lim
+  if slim ~= lim then
+    frac = math.floor(frac * lim / slim)  -- limit changed: rescale the sub-µs remainder
+  end
+  return tat, frac
+end
+
+-- TAT moved by n units (n < 0 moves it back): n × WINDOW/lim µs, as integer + remainder.
+local function gcra_move(tat, frac, n, lim)
+  local a = n * WINDOW
+  local q = math.floor(a / lim)
+  local r = a - q * lim
+  if r < 0 then q = q - 1; r = r + lim elseif r >= lim then q = q + 1; r = r - lim end
+  tat = tat + q
+  frac = frac + r
+  if frac >= lim then tat = tat + 1; frac = frac - lim end
+  return tat, frac
+end
+
+-- (remaining units, µs until the bucket is full again) for a TAT not earlier than now.
+local function gcra_view(tat, frac, lim, now)
+  local d = tat - now
+  local remaining = math.floor(((WINDOW - d) * lim - frac) / WINDOW)
+  if remaining < 0 then remaining = 0 end
+  if frac > 0 then d = d + 1 end  -- round the reset up to whole µs
+  return remaining, d
+end
+
+-- Would n more units fit? Returns ok, retry_after µs (-1: never, n exceeds the burst),
+-- and the TAT to store if ok (the current TAT if not).
+local function gcra_check(key, lim, n, now)
+  local tat, frac = gcra_load(key, lim, now)
+  if n > lim then
+    return false, -1, tat, frac
+  end
+  local t2, f2 = gcra_move(tat, frac, n, lim)
+  local over = t2 - now - WINDOW  -- integer µs past the tolerance; f2/lim µs more
+  if over > 0 or (over == 0 and f2 > 0) then
+    if f2 > 0 then over = over + 1 end
+    return false, over, tat, frac
+  end
+  return true, 0, t2, f2
+end
+
+-- Store a TAT; the key lives exactly as long as the bucket is not full.
+local function gcra_store(key, tat, frac, lim, now)
+  if tat < now or (tat == now and frac == 0) then
+    redis.call('DEL', key)  -- full bucket: nothing to remember
+    return
+  end
+  redis.call('HSET', key, 'tat', int(tat), 'frac', int(frac), 'lim', int(lim))
+  redis.call('PEXPIRE', key, ms_after(tat - now))
+end
