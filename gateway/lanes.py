@@ -1,0 +1,98 @@
+"""Priority lanes on Redis Streams: key names and the gateway's side of the protocol.
+
+- ``lanes:{model}:{tier}``: one stream per model and tier; workers read it through the consumer
+  group ``workers``, ACK and delete an entry when its request finishes (lanes never grow).
+- ``out:{request_id}``: the request's results, written by the worker each step; it expires
+  ``result_ttl_s`` after its last write and the gateway deletes it once relayed.
+- ``cancel:{request_id}``: set by a gateway whose client went away; workers check it every step.
+- ``workers:{model}``: sorted set of worker ids scored by their last heartbeat (unix seconds),
+  so a gateway knows whether the model is served; workers prune ids that stopped beating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+
+from gateway.messages import LaneRequest, LaneResult
+
+GROUP = "workers"
+
+
+def lane_key(model: str, tier: str) -> str:
+    return f"lanes:{model}:{tier}"
+
+
+def out_key(request_id: str) -> str:
+    return f"out:{request_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    return f"cancel:{request_id}"
+
+
+def workers_key(model: str) -> str:
+    return f"workers:{model}"
+
+
+def model_info_key(model: str) -> str:
+    """Hash written by workers: max_model_len, and each worker's free/total KV blocks."""
+    return f"model:{model}"
+
+
+WORKER_ALIVE_S = 5.0  # a worker that has not beaten for this long is gone
+
+
+class ResultTimeout(Exception):
+    """No result arrived for a request within the wait limit."""
+
+
+class LaneClient:
+    """Submit requests to lanes, relay their results, cancel them (async, one per gateway)."""
+
+    def __init__(self, redis: aioredis.Redis, *, result_ttl_s: int = 300, poll_ms: int = 1000) -> None:
+        self.redis = redis
+        self.result_ttl_s = result_ttl_s
+        self.poll_ms = poll_ms
+
+    async def submit(self, request: LaneRequest) -> str:
+        """XADD the request to its lane; returns the entry id."""
+        entry_id = await self.redis.xadd(lane_key(request.model, request.tier), request.encode())
+        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+    async def results(self, request_id: str, *, timeout_s: float) -> AsyncIterator[LaneResult]:
+        """Every result of a request in order, until a finished one; drops chunks already seen.
+
+        Raises ResultTimeout if nothing arrives for ``timeout_s`` seconds.
+        """
+        key, last_id, relayed, idle_ms = out_key(request_id), "0-0", 0, 0.0
+        while True:
+            reply = await self.redis.xread({key: last_id}, block=self.poll_ms, count=256)
+            if not reply:
+                idle_ms += self.poll_ms
+                if idle_ms >= timeout_s * 1000:
+                    raise ResultTimeout(f"no result for {request_id} in {timeout_s:.0f} s")
+                continue
+            idle_ms = 0.0
+            for entry_id, fields in reply[0][1]:
+                last_id = entry_id
+                result = LaneResult.decode(fields)
+                if result.kind == "tokens" and result.offset + len(result.token_ids) <= relayed and result.token_ids:
+                    continue  # a chunk we have already relayed
+                relayed = max(relayed, result.offset + len(result.token_ids))
+                yield result
+                if result.finished:
+                    return
+
+    async def cancel(self, request_id: str) -> None:
+        """Ask whichever worker holds the request to abort it (seen within one engine step)."""
+        await self.redis.set(cancel_key(request_id), b"1", ex=self.result_ttl_s)
+
+    async def discard(self, request_id: str) -> None:
+        """Drop a relayed request's result stream."""
+        await self.redis.delete(out_key(request_id))
+
+    async def has_worker(self, model: str) -> bool:
+        now = await self.redis.time()
+        return await self.redis.zcount(workers_key(model), now[0] - WORKER_ALIVE_S, "+inf") > 0

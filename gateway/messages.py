@@ -1,0 +1,123 @@
+"""Typed, versioned messages between gateways and workers, encoded in one place.
+
+A lane entry carries one ``LaneRequest``; a request's result stream carries ``LaneResult``s.
+On the wire each is a Redis stream entry ``{"v": <version>, "body": <json>}``; a reader refuses
+a version it does not know instead of guessing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+MESSAGE_VERSION = 1
+
+
+class MessageError(ValueError):
+    """A stream entry that is not a message this code can read."""
+
+
+def _decode_fields(fields: dict[Any, Any]) -> dict[str, Any]:
+    text = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in fields.items()}
+    try:
+        version = int(text["v"])
+        body = json.loads(text["body"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise MessageError(f"malformed stream entry: {exc}") from exc
+    if version != MESSAGE_VERSION:
+        raise MessageError(f"message version {version} is not supported (this reader knows {MESSAGE_VERSION})")
+    return body
+
+
+def _encode(message: Any) -> dict[str, str]:
+    return {"v": str(MESSAGE_VERSION), "body": json.dumps(asdict(message), separators=(",", ":"))}
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """The engine's SamplingParams as plain data (the gateway never imports the engine)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class LaneRequest:
+    """One generation request waiting in lanes:{model}:{tier}."""
+
+    request_id: str
+    model: str
+    tier: str
+    tenant: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingSpec
+    weight: float = 1.0
+    priority: int = 0  # higher runs first inside the engine
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
+    lora: str | None = None
+    traceparent: str | None = None  # W3C trace context of the gateway span
+    enqueued_at: float = field(default_factory=time.time)
+
+    encode = _encode
+
+    @classmethod
+    def decode(cls, fields: dict[Any, Any]) -> LaneRequest:
+        body = _decode_fields(fields)
+        try:
+            sampling = body.pop("sampling")
+            sampling["stop"] = tuple(sampling.get("stop", ()))
+            sampling["stop_token_ids"] = tuple(sampling.get("stop_token_ids", ()))
+            body["prompt_token_ids"] = tuple(body["prompt_token_ids"])
+            return cls(sampling=SamplingSpec(**sampling), **body)
+        except (KeyError, TypeError) as exc:
+            raise MessageError(f"malformed lane request: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    """New tokens of one request from one engine step, or its error.
+
+    ``offset`` is how many output tokens came before this chunk, so a reader can drop a chunk it
+    has already relayed (a claimed request never re-sends tokens, but readers stay safe anyway).
+    """
+
+    KINDS: ClassVar[tuple[str, ...]] = ("tokens", "error")
+
+    request_id: str
+    kind: str = "tokens"
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    offset: int = 0
+    finished: bool = False
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    worker: str = ""
+    error_message: str | None = None
+    error_param: str | None = None
+    error_code: str | None = None
+    at: float = field(default_factory=time.time)
+
+    encode = _encode
+
+    @classmethod
+    def decode(cls, fields: dict[Any, Any]) -> LaneResult:
+        body = _decode_fields(fields)
+        try:
+            body["token_ids"] = tuple(body.get("token_ids", ()))
+            result = cls(**body)
+        except TypeError as exc:
+            raise MessageError(f"malformed lane result: {exc}") from exc
+        if result.kind not in cls.KINDS:
+            raise MessageError(f"unknown lane result kind {result.kind!r}")
+        return result

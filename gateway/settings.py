@@ -1,0 +1,94 @@
+"""Gateway settings: FAIRLANE_* environment variables over a YAML file over defaults.
+
+The YAML file is FAIRLANE_CONFIG if set, else configs/fairlane.yaml (the embedded default).
+A server that is not in dev mode refuses to start with an empty or well-known admin token.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "fairlane.yaml"
+WEAK_ADMIN_TOKENS = frozenset({"", "admin", "changeme", "change-me", "change_me", "secret", "default", "fairlane"})
+MIN_ADMIN_TOKEN_LEN = 16
+
+
+def config_file() -> Path | None:
+    path = Path(os.environ.get("FAIRLANE_CONFIG", DEFAULT_CONFIG_FILE))
+    return path if path.is_file() else None
+
+
+class Settings(BaseSettings):
+    """Everything a gateway, a worker and `fairlane serve` read; one instance per process."""
+
+    model_config = SettingsConfigDict(env_prefix="FAIRLANE_", extra="ignore", frozen=True)
+
+    dev: bool = False
+    admin_token: str = ""
+    database_url: str = "sqlite:///fairlane.db"
+    redis_url: str | None = None  # None: `fairlane serve` starts an embedded server
+
+    # The model every worker of this deployment serves, and the name clients call it by.
+    model: str = "smollm2"
+    served_model_name: str | None = None
+    dtype: str = "float32"
+    num_threads: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    dummy_config: dict[str, Any] | None = None
+
+    # Priority lanes, highest first. OpenAI's "auto"/"default" service_tier means the tenant's default.
+    tiers: list[str] = Field(default_factory=lambda: ["priority", "standard", "batch"])
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1  # engine worker processes started by `fairlane serve`
+    max_body_bytes: int = 1_000_000
+    max_tokens_default: int = 256
+    request_timeout_s: float = 600.0
+    result_ttl_s: int = 300  # out:{id} streams and cancel marks expire this long after last write
+    auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
+    worker_claim_idle_ms: int = 3000  # a lane entry idle this long belongs to a dead worker
+    worker_heartbeat_s: float = 0.5
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return Path(self.model).name if self.model not in ("smollm2", "dummy") else self.model
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if not self.dev and (
+            self.admin_token.strip().lower() in WEAK_ADMIN_TOKENS or len(self.admin_token) < MIN_ADMIN_TOKEN_LEN
+        ):
+            raise ValueError(
+                "FAIRLANE_ADMIN_TOKEN must be set to a secret of at least "
+                f"{MIN_ADMIN_TOKEN_LEN} characters (or run `fairlane serve --dev`)"
+            )
+        if not self.tiers or len(set(self.tiers)) != len(self.tiers):
+            raise ValueError("tiers must be a non-empty list of distinct names")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = config_file()
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
