@@ -14,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tenancy import ConflictError, NotFoundError, TenancyError
+
 log = logging.getLogger(__name__)
 
 
@@ -109,6 +111,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(_request: Request, exc: GatewayError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(TenancyError)
+    async def _tenancy_error(_request: Request, exc: TenancyError) -> JSONResponse:
+        cls = {NotFoundError: NotFound, ConflictError: Conflict}.get(type(exc), UnprocessableEntity)
+        return error_response(cls(exc.message, param=exc.param))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,0 +1,62 @@
+"""Admin REST for tenants: create, list, get, update, disable."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from gateway.auth import invalidate_auth
+from gateway.deps import AdminDep, SessionDep, StateDep
+from gateway.errors import UnprocessableEntity
+from gateway.schemas.admin import TenantCreate, TenantPublic, TenantsPublic, TenantUpdate
+from tenancy import create_tenant, disable_tenant, get_tenant, list_tenants, update_tenant
+
+router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"], dependencies=[AdminDep])
+
+
+def check_tiers(state: StateDep, *tier_lists: list[str] | str | None) -> None:
+    known = state.settings.tiers
+    for tiers in tier_lists:
+        for tier in [tiers] if isinstance(tiers, str) else tiers or []:
+            if tier not in known:
+                raise UnprocessableEntity(f"Unknown tier {tier!r}: this deployment has {', '.join(known)}.",
+                                          param="allowed_tiers")
+
+
+@router.post("", status_code=201, response_model=TenantPublic)
+async def create(body: TenantCreate, session: SessionDep, state: StateDep):
+    """Create a tenant."""
+    check_tiers(state, body.allowed_tiers, body.default_tier)
+    return await run_in_threadpool(lambda: create_tenant(session, **body.model_dump()))
+
+
+@router.get("", response_model=TenantsPublic)
+async def list_all(session: SessionDep, include_disabled: bool = True):
+    """List tenants."""
+    tenants = await run_in_threadpool(lambda: list_tenants(session, include_disabled=include_disabled))
+    return TenantsPublic(data=[TenantPublic.model_validate(t) for t in tenants], count=len(tenants))
+
+
+@router.get("/{tenant_id}", response_model=TenantPublic)
+async def get(tenant_id: int, session: SessionDep):
+    """Get one tenant."""
+    return await run_in_threadpool(lambda: get_tenant(session, tenant_id=tenant_id))
+
+
+@router.patch("/{tenant_id}", response_model=TenantPublic)
+async def update(tenant_id: int, body: TenantUpdate, session: SessionDep, state: StateDep):
+    """Change a tenant's name, weight, tiers or status; takes effect on every replica within 1 s."""
+    check_tiers(state, body.allowed_tiers, body.default_tier)
+    tenant = await run_in_threadpool(
+        lambda: update_tenant(session, tenant_id=tenant_id, **body.model_dump(exclude_unset=True))
+    )
+    await invalidate_auth(state.redis)
+    return tenant
+
+
+@router.post("/{tenant_id}/disable", response_model=TenantPublic)
+async def disable(tenant_id: int, session: SessionDep, state: StateDep):
+    """Disable a tenant: its keys stop working on every replica within 1 s."""
+    tenant = await run_in_threadpool(lambda: disable_tenant(session, tenant_id=tenant_id))
+    await invalidate_auth(state.redis)
+    return tenant

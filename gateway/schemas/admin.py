@@ -1,0 +1,92 @@
+"""Admin API schemas: one family per entity (Create / Update / Public)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantCreate(_Strict):
+    name: str = Field(pattern=NAME_PATTERN, description="Unique tenant name.")
+    weight: float = Field(1.0, gt=0, description="Share of the engine under contention (fair share).")
+    default_tier: str = Field("standard", description="Lane used when a request names no service_tier.")
+    allowed_tiers: list[str] = Field(default_factory=lambda: ["standard", "batch"], min_length=1)
+
+
+class TenantUpdate(_Strict):
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+    weight: float | None = Field(None, gt=0)
+    default_tier: str | None = None
+    allowed_tiers: list[str] | None = Field(None, min_length=1)
+    status: str | None = Field(None, pattern="^(active|disabled)$")
+
+
+class TenantPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    weight: float
+    default_tier: str
+    allowed_tiers: list[str]
+    status: str
+    created_at: datetime
+
+
+class TenantsPublic(BaseModel):
+    data: list[TenantPublic]
+    count: int
+
+
+class ApiKeyCreate(_Strict):
+    name: str = Field("", max_length=128)
+    scopes: list[str] = Field(default_factory=lambda: ["inference"])
+
+
+class ApiKeyPublic(BaseModel):
+    """A key as it can be shown any time: the prefix, never the secret."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    tenant_id: int
+    prefix: str
+    name: str
+    scopes: list[str]
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    """Returned once, at creation: ``key`` is the full secret and is not stored anywhere."""
+
+    key: str
+
+
+class ApiKeysPublic(BaseModel):
+    data: list[ApiKeyPublic]
+    count: int
+
+
+class UsageTotalsPublic(BaseModel):
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class UsagePublic(BaseModel):
+    tenant_id: int
+    since: datetime
+    until: datetime
+    totals: UsageTotalsPublic
+    by_model: dict[str, UsageTotalsPublic]
+    by_tier: dict[str, UsageTotalsPublic]
