@@ -56,7 +56,7 @@ class EngineConfig(SchedulerConfig):
     dtype: str = "bfloat16"
     num_threads: int | None = None  # None: leave torch's default
     seed: int = 0
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # "auto": "cpu" (C kernel) when a C compiler is there, else "torch"
     dummy_config: dict | None = field(default=None, hash=False)  # LlamaConfig kwargs for "dummy"
     cache_dir: str | None = None  # where converted GGUF models are kept; None: ~/.cache/fairlane
     # Detokenize every step (servers stream text); offline generation decodes once at the end.

@@ -26,12 +26,7 @@ class ModelRunner:
         self.vocab_size = cfg.vocab_size
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
         slots = self.num_blocks * self.block_size
-        # Per layer: K and V caches [slots, KVH, D].
-        self.kv_caches = [
-            (torch.zeros(slots, self.num_kv_heads, self.head_dim, dtype=self.dtype),
-             torch.zeros(slots, self.num_kv_heads, self.head_dim, dtype=self.dtype))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        self.kv_caches = [backend.allocate_cache(slots, self.dtype) for _ in range(cfg.num_hidden_layers)]
 
     def _blocks_for(self, gib: float, num_layers: int) -> int:
         per_block = num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
@@ -69,33 +64,35 @@ class ModelRunner:
                 sample_rows.append(row)
         arange_bs = torch.arange(bs)
         slot_parts: list[torch.Tensor] = []
-        decode_slots = decode_mask = None
+        tables = ctx = None
         if decodes:
             ctx = torch.tensor([it.seq.num_computed_tokens + 1 for it in decodes])
-            max_len = int(ctx.max())
-            nb = -(-max_len // bs)
-            tables = torch.tensor([it.seq.block_table[:nb] + [0] * (nb - min(nb, len(it.seq.block_table)))
-                                   for it in decodes])  # [B, nb]
-            decode_slots = (tables[:, :, None] * bs + arange_bs).view(len(decodes), -1)[:, :max_len]
-            decode_mask = (torch.arange(max_len)[None, :] < ctx[:, None])[:, None, None, :]
-            slot_parts.append(decode_slots.gather(1, (ctx - 1)[:, None]).view(-1))
+            nb = -(-int(ctx.max()) // bs)
+            tables = torch.tensor([_pad(it.seq.block_table, nb) for it in decodes])  # [B, nb]
+            last = ctx - 1
+            slot_parts.append(tables.gather(1, (last // bs)[:, None]).view(-1) * bs + last % bs)
         prefills: list[PrefillChunk] = []
         row = len(decodes)
         for it in items[len(decodes):]:
             start, n = it.seq.num_computed_tokens, it.num_tokens
-            table = torch.tensor(it.seq.block_table)
-            seq_slots = (table[:, None] * bs + arange_bs).view(-1)[: start + n]
-            slot_parts.append(seq_slots[start:])
-            prefills.append(PrefillChunk(row, n, start + n, seq_slots if start else None))
+            table = torch.tensor(it.seq.block_table[: -(-(start + n) // bs)])
+            slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
+            prefills.append(PrefillChunk(row, n, start + n, table if start else None))
             row += n
             if it.samples:
                 sample_rows.append(row - 1)
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slot_parts),
+            block_size=bs,
             num_decodes=len(decodes),
-            decode_slots=decode_slots,
-            decode_mask=decode_mask,
+            decode_block_tables=tables,
+            decode_context_lens=ctx,
             prefills=prefills,
         )
         # sample_rows follow `items` order restricted to samplers: decodes first, then prefills.
         return torch.tensor(ids), torch.tensor(pos), meta, torch.tensor(sample_rows, dtype=torch.long)
+
+
+def _pad(table: list[int], n: int) -> list[int]:
+    """The first n entries of a block table, padded with block 0 (masked out by the caller)."""
+    return table[:n] + [0] * (n - len(table)) if len(table) < n else table[:n]

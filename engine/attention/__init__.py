@@ -1,5 +1,5 @@
 """Attention backends behind one interface: `make_backend(name, ...)`."""
-from engine.attention import torch_ref  # noqa: F401  (registers "torch")
+from engine.attention import cpu_paged, torch_ref  # noqa: F401  (register "cpu" and "torch")
 from engine.attention.base import (
     BACKENDS,
     AttentionBackend,

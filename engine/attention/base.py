@@ -2,7 +2,8 @@
 
 A step's tokens are packed: decodes first (one query token each, batched together), then
 prefill chunks (several query tokens each, attending to their cached prefix plus themselves).
-The K/V cache of one layer is [num_slots, num_kv_heads, head_dim], slot = block * block_size + offset.
+Each backend owns the layout of a layer's KV cache (`allocate_cache`); slots are numbered
+block * block_size + offset.
 """
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ class PrefillChunk:
     start: int  # first row of this chunk in the packed batch
     num_tokens: int  # query tokens of the chunk
     context_len: int  # cached prefix + this chunk
-    context_slots: torch.Tensor | None  # [context_len] KV slots; None when there is no cached prefix
+    block_ids: torch.Tensor | None  # [ceil(context_len / block_size)] blocks; None: no cached prefix
 
 
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each packed token's K/V is written
+    block_size: int
     num_decodes: int  # the first num_decodes rows are single-token decodes
-    decode_slots: torch.Tensor | None  # [num_decodes, max_len] KV slots per decode (padded)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_len] True where a slot is real
+    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64, padded with block 0
+    decode_context_lens: torch.Tensor | None  # [num_decodes] int64 tokens in the cache, the new one included
     prefills: list[PrefillChunk]
 
 
@@ -40,13 +42,16 @@ class AttentionBackend(ABC):
         self.scale = head_dim**-0.5
 
     @abstractmethod
+    def allocate_cache(self, num_slots: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+        """One layer's K and V cache, in this backend's layout."""
+
+    @abstractmethod
     def forward(
         self,
         q: torch.Tensor,  # [T, H, D]
         k: torch.Tensor,  # [T, KVH, D]
         v: torch.Tensor,  # [T, KVH, D]
-        k_cache: torch.Tensor,  # [S, KVH, D]
-        v_cache: torch.Tensor,  # [S, KVH, D]
+        kv_cache: torch.Tensor,  # from allocate_cache
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H, D]
         ...
@@ -64,6 +69,11 @@ def register_backend(name: str) -> Callable[[type], type]:
 
 
 def make_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int) -> AttentionBackend:
+    if name == "auto":
+        try:
+            return BACKENDS["cpu"](num_heads, num_kv_heads, head_dim)
+        except (RuntimeError, ValueError, OSError):
+            name = "torch"
     try:
         cls = BACKENDS[name]
     except KeyError:

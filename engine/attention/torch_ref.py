@@ -1,4 +1,10 @@
-"""Reference attention in plain torch; runs on CPU and GPU."""
+"""Reference attention in plain torch; runs on CPU and GPU.
+
+Cache layout, per layer: [2, KVH, slots, D] (K then V, head-major). Gathering whole blocks of
+one head is one contiguous copy of block_size * D values, and the gathered [KVH, B, L, D] is
+already what SDPA wants, with no transpose. For decode, the G query heads that share a KV head
+become G queries of one SDPA "head" (batch = KVH, heads = B), so GQA needs no repeat.
+"""
 from __future__ import annotations
 
 import torch
@@ -9,37 +15,48 @@ from engine.attention.base import AttentionBackend, AttentionMetadata, register_
 
 @register_backend("torch")
 class TorchAttention(AttentionBackend):
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+    def allocate_cache(self, num_slots: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+        return torch.zeros(2, self.num_kv_heads, num_slots, self.head_dim, dtype=dtype, device=device)
+
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], k_cache, v_cache, meta.decode_slots, meta.decode_mask)
+            out[:nd] = self._decode(q[:nd], kv_cache, meta)
         for chunk in meta.prefills:
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-            if chunk.context_slots is None:  # no cached prefix: attend within the chunk
-                kc, vc, mask = k[rows], v[rows], None
+            if chunk.block_ids is None:  # no cached prefix: attend within the chunk, causally
+                kc, vc, mask = k[rows].transpose(0, 1), v[rows].transpose(0, 1), None
             else:
-                kc, vc = k_cache[chunk.context_slots], v_cache[chunk.context_slots]
+                kv = _gather(kv_cache, chunk.block_ids, meta.block_size)[:, :, 0, : chunk.context_len]
+                kc, vc = kv[0], kv[1]  # [KVH, L, D]
                 mask = _causal_mask(chunk.num_tokens, chunk.context_len, q.device)
-            out[rows] = self._prefill(q[rows], kc, vc, mask)
+            o = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1)[None], kc[None], vc[None], attn_mask=mask, is_causal=mask is None,
+                scale=self.scale, enable_gqa=True,
+            )  # [1, H, n, D]
+            out[rows] = o[0].transpose(0, 1)
         return out
 
-    def _decode(self, q, k_cache, v_cache, slots, mask) -> torch.Tensor:
-        # q: [B, H, D]; slots: [B, L]; gathered k/v: [B, L, KVH, D] -> [B, KVH, L, D]
-        kc = k_cache[slots].transpose(1, 2)
-        vc = v_cache[slots].transpose(1, 2)
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), kc, vc, attn_mask=mask, scale=self.scale, enable_gqa=True)
-        return o.squeeze(2)  # [B, H, D]
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        B, H, D = q.shape
+        KVH = self.num_kv_heads
+        tables = meta.decode_block_tables
+        kv = _gather(kv_cache, tables.view(-1), meta.block_size, batch=B)  # [2, KVH, B, L, D]
+        qg = q.view(B, KVH, H // KVH, D).transpose(0, 1)  # [KVH, B, G, D]
+        L = tables.shape[1] * meta.block_size
+        mask = (torch.arange(L, device=q.device)[None, :] < meta.decode_context_lens[:, None])[None, :, None, :]
+        o = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=mask, scale=self.scale)  # [KVH, B, G, D]
+        return o.transpose(0, 1).reshape(B, H, D)
 
-    def _prefill(self, q, k, v, mask) -> torch.Tensor:
-        # q: [n, H, D]; k, v: [L, KVH, D] -> SDPA wants [1, heads, tokens, D]
-        qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
-        )
-        return o.squeeze(0).transpose(0, 1)  # [n, H, D]
+
+def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, block_size: int, batch: int = 1) -> torch.Tensor:
+    """Whole blocks of every head: [2, KVH, batch, blocks_per_seq * block_size, D]."""
+    two, kvh, slots, d = kv_cache.shape
+    blocks = kv_cache.view(two * kvh, slots // block_size, block_size * d).index_select(1, block_ids)
+    return blocks.view(two, kvh, batch, -1, d)
 
 
 def _causal_mask(num_queries: int, context_len: int, device) -> torch.Tensor:

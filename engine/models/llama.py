@@ -93,14 +93,14 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+                kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """input_ids, positions: [T]. Returns the final normed hidden states [T, hidden]."""
         T = input_ids.shape[0]
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
         sin = self.sin[positions].unsqueeze(1)
         x = F.embedding(input_ids, self.embed)  # [T, hidden]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches):
             h = rms_norm(x, layer.input_norm, self.eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
@@ -108,7 +108,7 @@ class LlamaModel:
             k = k.view(T, KVH, D)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            attn = self.attention.forward(q, k, v.view(T, KVH, D), k_cache, v_cache, meta)
+            attn = self.attention.forward(q, k, v.view(T, KVH, D), kv_cache, meta)
             x = x + F.linear(attn.view(T, H * D), layer.o, layer.o_bias)
             h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)

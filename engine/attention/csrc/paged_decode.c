@@ -1,0 +1,91 @@
+/* Decode attention straight from the paged KV cache (CPU), so no gathered copy of K/V is made.
+ *
+ * Layouts (T = float or bf16 as uint16):
+ *   q        [B, H, D]            one query token per sequence
+ *   kv_cache [2, KVH, S, D]       K then V, head-major; slot = block * block_size + offset
+ *   tables   [B, max_blocks]      int32 block ids
+ *   ctx_lens [B]                  int32 tokens in the cache, the query's own included
+ *   out      [B, H, D]
+ * Work item = (sequence, kv head): its G = H / KVH query heads read each K and V row once.
+ * Two passes: scores for every token (fp32), softmax, then the weighted sum of V (fp32). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+#define MAX_D 256
+#define MAX_G 16
+
+#define DEFINE_KERNEL(NAME, T, LOAD, STORE)                                                          \
+    void NAME(const T *restrict q, const T *restrict kv, const int32_t *restrict tables,             \
+              const int32_t *restrict ctx_lens, T *restrict out, int B, int H, int KVH, int D,        \
+              long S, int block_size, int max_blocks, float scale, int num_threads) {                 \
+        const int G = H / KVH;                                                                       \
+        const T *K = kv;                                                                             \
+        const T *V = kv + (long)KVH * S * D;                                                         \
+        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(num_threads)")                   \
+        for (long item = 0; item < (long)B * KVH; item++) {                                          \
+            const int b = item / KVH, h = item % KVH, L = ctx_lens[b];                               \
+            float qf[MAX_G][MAX_D], acc[MAX_G][MAX_D];                                               \
+            float *scores = malloc(sizeof(float) * (size_t)G * L);                                   \
+            for (int g = 0; g < G; g++)                                                              \
+                for (int d = 0; d < D; d++) {                                                        \
+                    qf[g][d] = LOAD(q[((long)b * H + h * G + g) * D + d]) * scale;                    \
+                    acc[g][d] = 0.f;                                                                 \
+                }                                                                                    \
+            const int32_t *table = tables + (long)b * max_blocks;                                    \
+            for (int t = 0; t < L; t++) {                                                            \
+                long slot = (long)table[t / block_size] * block_size + t % block_size;               \
+                const T *k = K + ((long)h * S + slot) * D;                                           \
+                for (int g = 0; g < G; g++) {                                                        \
+                    float s = 0.f;                                                                   \
+                    _Pragma("omp simd reduction(+ : s)")                                             \
+                    for (int d = 0; d < D; d++) s += qf[g][d] * LOAD(k[d]);                          \
+                    scores[(long)g * L + t] = s;                                                     \
+                }                                                                                    \
+            }                                                                                        \
+            for (int g = 0; g < G; g++) {                                                            \
+                float *sg = scores + (long)g * L, m = -INFINITY, sum = 0.f;                          \
+                for (int t = 0; t < L; t++) m = sg[t] > m ? sg[t] : m;                               \
+                for (int t = 0; t < L; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }               \
+                for (int t = 0; t < L; t++) sg[t] /= sum;                                            \
+            }                                                                                        \
+            for (int t = 0; t < L; t++) {                                                            \
+                long slot = (long)table[t / block_size] * block_size + t % block_size;               \
+                const T *v = V + ((long)h * S + slot) * D;                                           \
+                for (int g = 0; g < G; g++) {                                                        \
+                    float p = scores[(long)g * L + t];                                               \
+                    _Pragma("omp simd")                                                              \
+                    for (int d = 0; d < D; d++) acc[g][d] += p * LOAD(v[d]);                         \
+                }                                                                                    \
+            }                                                                                        \
+            for (int g = 0; g < G; g++)                                                              \
+                for (int d = 0; d < D; d++)                                                          \
+                    out[((long)b * H + h * G + g) * D + d] = STORE(acc[g][d]);                        \
+            free(scores);                                                                            \
+        }                                                                                            \
+    }
+
+#define IDENT(x) (x)
+DEFINE_KERNEL(paged_decode_f32, float, IDENT, IDENT)
+DEFINE_KERNEL(paged_decode_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+
+int paged_decode_limits(int *max_d, int *max_g) {
+    *max_d = MAX_D;
+    *max_g = MAX_G;
+    return 0;
+}
