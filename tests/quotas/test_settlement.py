@@ -1,0 +1,123 @@
+"""Settlement: after completed, failed, cancelled and rejected requests, what the tenant was
+charged equals the sum of the real usage records."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from quotas import Demand, QuotaLimits
+
+START = 1_700_000_000.0
+LIMITS = QuotaLimits(requests_per_minute=50, tokens_per_minute=100_000, max_concurrency=20,
+                     daily_token_budget=50_000, monthly_token_budget=400_000,
+                     max_tokens_per_request=512, allowed_tiers={"default", "batch"})
+
+
+@dataclass
+class Record:
+    """A usage record as the gateway would write it: tokens really used by one request."""
+
+    outcome: str
+    tokens: int
+    key: str | None = None
+
+
+async def _mix(limiter, now):
+    """Run a mix of requests the way the gateway would; return the usage records written."""
+    records: list[Record] = []
+
+    async def completed(prompt, max_tokens, completion):
+        d = await limiter.admit(Demand("acme", prompt, max_tokens, key="k1"), now=now)
+        assert d.allowed
+        await asyncio.sleep(0)  # "runs"
+        assert await limiter.settle(d.reservation, prompt + completion, now=now) == "settled"
+        records.append(Record("completed", prompt + completion, key="k1"))
+
+    async def failed(prompt, max_tokens):  # failed before running (e.g. lane refused it)
+        d = await limiter.admit(Demand("acme", prompt, max_tokens, key="k1"), now=now)
+        assert d.allowed
+        assert await limiter.refund(d.reservation, now=now) == "settled"
+
+    async def cancelled(prompt, max_tokens, streamed):  # client left mid-stream
+        d = await limiter.admit(Demand("acme", prompt, max_tokens), now=now)
+        assert d.allowed
+        assert await limiter.settle(d.reservation, prompt + streamed, now=now) == "settled"
+        # a second settlement (e.g. cancel handler and finally-block both fire) is a no-op
+        assert await limiter.settle(d.reservation, prompt + max_tokens, now=now) == "unknown"
+        assert await limiter.refund(d.reservation, now=now) == "unknown"
+        records.append(Record("cancelled", prompt + streamed))
+
+    async def rejected(prompt, max_tokens, limit, tier="default"):
+        d = await limiter.admit(Demand("acme", prompt, max_tokens, tier=tier), now=now)
+        assert not d.allowed and d.limit == limit
+
+    await asyncio.gather(
+        *(completed(100 + i, 256, 17 * i) for i in range(10)),
+        *(failed(300, 400) for _ in range(5)),
+        *(cancelled(50, 500, 3 * i) for i in range(5)),
+        rejected(10, 4096, "max_tokens"),
+        rejected(10, 10, "tier", tier="realtime"),
+    )
+    # One overrun: the tokenizer counted more prompt tokens than estimated at admission.
+    d = await limiter.admit(Demand("acme", 20, 30), now=now)
+    await limiter.settle(d.reservation, 70, now=now)
+    records.append(Record("completed", 70))
+    await rejected(49_000, 500, "daily_budget")
+    return records
+
+
+@pytest.mark.parametrize("clock", ["frozen", "redis-time"])
+async def test_charged_tokens_equal_real_usage(store, limiter, clock):
+    now = START if clock == "frozen" else None
+    await store.put("acme", LIMITS)
+    await store.put("acme", QuotaLimits(daily_token_budget=30_000), key="k1")
+    records = await _mix(limiter, now)
+    used = sum(r.tokens for r in records)
+    key_used = sum(r.tokens for r in records if r.key == "k1")
+
+    usage = await store.usage("acme", now=now)
+    assert usage.daily_used == used and usage.monthly_used == used
+    assert usage.daily_remaining == LIMITS.daily_token_budget - used
+    assert usage.in_flight == 0  # every lease released
+    key_usage = await store.usage("acme", "k1", now=now)
+    assert key_usage.daily_used == key_used and key_usage.daily_remaining == 30_000 - key_used
+    if clock == "frozen":  # no refill: the rate buckets show exactly what stayed charged
+        assert usage.tokens.remaining == LIMITS.tokens_per_minute - used
+        # failed requests were refunded entirely, their request count included
+        admitted_and_kept = 10 + 5 + 1
+        assert usage.requests.remaining == LIMITS.requests_per_minute - admitted_and_kept
+
+
+async def test_expired_reservation_stays_charged_and_lease_frees(store, client, keyspace):
+    """A gateway that crashed never settles: its lease frees after lease_ttl (injected clock)
+    and its tokens stay charged."""
+    from quotas import Limiter
+
+    limiter = Limiter(client, keys=keyspace, lease_ttl=5.0, settle_grace=0.0)
+    await store.put("acme", QuotaLimits(max_concurrency=1, daily_token_budget=1000))
+    d = await limiter.admit(Demand("acme", 100, 100), now=START)
+    assert d.allowed
+    busy = await limiter.admit(Demand("acme", 1, 1), now=START + 4.9)
+    assert (busy.allowed, busy.limit) == (False, "concurrency")
+    assert busy.retry_after == pytest.approx(0.1)  # the crashed holder's lease expires then
+    after = await limiter.admit(Demand("acme", 1, 1), now=START + 5.0)
+    assert after.allowed  # the expired lease was dropped
+    usage = await store.usage("acme", now=START + 5.0)
+    assert usage.in_flight == 1 and usage.daily_used == 202
+
+
+async def test_settling_after_the_record_expired_changes_nothing(store, client, keyspace):
+    """Real clock: once lease_ttl + settle_grace has passed, settlement is a no-op and the
+    reservation stays charged in full; the lease has expired with it."""
+    from quotas import Limiter
+
+    limiter = Limiter(client, keys=keyspace, lease_ttl=0.15, settle_grace=0.0)
+    await store.put("acme", QuotaLimits(max_concurrency=1, daily_token_budget=1000))
+    d = await limiter.admit(Demand("acme", 100, 100))
+    await asyncio.sleep(0.3)
+    assert await limiter.settle(d.reservation, 10) == "unknown"
+    usage = await store.usage("acme")
+    assert usage.in_flight == 0 and usage.daily_used == 200
