@@ -54,6 +54,11 @@ class KeyCache:
         self._checked_at = float("-inf")
         self._touched: dict[int, float] = {}
 
+    async def invalidate(self) -> None:
+        """After a committed change: forget here at once, and on every other replica within refresh_s."""
+        await invalidate_auth(self.redis)
+        self._entries.clear()
+
     async def lookup(self, key: str) -> AuthContext | None:
         """The caller's context, or None for a wrong, revoked or disabled key."""
         await self._refresh()

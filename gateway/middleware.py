@@ -10,10 +10,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.errors import PayloadTooLarge, error_body
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class RequestContextMiddleware:
     """Gives each request an id (``scope["state"]["request_id"]``, echoed as x-request-id) and
     answers 413 in the OpenAI error shape when the body exceeds ``max_body_bytes``, whether the
@@ -29,35 +25,41 @@ class RequestContextMiddleware:
         request_id = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         header = (b"x-request-id", request_id.encode())
-        started = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal started
             if message["type"] == "http.response.start":
-                started = True
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._reject(send_with_id)
-            return
-        received = 0
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, limited_receive, send_with_id)
-        except _TooLarge:
-            if not started:
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.max_body_bytes:
                 await self._reject(send_with_id)
+                return
+            await self.app(scope, receive, send_with_id)  # the server holds the body to its length
+            return
+        # No declared length (chunked): read it all here, bounded, then replay it to the app.
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await self._reject(send_with_id)
+                return
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send_with_id)
 
     async def _reject(self, send: Send) -> None:
         error = PayloadTooLarge(f"The request body is larger than the limit of {self.max_body_bytes} bytes.")

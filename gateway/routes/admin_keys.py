@@ -7,7 +7,6 @@ from datetime import datetime, timedelta, timezone
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from gateway.auth import invalidate_auth
 from gateway.deps import AdminDep, SessionDep, StateDep
 from gateway.errors import UnprocessableEntity
 from gateway.schemas.admin import ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeysPublic, UsagePublic
@@ -36,7 +35,7 @@ async def list_keys(tenant_id: int, session: SessionDep, include_revoked: bool =
 async def revoke_key(key_id: int, session: SessionDep, state: StateDep):
     """Revoke a key: every replica refuses it within 1 s."""
     key = await run_in_threadpool(lambda: revoke_api_key(session, key_id=key_id))
-    await invalidate_auth(state.redis)
+    await state.key_cache.invalidate()
     return key
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from gateway.auth import invalidate_auth
 from gateway.deps import AdminDep, SessionDep, StateDep
 from gateway.errors import UnprocessableEntity
 from gateway.schemas.admin import TenantCreate, TenantPublic, TenantsPublic, TenantUpdate
@@ -50,7 +49,7 @@ async def update(tenant_id: int, body: TenantUpdate, session: SessionDep, state:
     tenant = await run_in_threadpool(
         lambda: update_tenant(session, tenant_id=tenant_id, **body.model_dump(exclude_unset=True))
     )
-    await invalidate_auth(state.redis)
+    await state.key_cache.invalidate()
     return tenant
 
 
@@ -58,5 +57,5 @@ async def update(tenant_id: int, body: TenantUpdate, session: SessionDep, state:
 async def disable(tenant_id: int, session: SessionDep, state: StateDep):
     """Disable a tenant: its keys stop working on every replica within 1 s."""
     tenant = await run_in_threadpool(lambda: disable_tenant(session, tenant_id=tenant_id))
-    await invalidate_auth(state.redis)
+    await state.key_cache.invalidate()
     return tenant

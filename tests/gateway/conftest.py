@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 import redis as redislib
+from gateway_test_helpers import ADMIN_TOKEN
 
 REDIS_URL = os.environ.get("FAIRLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # A tiny Llama: fast enough to run hundreds of requests on 2 CPU cores.
@@ -51,3 +52,62 @@ def tiny_engine_factory():
         return Engine(EngineConfig(**config))
 
     return make
+
+@pytest.fixture
+def database_url(tmp_path):
+    from tenancy import upgrade
+
+    url = f"sqlite:///{tmp_path / 'fairlane.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def settings(redis_url, database_url, model_name):
+    from gateway.settings import Settings
+
+    return Settings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url, model="dummy",
+                    served_model_name=model_name, dummy_config=TINY, num_kv_blocks=64, max_num_seqs=16,
+                    max_num_batched_tokens=512, num_threads=1, max_tokens_default=8, request_timeout_s=30)
+
+
+@pytest.fixture
+async def app_client(settings):
+    """An in-process gateway replica (lifespan run) behind an httpx client."""
+    import httpx
+
+    from gateway.app import create_app
+
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            client.app = app
+            yield client
+
+
+@pytest.fixture
+def running_worker(settings, tiny_engine_factory):
+    """A real Worker (tiny engine, real Redis) and its heartbeat, in threads of this process."""
+    import threading
+
+    from gateway.worker import Worker
+    from gateway.worker_main import heartbeat
+
+    engine = tiny_engine_factory(num_threads=None)
+    client = redislib.Redis.from_url(settings.redis_url)
+    worker = Worker(engine, client, model=settings.model_name, tiers=settings.tiers, worker_id="inproc",
+                    block_ms=20)
+    worker.setup()
+    client.zadd(f"workers:{settings.model_name}", {"inproc": __import__("time").time()})
+    client.hset(f"model:{settings.model_name}", "max_model_len", engine.max_model_len)
+    stop = threading.Event()
+    threads = [threading.Thread(target=worker.run, args=(stop,), daemon=True),
+               threading.Thread(target=heartbeat, args=(worker, client, settings, stop), daemon=True)]
+    for thread in threads:
+        thread.start()
+    yield worker
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    client.close()
