@@ -22,7 +22,14 @@ local function gcra_load(key, lim, now)
   end
   local frac, slim = tonumber(s[2]) or 0, tonumber(s[3]) or lim
   if slim ~= lim then
-    frac = math.floor(frac * lim / slim)  -- limit changed: rescale the sub-µs remainder
+    -- The limit changed: keep the units used, not the time owed. The debt of
+    -- (tat - now + frac/slim) µs is (tat - now)·slim + frac units·µs/window; under the new
+    -- limit that is x/lim µs. (x ≤ 60e6 × MAX_RATE 1e8 = 6e15 < 2^53: exact.)
+    local x = (tat - now) * slim + frac
+    local q = math.floor(x / lim)
+    local r = x - q * lim
+    if r < 0 then q = q - 1; r = r + lim elseif r >= lim then q = q + 1; r = r - lim end
+    return now + q, r
   end
   return tat, frac
 end
