@@ -29,6 +29,7 @@ class Engine:
         loaded = load_model(config.model, cache_dir=config.cache_dir, dummy_config=config.dummy_config,
                             seed=config.seed)
         self.model_name = loaded.name
+        self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
@@ -128,13 +129,13 @@ class Engine:
         t0 = time.perf_counter()
         sampled = self.runner.run(plan, self._generators)
         self.stats.forward_seconds += time.perf_counter() - t0
-        self.scheduler.finish_step(plan)
         self.stats.steps += 1
-        for item in plan.scheduled:
+        for item in plan.scheduled:  # a decode extends a sequence by the token it sampled last step
             if item.num_tokens == 1 and item.samples and item.seq.num_output_tokens > 0:
                 self.stats.decode_tokens += 1
             else:
                 self.stats.prefill_tokens += item.num_tokens
+        self.scheduler.finish_step(plan)
         self.stats.utilization_sum += self.block_manager.utilization(self.scheduler.running)
         self.stats.utilization_steps += 1
         now = time.monotonic()

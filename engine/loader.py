@@ -27,6 +27,7 @@ class LoadedModel:
     tokenizer: object | None  # a transformers tokenizer, or None (dummy weights)
     eos_token_ids: tuple[int, ...]
     name: str
+    path: Path | None = None  # the folder the weights were read from (None: dummy)
 
 
 def default_cache_dir() -> Path:
@@ -69,7 +70,7 @@ def load_folder(path: Path, name: str | None = None) -> LoadedModel:
     tokenizer = None
     if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
         tokenizer = AutoTokenizer.from_pretrained(path)
-    return LoadedModel(config, sd, tokenizer, _eos_ids(path, config), name or path.name)
+    return LoadedModel(config, sd, tokenizer, _eos_ids(path, config), name or path.name, path)
 
 
 def load_gguf(gguf: Path, *, cache_dir: str | None = None, name: str | None = None) -> LoadedModel:

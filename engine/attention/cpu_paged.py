@@ -45,7 +45,10 @@ def load_library() -> ctypes.CDLL:
         lib_path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
         os.close(fd)
-        subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True, capture_output=True)
+        built = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
+        if built.returncode != 0:
+            os.unlink(tmp)
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {built.stderr.strip()[-2000:]}")
         os.replace(tmp, lib_path)  # atomic: concurrent builders never load a half-written file
     lib = ctypes.CDLL(str(lib_path))
     for name in ("paged_decode_f32", "paged_decode_bf16"):

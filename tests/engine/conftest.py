@@ -1,0 +1,52 @@
+"""Engine fixtures: a tiny random-weight Llama (GQA) saved as a HF folder, and the real SmolLM2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from engine import LLM
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            tie_word_embeddings=True, eos_token_id=1, bos_token_id=0, pad_token_id=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(1234)
+    model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def hf_greedy(model, prompts: list[list[int]], max_tokens: list[int], eos: bool = False) -> list[list[int]]:
+    """Hugging Face `generate`, greedy, one prompt at a time (no padding effects)."""
+    outs = []
+    for ids, n in zip(prompts, max_tokens):
+        kwargs = {} if eos else dict(eos_token_id=None)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=0 if eos else n,
+                             do_sample=False, pad_token_id=0, **kwargs)
+        gen = out[0, len(ids):].tolist()
+        if eos and model.generation_config.eos_token_id in gen:  # HF pads after EOS in a batch of one? trim
+            gen = gen[: gen.index(model.generation_config.eos_token_id) + 1]
+        outs.append(gen)
+    return outs
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LLM:
+    return LLM(model="smollm2", dtype="float32", num_threads=2)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2):
+    return AutoModelForCausalLM.from_pretrained(smollm2.engine.model_path, dtype=torch.float32).eval()
