@@ -1,0 +1,51 @@
+"""OpenAI's x-ratelimit-* and retry-after headers from a Decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from quotas import Decision, RateInfo, format_duration, rate_limit_headers, retry_headers
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0ms"), (0.02, "20ms"), (0.0201, "21ms"), (0.999, "999ms"), (1, "1s"), (1.5, "1.5s"),
+    (6.25, "6.25s"), (59.9991, "1m0s"), (360, "6m0s"), (90.5, "1m30.5s"), (3723, "1h2m3s"),
+    (-1, "0ms"),
+])
+def test_durations_are_written_like_openai(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_allowed_decision_headers():
+    d = Decision(True, requests=RateInfo(60, 59, 1.0), tokens=RateInfo(150_000, 149_984, 0.0064))
+    assert rate_limit_headers(d) == {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "59",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-limit-tokens": "150000",
+        "x-ratelimit-remaining-tokens": "149984",
+        "x-ratelimit-reset-tokens": "7ms",
+    }
+
+
+def test_refusal_adds_retry_after_rounded_up():
+    d = Decision(False, limit="tokens_per_minute", scope="tenant", retry_after=2.0004,
+                 tokens=RateInfo(1000, 3, 59.0))
+    headers = rate_limit_headers(d)
+    assert headers["retry-after"] == "3" and headers["retry-after-ms"] == "2001"
+    assert "x-ratelimit-limit-requests" not in headers  # requests are not limited
+    assert headers["x-ratelimit-reset-tokens"] == "59s"
+
+
+def test_permanent_refusal_has_no_retry_after():
+    d = Decision(False, limit="max_tokens", scope="key", retry_after=None)
+    assert rate_limit_headers(d) == {} and not d.retryable
+
+
+@pytest.mark.parametrize("seconds, header", [
+    (0.0001, {"retry-after": "1", "retry-after-ms": "1"}),
+    (1.0, {"retry-after": "1", "retry-after-ms": "1000"}),
+    (59.998946, {"retry-after": "60", "retry-after-ms": "59999"}),
+])
+def test_retry_headers(seconds, header):
+    assert retry_headers(seconds) == header
