@@ -83,7 +83,7 @@ class Limiter:
         rid = uuid.uuid4().hex
         keys = self.keys.admission_keys(demand.tenant, demand.key, demand.tier, rid)
         args = [codec.now_arg(now), demand.tier, demand.tokens, demand.max_tokens, rid,
-                round(self.lease_ttl * codec.US), round((self.lease_ttl + self.settle_grace) * 1000),
+                round(self.lease_ttl * codec.US), self._record_ttl_ms,
                 1 if demand.key is None else 2]
         try:
             for _ in range(3):  # at most: load the tenant's limits, then the key's
@@ -116,6 +116,29 @@ class Limiter:
         ``settle`` with the tokens produced). Idempotent like ``settle``.
         """
         return await self._settle(reservation, -1, now)
+
+    async def renew(self, reservation: Reservation, *, now: float | None = None) -> bool:
+        """Extend the reservation's concurrency leases by ``lease_ttl`` from now.
+
+        For requests that may outlive ``lease_ttl`` (long streams): call it periodically,
+        e.g. every ``lease_ttl / 3``. Returns False when there was nothing to extend (not
+        charged, already settled, lease expired, or Redis unavailable, which is logged).
+        """
+        if not reservation.charged:
+            return False
+        keys = self.keys.admission_keys(reservation.tenant, reservation.key, reservation.tier,
+                                        reservation.id)
+        args = [codec.now_arg(now), reservation.lease_id, round(self.lease_ttl * codec.US),
+                self._record_ttl_ms]
+        try:
+            return int(await self.scripts.renew(keys=keys, args=args)) > 0
+        except BACKEND_ERRORS as exc:
+            log.warning("quota lease renewal of %s failed: %s", reservation.id, exc)
+            return False
+
+    @property
+    def _record_ttl_ms(self) -> int:
+        return round((self.lease_ttl + self.settle_grace) * 1000)
 
     async def _settle(self, res: Reservation, used: int, now: float | None) -> SettleOutcome:
         if not res.charged:

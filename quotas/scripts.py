@@ -20,6 +20,7 @@ SOURCES = {
     "admit": ("common.lua", "gcra.lua", "periods.lua", "admit.lua"),
     "settle": ("common.lua", "gcra.lua", "settle.lua"),
     "usage": ("common.lua", "gcra.lua", "periods.lua", "usage.lua"),
+    "renew": ("common.lua", "renew.lua"),
 }
 
 
@@ -37,6 +38,7 @@ class Scripts:
     admit: AsyncScript
     settle: AsyncScript
     usage: AsyncScript
+    renew: AsyncScript
 
     @classmethod
     def register(cls, redis: Redis) -> Scripts:
@@ -45,5 +47,5 @@ class Scripts:
 
     async def load(self) -> None:
         """SCRIPT LOAD every script now (optional warm-up; calls load lazily anyway)."""
-        for script in (self.admit, self.settle, self.usage):
+        for script in (self.admit, self.settle, self.usage, self.renew):
             script.sha = await script.registered_client.script_load(script.script)

@@ -121,3 +121,18 @@ async def test_settling_after_the_record_expired_changes_nothing(store, client, 
     assert await limiter.settle(d.reservation, 10) == "unknown"
     usage = await store.usage("acme")
     assert usage.in_flight == 0 and usage.daily_used == 200
+
+
+async def test_renewed_lease_outlives_lease_ttl(store, client, keyspace):
+    """A long stream renews its lease; the slot stays taken until settlement."""
+    from quotas import Limiter
+
+    limiter = Limiter(client, keys=keyspace, lease_ttl=5.0)
+    await store.put("acme", QuotaLimits(max_concurrency=1))
+    d = await limiter.admit(Demand("acme", 1, 1), now=START)
+    assert await limiter.renew(d.reservation, now=START + 4)
+    assert not (await limiter.admit(Demand("acme", 1, 1), now=START + 8.9)).allowed
+    assert (await limiter.admit(Demand("acme", 1, 1), now=START + 9.0)).allowed  # expired
+    assert not await limiter.renew(d.reservation, now=START + 9.5)  # not brought back
+    assert await limiter.settle(d.reservation, 2, now=START + 9.5) == "settled"
+    assert not await limiter.renew(d.reservation, now=START + 9.5)  # settled: nothing to renew
