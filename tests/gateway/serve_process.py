@@ -1,0 +1,87 @@
+"""Start `fairlane serve` (or a lone gateway / worker) as a user would: a subprocess, real ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def fairlane_command() -> list[str]:
+    """The installed console script if there is one, else the same entry point through python -m."""
+    script = shutil.which("fairlane")
+    return [script] if script else [sys.executable, "-m", "gateway.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen
+    port: int
+    log_path: str
+    admin_token: str | None = None
+    api_key: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def start(args: list[str], env: dict[str, str], log_path: str, *, port: int | None = None) -> Served:
+    """Run ``fairlane <args>`` in its own process group, output to log_path."""
+    full_env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env}
+    log = open(log_path, "w")
+    process = subprocess.Popen([*fairlane_command(), *args], env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                               cwd=REPO, start_new_session=True)
+    return Served(process=process, port=port or 0, log_path=log_path)
+
+
+def wait_ready(served: Served, timeout_s: float = 180.0) -> Served:
+    """Wait for /ready (a worker serves the model) and read the --dev banner if there is one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if served.process.poll() is not None:
+            raise RuntimeError(f"fairlane exited with {served.process.returncode}:\n{served.log()}")
+        try:
+            if httpx.get(served.base_url + "/ready", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    else:
+        raise TimeoutError(f"fairlane not ready in {timeout_s} s:\n{served.log()}")
+    banner = served.log()
+    if match := re.search(r"admin token:\s+(\S+)", banner):
+        served.admin_token = match.group(1)
+    if match := re.search(r"demo API key:\s+(\S+)", banner):
+        served.api_key = match.group(1)
+    return served
