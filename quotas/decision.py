@@ -64,6 +64,29 @@ class Decision:
         """True when the same request may be admitted later (a 429 with retry-after)."""
         return not self.allowed and self.retry_after is not None
 
+    @property
+    def message(self) -> str:
+        """A refusal in words, for the error body's ``message`` ('' when allowed)."""
+        if self.allowed:
+            return ""
+        what = _WORDS.get(self.limit or "", self.limit or "quota")
+        whose = "API key" if self.scope == "key" else "organization"
+        if self.retry_after is None:
+            return f"Request refused by the {whose}'s {what}: it can never be admitted as sent."
+        return (f"Rate limit reached for the {whose}'s {what}. "
+                f"Please try again in {self.retry_after:.3g}s.")
+
+
+_WORDS = {
+    "requests_per_minute": "requests per minute",
+    "tokens_per_minute": "tokens per minute (prompt + max_tokens)",
+    "concurrency": "concurrent requests",
+    "daily_budget": "daily token budget",
+    "monthly_budget": "monthly token budget",
+    "max_tokens": "max_tokens per request",
+    "tier": "allowed service tiers",
+}
+
 
 @dataclass(frozen=True)
 class Usage:

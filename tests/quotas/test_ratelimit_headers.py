@@ -35,11 +35,14 @@ def test_refusal_adds_retry_after_rounded_up():
     assert headers["retry-after"] == "3" and headers["retry-after-ms"] == "2001"
     assert "x-ratelimit-limit-requests" not in headers  # requests are not limited
     assert headers["x-ratelimit-reset-tokens"] == "59s"
+    assert d.message == ("Rate limit reached for the organization's tokens per minute "
+                         "(prompt + max_tokens). Please try again in 2s.")
 
 
 def test_permanent_refusal_has_no_retry_after():
     d = Decision(False, limit="max_tokens", scope="key", retry_after=None)
     assert rate_limit_headers(d) == {} and not d.retryable
+    assert "API key's max_tokens per request" in d.message and "never" in d.message
 
 
 @pytest.mark.parametrize("seconds, header", [
