@@ -87,3 +87,13 @@ async def test_tokens_of_mixed_sizes_fill_the_limit_without_overshoot(backend, k
     usage = await store.usage("contested", now=START)
     assert usage.tokens.remaining == limit - charged
     assert min(refused) > limit - charged
+
+
+async def test_concurrency_leases_admit_exactly_n(backend, keyspace, store):
+    """Nothing settles during the contest: exactly N leases are handed out."""
+    n = 25
+    await store.put("contested", QuotaLimits(max_concurrency=n))
+    outcomes = contest(backend, keyspace, [[(1, 1)] * PER_PROCESS] * PROCESSES, None)
+    assert sum(allowed for allowed, _, _ in outcomes) == n
+    assert {limit for allowed, limit, _ in outcomes if not allowed} == {"concurrency"}
+    assert (await store.usage("contested")).in_flight == n
