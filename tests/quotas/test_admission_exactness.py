@@ -19,9 +19,9 @@ from quotas import QuotaLimits
 PROCESSES, PER_PROCESS = 2, 200
 START = 1_700_000_000.0
 
-# clock → (N, injected now). With TIME, 60 s / 12 = 5 s between refills: the contest is over
-# long before, so anything above 12 would be a real over-admission.
-CLOCKS = {"redis-time": (12, None), "frozen": (150, START)}
+# clock → (N, injected now). With TIME, 60 s / 10 = 6 s between refills: the contest is over
+# long before, so anything above 10 would be a real over-admission.
+CLOCKS = {"redis-time": (10, None), "frozen": (150, START)}
 
 
 def contest(backend, keyspace, sizes_per_process, now) -> list[tuple[bool, str | None, int]]:
