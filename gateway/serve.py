@@ -88,7 +88,8 @@ def main(args: argparse.Namespace) -> int:
             key = _demo_key(settings.database_url)
             base = f"http://{settings.host}:{settings.port}"
             print(f"fairlane dev mode\n  admin token:  {settings.admin_token}\n  demo API key: {key}\n"
-                  f"  OpenAI base URL: {base}/v1   docs: {base}/docs   model: {settings.model_name}", flush=True)
+                  f"  OpenAI base URL: {base}/v1   docs: {base}/docs   model: {settings.model_name}\n"
+                  f"  redis: {settings.redis_url}{' (embedded)' if redis_server else ''}", flush=True)
         workers = _start_workers(settings, settings.redis_url)
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
         return 0

@@ -84,4 +84,6 @@ def wait_ready(served: Served, timeout_s: float = 180.0) -> Served:
         served.admin_token = match.group(1)
     if match := re.search(r"demo API key:\s+(\S+)", banner):
         served.api_key = match.group(1)
+    if match := re.search(r"redis:\s+(\S+)", banner):
+        served.extra["redis_url"] = match.group(1)
     return served

@@ -3,9 +3,16 @@ worker and the real SmolLM2 model. Generations are short (8 tokens, greedy) to s
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import openai
 import pytest
+import redis as redislib
 from serve_process import free_port, start, wait_ready
+from sqlalchemy import select
+
+from tenancy import UsageRecord, make_engine, make_session_factory
 
 pytestmark = pytest.mark.real_model
 
@@ -22,6 +29,7 @@ def server(tmp_path_factory):
            "FAIRLANE_CONFIG": "/nonexistent.yaml"}
     env = {**env, "FAIRLANE_REDIS_URL": ""}  # empty: the embedded server
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
+    served.extra["database_url"] = env["FAIRLANE_DATABASE_URL"]
     try:
         yield wait_ready(served, timeout_s=240)
     finally:
@@ -99,3 +107,43 @@ async def test_async_client_streams_and_raises(server, greedy_chat):
         await client.completions.create(model=MODEL, prompt="x", max_tokens=2,
                                         extra_body={"service_tier": "priority"})
     await client.close()
+
+
+def _blocks(redis_url: str) -> tuple[int, int]:
+    """(free, total) KV blocks of the serving worker, as its heartbeat last reported them."""
+    client = redislib.Redis.from_url(redis_url)
+    info = {k.decode(): int(v) for k, v in client.hgetall(f"model:{MODEL}").items()}
+    client.close()
+    free = sum(v for k, v in info.items() if k.startswith("free_blocks:"))
+    total = sum(v for k, v in info.items() if k.startswith("total_blocks:"))
+    return free, total
+
+
+def test_client_disconnect_aborts_and_frees_blocks(server):
+    redis_url = server.extra["redis_url"]
+    deadline = time.monotonic() + 10
+    while (blocks := _blocks(redis_url))[0] != blocks[1]:  # earlier tests' requests are released
+        assert time.monotonic() < deadline, blocks
+        time.sleep(0.1)
+    idle_free = blocks[0]
+    payload = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "stream": True,
+               "ignore_eos": True, "temperature": 0}
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json=payload,
+                           headers={"Authorization": f"Bearer {server.api_key}"}) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            for _ in range(6):  # a few tokens in: the request holds KV blocks
+                next(line for line in lines if line.startswith("data: "))
+            time.sleep(0.8)  # let a heartbeat report them
+            assert _blocks(redis_url)[0] < idle_free
+        # leaving the `with` closes the connection mid-stream (400 tokens take many seconds here)
+    deadline = time.monotonic() + 5
+    while _blocks(redis_url)[0] != idle_free:
+        assert time.monotonic() < deadline, "the aborted request's blocks were not freed"
+        time.sleep(0.1)
+    engine = make_engine(server.extra["database_url"])
+    with make_session_factory(engine)() as session:
+        statuses = session.scalars(select(UsageRecord.status).where(UsageRecord.completion_tokens < 400)).all()
+    engine.dispose()
+    assert "cancelled" in statuses
