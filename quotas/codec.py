@@ -66,6 +66,11 @@ def _rate(limit: int, remaining: int, reset_us: bytes | int) -> RateInfo | None:
     return RateInfo(limit=int(limit), remaining=int(remaining), reset_after=int(reset_us) / US)
 
 
+def missing_scope(reply: Sequence) -> str | None:
+    """``"tenant"`` or ``"key"`` when admit.lua found no limits for that scope, else None."""
+    return _s(reply[2]) if int(reply[0]) == -1 else None
+
+
 def decode_admit(reply: Sequence, demand: Demand, reservation_id: str) -> Decision:
     """A Decision from admit.lua's reply (status 1 or 0; -1 is handled by the limiter)."""
     status, limit, scope, retry_us = int(reply[0]), _s(reply[1]), _s(reply[2]), int(reply[3])

@@ -10,6 +10,7 @@ Redis is back, scripts included (NOSCRIPT reloads them).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -70,6 +71,7 @@ class Limiter:
         self.loader = loader
         self.scripts = Scripts.register(redis)  # once: EVALSHA from here on
         self.store = QuotaStore(redis, keys=self.keys, scripts=self.scripts)
+        self._background: set[asyncio.Task] = set()
 
     async def admit(self, demand: Demand, *, now: float | None = None) -> Decision:
         """Check and charge every limit of ``demand`` in one atomic call.
@@ -88,12 +90,18 @@ class Limiter:
         try:
             for _ in range(3):  # at most: load the tenant's limits, then the key's
                 reply = await self.scripts.admit(keys=keys, args=args)
-                if int(reply[0]) != -1:
+                missing = codec.missing_scope(reply)
+                if missing is None:
                     return codec.decode_admit(reply, demand, rid)
-                await self._load(demand.tenant, None if reply[2] in (b"tenant", "tenant") else demand.key)
+                await self._load(demand.tenant, demand.key if missing == "key" else None)
             raise QuotaNotConfigured(demand.tenant, demand.key)
         except BACKEND_ERRORS as exc:
             return self._unavailable(demand, rid, exc)
+        except asyncio.CancelledError:
+            # The caller went away (client disconnected) while the script may have run: give
+            # back whatever it charged, in the background (a no-op if nothing was).
+            self._in_background(self.refund(self._reservation(demand, rid)))
+            raise
 
     async def settle(self, reservation: Reservation, used_tokens: int, *,
                      now: float | None = None) -> SettleOutcome:
@@ -140,12 +148,28 @@ class Limiter:
     def _record_ttl_ms(self) -> int:
         return round((self.lease_ttl + self.settle_grace) * 1000)
 
+    async def aclose(self) -> None:
+        """Wait for background refunds (of cancelled admissions); call at shutdown."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _in_background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)  # keep a reference until done
+        task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    def _reservation(demand: Demand, rid: str, charged: bool = True) -> Reservation:
+        return Reservation(id=rid, tenant=demand.tenant, key=demand.key, tier=demand.tier,
+                           reserved_tokens=demand.tokens, lease_id=rid, charged=charged)
+
     async def _settle(self, res: Reservation, used: int, now: float | None) -> SettleOutcome:
         if not res.charged:
             return "not_charged"
         keys = self.keys.admission_keys(res.tenant, res.key, res.tier, res.id)
         try:
-            reply = await self.scripts.settle(keys=keys, args=[codec.now_arg(now), used, res.lease_id])
+            reply = await self.scripts.settle(
+                keys=keys, args=[codec.now_arg(now), used, res.lease_id, self._record_ttl_ms])
         except BACKEND_ERRORS as exc:
             log.warning("quota settlement of %s for tenant %s failed: %s", res.id, res.tenant, exc)
             return "unavailable"
@@ -162,6 +186,5 @@ class Limiter:
             raise QuotaBackendUnavailable(self.unavailable_retry_after, exc) from exc
         log.warning("quota backend unavailable, admitting tenant %s unchecked (fail-open): %s",
                     demand.tenant, exc)
-        reservation = Reservation(id=rid, tenant=demand.tenant, key=demand.key, tier=demand.tier,
-                                  reserved_tokens=demand.tokens, lease_id=rid, charged=False)
-        return Decision(True, reservation=reservation, enforced=False)
+        return Decision(True, reservation=self._reservation(demand, rid, charged=False),
+                        enforced=False)

@@ -17,6 +17,12 @@
 --          (-1 in the six header fields: that rate is not limited)
 --          status 1 admitted and charged; 0 refused, nothing charged;
 --          -1 the limits hash of `scope` is missing, nothing charged (caller loads, retries)
+--          (limit 'cancelled': the reservation was refunded already, see settle.lua)
+
+if redis.call('EXISTS', KEYS[19]) == 1 then
+  -- This reservation was refunded before it arrived (settle.lua's tombstone): charge nothing.
+  return {0, 'cancelled', '', -1, -1, -1, -1, -1, -1, -1}
+end
 
 local now = clock(ARGV[1])
 local tier, cost, max_tokens, rid = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]

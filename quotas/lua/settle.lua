@@ -7,7 +7,7 @@
 -- KEYS     the same 19 keys as admit.lua (19 = reservation record)
 -- ARGV     1 now µs ('' = TIME)  2 tokens really used, or -1 to refund everything (the
 --          request failed before running: its request count is given back too)
---          3 reservation id (= lease id)
+--          3 reservation id (= lease id)  4 record ttl ms (tombstone lifetime)
 -- Reply    {status, reserved tokens, charged tokens}
 --          status 1 settled now; 0 unknown reservation (already settled or refunded, or its
 --          record expired: then it stays charged in full and its lease has expired)
@@ -19,6 +19,12 @@ local now = clock(ARGV[1])
 local rec = redis.call('HMGET', KEYS[19], 'tokens', 'r', 't', 'l', 'd', 'dp', 'm', 'mp',
   'rl', 'tl')
 if not rec[1] then
+  if tonumber(ARGV[2]) < 0 and ARGV[4] then
+    -- A refund may overtake its own admission (the caller was cancelled while admit.lua was
+    -- on its way): leave a tombstone so that admission charges nothing when it arrives.
+    redis.call('HSET', KEYS[19], 'void', '1')
+    redis.call('PEXPIRE', KEYS[19], ARGV[4])
+  end
   return {0, 0, 0}
 end
 local reserved = tonumber(rec[1])

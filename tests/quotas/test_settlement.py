@@ -136,3 +136,42 @@ async def test_renewed_lease_outlives_lease_ttl(store, client, keyspace):
     assert not await limiter.renew(d.reservation, now=START + 9.5)  # not brought back
     assert await limiter.settle(d.reservation, 2, now=START + 9.5) == "settled"
     assert not await limiter.renew(d.reservation, now=START + 9.5)  # settled: nothing to renew
+
+
+async def test_cancelled_admission_is_refunded(store, limiter):
+    """Callers are cancelled (client gone) at every point of admit: before the script ran,
+    after it ran but before the reply was read, after the reply. Once the background refunds
+    are done, only the admissions whose caller got the Decision stay charged."""
+    await store.put("acme", QuotaLimits(max_concurrency=10_000, daily_token_budget=10**6))
+    kept = cancelled = 0
+    for round_ in range(10):
+        tasks = [asyncio.ensure_future(limiter.admit(Demand("acme", 10, 10))) for _ in range(30)]
+        await asyncio.sleep(0.0003 * round_)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                kept += (await task).allowed
+            except asyncio.CancelledError:
+                cancelled += 1
+    await limiter.aclose()
+    usage = await store.usage("acme")
+    assert cancelled > 0
+    assert (usage.in_flight, usage.daily_used) == (kept, 20 * kept)
+
+
+async def test_a_refund_that_overtakes_its_admission_leaves_nothing_charged(store, limiter):
+    """The refund of a cancelled admission may reach Redis first: its tombstone voids the
+    admission when it arrives."""
+    from quotas import Reservation
+
+    await store.put("acme", QuotaLimits(max_concurrency=1, daily_token_budget=100))
+    ghost = Reservation(id="r-ghost", tenant="acme", key=None, tier="default",
+                        reserved_tokens=20, lease_id="r-ghost")
+    assert await limiter.refund(ghost) == "unknown"
+    keys = limiter.keys.admission_keys("acme", None, "default", "r-ghost")
+    args = ["", "default", 20, 10, "r-ghost", 10**9, 60_000, 1]
+    reply = await limiter.scripts.admit(keys=keys, args=args)  # the late admission
+    assert int(reply[0]) == 0
+    usage = await store.usage("acme")
+    assert (usage.in_flight, usage.daily_used) == (0, 0)
