@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -131,6 +133,13 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             error = cls(str(exc.detail) if exc.status_code != 404 else "Not found.")
         return error_response(error)
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("redis unavailable: %s", exc)
+        return error_response(ServiceUnavailable("The request queue is unavailable; retry shortly.",
+                                                 headers={"retry-after": "2"}))
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -1,0 +1,1 @@
+"""HTTP routers: health, OpenAI-compatible inference and models, admin tenants/keys/usage."""

@@ -111,3 +111,13 @@ def running_worker(settings, tiny_engine_factory):
     for thread in threads:
         thread.join(timeout=10)
     client.close()
+
+
+@pytest.fixture
+def free_tcp_port() -> int:
+    """A port nothing listens on."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -154,3 +154,17 @@ async def test_oversized_bodies_are_413(app_client, settings, key):
 async def test_unknown_routes_and_methods_use_the_error_shape(app_client, key):
     assert_openai_error(await app_client.get("/v1/nothing-here", headers=_auth(key)), 404)
     assert_openai_error(await app_client.get("/v1/chat/completions", headers=_auth(key)), 405)
+
+
+async def test_redis_down_is_503_not_500(settings, free_tcp_port):
+    import httpx
+
+    from gateway.app import create_app
+
+    app = create_app(settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_tcp_port}/0"}))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as client:
+            response = await client.get("/v1/models", headers=_auth("fl-abcdefgh_" + "x" * 43))
+            assert_openai_error(response, 503, code="service_unavailable")
+            assert response.headers["retry-after"] == "2"
+            assert (await client.get("/ready")).json()["checks"]["redis"] is False
