@@ -1,0 +1,160 @@
+"""Output tokens/s of fairlane's engine against Hugging Face `generate` (static padded batches) and
+transformers' own continuous batching, on the same workload, in one process and one run.
+
+    python benchmarks/throughput.py            # SmolLM2 bf16, 2 threads, 64 requests
+    python benchmarks/throughput.py --quick    # 16 requests, for a smoke run
+
+Two passes: `ignore_eos` (every system does exactly each request's max_tokens) and `eos` (stop at
+EOS; only useful tokens are counted: a static batch's padding after EOS or past a request's own
+max_tokens is not). Writes benchmarks/results/throughput.json and throughput.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.workloads import chat_prompts, output_budgets
+from engine import LLM, SamplingParams
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def run_fairlane(llm: LLM, prompts, budgets, ignore_eos: bool) -> dict:
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=ignore_eos) for n in budgets]
+    t = time.perf_counter()
+    out = llm.generate(prompts, params)
+    dt = time.perf_counter() - t
+    stats = llm.engine.stats
+    return {"seconds": dt, "output_tokens": sum(len(c.token_ids) for c in out),
+            "kv_utilization": stats.kv_utilization, "preemptions": stats.preemptions}
+
+
+def run_hf_static(model, prompts, budgets, ignore_eos: bool, eos: int, batch_size: int) -> dict:
+    """Batches in arrival order, left-padded; each batch runs until its longest budget (or all EOS)."""
+    useful, t = 0, time.perf_counter()
+    for s in range(0, len(prompts), batch_size):
+        batch, caps = prompts[s : s + batch_size], budgets[s : s + batch_size]
+        width = max(map(len, batch))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        kw = dict(min_new_tokens=max(caps), eos_token_id=None) if ignore_eos else dict(eos_token_id=eos)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(caps), do_sample=False,
+                             pad_token_id=0, **kw)
+        for row, cap in zip(out[:, width:].tolist(), caps):
+            row = row[:cap]
+            if not ignore_eos and eos in row:
+                row = row[: row.index(eos) + 1]
+            useful += len(row)
+    return {"seconds": time.perf_counter() - t, "output_tokens": useful}
+
+
+def run_hf_continuous(model, prompts, budgets, ignore_eos: bool, eos: int) -> dict:
+    """transformers' continuous batching manager (what `generate_batch` drives), per-request budgets."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=max(budgets), do_sample=False, eos_token_id=eos, pad_token_id=0)
+    t = time.perf_counter()
+    with model.continuous_batching_context_manager(generation_config=cfg, block=True, timeout=5) as manager:
+        for i, (p, n) in enumerate(zip(prompts, budgets)):
+            manager.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=[-1] if ignore_eos else eos)
+        results = {}
+        while len(results) < len(prompts):
+            r = manager.get_result(timeout=1)
+            if r is not None and r.is_finished():
+                results[r.request_id] = r
+    dt = time.perf_counter() - t
+    useful = 0
+    for i, n in enumerate(budgets):
+        toks = list(results[f"r{i}"].generated_tokens)[:n]
+        if not ignore_eos and eos in toks:
+            toks = toks[: toks.index(eos) + 1]
+        useful += len(toks)
+    return {"seconds": dt, "output_tokens": useful}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="16 requests, budgets up to 128")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batch-size", type=int, default=32, help="HF static batch size")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--systems", default="hf_static,hf_continuous,fairlane")
+    ap.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
+    args = ap.parse_args()
+    n = 16 if args.quick else args.requests
+    torch.set_num_threads(args.threads)
+    llm = LLM(model="smollm2", dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=getattr(torch, args.dtype)).eval()
+    eos = 2
+    prompts = chat_prompts(llm.tokenizer, n)
+    budgets = output_budgets(n, high=128 if args.quick else 512)
+    systems = args.systems.split(",")
+    runs: dict = {}
+    for mode in ("ignore_eos", "eos"):
+        ig = mode == "ignore_eos"
+        res = {}
+        for name in systems:
+            print(f"[{mode}] {name} ...", flush=True)
+            if name == "fairlane":
+                llm.engine.stats.__init__()
+                res[name] = run_fairlane(llm, prompts, budgets, ig)
+            elif name == "hf_static":
+                res[name] = run_hf_static(hf, prompts, budgets, ig, eos, args.batch_size)
+            elif name == "hf_continuous":
+                res[name] = run_hf_continuous(hf, prompts, budgets, ig, eos)
+            res[name]["tokens_per_s"] = res[name]["output_tokens"] / res[name]["seconds"]
+        if "fairlane" in res:
+            for name in res:
+                res[name]["fairlane_speedup"] = res["fairlane"]["tokens_per_s"] / res[name]["tokens_per_s"]
+        runs[mode] = res
+    report = {
+        "model": "SmolLM2-135M-Instruct", "dtype": args.dtype, "threads": args.threads, "requests": n,
+        "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts)), sum(map(len, prompts))],
+        "max_tokens": [min(budgets), max(budgets), sum(budgets)], "hf_static_batch": args.batch_size,
+        "fairlane_max_num_seqs": args.max_num_seqs, "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print_table(runs)
+    plot(runs, args.out.with_suffix(".png"), n, args.dtype)
+
+
+def print_table(runs: dict) -> None:
+    print(f"\n| workload | system | output tokens | seconds | tok/s | fairlane × |")
+    print("|---|---|---:|---:|---:|---:|")
+    for mode, res in runs.items():
+        for name, r in res.items():
+            print(f"| {mode} | {name} | {r['output_tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
+                  f"{r.get('fairlane_speedup', float('nan')):.2f} |")
+
+
+def plot(runs: dict, path: Path, n: int, dtype: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
+    for ax, (mode, res) in zip(axes[0], runs.items()):
+        names = list(res)
+        vals = [res[k]["tokens_per_s"] for k in names]
+        bars = ax.bar(names, vals, color=["#999", "#69c", "#e63"][: len(names)])
+        ax.bar_label(bars, fmt="%.0f")
+        ax.set_title(f"{mode}: {n} requests, SmolLM2 {dtype}, 2 threads")
+        ax.set_ylabel("output tokens / s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
