@@ -7,8 +7,13 @@
 
 -- The clock is Redis's own (TIME), never the gateway's. A non-empty argument injects a fixed
 -- time in µs: used only by the deterministic test vectors.
+-- Expiries follow Redis's real clock. Under an injected clock they cannot track it, so keys
+-- then live an hour longer than the injected time needs (tests move time by hours at most).
+local ttl_slack_ms = 0
+
 local function clock(injected)
   if injected ~= nil and injected ~= '' then
+    ttl_slack_ms = 3600000
     return tonumber(injected)
   end
   local t = redis.call('TIME')  -- {seconds, microseconds}
@@ -24,7 +29,7 @@ end
 local function ms_after(us)
   local ms = math.floor(us / 1000) + 1
   if ms < 1 then ms = 1 end
-  return int(ms)
+  return int(ms + ttl_slack_ms)
 end
 
 -- Comma-separated integers (KEYS indices in a reservation record) to a list.
