@@ -20,6 +20,7 @@ from gateway.lanes import GROUP, cancel_key, lane_key, out_key
 from gateway.messages import LaneRequest, LaneResult, MessageError
 
 log = logging.getLogger(__name__)
+PUBLISH_RETRIES = 8  # about 5 s of backoff in all
 
 
 @dataclass
@@ -62,6 +63,21 @@ class Worker:
         self.setup()
         while not stop.is_set():
             self.run_once()
+
+    def _execute(self, pipe) -> list:
+        """Run a pipeline, retrying through a short Redis outage. Tokens an engine step produced
+        must not be dropped; a MULTI/EXEC retried after an unanswered EXEC may apply twice, which
+        readers tolerate (results carry offsets). After the retries the worker dies, and another
+        one resumes its requests from what was published."""
+        for attempt in range(PUBLISH_RETRIES):
+            try:
+                return pipe.execute()
+            except (redislib.ConnectionError, redislib.TimeoutError) as exc:
+                if attempt == PUBLISH_RETRIES - 1:
+                    raise
+                log.warning("redis unavailable (%s); retrying", exc)
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+        raise AssertionError("unreachable")
 
     def run_once(self) -> None:
         """One iteration: admit work, step the engine, publish."""
@@ -152,7 +168,7 @@ class Worker:
             pipe.expire(out_key(result.request_id), self.result_ttl_s)
         pipe.xack(lane, GROUP, entry_id)
         pipe.xdel(lane, entry_id)
-        pipe.execute()
+        self._execute(pipe)
 
     # ---- results ---------------------------------------------------------------------------
     def _result(self, out: RequestOutput, f: InFlight) -> LaneResult:
@@ -183,7 +199,7 @@ class Worker:
             running = list(self.inflight)
         if running:
             pipe.mget([cancel_key(rid) for rid in running])
-        replies = pipe.execute() if len(pipe) else []
+        replies = self._execute(pipe) if len(pipe) else []
         if running:
             for rid, flag in zip(running, replies[-1]):
                 if flag is not None:

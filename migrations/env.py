@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import pool
+from sqlalchemy import pool, text
 
 from tenancy.db import make_engine
 from tenancy.models import Base
 
 target_metadata = Base.metadata
+MIGRATION_LOCK_KEY = 0x66616972  # "fair": one advisory lock id for fairlane's migrations
 
 
 def run_migrations_online() -> None:
@@ -23,6 +24,9 @@ def run_migrations_online() -> None:
                 compare_type=True,
             )
             with context.begin_transaction():
+                if connection.dialect.name == "postgresql":
+                    # Gateways starting together migrate one at a time; the others then find head.
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
                 context.run_migrations()
     finally:
         engine.dispose()

@@ -7,12 +7,15 @@ scripts live in the top-level ``migrations`` package, found without importing it
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 DEFAULT_DATABASE_URL = "sqlite:///fairlane.db"
@@ -54,9 +57,26 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+@contextmanager
+def _sqlite_migration_lock(url: str) -> Iterator[None]:
+    """Serialize migrations of one SQLite file across processes (PostgreSQL uses an advisory lock
+    in migrations/env.py)."""
+    database = make_url(url).database if url.startswith("sqlite") else None
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def upgrade(url: str = DEFAULT_DATABASE_URL, revision: str = "head") -> None:
-    """Apply migrations up to ``revision`` (the latest by default)."""
-    command.upgrade(alembic_config(url), revision)
+    """Apply migrations up to ``revision`` (the latest by default); safe to run from many processes."""
+    with _sqlite_migration_lock(url):
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str = DEFAULT_DATABASE_URL, revision: str = "base") -> None:

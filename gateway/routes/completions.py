@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from functools import partial
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -35,13 +36,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     body.sampling(max_tokens=1)  # refuse unsupported options before tokenizing
     try:
         prompt_ids = state.tokenizer.encode_chat([m.as_template_input() for m in body.messages])
-    except (ValueError, TypeError) as exc:
+    except Exception as exc:  # jinja errors, bad roles for this template…
         raise InvalidRequest(f"These messages cannot be rendered by the model's chat template: {exc}",
                              param="messages") from exc
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_for=body.sampling)
-    return await _respond(generation, body, chat=True)
+    return await _respond(generation, body, request, chat=True)
 
 
 @router.post("/completions")
@@ -58,10 +59,10 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_for=body.sampling, prompt_param="prompt")
-    return await _respond(generation, body, chat=False)
+    return await _respond(generation, body, request, chat=False)
 
 
-async def _respond(generation: gen.Generation, body, *, chat: bool):
+async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool):
     headers = generation.admission.headers
     ids = dict(request_id=generation.request_id, created=generation.created, model=generation.model,
                tier=generation.tier)
@@ -69,11 +70,31 @@ async def _respond(generation: gen.Generation, body, *, chat: bool):
         return StreamingResponse(_stream(generation, body, chat, ids), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     parts: list[str] = []
+    failure: list[BaseException] = []
+
+    async def collect(scope: anyio.CancelScope) -> None:
+        try:
+            async for result in generation:
+                parts.append(result.text)
+        except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
+            failure.append(exc)
+        scope.cancel()
+
+    async def watch_disconnect(scope: anyio.CancelScope) -> None:
+        while not await request.is_disconnected():
+            await anyio.sleep(0.25)
+        scope.cancel()  # the client left: stop relaying; close() cancels the request
+
     try:
-        async for result in generation:
-            parts.append(result.text)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(collect, tasks.cancel_scope)
+            tasks.start_soon(watch_disconnect, tasks.cancel_scope)
     finally:
         await generation.close()
+    if failure:
+        raise failure[0]
+    if not generation.done:
+        return JSONResponse({}, status_code=499)  # nobody is listening any more
     build = fmt.chat_completion if chat else fmt.text_completion
     return JSONResponse(build(**ids, text="".join(parts), reason=generation.finish_reason,
                               prompt_tokens=generation.prompt_tokens,

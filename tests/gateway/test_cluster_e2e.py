@@ -19,7 +19,7 @@ from gateway_test_helpers import ADMIN_TOKEN
 from serve_process import free_port, start, wait_ready
 from sqlalchemy import func, select
 
-from tenancy import UsageRecord, make_engine, make_session_factory, upgrade
+from tenancy import UsageRecord, make_engine, make_session_factory
 
 # Peaked logits (large init std) keep greedy answers identical under any batch composition.
 MODEL_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -34,7 +34,6 @@ def cluster(tmp_path_factory, redis_url):
     tmp = tmp_path_factory.mktemp("cluster")
     model = f"test-{uuid.uuid4().hex[:10]}"
     database_url = f"sqlite:///{tmp / 'fairlane.db'}"
-    upgrade(database_url)  # once, before two gateways start on the same file
     env = {"FAIRLANE_REDIS_URL": redis_url, "FAIRLANE_DATABASE_URL": database_url, "FAIRLANE_MODEL": "dummy",
            "FAIRLANE_SERVED_MODEL_NAME": model, "FAIRLANE_DUMMY_CONFIG": json.dumps(MODEL_CONFIG),
            "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN, "FAIRLANE_NUM_THREADS": "1", "FAIRLANE_NUM_KV_BLOCKS": "256",

@@ -142,8 +142,35 @@ def test_client_disconnect_aborts_and_frees_blocks(server):
     while _blocks(redis_url)[0] != idle_free:
         assert time.monotonic() < deadline, "the aborted request's blocks were not freed"
         time.sleep(0.1)
+    assert _cancelled(server), "the aborted request was not recorded as cancelled"
+
+
+def test_non_streaming_client_that_gives_up_is_aborted_too(server):
+    redis_url = server.extra["redis_url"]
+    deadline = time.monotonic() + 10
+    while (blocks := _blocks(redis_url))[0] != blocks[1]:
+        assert time.monotonic() < deadline, blocks
+        time.sleep(0.1)
+    before = len(_cancelled(server))
+    payload = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client stops waiting and closes its connection
+        httpx.post(server.base_url + "/v1/completions", json=payload, timeout=1.5,
+                   headers={"Authorization": f"Bearer {server.api_key}"})
+    deadline = time.monotonic() + 5
+    while _blocks(redis_url)[0] != blocks[0]:
+        assert time.monotonic() < deadline, "the abandoned request kept its blocks"
+        time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while len(cancelled := _cancelled(server)) != before + 1:
+        assert time.monotonic() < deadline, "no usage record for the abandoned request"
+        time.sleep(0.1)
+    assert all(n < 400 for n in cancelled)
+
+
+def _cancelled(server) -> list[int]:
+    """completion_tokens of every request recorded as cancelled."""
     engine = make_engine(server.extra["database_url"])
     with make_session_factory(engine)() as session:
-        statuses = session.scalars(select(UsageRecord.status).where(UsageRecord.completion_tokens < 400)).all()
+        rows = session.scalars(select(UsageRecord.completion_tokens).where(UsageRecord.status == "cancelled")).all()
     engine.dispose()
-    assert "cancelled" in statuses
+    return list(rows)

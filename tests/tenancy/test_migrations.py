@@ -46,3 +46,17 @@ def test_models_match_migration_head(migrated_url):
 def test_upgrade_is_idempotent_at_head(migrated_url):
     upgrade(migrated_url)
     assert current_revision(migrated_url) == "0001"
+
+
+def test_concurrent_upgrades_from_several_processes(migrated_url):
+    import multiprocessing
+
+    downgrade(migrated_url)
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=upgrade, args=(migrated_url,)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    assert [p.exitcode for p in processes] == [0, 0, 0]
+    assert current_revision(migrated_url) == "0001" and _tables(migrated_url) == TABLES
