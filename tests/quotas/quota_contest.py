@@ -1,6 +1,7 @@
-"""One "gateway process" of the exactness contest (imported by spawned processes).
+"""The "gateway processes" of the exactness contest (imported by spawned processes).
 
-Not a test module: ``test_admission_exactness`` starts two of these with multiprocessing.
+Not a test module: ``test_admission_exactness`` keeps two of these processes for the session
+(spawning costs ~1 s each) and hands each contest to both.
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ import asyncio
 from quotas import Demand, KeySpace, Limiter, connect
 
 
-def run(url: str, prefix: str, sizes: list[tuple[int, int]], now: float | None,
-        barrier, results) -> None:
-    """Fire one admission per (prompt_tokens, max_tokens) in ``sizes``, all at once.
+def serve(jobs, results, barrier) -> None:
+    """Run contests from ``jobs`` until a None arrives; answer each on ``results``.
 
-    Puts ``[(allowed, limit, tokens), ...]`` on ``results``, or the error's text.
+    A job is (url, key prefix, [(prompt_tokens, max_tokens), ...], injected now or None);
+    the answer is ``[(allowed, limit, tokens), ...]``, or the error's text.
     """
-    try:
-        results.put(asyncio.run(_fire(url, prefix, sizes, now, barrier)))
-    except BaseException as exc:  # reported to the test, which fails with it
-        barrier.abort()
-        results.put(f"{type(exc).__name__}: {exc}")
+    while (job := jobs.get()) is not None:
+        try:
+            results.put(asyncio.run(_fire(*job, barrier)))
+        except BaseException as exc:  # reported to the test, which fails with it
+            barrier.abort()
+            results.put(f"{type(exc).__name__}: {exc}")
 
 
 async def _fire(url, prefix, sizes, now, barrier):

@@ -9,12 +9,19 @@ and with a frozen injected clock (N large).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import random
+import sys
 
 import pytest
 
-import quota_contest
 from quotas import QuotaLimits
+
+# Spawned processes import the contest by module name; make that work in any import mode.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quota_contest  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
 
 PROCESSES, PER_PROCESS = 2, 200
 START = 1_700_000_000.0
@@ -24,32 +31,41 @@ START = 1_700_000_000.0
 CLOCKS = {"redis-time": (10, None), "frozen": (150, START)}
 
 
-def contest(backend, keyspace, sizes_per_process, now) -> list[tuple[bool, str | None, int]]:
-    """Run the contest in separate processes; every process's decisions, concatenated."""
+@pytest.fixture(scope="module")
+def contestants():
+    """Two long-lived spawned processes, each with its own job and result queues."""
     ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(PROCESSES), ctx.Queue()
-    procs = [
-        ctx.Process(target=quota_contest.run,
-                    args=(backend.url, keyspace.prefix, sizes, now, barrier, results))
-        for sizes in sizes_per_process
-    ]
+    barrier = ctx.Barrier(PROCESSES)
+    queues = [(ctx.Queue(), ctx.Queue()) for _ in range(PROCESSES)]
+    procs = [ctx.Process(target=quota_contest.serve, args=(jobs, results, barrier), daemon=True)
+             for jobs, results in queues]
     for p in procs:
         p.start()
-    outcomes = [results.get(timeout=60) for _ in procs]
-    errors = [o for o in outcomes if isinstance(o, str)]
-    assert not errors, errors
-    for p in procs:
+    yield queues
+    for (jobs, _), p in zip(queues, procs):
+        jobs.put(None)
         p.join(timeout=10)
-        assert p.exitcode == 0
-    return [o for outcome in outcomes for o in outcome]
+
+
+@pytest.fixture
+def contest(contestants, backend, keyspace):
+    """Run one contest: process i fires sizes_per_process[i]; all decisions, concatenated."""
+    def run(sizes_per_process, now) -> list[tuple[bool, str | None, int]]:
+        for (jobs, _), sizes in zip(contestants, sizes_per_process):
+            jobs.put((backend.url, keyspace.prefix, sizes, now))
+        outcomes = [results.get(timeout=60) for _, results in contestants]
+        errors = [o for o in outcomes if isinstance(o, str)]
+        assert not errors, errors
+        return [o for outcome in outcomes for o in outcome]
+    return run
 
 
 @pytest.mark.parametrize("clock", CLOCKS)
-async def test_requests_per_minute_admits_exactly_n(backend, keyspace, store, clock):
+async def test_requests_per_minute_admits_exactly_n(contest, store, clock):
     n, now = CLOCKS[clock]
     await store.put("contested", QuotaLimits(requests_per_minute=n))
     sizes = [[(10, 10)] * PER_PROCESS for _ in range(PROCESSES)]
-    outcomes = contest(backend, keyspace, sizes, now)
+    outcomes = contest(sizes, now)
     assert len(outcomes) == PROCESSES * PER_PROCESS
     assert sum(allowed for allowed, _, _ in outcomes) == n
     assert {limit for allowed, limit, _ in outcomes if not allowed} == {"requests_per_minute"}
@@ -58,12 +74,12 @@ async def test_requests_per_minute_admits_exactly_n(backend, keyspace, store, cl
 
 
 @pytest.mark.parametrize("clock", CLOCKS)
-async def test_tokens_per_minute_admits_exactly_n(backend, keyspace, store, clock):
+async def test_tokens_per_minute_admits_exactly_n(contest, store, clock):
     n, now = CLOCKS[clock]
     cost = 100  # 40 prompt + 60 max_tokens reserved per request
     await store.put("contested", QuotaLimits(tokens_per_minute=n * cost))
     sizes = [[(40, 60)] * PER_PROCESS for _ in range(PROCESSES)]
-    outcomes = contest(backend, keyspace, sizes, now)
+    outcomes = contest(sizes, now)
     admitted = [tokens for allowed, _, tokens in outcomes if allowed]
     assert len(admitted) == n and sum(admitted) == n * cost
     assert {limit for allowed, limit, _ in outcomes if not allowed} == {"tokens_per_minute"}
@@ -71,7 +87,7 @@ async def test_tokens_per_minute_admits_exactly_n(backend, keyspace, store, cloc
     assert usage.tokens.remaining < cost  # refilled since (Redis clock) by < one request
 
 
-async def test_tokens_of_mixed_sizes_fill_the_limit_without_overshoot(backend, keyspace, store):
+async def test_tokens_of_mixed_sizes_fill_the_limit_without_overshoot(contest, store):
     """Frozen clock, random sizes: the charged sum never exceeds the limit, Redis's state
     equals the sum of admitted reservations (no lost update), and nothing was refused that
     would still have fit."""
@@ -80,7 +96,7 @@ async def test_tokens_of_mixed_sizes_fill_the_limit_without_overshoot(backend, k
     rng = random.Random(4)
     sizes = [[(rng.randint(1, 150), rng.randint(0, 150)) for _ in range(PER_PROCESS)]
              for _ in range(PROCESSES)]
-    outcomes = contest(backend, keyspace, sizes, START)
+    outcomes = contest(sizes, START)
     charged = sum(tokens for allowed, _, tokens in outcomes if allowed)
     refused = [tokens for allowed, _, tokens in outcomes if not allowed]
     assert charged <= limit and refused
@@ -89,11 +105,11 @@ async def test_tokens_of_mixed_sizes_fill_the_limit_without_overshoot(backend, k
     assert min(refused) > limit - charged
 
 
-async def test_concurrency_leases_admit_exactly_n(backend, keyspace, store):
+async def test_concurrency_leases_admit_exactly_n(contest, store):
     """Nothing settles during the contest: exactly N leases are handed out."""
     n = 25
     await store.put("contested", QuotaLimits(max_concurrency=n))
-    outcomes = contest(backend, keyspace, [[(1, 1)] * PER_PROCESS] * PROCESSES, None)
+    outcomes = contest([[(1, 1)] * PER_PROCESS] * PROCESSES, None)
     assert sum(allowed for allowed, _, _ in outcomes) == n
     assert {limit for allowed, limit, _ in outcomes if not allowed} == {"concurrency"}
     assert (await store.usage("contested")).in_flight == n
