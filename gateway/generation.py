@@ -78,7 +78,7 @@ class Generation:
 
 async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, request_id: str, tier: str,
                 prompt_ids: list[int], requested_max_tokens: int | None, sampling_for,
-                prompt_param: str = "messages") -> Generation:
+                prompt_param: str = "messages", traceparent: str | None = None) -> Generation:
     """Admit and queue a request, and wait for its first result (raising its error, if any)."""
     settings, model = state.settings, state.settings.model_name
     if not await state.lanes.has_worker(model):
@@ -98,7 +98,8 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
                                   max_tokens=max_tokens)
     try:
         lane_request = LaneRequest(request_id=request_id, model=model, tier=tier, tenant=auth.tenant_name,
-                                   prompt_token_ids=tuple(prompt_ids), sampling=sampling, weight=auth.weight)
+                                   prompt_token_ids=tuple(prompt_ids), sampling=sampling, weight=auth.weight,
+                                   traceparent=traceparent)
         await state.lanes.submit(lane_request)
         results = state.lanes.results(request_id, timeout_s=settings.request_timeout_s).__aiter__()
         try:

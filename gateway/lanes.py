@@ -7,6 +7,7 @@
 - ``cancel:{request_id}``: set by a gateway whose client went away; workers check it every step.
 - ``workers:{model}``: sorted set of worker ids scored by their last heartbeat (unix seconds),
   so a gateway knows whether the model is served; workers prune ids that stopped beating.
+- ``model:{model}`` (max_model_len) and ``worker:{model}:{worker_id}`` (KV blocks; expires).
 """
 
 from __future__ import annotations
@@ -37,8 +38,13 @@ def workers_key(model: str) -> str:
 
 
 def model_info_key(model: str) -> str:
-    """Hash written by workers: max_model_len, and each worker's free/total KV blocks."""
+    """Hash written by workers: the model's max_model_len."""
     return f"model:{model}"
+
+
+def worker_info_key(model: str, worker_id: str) -> str:
+    """Hash of one worker's live state (free_blocks, total_blocks, running); expires with the worker."""
+    return f"worker:{model}:{worker_id}"
 
 
 WORKER_ALIVE_S = 5.0  # a worker that has not beaten for this long is gone

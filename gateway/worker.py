@@ -21,6 +21,7 @@ from gateway.messages import LaneRequest, LaneResult, MessageError
 
 log = logging.getLogger(__name__)
 PUBLISH_RETRIES = 8  # about 5 s of backoff in all
+PRUNE_EVERY_S = 60.0
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Worker:
         self.inflight: dict[str, InFlight] = {}
         self.lock = threading.Lock()  # guards inflight against the heartbeat thread's reads
         self._last_claim = 0.0
+        self._last_prune = time.monotonic()
 
     def setup(self) -> None:
         for lane in self.lanes:
@@ -107,11 +109,25 @@ class Worker:
                 admitted += self._start(lane, _s(entry_id), fields, claimed=False)
         return admitted
 
+    def prune_consumers(self, *, idle_ms: int = 600_000) -> int:
+        """Forget consumers (dead workers) with nothing pending that were idle for ``idle_ms``."""
+        pruned = 0
+        for lane in self.lanes:
+            for consumer in self.redis.xinfo_consumers(lane, GROUP):
+                name = _s(consumer["name"])
+                if name != self.worker_id and consumer["pending"] == 0 and consumer["idle"] >= idle_ms:
+                    self.redis.xgroup_delconsumer(lane, GROUP, name)
+                    pruned += 1
+        return pruned
+
     def _claim_dead(self) -> None:
         now = time.monotonic()
         if now - self._last_claim < self.claim_idle_ms / 4000:
             return
         self._last_claim = now
+        if now - self._last_prune > PRUNE_EVERY_S:
+            self._last_prune = now
+            self.prune_consumers()
         for lane in self.lanes:
             while self.engine.has_room():
                 _next, entries, *_ = self.redis.xautoclaim(lane, GROUP, self.worker_id,

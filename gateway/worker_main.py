@@ -17,7 +17,7 @@ import uuid
 import redis as redislib
 
 from engine import Engine, EngineConfig
-from gateway.lanes import GROUP, WORKER_ALIVE_S, model_info_key, workers_key
+from gateway.lanes import GROUP, WORKER_ALIVE_S, model_info_key, worker_info_key, workers_key
 from gateway.settings import Settings
 from gateway.worker import Worker
 
@@ -42,11 +42,12 @@ def heartbeat(worker: Worker, redis: redislib.Redis, settings: Settings, stop: t
             pipe = redis.pipeline(transaction=False)
             pipe.zadd(workers_key(model), {worker.worker_id: now})
             pipe.zremrangebyscore(workers_key(model), "-inf", now - 10 * WORKER_ALIVE_S)
-            pipe.hset(model_info_key(model), mapping={
-                "max_model_len": worker.engine.max_model_len,
-                f"free_blocks:{worker.worker_id}": worker.engine.num_free_blocks,
-                f"total_blocks:{worker.worker_id}": worker.engine.num_total_blocks,
-            })
+            pipe.hset(model_info_key(model), "max_model_len", worker.engine.max_model_len)
+            info = worker_info_key(model, worker.worker_id)
+            pipe.hset(info, mapping={"free_blocks": worker.engine.num_free_blocks,
+                                     "total_blocks": worker.engine.num_total_blocks,
+                                     "running": len(worker.inflight)})
+            pipe.expire(info, int(WORKER_ALIVE_S))
             for lane, ids in worker.owned_entries().items():
                 pipe.xclaim(lane, GROUP, worker.worker_id, 0, ids, justid=True)
             pipe.execute()

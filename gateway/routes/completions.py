@@ -41,7 +41,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
                              param="messages") from exc
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
-                                 sampling_for=body.sampling)
+                                 sampling_for=body.sampling, traceparent=request.headers.get("traceparent"))
     return await _respond(generation, body, request, chat=True)
 
 
@@ -58,7 +58,8 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
         raise InvalidRequest("The prompt is empty.", param="prompt")
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
-                                 sampling_for=body.sampling, prompt_param="prompt")
+                                 sampling_for=body.sampling, prompt_param="prompt",
+                                 traceparent=request.headers.get("traceparent"))
     return await _respond(generation, body, request, chat=False)
 
 

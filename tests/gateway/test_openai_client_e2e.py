@@ -112,11 +112,10 @@ async def test_async_client_streams_and_raises(server, greedy_chat):
 def _blocks(redis_url: str) -> tuple[int, int]:
     """(free, total) KV blocks of the serving worker, as its heartbeat last reported them."""
     client = redislib.Redis.from_url(redis_url)
-    info = {k.decode(): int(v) for k, v in client.hgetall(f"model:{MODEL}").items()}
+    (worker_id,) = client.zrange(f"workers:{MODEL}", 0, -1)
+    info = client.hgetall(f"worker:{MODEL}:{worker_id.decode()}")
     client.close()
-    free = sum(v for k, v in info.items() if k.startswith("free_blocks:"))
-    total = sum(v for k, v in info.items() if k.startswith("total_blocks:"))
-    return free, total
+    return int(info[b"free_blocks"]), int(info[b"total_blocks"])
 
 
 def test_client_disconnect_aborts_and_frees_blocks(server):

@@ -168,3 +168,30 @@ async def test_redis_down_is_503_not_500(settings, free_tcp_port):
             assert_openai_error(response, 503, code="service_unavailable")
             assert response.headers["retry-after"] == "2"
             assert (await client.get("/ready")).json()["checks"]["redis"] is False
+
+
+async def test_lane_entry_carries_tenant_tier_and_trace_context(app_client, settings, key, redis):
+    import asyncio
+    import time
+
+    from gateway.lanes import lane_key
+    from gateway.messages import LaneRequest
+
+    redis.zadd(f"workers:{settings.model_name}", {"announced-only": time.time()})  # nobody consumes
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    request = asyncio.create_task(app_client.post(
+        "/v1/chat/completions", json=_chat(settings, service_tier="batch", max_tokens=5),
+        headers={**_auth(key), "traceparent": traceparent}))
+    lane = lane_key(settings.model_name, "batch")
+    for _ in range(100):
+        entries = redis.xrange(lane)
+        if entries:
+            break
+        await asyncio.sleep(0.05)
+    request.cancel()
+    (entry_id, fields), = entries
+    queued = LaneRequest.decode(fields)
+    assert (queued.tenant, queued.tier, queued.traceparent) == ("acme", "batch", traceparent)
+    assert queued.sampling.max_tokens == 5 and queued.sampling.temperature == 0 and queued.prompt_token_ids
+    await asyncio.sleep(0.1)
+    assert redis.exists(f"cancel:{queued.request_id}")  # the abandoned request is marked for cancel

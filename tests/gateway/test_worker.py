@@ -128,3 +128,22 @@ def test_a_dead_workers_request_is_claimed_and_resumed(tiny_engine_factory, redi
     assert [r.offset for r in results] == list(range(max_tokens))
     assert redis.xpending(lane_key(model_name, "standard"), "workers")["pending"] == 0
     redis.delete(out_key(rid))
+
+
+def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, redis, model_name):
+    engine = tiny_engine_factory()
+    gone = _worker(engine, redis, model_name, worker_id="gone")
+    rid = _submit(redis, model_name, max_tokens=1)
+    _run_until_done(gone, redis, [rid])  # "gone" is now a consumer of the group with nothing pending
+    redis.delete(out_key(rid))
+    live = _worker(engine, redis, model_name, worker_id="live")
+    names = lambda: {_s(c["name"]) for c in redis.xinfo_consumers(lane_key(model_name, "standard"), "workers")}
+    assert "gone" in names()
+    assert live.prune_consumers(idle_ms=60_000) == 0  # not idle long enough
+    time.sleep(0.05)
+    assert live.prune_consumers(idle_ms=10) >= 1
+    assert "gone" not in names()
+
+
+def _s(value):
+    return value.decode() if isinstance(value, bytes) else value
