@@ -82,7 +82,7 @@ class Path:
         auth = await self.cache.lookup(key)
         t1 = time.perf_counter()
         decision = await self.limiter.admit(
-            Demand(auth.tenant_name, len(PROMPT), MAX_TOKENS, key=str(auth.key_id), tier=TIER))
+            Demand(str(auth.tenant_id), len(PROMPT), MAX_TOKENS, key=str(auth.key_id), tier=TIER))
         t2 = time.perf_counter()
         assert decision.allowed, decision
         rid = uuid.uuid4().hex
@@ -116,10 +116,9 @@ def make_tenant(db_url: str) -> tuple[str, object]:
 
 def loader_for(sessions):
     """The quotas loader the gateway would give: the tenancy Quota row → QuotaLimits."""
-    async def load(tenant_name: str, key_id: str | None):
+    async def load(tenant_id: str, key_id: str | None):  # quota scopes are the DB ids
         with sessions() as s:
-            tenant = tenancy.get_tenant_by_name(s, name=tenant_name)
-            row = tenancy.get_quota(s, tenant_id=tenant.id,
+            row = tenancy.get_quota(s, tenant_id=int(tenant_id),
                                     key_id=None if key_id is None else int(key_id))
             return None if row is None else QuotaLimits.from_row(row)
     return load
