@@ -1,0 +1,37 @@
+"""The `fairlane` command as a user runs it: subcommands, and serve's refusal of a weak admin token."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from serve_process import REPO, fairlane_command
+
+
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": REPO, "FAIRLANE_CONFIG": "/nonexistent.yaml", **env}
+    full_env.pop("FAIRLANE_DEV", None)
+    return subprocess.run([*fairlane_command(), *args], env=full_env, cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_help_lists_the_subcommands():
+    result = _run(["--help"])
+    assert result.returncode == 0
+    for command in ("serve", "worker", "generate"):
+        assert command in result.stdout
+
+
+def test_serve_refuses_an_empty_or_default_admin_token(tmp_path):
+    for token in ("", "changeme"):
+        result = _run(["serve", "--port", "1"], FAIRLANE_ADMIN_TOKEN=token,
+                      FAIRLANE_DATABASE_URL=f"sqlite:///{tmp_path / 'x.db'}")
+        assert result.returncode != 0
+        assert "FAIRLANE_ADMIN_TOKEN" in result.stderr + result.stdout
+        assert "--dev" in result.stderr + result.stdout
+    assert not (tmp_path / "x.db").exists()  # refused before touching anything
+
+
+def test_serve_help_documents_dev_mode():
+    result = _run(["serve", "--help"])
+    assert result.returncode == 0 and "--dev" in result.stdout and "--workers" in result.stdout
