@@ -44,6 +44,7 @@ class Generation:
     completion_tokens: int = 0
     finish_reason: str | None = None
     done: bool = False
+    closed: bool = False
 
     async def __aiter__(self) -> AsyncIterator[LaneResult]:
         """Every result, the first included; records token counts as they pass."""
@@ -67,6 +68,9 @@ class Generation:
     async def close(self) -> None:
         """Cancel if unfinished, settle quotas and write the usage record (shielded: runs even when
         the client has gone and this task is being cancelled)."""
+        if self.closed:
+            return
+        self.closed = True
         with anyio.CancelScope(shield=True):
             status = self.finish_reason if self.done else "cancelled"
             if not self.done:
@@ -80,6 +84,7 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
                 prompt_ids: list[int], requested_max_tokens: int | None, sampling_for,
                 prompt_param: str = "messages", traceparent: str | None = None) -> Generation:
     """Admit and queue a request, and wait for its first result (raising its error, if any)."""
+    started = time.monotonic()  # TTFT and latency count the time spent queued
     settings, model = state.settings, state.settings.model_name
     if not await state.lanes.has_worker(model):
         raise ServiceUnavailable(f"No engine worker is serving {model!r} right now; retry shortly.",
@@ -112,7 +117,8 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
             await quota.settle(admission, completion_tokens=0, status="error")
         raise
     generation = Generation(state=state, quota=quota, admission=admission, request_id=request_id, model=model,
-                            tier=tier, first=first, results=results, prompt_tokens=len(prompt_ids))
+                            tier=tier, first=first, results=results, prompt_tokens=len(prompt_ids),
+                            started=started)
     if first.kind == "error":
         generation.done, generation.finish_reason = True, "error"
         await generation.close()

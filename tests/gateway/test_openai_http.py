@@ -195,3 +195,23 @@ async def test_lane_entry_carries_tenant_tier_and_trace_context(app_client, sett
     assert queued.sampling.max_tokens == 5 and queued.sampling.temperature == 0 and queued.prompt_token_ids
     await asyncio.sleep(0.1)
     assert redis.exists(f"cancel:{queued.request_id}")  # the abandoned request is marked for cancel
+
+
+async def test_usage_record_has_timings_and_outcome(app_client, running_worker, settings, key):
+    from datetime import datetime, timedelta, timezone
+
+    from tenancy import get_tenant_by_name, list_usage, make_engine, make_session_factory
+
+    response = await app_client.post("/v1/chat/completions", headers=_auth(key),
+                                     json=_chat(settings, service_tier="batch"))
+    assert response.status_code == 200
+    engine = make_engine(settings.database_url)
+    now = datetime.now(timezone.utc)
+    with make_session_factory(engine)() as session:
+        tenant = get_tenant_by_name(session, name="acme")
+        (record,) = list_usage(session, tenant_id=tenant.id, since=now - timedelta(minutes=5), until=now)
+    engine.dispose()
+    assert record.request_id == response.headers["x-request-id"]
+    assert (record.model, record.tier, record.status, record.completion_tokens) == (
+        settings.model_name, "batch", "length", 4)
+    assert 0 < record.ttft_ms <= record.latency_ms
