@@ -14,18 +14,17 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.models.linear import Linear
 
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor  # [hidden, H * D]
-    o_bias: torch.Tensor | None
+    qkv: Linear  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
+    o: Linear  # [hidden, H * D]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]  gate and up fused
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: Linear  # [2 * intermediate, hidden]  gate and up fused
+    down: Linear  # [hidden, intermediate]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -44,12 +43,12 @@ class LlamaModel:
     """Weights plus the forward. Build with `from_state_dict`."""
 
     def __init__(self, config: LlamaConfig, layers: list[LayerWeights], embed: torch.Tensor,
-                 norm: torch.Tensor, lm_head: torch.Tensor, attention: AttentionBackend, max_positions: int):
+                 norm: torch.Tensor, lm_head: Linear, attention: AttentionBackend, max_positions: int):
         self.config = config
         self.layers = layers
         self.embed = embed  # [vocab, hidden]
         self.norm = norm
-        self.lm_head = lm_head  # [vocab, hidden]; the same tensor as embed when tied
+        self.lm_head = lm_head  # [vocab, hidden]; the embedding's weight when tied
         self.attention = attention
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -78,17 +77,15 @@ class LlamaModel:
                 qkv_bias = torch.cat([w(a + f"{x}_proj.bias") for x in "qkv"])
             layers.append(LayerWeights(
                 input_norm=w(p + "input_layernorm.weight"),
-                qkv=torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"]).contiguous(),
-                qkv_bias=qkv_bias,
-                o=w(a + "o_proj.weight"),
-                o_bias=maybe(a + "o_proj.bias"),
+                qkv=Linear(torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"]).contiguous(), qkv_bias),
+                o=Linear(w(a + "o_proj.weight"), maybe(a + "o_proj.bias")),
                 post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous(),
-                down=w(p + "mlp.down_proj.weight"),
+                gate_up=Linear(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()),
+                down=Linear(w(p + "mlp.down_proj.weight")),
             ))
         embed = w("model.embed_tokens.weight")
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in sd
-        lm_head = embed if tied else w("lm_head.weight")
+        lm_head = Linear(embed if tied else w("lm_head.weight"))
         return cls(config, layers, embed, w("model.norm.weight"), lm_head, attention, max_positions)
 
     @torch.inference_mode()
@@ -102,20 +99,20 @@ class LlamaModel:
         x = F.embedding(input_ids, self.embed)  # [T, hidden]
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = rms_norm(x, layer.input_norm, self.eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(h)
             q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
             q = q.view(T, H, D)
             k = k.view(T, KVH, D)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             attn = self.attention.forward(q, k, v.view(T, KVH, D), kv_cache, meta)
-            x = x + F.linear(attn.view(T, H * D), layer.o, layer.o_bias)
+            x = x + layer.o(attn.view(T, H * D))
             h = rms_norm(x, layer.post_norm, self.eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, self.eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] rows that sample -> fp32 logits [S, vocab]."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
