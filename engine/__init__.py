@@ -5,7 +5,8 @@ Public API (other packages import only these names):
 """
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.engine import Engine
-from engine.errors import ContextLengthExceededError, DuplicateRequestError, EngineError, InvalidRequestError
+from engine.errors import (ContextLengthExceededError, DuplicateRequestError, EngineError, InvalidRequestError,
+                           SLOUnattainableError)
 from engine.llm import LLM, Completion
 from engine.request import FinishReason, RequestOutput, SamplingParams
 
@@ -21,6 +22,7 @@ __all__ = [
     "InvalidRequestError",
     "LLM",
     "RequestOutput",
+    "SLOUnattainableError",
     "SamplingParams",
     "SchedulerConfig",
 ]

@@ -35,6 +35,18 @@ class SchedulerConfig(CacheConfig):
     chunked_prefill: bool = True
     # Free blocks kept back when admitting new sequences, so running ones can grow a little.
     watermark: float = 0.01
+    # Policies other than "fcfs" (docs/scheduling.md). Priority: higher number = more important.
+    tier_min_share: float = 0.05  # starvation guard: a backlogged tier's least share of served tokens
+    vtc_input_weight: float = 1.0  # VTC service per prompt token (Sheng et al. use w_p=1, w_q=2)
+    vtc_output_weight: float = 2.0  # VTC service per output token
+    # SLO targets per tier (priority -> seconds); a request's own target wins. Empty: none.
+    tier_ttft_targets: dict = field(default_factory=dict, hash=False)
+    tier_tpot_targets: dict = field(default_factory=dict, hash=False)
+    slo_demote: bool = False  # a request that would miss its TTFT target drops a tier instead of refused
+    # Prior of the step-cost model (seconds): per step, per prefill token, per decoding sequence.
+    cost_step_s: float = 0.005
+    cost_prefill_token_s: float = 0.0002
+    cost_decode_seq_s: float = 0.001
 
     def __post_init__(self):
         super().__post_init__()
@@ -46,6 +58,13 @@ class SchedulerConfig(CacheConfig):
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if not 0 <= self.tier_min_share < 1:
+            raise ValueError(f"tier_min_share must be in [0, 1), got {self.tier_min_share}")
+        if self.vtc_input_weight < 0 or self.vtc_output_weight < 0:
+            raise ValueError("VTC weights must be non-negative")
+        for name in ("tier_ttft_targets", "tier_tpot_targets"):
+            if any(v <= 0 for v in getattr(self, name).values()):
+                raise ValueError(f"{name} must hold positive seconds")
 
 
 @dataclass(frozen=True)

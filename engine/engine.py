@@ -103,12 +103,12 @@ class Engine:
         )
         if arrival_time is not None:
             seq.arrival_time = arrival_time
+        self.scheduler.add(seq)  # an SLO policy may refuse here (SLOUnattainableError): nothing is kept
         if params.seed is not None:
             self._generators[request_id] = torch.Generator().manual_seed(params.seed)
         if self.detokenizer is not None and (self.config.incremental_text or params.stop):
             self._detok[request_id] = self.detokenizer.start(len(resume_token_ids))
         self.seqs[request_id] = seq
-        self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if it is unknown or already done."""
@@ -124,11 +124,14 @@ class Engine:
         """Schedule, run the model once over every scheduled token, sample, and report."""
         plan = self.scheduler.schedule()
         self.stats.preemptions += len(plan.preempted)
+        refused = [self._refused(seq, error) for seq, error in plan.refused]
         if plan.is_empty:
-            return []
+            return refused
         t0 = time.perf_counter()
         sampled = self.runner.run(plan, self._generators)
-        self.stats.forward_seconds += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.stats.forward_seconds += elapsed
+        self.scheduler.observe_step(plan, elapsed)  # feeds an SLO policy's step-cost model
         self.stats.steps += 1
         for item in plan.scheduled:  # a decode extends a sequence by the token it sampled last step
             if item.num_tokens == 1 and item.samples and item.seq.num_output_tokens > 0:
@@ -139,7 +142,20 @@ class Engine:
         self.stats.utilization_sum += self.block_manager.utilization(self.scheduler.running)
         self.stats.utilization_steps += 1
         now = time.monotonic()
-        return [self._append(item.seq, token, now) for item, token in sampled]
+        return refused + [self._append(item.seq, token, now) for item, token in sampled]
+
+    def _refused(self, seq: Sequence, error: Exception) -> RequestOutput:
+        """A waiting request the policy refused (it would miss its TTFT target): finished, no tokens."""
+        seq.finish_reason = FinishReason.SLO_UNATTAINABLE
+        self._release(seq)
+        return RequestOutput(request_id=seq.request_id, new_token_ids=[], new_text="", finished=True,
+                             finish_reason=seq.finish_reason.value, num_prompt_tokens=seq.num_prompt_tokens,
+                             num_output_tokens=seq.num_output_tokens, error=error)
+
+    def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
+        """Predicted seconds to the first token of a request added now; None unless the policy is
+        SLO-aware. The gateway refuses at the door with it."""
+        return self.scheduler.predict_ttft(num_prompt_tokens, priority)
 
     def _append(self, seq: Sequence, token: int, now: float) -> RequestOutput:
         seq.token_ids.append(token)

@@ -28,3 +28,16 @@ class DuplicateRequestError(InvalidRequestError):
     """A request id that is already running was added again."""
 
     code = "duplicate_request"
+
+
+class SLOUnattainableError(EngineError):
+    """The request cannot meet its latency target (TTFT) given the work ahead of it; it is refused
+    before it starts. The gateway answers 503 with Retry-After: retry_after seconds."""
+
+    code = "slo_unattainable"
+
+    def __init__(self, message: str, *, retry_after: float, predicted_ttft_s: float | None = None,
+                 param: str | None = None):
+        super().__init__(message, param=param)
+        self.retry_after = retry_after
+        self.predicted_ttft_s = predicted_ttft_s

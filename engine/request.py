@@ -12,6 +12,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"
+    SLO_UNATTAINABLE = "slo_unattainable"  # refused before it started: it would miss its TTFT target
 
 
 class SequenceStatus(enum.Enum):
@@ -129,3 +130,4 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+    error: Exception | None = None  # why a request was refused (an EngineError, e.g. SLOUnattainableError)

@@ -21,6 +21,7 @@ class ScheduledSeq:
 class StepPlan:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    refused: list[tuple[Sequence, Exception]] = field(default_factory=list)  # waiting, refused by the policy
 
     @property
     def num_tokens(self) -> int:

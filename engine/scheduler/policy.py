@@ -2,8 +2,8 @@
 
 A policy owns the waiting queue. The scheduler asks it for the next sequence to admit, tells it
 when a sequence is admitted, served or preempted, and asks it to pick a victim when the KV cache
-runs out. Later policies (priority tiers, per-tenant fairness, SLO admission) plug in through the
-registry below.
+runs out. The policies beyond FCFS (tiered.py: priority tiers and per-tenant VTC fairness; slo.py:
+SLO-aware admission) use the extra hooks below, whose defaults leave FCFS's behaviour unchanged.
 """
 from __future__ import annotations
 
@@ -25,11 +25,24 @@ def register_policy(name: str) -> Callable[[type], type]:
     return wrap
 
 
-def make_policy(name: str) -> "SchedulingPolicy":
+def make_policy(name: str, config=None, clock: Callable[[], float] | None = None) -> "SchedulingPolicy":
+    """Build a policy by name. Names compose with "+": "priority+vtc" is tiers with fairness inside
+    each tier; "+slo" wraps any of them in SLO-aware admission (e.g. "priority+vtc+slo").
+    `config` is the SchedulerConfig; `clock` the time source of SLO policies (default monotonic)."""
+    import engine.scheduler.slo  # noqa: F401  (registers the policies beyond FCFS)
+    import engine.scheduler.tiered  # noqa: F401
+
+    parts = name.split("+")
+    if "slo" in parts and len(parts) > 1:
+        inner = make_policy("+".join(p for p in parts if p != "slo"), config, clock)
+        return POLICIES["slo"](config, clock=clock, inner=inner)
+    key = "+".join(sorted(parts, key=lambda p: ("priority", "vtc").index(p) if p in ("priority", "vtc") else 9))
     try:
-        return POLICIES[name]()
+        cls = POLICIES[key]
     except KeyError:
-        raise ValueError(f"unknown scheduling policy {name!r}; known: {sorted(POLICIES)}") from None
+        raise ValueError(f"unknown scheduling policy {name!r}; known: {sorted(POLICIES)} "
+                         "(compose with '+', e.g. 'priority+vtc+slo')") from None
+    return cls(config, clock=clock) if key == "slo" else cls(config)
 
 
 class SchedulingPolicy(ABC):
@@ -65,14 +78,36 @@ class SchedulingPolicy(ABC):
         return running[-1]
 
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
-        """seq is computing num_tokens this step (service accounting for fairness policies)."""
+        """seq is computing num_tokens this step (service accounting for fairness policies);
+        called once per scheduled sequence after the step's plan is final."""
+
+    # ---- hooks of the policies beyond FCFS; the defaults change nothing ------------------
+    def begin_step(self, running: list[Sequence]) -> list[tuple[Sequence, Exception]]:
+        """First thing in every step. May reorder `running` in place (earlier ones get their tokens
+        first and are preempted last). Returns waiting sequences to refuse now, with the error."""
+        return []
+
+    def may_admit(self, seq: Sequence, running: list[Sequence], plan) -> bool:
+        """May the head `seq` start in this step (e.g. without pushing running TPOT past target)?"""
+        return True
+
+    def displace(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
+        """The waiting head `seq` cannot start (sequence cap, KV blocks or token budget): a
+        candidate it may push out (preempt, or for the budget defer its prefill chunk), or None."""
+        return None
+
+    def on_finished(self, seq: Sequence) -> None:
+        """seq left the engine (finished, aborted or refused), from the queue or from running."""
+
+    def observe(self, plan, seconds: float) -> None:
+        """The step of `plan` took `seconds` (feeds step-cost models)."""
 
 
 @register_policy("fcfs")
 class FCFSPolicy(SchedulingPolicy):
     """First come, first served."""
 
-    def __init__(self) -> None:
+    def __init__(self, config=None) -> None:
         self.queue: deque[Sequence] = deque()
 
     def add(self, seq: Sequence) -> None:

@@ -15,10 +15,11 @@ from engine.scheduler.policy import SchedulingPolicy, make_policy
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None,
+                 clock=None):
         self.config = config
         self.bm = block_manager
-        self.policy = policy or make_policy(config.policy)
+        self.policy = policy or make_policy(config.policy, config, clock)
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._reserve = int(config.watermark * block_manager.num_blocks)
@@ -44,6 +45,9 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        for seq, error in self.policy.begin_step(self.running):
+            self.finish(seq)
+            plan.refused.append((seq, error))
         budget = self.config.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -57,18 +61,25 @@ class Scheduler:
             else:
                 self.bm.append(seq, n)
                 plan.scheduled.append(ScheduledSeq(seq, n))
-                self.policy.on_scheduled(seq, n)
                 budget -= n
                 i += 1
         if not plan.preempted:
             self._admit(plan, budget)
+        for item in plan.scheduled:
+            self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while True:
             seq = self.policy.peek()
-            if seq is None:
+            if seq is None or not self.policy.may_admit(seq, self.running, plan):
                 return
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                regained = self._make_room(seq, plan, for_budget=budget <= 0)
+                if regained < 0:
+                    return
+                budget += regained
+                continue
             hits = self.bm.prefix_hits(seq)
             remaining = seq.num_tokens - len(hits) * self.bm.block_size
             if remaining > budget and not self.config.chunked_prefill:
@@ -76,14 +87,37 @@ class Scheduler:
             n = min(remaining, budget)
             reserve = self._reserve if self.running else 0  # an idle engine always starts the head
             if not self.bm.can_allocate(seq, hits, n, reserve=reserve):
-                return
+                regained = self._make_room(seq, plan, for_budget=False)
+                if regained < 0:
+                    return
+                budget += regained
+                continue
             self.policy.pop()
             self.bm.allocate(seq, hits, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             plan.scheduled.append(ScheduledSeq(seq, n))
-            self.policy.on_scheduled(seq, n)
             budget -= n
+
+    def _make_room(self, seq: Sequence, plan: StepPlan, for_budget: bool) -> int:
+        """Let the policy push a running sequence out for the waiting head `seq`. For the token
+        budget only a prefill chunk is deferred (its blocks kept); otherwise the victim is preempted.
+        Returns the budget given back, or -1 when the policy chose nobody."""
+        chunks = {id(it.seq): it for it in plan.scheduled}
+        if for_budget:  # prefill chunks only: a decode is one token and deferring it hurts TPOT
+            candidates = [q for q in self.running if id(q) in chunks
+                          and (chunks[id(q)].num_tokens > 1 or not chunks[id(q)].samples)]
+        else:
+            candidates = list(self.running)
+        victim = self.policy.displace(seq, candidates)
+        if victim is None:
+            return -1
+        item = chunks.get(id(victim))
+        if item is not None:
+            plan.scheduled.remove(item)
+        if not for_budget:
+            self._preempt(victim, plan)
+        return item.num_tokens if item is not None else 0
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Preempt by recompute: free the blocks; the sequence keeps its tokens and its place."""
@@ -108,4 +142,16 @@ class Scheduler:
             self.bm.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.policy.remove(seq)
+        if seq.status is not SequenceStatus.FINISHED:
+            self.policy.on_finished(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def observe_step(self, plan: StepPlan, seconds: float) -> None:
+        """The engine measured the step of `plan` (feeds the policy's step-cost model)."""
+        self.policy.observe(plan, seconds)
+
+    def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
+        """Predicted seconds to the first token of a request arriving now, or None when the policy
+        keeps no step-cost model (only SLO-aware policies do). For the gateway's door check."""
+        predict = getattr(self.policy, "predict_ttft", None)
+        return predict(num_prompt_tokens, priority, self.running) if predict else None

@@ -1,0 +1,172 @@
+"""Priority tiers and per-tenant fairness (virtual token counters), as one composable queue.
+
+Waiting sequences sit in tier -> tenant -> heap ordered by arrival. `peek` takes the highest tier
+with work (strict priority: a higher `Sequence.priority` number is more important), and inside it
+the tenant with the smallest virtual token counter (VTC, Sheng et al., OSDI'24) or, without
+fairness, one FIFO per tier. A preempted sequence returns under its original arrival time, so it
+is ahead of every later arrival of its tier.
+
+Starvation guard: a minimum share. Every tier's served tokens are kept as a decayed sum (a window
+of ~1/(1-DECAY) steps); a backlogged tier whose share of that window is below
+`config.tier_min_share` is served first and its running sequences are not displaced, until it is
+back above its share. The policies registered here: "priority", "vtc", "priority+vtc".
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from engine.config import SchedulerConfig
+from engine.request import Sequence
+from engine.scheduler.policy import SchedulingPolicy, register_policy
+from engine.scheduler.vtc import VirtualTokenCounters
+
+DECAY = 0.98  # per step, for the served-tokens window of the starvation guard
+
+
+def progress_lost(seq: Sequence) -> tuple:
+    """Preemption order inside a tier: least computed work first (cheapest to recompute), newest first."""
+    return (seq.num_computed_tokens, -seq.arrival_time)
+
+
+class TieredPolicy(SchedulingPolicy):
+    """Tiers (if `tiers`) with a FIFO or VTC order (if `fair`) inside each tier."""
+
+    tiers = True
+    fair = False
+
+    def __init__(self, config: SchedulerConfig | None = None):
+        config = config or SchedulerConfig()
+        self.min_share = config.tier_min_share if self.tiers else 0.0
+        self.vtc = VirtualTokenCounters(config.vtc_input_weight, config.vtc_output_weight) if self.fair else None
+        self.queues: dict[int, dict[str, list]] = {}  # tier -> tenant -> heap of (arrival, n, seq)
+        self.served: dict[int, float] = {}  # tier -> decayed tokens served
+        self._count = itertools.count()
+        self._len = 0
+        self._head: Sequence | None = None
+
+    # ---- keys ------------------------------------------------------------------------------
+    def tier(self, seq: Sequence) -> int:
+        return seq.priority if self.tiers else 0
+
+    def _tenant(self, seq: Sequence) -> str:
+        return seq.tenant if self.fair else ""
+
+    # ---- queue -----------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if self.vtc is not None:
+            self.vtc.arrive(seq)
+        self._push(seq)
+
+    def add_preempted(self, seq: Sequence) -> None:
+        self._push(seq)
+
+    def _push(self, seq: Sequence) -> None:
+        heap = self.queues.setdefault(self.tier(seq), {}).setdefault(self._tenant(seq), [])
+        heapq.heappush(heap, (seq.arrival_time, next(self._count), seq))
+        self._len += 1
+        self._head = None
+
+    def peek(self) -> Sequence | None:
+        if self._head is None and self._len:
+            tier = self._starving_tier()
+            if tier is None:
+                tier = max(t for t, q in self.queues.items() if any(q.values()))
+            heaps = {tenant: h for tenant, h in self.queues[tier].items() if h}
+            tenant = self.vtc.least_served(heaps) if self.vtc is not None else next(iter(heaps))
+            self._head = heaps[tenant][0][2]
+        return self._head
+
+    def pop(self) -> Sequence:
+        seq = self.peek()
+        heapq.heappop(self.queues[self.tier(seq)][self._tenant(seq)])
+        self._len -= 1
+        self._head = None
+        if self.vtc is not None:
+            self.vtc.admitted(seq)
+        return seq
+
+    def remove(self, seq: Sequence) -> bool:
+        heap = self.queues.get(self.tier(seq), {}).get(self._tenant(seq), [])
+        for i, entry in enumerate(heap):
+            if entry[2] is seq:
+                heap.pop(i)
+                heapq.heapify(heap)
+                self._len -= 1
+                self._head = None
+                return True
+        return False
+
+    def __len__(self) -> int:
+        return self._len
+
+    def waiting(self):
+        """Every waiting sequence (any order)."""
+        for tenants in self.queues.values():
+            for heap in tenants.values():
+                for entry in heap:
+                    yield entry[2]
+
+    # ---- accounting ------------------------------------------------------------------------
+    def begin_step(self, running: list[Sequence]) -> list:
+        for t in self.served:
+            self.served[t] *= DECAY
+        if self.tiers:  # higher tiers get their tokens first and are preempted last (stable sort)
+            running.sort(key=lambda s: -s.priority)
+        self._head = None  # counters and shares moved since the last peek
+        return []
+
+    def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
+        self.served[self.tier(seq)] = self.served.get(self.tier(seq), 0.0) + num_tokens
+        if self.vtc is not None:
+            self.vtc.served(seq, num_tokens)
+
+    def on_finished(self, seq: Sequence) -> None:
+        if self.vtc is not None:
+            self.vtc.left(seq)
+
+    # ---- the starvation guard and preemption -----------------------------------------------
+    def _starving_tier(self) -> int | None:
+        total = sum(self.served.values())
+        if not self.min_share or total <= 0:
+            return None
+        backlogged = sorted((t for t, q in self.queues.items() if any(q.values())), reverse=True)
+        for t in backlogged[1:]:  # the top backlogged tier is served anyway
+            if self.served.get(t, 0.0) < self.min_share * total:
+                return t
+        return None
+
+    def _protected(self, tier: int) -> bool:
+        total = sum(self.served.values())
+        return bool(self.min_share) and total > 0 and self.served.get(tier, 0.0) < self.min_share * total
+
+    def victim(self, running: list[Sequence]) -> Sequence:
+        if not self.tiers:
+            return running[-1]
+        return min(running, key=lambda s: (s.priority,) + progress_lost(s))
+
+    def displace(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
+        if not self.tiers:
+            return None
+        lower = [c for c in candidates if c.priority < seq.priority and not self._protected(c.priority)]
+        return min(lower, key=lambda s: (s.priority,) + progress_lost(s)) if lower else None
+
+
+@register_policy("priority")
+class PriorityPolicy(TieredPolicy):
+    """Strict priority tiers, FIFO (by arrival) inside a tier, preemption of lower tiers."""
+
+
+@register_policy("vtc")
+class VTCPolicy(TieredPolicy):
+    """Per-tenant fairness by virtual token counters; Sequence.priority is ignored."""
+
+    tiers = False
+    fair = True
+
+
+@register_policy("priority+vtc")
+class PriorityVTCPolicy(TieredPolicy):
+    """Strict tiers, VTC fairness between the tenants inside each tier."""
+
+    fair = True
