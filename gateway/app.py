@@ -9,7 +9,8 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.errors import install_error_handlers
 from gateway.middleware import RequestContextMiddleware
-from gateway.routes import admin_keys, admin_tenants, completions, health, models
+from gateway.ratelimit_headers import RateLimitHeadersMiddleware
+from gateway.routes import admin_keys, admin_quotas, admin_tenants, completions, health, models
 from gateway.settings import Settings
 from gateway.state import GatewayState
 
@@ -31,7 +32,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Multi-tenant LLM gateway: OpenAI-compatible API and admin REST.",
     )
     install_error_handlers(app)
-    for router in (health.router, completions.router, models.router, admin_tenants.router, admin_keys.router):
+    for router in (health.router, completions.router, models.router, admin_tenants.router, admin_keys.router,
+                   admin_quotas.router):
         app.include_router(router)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RateLimitHeadersMiddleware)
     return app

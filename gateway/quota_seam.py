@@ -1,20 +1,66 @@
 """The quotas seam: the one dependency in the request path that admits and settles requests.
 
-Today it only checks the key's enabled flag. The quotas package plugs in here: ``admit`` may
-reserve prompt + max_tokens and raise RateLimited (429) with OpenAI rate-limit headers, and
-``settle`` refunds what the request did not use. Routes call admit once before queueing and settle
-exactly once when the request ends, whatever the outcome.
+``admit`` runs ``quotas.Limiter.admit`` (one Lua call on Redis: RPM, TPM on prompt + max_tokens,
+concurrency lease, daily/monthly token budgets, max_tokens, tier; the tenant's limits and the API
+key's both apply) and maps a refusal to its HTTP error here, in one place (quotas/README.md):
+
+| refusal | status | error code |
+| --- | --- | --- |
+| requests/tokens per minute, concurrency | 429 | ``rate_limit_exceeded`` (+ retry-after, retry-after-ms) |
+| daily / monthly token budget | 429 | ``insufficient_quota`` (+ retry-after: the period's end) |
+| tokens per minute, request above the whole limit | 429 | ``rate_limit_exceeded``, no retry-after |
+| max_tokens per request | 400 | param ``max_tokens`` |
+| service tier not in the quota | 403 | param ``service_tier`` |
+| quota Redis unreachable (fail-closed) | 503 | ``quota_unavailable`` (+ retry-after) |
+
+Every admitted or refused request gets OpenAI's ``x-ratelimit-*`` headers. ``settle`` runs exactly
+once when the request ends: the real usage (prompt + completion tokens) for a request that ran,
+a full refund for one that failed before running (enqueue failure, refused by the worker, client
+gone before the first result). Open admissions renew their concurrency leases every
+``lease_ttl / 3`` so that long streams keep their slot. Scopes are the database ids of the tenant
+and of the key; limits come from the tenancy ``Quota`` rows, copied into Redis on first sight and
+by the admin API on every change.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from gateway.auth import AuthContext
-from gateway.errors import PermissionDenied
+from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
+from gateway.ratelimit_headers import publish
+from gateway.settings import Settings
+from quotas import (
+    Decision,
+    Demand,
+    KeySpace,
+    Limiter,
+    Loader,
+    QuotaBackendUnavailable,
+    QuotaLimits,
+    QuotaNotConfigured,
+    Reservation,
+    connect,
+    rate_limit_headers,
+    retry_headers,
+)
+from tenancy import get_quota
+
+log = logging.getLogger(__name__)
+
+
+class InsufficientQuota(RateLimited):
+    """429 for a spent daily or monthly token budget (OpenAI's ``insufficient_quota``)."""
+
+    error_type, code = "insufficient_quota", "insufficient_quota"
 
 
 @dataclass
@@ -28,21 +74,132 @@ class Admission:
     max_tokens: int
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
+    reservation: Reservation | None = None  # None: quotas off (no limiter)
+    admitted_at: float = field(default_factory=time.monotonic)
+
+
+def tenancy_loader(session_factory: sessionmaker[Session]) -> Loader:
+    """The limiter's loader: a scope's tenancy Quota row (scopes are database ids) → QuotaLimits."""
+
+    def load(tenant_id: str, key_id: str | None) -> QuotaLimits | None:
+        with session_factory() as session:
+            row = get_quota(session, tenant_id=int(tenant_id), key_id=None if key_id is None else int(key_id))
+            return None if row is None else QuotaLimits.from_row(row)
+
+    async def loader(tenant_id: str, key_id: str | None) -> QuotaLimits | None:
+        return await run_in_threadpool(load, tenant_id, key_id)
+
+    return loader
+
+
+def refusal(decision: Decision, headers: dict[str, str]) -> Exception:
+    """The HTTP error of a refused decision (the table in the module docstring)."""
+    message = decision.message
+    if decision.limit == "max_tokens":
+        return InvalidRequest(message, param="max_tokens", headers=headers)
+    if decision.limit == "tier":
+        return PermissionDenied(message, param="service_tier", headers=headers)
+    if decision.limit in ("daily_budget", "monthly_budget"):
+        return InsufficientQuota(message, headers=headers)
+    return RateLimited(message, headers=headers)
 
 
 class QuotaSeam:
-    """admit/settle for one gateway replica (stateless; limits live in Redis)."""
+    """admit/settle for one gateway replica (limits and counters live in Redis).
+
+    Without a limiter only the key's enabled flag is checked (tools and tests that run no quotas).
+    """
+
+    def __init__(self, limiter: Limiter | None = None) -> None:
+        self.limiter = limiter
+        self._open: dict[str, Admission] = {}  # request id → admission not yet settled
+        self._renewer: asyncio.Task | None = None
+
+    @classmethod
+    def open(cls, settings: Settings, session_factory: sessionmaker[Session]) -> QuotaSeam:
+        """A seam on the quota Redis of ``settings`` (no I/O until the first request)."""
+        redis = connect(settings.quota_redis_url or settings.redis_url)
+        limiter = Limiter(redis, keys=KeySpace(settings.quota_key_prefix),
+                          on_redis_error=settings.quota_on_redis_error, lease_ttl=settings.quota_lease_ttl_s,
+                          loader=tenancy_loader(session_factory))
+        return cls(limiter)
 
     async def admit(self, *, auth: AuthContext, request_id: str, tier: str, prompt_tokens: int,
                     max_tokens: int) -> Admission:
+        """Check and charge every limit of the key and its tenant, or raise the refusal's error."""
         if not auth.enabled:
             raise PermissionDenied("This API key is disabled.", code="key_disabled")
-        return Admission(auth=auth, request_id=request_id, tier=tier, prompt_tokens=prompt_tokens,
-                         max_tokens=max_tokens)
+        admission = Admission(auth=auth, request_id=request_id, tier=tier, prompt_tokens=prompt_tokens,
+                              max_tokens=max_tokens)
+        if self.limiter is None:
+            return admission
+        demand = Demand(str(auth.tenant_id), prompt_tokens, max_tokens, key=str(auth.key_id), tier=tier)
+        try:
+            decision = await self.limiter.admit(demand)
+        except QuotaBackendUnavailable as exc:
+            raise ServiceUnavailable("The quota service is unavailable, so the request was not admitted; "
+                                     "retry shortly.", code="quota_unavailable",
+                                     headers=retry_headers(exc.retry_after)) from exc
+        except QuotaNotConfigured as exc:
+            raise ServiceUnavailable(f"Quotas are not configured: {exc}.", code="quota_unavailable") from exc
+        admission.headers = rate_limit_headers(decision)
+        publish(admission.headers)
+        if not decision.allowed:
+            raise refusal(decision, admission.headers)
+        admission.reservation = decision.reservation
+        if decision.reservation is not None and decision.reservation.charged:
+            self._open[request_id] = admission
+            self._start_renewer()
+        return admission
 
     async def settle(self, admission: Admission, *, completion_tokens: int, status: str) -> None:
-        """Release what ``admit`` held; idempotent."""
+        """Charge what the request used, or refund it all if it failed before running; idempotent.
+
+        ``status`` is the request's outcome (a finish reason, ``cancelled`` or ``error``); an
+        ``error`` with no completion token means it never ran (refund), anything else is charged
+        prompt + completion tokens.
+        """
+        if admission.settled:
+            return
         admission.settled = True
+        self._open.pop(admission.request_id, None)
+        reservation = admission.reservation
+        if reservation is None or self.limiter is None:
+            return
+        if status == "error" and completion_tokens == 0:
+            outcome = await self.limiter.refund(reservation)
+        else:
+            outcome = await self.limiter.settle(reservation, admission.prompt_tokens + completion_tokens)
+        if outcome not in ("settled", "not_charged"):
+            log.warning("quota settlement of %s: %s", admission.request_id, outcome)
+
+    async def aclose(self) -> None:
+        """Stop renewing leases and wait for the limiter's background refunds (at shutdown)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+            self._renewer = None
+        if self.limiter is not None:
+            await self.limiter.aclose()
+            await self.limiter.redis.aclose()
+
+    def _start_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_leases())
+
+    async def _renew_leases(self) -> None:
+        """Every lease_ttl / 3, extend the leases of admissions older than that (long streams)."""
+        assert self.limiter is not None
+        every = self.limiter.lease_ttl / 3
+        while True:
+            await asyncio.sleep(every)
+            cutoff = time.monotonic() - every
+            due = [a for a in self._open.values() if a.admitted_at <= cutoff and a.reservation is not None]
+            results = await asyncio.gather(*(self.limiter.renew(a.reservation) for a in due),
+                                           return_exceptions=True)
+            for admission, result in zip(due, results):
+                if isinstance(result, BaseException):
+                    log.warning("quota lease renewal of %s failed: %s", admission.request_id, result)
 
 
 def get_quota_seam(request: Request) -> QuotaSeam:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
     worker_claim_idle_ms: int = 3000  # a lane entry idle this long belongs to a dead worker
     worker_heartbeat_s: float = 0.5
+
+    # Quotas (quotas.Limiter on Redis): "closed" refuses requests with a 503 while the quota Redis
+    # is unreachable, "open" admits them unchecked (logged).
+    quota_on_redis_error: Literal["closed", "open"] = "closed"
+    quota_redis_url: str | None = None  # None: the lanes' Redis (redis_url)
+    quota_key_prefix: str = "fairlane:quota"  # deployments (or tests) sharing one Redis need their own
+    quota_lease_ttl_s: float = Field(900.0, gt=0)  # a concurrency slot outlives a crashed gateway this long
 
     @property
     def model_name(self) -> str:

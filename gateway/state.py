@@ -43,10 +43,11 @@ class GatewayState:
             tokenizer=load_prompt_tokenizer(settings.model, dummy_config=settings.dummy_config),
             lanes=LaneClient(redis, result_ttl_s=settings.result_ttl_s),
             key_cache=KeyCache(session_factory, redis, refresh_s=settings.auth_refresh_s),
-            quota_seam=QuotaSeam(),
+            quota_seam=QuotaSeam.open(settings, session_factory),
         )
 
     async def close(self) -> None:
+        await self.quota_seam.aclose()
         await self.redis.aclose()
         self.db_engine.dispose()
 
