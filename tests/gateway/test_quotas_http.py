@@ -309,6 +309,7 @@ async def test_quota_redis_down(module_settings, module_worker, mode):
             tenant, key, _ = await gw.tenant(requests_per_minute=1000)
             assert (await gw.chat(key, max_tokens=1)).status_code == 200
             server.stop()
+            server = None
             response = await gw.chat(key, max_tokens=1)
             if mode == "closed":
                 assert_openai_error(response, 503, code="quota_unavailable")
@@ -317,7 +318,8 @@ async def test_quota_redis_down(module_settings, module_worker, mode):
                 assert response.status_code == 200, response.text
                 assert "x-ratelimit-limit-requests" not in response.headers  # nothing was checked
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 async def test_open_request_keeps_its_lease_and_is_refunded_when_the_client_leaves(module_settings, redis):
