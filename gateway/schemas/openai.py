@@ -55,11 +55,31 @@ class _GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     service_tier: str | None = None
     user: str | None = None
+    # Accepted so that using them is a clear 400, not silently ignored.
+    logprobs: bool | int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def _refuse_unsupported(self) -> None:
+        unsupported = {
+            "logprobs": bool(self.logprobs),
+            "presence_penalty": bool(self.presence_penalty),
+            "frequency_penalty": bool(self.frequency_penalty),
+            "tools": bool(self.tools),
+            "response_format": bool(self.response_format) and self.response_format.get("type") != "text",
+        }
+        for name, used in unsupported.items():
+            if used:
+                raise InvalidRequest(f"'{name}' is not supported by this server.", param=name,
+                                     code="unsupported_parameter")
+
     def sampling(self, *, max_tokens: int) -> SamplingSpec:
+        self._refuse_unsupported()
         if self.n != 1:
             raise InvalidRequest("Only n=1 is supported.", param="n", code="unsupported_value")
         if self.stream_options is not None and not self.stream:

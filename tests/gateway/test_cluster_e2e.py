@@ -47,7 +47,7 @@ def cluster(tmp_path_factory, redis_url):
             procs[name] = start(["serve", "--workers", "0", "--port", str(port)], env, str(tmp / f"{name}.log"),
                                 port=port)
         for name in ("gateway-1", "gateway-2"):
-            wait_ready(procs[name], timeout_s=120)
+            wait_ready(procs[name], timeout_s=300)
         yield {"procs": procs, "model": model, "database_url": database_url}
     finally:
         for served in procs.values():

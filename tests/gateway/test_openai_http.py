@@ -112,6 +112,10 @@ async def test_tier_errors(app_client, settings, key):
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
+     400, "stream_options"),
     ([1, 2, 3], 422, None),
 ])
 async def test_bad_chat_bodies(app_client, running_worker, settings, key, payload, status, param):

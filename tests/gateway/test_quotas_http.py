@@ -14,10 +14,13 @@ import httpx
 import openai
 import pytest
 import redis as redislib
-from conftest import TINY
 from gateway_test_helpers import ADMIN_TOKEN, admin_headers, assert_openai_error, make_tenant_key
 
 from tenancy import list_usage, make_engine, make_session_factory, upgrade
+
+# The tiny random-weight Llama of tests/gateway/conftest.py (256 positions).
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
 
 
 @pytest.fixture(scope="module")
