@@ -22,7 +22,7 @@ from engine.attention.base import AttentionMetadata, register_backend
 from engine.attention.torch_ref import TorchAttention
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _LIB: ctypes.CDLL | None = None
 
 

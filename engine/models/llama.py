@@ -34,9 +34,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
 
 
 class LlamaModel:
@@ -57,7 +57,10 @@ class LlamaModel:
         self.dtype = embed.dtype
         rotary = LlamaRotaryEmbedding(config)
         cos, sin = rotary(embed[:1], torch.arange(max_positions)[None])  # [1, P, D] each, model dtype
-        self.cos, self.sin = cos[0], sin[0]
+        half = self.head_dim // 2
+        # RoPE as x * cos + swap_halves(x) * sin_signed, with sin_signed = [-sin_a, sin_b]: the same
+        # products as transformers' x * cos + rotate_half(x) * sin, one op fewer.
+        self.cos, self.sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
     @classmethod
     def from_state_dict(cls, config: LlamaConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
@@ -100,12 +103,10 @@ class LlamaModel:
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = rms_norm(x, layer.input_norm, self.eps)
             qkv = layer.qkv(h)
-            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
-            q = q.view(T, H, D)
-            k = k.view(T, KVH, D)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            attn = self.attention.forward(q, k, v.view(T, KVH, D), kv_cache, meta)
+            qk = qkv[:, : (H + KVH) * D].view(T, H + KVH, D)
+            qk = qk * cos + swap_halves(qk) * sin  # RoPE on q and k at once
+            v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
+            attn = self.attention.forward(qk[:, :H], qk[:, H:], v, kv_cache, meta)
             x = x + layer.o(attn.view(T, H * D))
             h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)

@@ -7,7 +7,9 @@
  *   ctx_lens [B]                  int32 tokens in the cache, the query's own included
  *   out      [B, H, D]
  * Work item = (sequence, kv head): its G = H / KVH query heads read each K and V row once.
- * Two passes: scores for every token (fp32), softmax, then the weighted sum of V (fp32). */
+ * Two passes: scores for every token (fp32), softmax, then the weighted sum of V (fp32).
+ * Built with -ffast-math (vectorised expf and reductions): every value here is finite. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -59,7 +61,7 @@ static inline uint16_t f32_to_bf16(float f) {
                 }                                                                                    \
             }                                                                                        \
             for (int g = 0; g < G; g++) {                                                            \
-                float *sg = scores + (long)g * L, m = -INFINITY, sum = 0.f;                          \
+                float *sg = scores + (long)g * L, m = -FLT_MAX, sum = 0.f;                            \
                 for (int t = 0; t < L; t++) m = sg[t] > m ? sg[t] : m;                               \
                 for (int t = 0; t < L; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }               \
                 for (int t = 0; t < L; t++) sg[t] /= sum;                                            \
