@@ -86,8 +86,16 @@ def tenancy_loader(session_factory: sessionmaker[Session]) -> Loader:
             row = get_quota(session, tenant_id=int(tenant_id), key_id=None if key_id is None else int(key_id))
             return None if row is None else QuotaLimits.from_row(row)
 
+    pending: dict[tuple[str, str | None], asyncio.Future] = {}
+
     async def loader(tenant_id: str, key_id: str | None) -> QuotaLimits | None:
-        return await run_in_threadpool(load, tenant_id, key_id)
+        # One database read per scope however many requests find it missing at once (first
+        # sight, or every tenant after a Redis restart).
+        scope = (tenant_id, key_id)
+        if scope not in pending:
+            pending[scope] = asyncio.ensure_future(run_in_threadpool(load, tenant_id, key_id))
+            pending[scope].add_done_callback(lambda _: pending.pop(scope, None))
+        return await asyncio.shield(pending[scope])
 
     return loader
 
