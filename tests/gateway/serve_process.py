@@ -47,13 +47,18 @@ class Served:
             return f.read()
 
     def stop(self) -> None:
+        """SIGTERM to fairlane itself (it stops its workers, then its Redis), then the group."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.terminate()
             try:
-                self.process.wait(timeout=20)
+                self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # anything left in its process group
+        except ProcessLookupError:
+            pass
+        self.process.wait()
 
 
 def start(args: list[str], env: dict[str, str], log_path: str, *, port: int | None = None) -> Served:

@@ -111,15 +111,15 @@ def test_invalid_request_comes_back_as_an_error_result(tiny_engine_factory, redi
 def test_a_dead_workers_request_is_claimed_and_resumed(tiny_engine_factory, redis, model_name):
     prompt, max_tokens = (9, 8, 7, 6, 5), 20
     dead = _worker(tiny_engine_factory(), redis, model_name, worker_id="dead")
+    survivor = _worker(tiny_engine_factory(), redis, model_name, worker_id="survivor", claim_idle_ms=1500)
     rid = _submit(redis, model_name, prompt=prompt, max_tokens=max_tokens)
     for _ in range(6):
         dead.run_once()  # then it stops: no more steps, no heartbeat, its entry stays pending
+    survivor.run_once()
+    assert rid not in survivor.inflight  # a just-delivered entry is not idle enough to be taken
     published = [t for r in _results(redis, rid) for t in r.token_ids]
     assert 0 < len(published) < max_tokens
-    survivor = _worker(tiny_engine_factory(), redis, model_name, worker_id="survivor", claim_idle_ms=300)
-    survivor.run_once()
-    assert rid not in survivor.inflight  # not idle long enough yet
-    time.sleep(0.4)
+    time.sleep(1.6)
     _run_until_done(survivor, redis, [rid])
     results = _results(redis, rid)
     tokens = [t for r in results for t in r.token_ids]
