@@ -10,7 +10,7 @@ Plain Python: three unknowns, solved by Gaussian elimination.
 from __future__ import annotations
 
 DECAY = 0.99  # per observation: the model remembers the last ~100 steps
-PRIOR_WEIGHT = 0.5  # weight of each prior pseudo-observation
+PRIOR_WEIGHT = 0.02  # weight of each prior pseudo-observation
 PRIOR_PREFILL, PRIOR_DECODES = 256, 8  # where the prior pseudo-observations sit
 
 

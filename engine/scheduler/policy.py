@@ -91,9 +91,10 @@ class SchedulingPolicy(ABC):
         """May the head `seq` start in this step (e.g. without pushing running TPOT past target)?"""
         return True
 
-    def displace(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
-        """The waiting head `seq` cannot start (sequence cap, KV blocks or token budget): a
-        candidate it may push out (preempt, or for the budget defer its prefill chunk), or None."""
+    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False) -> Sequence | None:
+        """The waiting head `seq` cannot start: a candidate it may push out, or None. For the token
+        budget (`for_budget`) the candidates hold prefill chunks of this step and the chosen one's
+        chunk is deferred (it keeps its blocks); for the sequence cap or KV blocks it is preempted."""
         return None
 
     def on_finished(self, seq: Sequence) -> None:

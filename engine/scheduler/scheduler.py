@@ -72,8 +72,8 @@ class Scheduler:
     def _admit(self, plan: StepPlan, budget: int) -> None:
         while True:
             seq = self.policy.peek()
-            if seq is None or not self.policy.may_admit(seq, self.running, plan):
-                return
+            if seq is None or seq in plan.preempted or not self.policy.may_admit(seq, self.running, plan):
+                return  # (one preempted by this admission loop does not come back in the same step)
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 regained = self._make_room(seq, plan, for_budget=budget <= 0)
                 if regained < 0:
@@ -82,6 +82,11 @@ class Scheduler:
                 continue
             hits = self.bm.prefix_hits(seq)
             remaining = seq.num_tokens - len(hits) * self.bm.block_size
+            if remaining > budget:  # rather than split its prompt, the head may defer lower chunks
+                regained = self._make_room(seq, plan, for_budget=True)
+                if regained >= 0:
+                    budget += regained
+                    continue
             if remaining > budget and not self.config.chunked_prefill:
                 return
             n = min(remaining, budget)
@@ -101,15 +106,16 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence, plan: StepPlan, for_budget: bool) -> int:
         """Let the policy push a running sequence out for the waiting head `seq`. For the token
-        budget only a prefill chunk is deferred (its blocks kept); otherwise the victim is preempted.
+        budget the victim's tokens of this step are deferred (it keeps its blocks and its place);
+        for the sequence cap or KV blocks it is preempted.
         Returns the budget given back, or -1 when the policy chose nobody."""
         chunks = {id(it.seq): it for it in plan.scheduled}
-        if for_budget:  # prefill chunks only: a decode is one token and deferring it hurts TPOT
-            candidates = [q for q in self.running if id(q) in chunks
-                          and (chunks[id(q)].num_tokens > 1 or not chunks[id(q)].samples)]
-        else:
-            candidates = list(self.running)
-        victim = self.policy.displace(seq, candidates)
+        if for_budget:
+            candidates = [q for q in self.running if id(q) in chunks]
+        else:  # not one admitted in this step: no thrashing
+            admitted = {id(it.seq) for it in plan.scheduled if it.seq.num_computed_tokens == it.seq.num_cached_tokens}
+            candidates = [q for q in self.running if id(q) not in admitted or id(q) not in chunks]
+        victim = self.policy.displace(seq, candidates, for_budget=for_budget)
         if victim is None:
             return -1
         item = chunks.get(id(victim))

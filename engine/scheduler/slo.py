@@ -108,8 +108,8 @@ class SLOPolicy(SchedulingPolicy):
     def victim(self, running: list[Sequence]) -> Sequence:
         return self.inner.victim(running)
 
-    def displace(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
-        return self.inner.displace(seq, candidates)
+    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False) -> Sequence | None:
+        return self.inner.displace(seq, candidates, for_budget=for_budget)
 
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
         self.inner.on_scheduled(seq, num_tokens)

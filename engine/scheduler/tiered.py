@@ -7,7 +7,7 @@ fairness, one FIFO per tier. A preempted sequence returns under its original arr
 is ahead of every later arrival of its tier.
 
 Starvation guard: a minimum share. Every tier's served tokens are kept as a decayed sum (a window
-of ~1/(1-DECAY) steps); a backlogged tier whose share of that window is below
+of ~1/(1-DECAY) steps); a tier backlogged for a whole window whose share of it is below
 `config.tier_min_share` is served first and its running sequences are not displaced, until it is
 back above its share. The policies registered here: "priority", "vtc", "priority+vtc".
 """
@@ -22,6 +22,7 @@ from engine.scheduler.policy import SchedulingPolicy, register_policy
 from engine.scheduler.vtc import VirtualTokenCounters
 
 DECAY = 0.98  # per step, for the served-tokens window of the starvation guard
+WINDOW = 50  # steps, ~1 / (1 - DECAY): a tier must be backlogged this long to count as starving
 
 
 def progress_lost(seq: Sequence) -> tuple:
@@ -44,6 +45,8 @@ class TieredPolicy(SchedulingPolicy):
         self._count = itertools.count()
         self._len = 0
         self._head: Sequence | None = None
+        self._step = 0
+        self._since: dict[int, int] = {}  # tier -> step since which it has had waiting work
 
     # ---- keys ------------------------------------------------------------------------------
     def tier(self, seq: Sequence) -> int:
@@ -109,11 +112,18 @@ class TieredPolicy(SchedulingPolicy):
 
     # ---- accounting ------------------------------------------------------------------------
     def begin_step(self, running: list[Sequence]) -> list:
+        self._step += 1
+        total = sum(self.served.values())
+        for t, q in self.queues.items():  # a tier stays "starving" until it has had its share
+            if not any(q.values()) and self.served.get(t, 0.0) >= self.min_share * total:
+                self._since.pop(t, None)
         for t in self.served:
             self.served[t] *= DECAY
         if self.tiers:  # higher tiers get their tokens first and are preempted last (stable sort)
             running.sort(key=lambda s: -s.priority)
         self._head = None  # counters and shares moved since the last peek
+        if self.vtc is not None:
+            self.vtc.begin_step()
         return []
 
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
@@ -127,29 +137,38 @@ class TieredPolicy(SchedulingPolicy):
 
     # ---- the starvation guard and preemption -----------------------------------------------
     def _starving_tier(self) -> int | None:
+        """The highest backlogged tier below the top one that has waited a whole window and got
+        less than its minimum share of the window's served tokens."""
         total = sum(self.served.values())
         if not self.min_share or total <= 0:
             return None
         backlogged = sorted((t for t, q in self.queues.items() if any(q.values())), reverse=True)
         for t in backlogged[1:]:  # the top backlogged tier is served anyway
-            if self.served.get(t, 0.0) < self.min_share * total:
+            waited = self._step - self._since.setdefault(t, self._step)
+            if waited >= WINDOW and self.served.get(t, 0.0) < self.min_share * total:
                 return t
         return None
 
     def _protected(self, tier: int) -> bool:
+        """A tier below its share after waiting a whole window keeps its running sequences."""
         total = sum(self.served.values())
-        return bool(self.min_share) and total > 0 and self.served.get(tier, 0.0) < self.min_share * total
+        waited = self._step - self._since.get(tier, self._step)
+        return bool(self.min_share) and waited >= WINDOW and self.served.get(tier, 0.0) < self.min_share * total
+
+    def _victim_key(self, seq: Sequence) -> tuple:
+        """Lowest tier first; with fairness the most-served tenant inside it; then least progress lost."""
+        served = -self.vtc.counters.get(seq.tenant, 0.0) if self.vtc is not None else 0.0
+        return (self.tier(seq), served) + progress_lost(seq)
 
     def victim(self, running: list[Sequence]) -> Sequence:
-        if not self.tiers:
-            return running[-1]
-        return min(running, key=lambda s: (s.priority,) + progress_lost(s))
+        return min(running, key=self._victim_key)
 
-    def displace(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
-        if not self.tiers:
-            return None
-        lower = [c for c in candidates if c.priority < seq.priority and not self._protected(c.priority)]
-        return min(lower, key=lambda s: (s.priority,) + progress_lost(s)) if lower else None
+    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False) -> Sequence | None:
+        """Only a lower tier is pushed out (preempted, or for the budget its prefill chunk deferred);
+        fairness between tenants acts on admission order alone, as in VTC."""
+        mine = self.tier(seq)
+        out = [c for c in candidates if self.tier(c) < mine and not self._protected(self.tier(c))]
+        return min(out, key=self._victim_key) if out else None
 
 
 @register_policy("priority")
