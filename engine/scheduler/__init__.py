@@ -1,15 +1,24 @@
-"""Scheduling: one step's plan over the block manager, with pluggable policies."""
+"""Scheduling: one step's plan over the block manager, with pluggable policies (docs/scheduling.md)."""
+from engine.scheduler.cost_model import StepCostModel
 from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import POLICIES, FCFSPolicy, SchedulingPolicy, make_policy, register_policy
 from engine.scheduler.scheduler import Scheduler
+from engine.scheduler.slo import SLOPolicy
+from engine.scheduler.tiered import PriorityPolicy, PriorityVTCPolicy, TieredPolicy, VTCPolicy
 
 __all__ = [
     "POLICIES",
     "FCFSPolicy",
+    "PriorityPolicy",
+    "PriorityVTCPolicy",
+    "SLOPolicy",
     "ScheduledSeq",
     "Scheduler",
     "SchedulingPolicy",
+    "StepCostModel",
     "StepPlan",
+    "TieredPolicy",
+    "VTCPolicy",
     "make_policy",
     "register_policy",
 ]

@@ -1,9 +1,12 @@
 """Iteration-level (continuous) batching.
 
 Every step: running sequences first (a decode is one token, an unfinished prefill its next chunk),
-in admission order; when blocks run out the policy's victim (default: the newest) is preempted by
-recompute. Then, if nothing was preempted, waiting sequences are admitted while the token budget,
-the sequence cap and the KV blocks allow. Prefills and decodes go into one forward.
+in admission order (or the policy's, see begin_step); when blocks run out the policy's victim
+(default: the newest) is preempted by recompute. Then, if nothing was preempted, waiting sequences
+are admitted while the token budget, the sequence cap and the KV blocks allow; a head that cannot
+start may displace a running sequence if the policy says so (priority tiers do, FCFS never).
+Requests the policy refuses (SLO-aware admission) are listed in plan.refused. Prefills and
+decodes go into one forward. docs/scheduling.md describes the policies.
 """
 from __future__ import annotations
 
