@@ -34,6 +34,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.running) or len(self.policy) > 0
 
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks kept free when admitting, so running sequences can grow (the watermark)."""
+        return self._reserve
+
     def has_room(self) -> bool:
         """Could a new request start at the next step?"""
         return (

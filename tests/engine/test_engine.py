@@ -6,7 +6,7 @@ import pytest
 from engine import (ContextLengthExceededError, DuplicateRequestError, Engine, InvalidRequestError, LLM,
                     SamplingParams)
 
-from conftest import hf_greedy
+from hf_reference import hf_greedy
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90))]
 MAX_TOKENS = [20, 9, 33, 12, 25]
@@ -164,3 +164,20 @@ def test_random_workload_keeps_block_accounting_exact(tiny_model_dir):
     for rid in list(eng.seqs):
         eng.abort(rid)
     assert eng.num_free_blocks == 24 and eng.stats.preemptions > 0
+
+
+def test_has_room_admits_a_batch_up_to_the_sequence_cap_and_the_blocks(tiny_model_dir):
+    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=40, max_num_seqs=4)
+    added = 0
+    while eng.has_room():  # several requests may wait at once, as a worker pulls a batch
+        eng.add_request(str(added), [5, 6, 7, 8, 9, 10, 11], greedy(3))
+        added += 1
+    assert added == 4 and eng.num_waiting == 4
+    eng.step()
+    assert eng.num_running == 4 and not eng.has_room()
+    small = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=8, max_num_seqs=8)
+    n = 0
+    while small.has_room():  # 12-token prompts need 4 blocks each (with the first output slot): two fit
+        small.add_request(str(n), list(range(2, 14)), greedy(2))
+        n += 1
+    assert n == 2

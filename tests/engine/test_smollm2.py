@@ -3,7 +3,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 
-from conftest import hf_greedy
+from hf_reference import hf_greedy
 
 pytestmark = pytest.mark.real_model
 

@@ -70,10 +70,10 @@ def test_requests_complete_and_lanes_are_emptied(tiny_engine_factory, redis, mod
 
 
 def test_highest_tier_is_pulled_first(tiny_engine_factory, redis, model_name):
-    worker = _worker(tiny_engine_factory(), redis, model_name)
+    worker = _worker(tiny_engine_factory(max_num_seqs=1), redis, model_name)
     batch = _submit(redis, model_name, "batch", max_tokens=1)
     priority = _submit(redis, model_name, "priority", max_tokens=1)
-    worker.run_once()  # has_room admits one request per step: the priority one
+    worker.run_once()  # room for one request: the priority one, though it arrived second
     assert _results(redis, priority)[-1].finished
     assert _results(redis, batch) == []
     _run_until_done(worker, redis, [batch])

@@ -4,7 +4,7 @@ import pytest
 
 from engine import Engine, SamplingParams
 
-from conftest import hf_greedy
+from hf_reference import hf_greedy
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90))]
 MAX_TOKENS = [20, 9, 33, 12, 25]
