@@ -20,7 +20,7 @@ from gateway.auth import AuthContext
 from gateway.errors import GatewayTimeout, InvalidRequest, ServiceUnavailable
 from gateway.lanes import ResultTimeout
 from gateway.messages import LaneRequest, LaneResult, SamplingSpec
-from gateway.quota_seam import Admission, QuotaSeam
+from gateway.quota_seam import Admission, QuotaSeam, never_ran
 from gateway.state import GatewayState
 from tenancy import record_usage
 
@@ -137,7 +137,8 @@ async def _record(generation: Generation, status: str) -> None:
             try:
                 record_usage(
                     session, request_id=generation.request_id, tenant_id=auth.tenant_id, key_id=auth.key_id,
-                    model=generation.model, tier=generation.tier, prompt_tokens=generation.prompt_tokens,
+                    model=generation.model, tier=generation.tier,
+                    prompt_tokens=0 if never_ran(status, generation.completion_tokens) else generation.prompt_tokens,
                     completion_tokens=generation.completion_tokens, status=status or "unknown",
                     ttft_ms=(generation.first_token_at - generation.started) * 1000
                     if generation.first_token_at else None,

@@ -112,6 +112,11 @@ def refusal(decision: Decision, headers: dict[str, str]) -> Exception:
     return RateLimited(message, headers=headers)
 
 
+def never_ran(status: str, completion_tokens: int) -> bool:
+    """A request that failed before producing anything is refunded in full and recorded as 0 tokens."""
+    return status == "error" and completion_tokens == 0
+
+
 class QuotaSeam:
     """admit/settle for one gateway replica (limits and counters live in Redis).
 
@@ -174,7 +179,7 @@ class QuotaSeam:
         reservation = admission.reservation
         if reservation is None or self.limiter is None:
             return
-        if status == "error" and completion_tokens == 0:
+        if never_ran(status, completion_tokens):
             outcome = await self.limiter.refund(reservation)
         else:
             outcome = await self.limiter.settle(reservation, admission.prompt_tokens + completion_tokens)

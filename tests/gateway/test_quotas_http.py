@@ -291,10 +291,11 @@ async def test_settlement_charges_exactly_the_usage_records(gw):
     assert len(records) == 5 and statuses.count("length") == 3 and "error" in statuses, statuses
     cut = [r for r in records if r.status not in ("length", "error")]
     assert len(cut) <= 1 and all(r.completion_tokens < 200 for r in cut)  # cancelled, unless it was fast
-    ran = [r for r in records if r.status != "error"]
+    error = next(r for r in records if r.status == "error")
+    assert error.prompt_tokens == error.completion_tokens == 0  # never ran: refunded and recorded as 0
     usage = await gw.usage(tid)
     assert usage["in_flight"] == 0
-    assert usage["daily"]["used"] == sum(r.prompt_tokens + r.completion_tokens for r in ran)
+    assert usage["daily"]["used"] == sum(r.prompt_tokens + r.completion_tokens for r in records)
     assert usage["monthly"]["used"] == usage["daily"]["used"]
 
 
