@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 import redis as redislib
-from gateway_test_helpers import ADMIN_TOKEN
+from gateway_test_helpers import ADMIN_TOKEN, inproc_worker
 
 REDIS_URL = os.environ.get("FAIRLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # A tiny Llama: fast enough to run hundreds of requests on 2 CPU cores.
@@ -89,28 +89,8 @@ async def app_client(settings):
 @pytest.fixture
 def running_worker(settings, tiny_engine_factory):
     """A real Worker (tiny engine, real Redis) and its heartbeat, in threads of this process."""
-    import threading
-
-    from gateway.worker import Worker
-    from gateway.worker_main import heartbeat
-
-    engine = tiny_engine_factory(num_threads=None)
-    client = redislib.Redis.from_url(settings.redis_url)
-    worker = Worker(engine, client, model=settings.model_name, tiers=settings.tiers, worker_id="inproc",
-                    block_ms=20)
-    worker.setup()
-    client.zadd(f"workers:{settings.model_name}", {"inproc": __import__("time").time()})
-    client.hset(f"model:{settings.model_name}", "max_model_len", engine.max_model_len)
-    stop = threading.Event()
-    threads = [threading.Thread(target=worker.run, args=(stop,), daemon=True),
-               threading.Thread(target=heartbeat, args=(worker, client, settings, stop), daemon=True)]
-    for thread in threads:
-        thread.start()
-    yield worker
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=10)
-    client.close()
+    with inproc_worker(tiny_engine_factory(num_threads=None), settings) as (worker, _client):
+        yield worker
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ settlement charges exactly what the usage records say; fail-closed 503; lease re
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 
@@ -14,7 +13,7 @@ import httpx
 import openai
 import pytest
 import redis as redislib
-from gateway_test_helpers import ADMIN_TOKEN, admin_headers, assert_openai_error, make_tenant_key
+from gateway_test_helpers import ADMIN_TOKEN, admin_headers, assert_openai_error, inproc_worker, make_tenant_key
 
 from tenancy import list_usage, make_engine, make_session_factory, upgrade
 
@@ -44,29 +43,12 @@ def module_settings(tmp_path_factory, redis_url):
 @pytest.fixture(scope="module")
 def module_worker(module_settings, tiny_engine_factory):
     """One real Worker for the module (an engine is slow to build on a busy machine)."""
-    from gateway.worker import Worker
-    from gateway.worker_main import heartbeat
-
-    settings, model = module_settings, module_settings.model_name
-    engine = tiny_engine_factory(num_threads=None)
-    client = redislib.Redis.from_url(settings.redis_url)
-    worker = Worker(engine, client, model=model, tiers=settings.tiers, worker_id="inproc", block_ms=20)
-    worker.setup()
-    client.zadd(f"workers:{model}", {"inproc": time.time()})
-    client.hset(f"model:{model}", "max_model_len", engine.max_model_len)
-    stop = threading.Event()
-    threads = [threading.Thread(target=worker.run, args=(stop,), daemon=True),
-               threading.Thread(target=heartbeat, args=(worker, client, settings, stop), daemon=True)]
-    for thread in threads:
-        thread.start()
-    yield worker
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=10)
-    for pattern in (f"lanes:{model}:*", f"workers:{model}", f"model:{model}", f"worker:{model}:*"):
-        for key in client.scan_iter(match=pattern, count=1000):
-            client.delete(key)
-    client.close()
+    model = module_settings.model_name
+    with inproc_worker(tiny_engine_factory(num_threads=None), module_settings) as (worker, client):
+        yield worker
+        for pattern in (f"lanes:{model}:*", f"workers:{model}", f"model:{model}", f"worker:{model}:*"):
+            for key in client.scan_iter(match=pattern, count=1000):
+                client.delete(key)
 
 
 class Gateway:
