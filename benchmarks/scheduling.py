@@ -1,0 +1,208 @@
+"""The four scheduling scenarios of issue 5 on the real engine (SmolLM2 bf16, 2 threads), scaled to
+what 2 CPU cores serve, side by side with FCFS in one run.
+
+    chrt -r 10 python -m benchmarks.scheduling        # about 5 minutes
+
+The traces come from the simulator (engine.scheduler.sim) with shorter requests; arrivals follow the
+wall clock and every step is a real forward. Writes benchmarks/results/scheduling.json and one PNG
+per scenario, and prints a markdown table (copied into the README).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from engine import Engine, SamplingParams
+from engine.errors import SLOUnattainableError
+from engine.scheduler.sim import SimReport, backlog, bursty_trace, poisson_trace
+
+RESULTS = Path(__file__).parent / "results"
+SHAPE = dict(prompt_len=(32, 96), output_len=(16, 48))
+ENGINE = dict(model="smollm2", dtype="bfloat16", num_threads=2, max_num_seqs=32, max_num_batched_tokens=256,
+              kv_cache_gib=0.5)
+
+
+def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
+    """Serve `trace` (arrival times in seconds from now) on a fresh engine with `policy`."""
+    engine = Engine(policy=policy, **{**ENGINE, **config})
+    rng = random.Random(0)
+    trace = sorted((replace(r) for r in trace), key=lambda r: r.arrival)
+    by_id = {}
+    for i, r in enumerate(trace):
+        r.request_id = f"r{i}"
+        by_id[r.request_id] = r
+    service = {r.tenant: 0.0 for r in trace}
+    report = SimReport(trace, 0.0, 0, 0, service={t: [] for t in service})
+    w_in, w_out = engine.config.vtc_input_weight, engine.config.vtc_output_weight
+    t0, nxt = time.monotonic(), 0
+    while nxt < len(trace) or engine.has_unfinished():
+        now = time.monotonic() - t0
+        if until is not None and now >= until:
+            break
+        while nxt < len(trace) and trace[nxt].arrival <= now:
+            r = trace[nxt]
+            nxt += 1
+            try:
+                engine.add_request(r.request_id, [rng.randrange(100, 40000) for _ in range(r.prompt_len)],
+                                   SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True),
+                                   tenant=r.tenant, weight=r.weight, priority=r.priority,
+                                   arrival_time=t0 + r.arrival, ttft_target_s=r.ttft_target_s,
+                                   tpot_target_s=r.tpot_target_s)
+            except SLOUnattainableError:
+                r.refused = True
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, min(trace[nxt].arrival - now, 0.05)))
+            continue
+        outputs = engine.step()
+        now = time.monotonic() - t0
+        for out in outputs:
+            r = by_id[out.request_id]
+            if out.finish_reason == "slo_unattainable":
+                r.refused = True
+                continue
+            if r.first_token is None:
+                r.first_token = now
+                service[r.tenant] += w_in * r.prompt_len / r.weight
+            service[r.tenant] += w_out * len(out.new_token_ids) / r.weight
+            if out.finished:
+                r.finish = now
+        report.steps += 1
+        report.times.append(now)
+        for tenant, value in service.items():
+            report.service[tenant].append(value)
+    report.duration = time.monotonic() - t0
+    report.preemptions = engine.stats.preemptions
+    return report
+
+
+def capacity() -> float:
+    report = run("fcfs", backlog(64, random.Random(0), **SHAPE))
+    return len(report.requests) / report.duration
+
+
+def fairness(n: int) -> dict:
+    U = max(1.0 * SHAPE["prompt_len"][1], 2.0 * SHAPE["output_len"][1])
+    out = {"bound": 2 * U}
+    for policy in ("fcfs", "vtc"):
+        rng = random.Random(0)
+        a, b = backlog(n, rng, tenant="A", weight=1.0, **SHAPE), backlog(n, rng, tenant="B", weight=2.0, **SHAPE)
+        report = run(policy, [r for pair in zip(a, b) for r in pair])
+        end = min(max(r.first_token for r in report.select(tenant=t)) for t in "AB")
+        diff = [abs(x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"]) if t <= end]
+        out[policy] = {"max_diff": max(diff), "times": report.times, "A": report.service["A"], "B": report.service["B"]}
+    return out
+
+
+def noisy_neighbour(cap: float, duration: float) -> dict:
+    a = poisson_trace(2 * cap, duration, random.Random(1), tenant="A", **SHAPE)
+    b = poisson_trace(0.2 * cap, duration, random.Random(2), tenant="B", **SHAPE)
+    out = {"b_solo_p99": run("fcfs", b).ttft_p(99, tenant="B")}
+    for policy in ("fcfs", "vtc"):
+        report = run(policy, a + b, until=duration)
+        out[policy] = {"b_p99": report.ttft_p(99, tenant="B"), "a_p99": report.ttft_p(99, tenant="A"),
+                       "b_started": len(report.ttfts(tenant="B")), "b_sent": len(b)}
+    return out
+
+
+def priority(cap: float, duration: float) -> dict:
+    inter = poisson_trace(0.2 * cap, duration, random.Random(3), tenant="interactive", priority=1, **SHAPE)
+    batch = backlog(int(1.5 * cap * duration), random.Random(4), tenant="batch", priority=0, **SHAPE)
+    out = {"inter_solo_p99": run("priority", inter).ttft_p(99, priority=1),
+           "batch_solo_tps": run("priority", batch, until=duration).throughput(until=duration, priority=0)}
+    for policy in ("fcfs", "priority"):
+        report = run(policy, inter + batch, until=duration)
+        out[policy] = {"inter_p99": report.ttft_p(99, priority=1),
+                       "batch_tps": report.throughput(until=duration, priority=0),
+                       "batch_finished": len(report.finished(priority=0)), "preemptions": report.preemptions}
+    return out
+
+
+def overload(cap: float, duration: float, ttft: float, tpot: float) -> dict:
+    trace = bursty_trace(2 * cap, duration, random.Random(5), burst=4, ttft_target_s=ttft, tpot_target_s=tpot, **SHAPE)
+    out = {"ttft_target_s": ttft, "tpot_target_s": tpot, "sent": len(trace)}
+    for policy in ("fcfs", "slo"):
+        report = run(policy, trace, until=2 * duration)
+        out[policy] = {"goodput_rps": sum(r.met_slo() for r in report.requests) / duration,
+                       "refused": sum(r.refused for r in report.requests), "ttft_p99": report.ttft_p(99)}
+    return out
+
+
+def table(res: dict) -> str:
+    f, n, p, o = res["fairness"], res["noisy_neighbour"], res["priority"], res["overload"]
+    rows = [
+        "| scenario | measure | FCFS | policy | target |",
+        "| --- | --- | --- | --- | --- |",
+        f"| 1 fairness, weights 1:2 | max weighted service gap | {f['fcfs']['max_diff']:.0f} | "
+        f"{f['vtc']['max_diff']:.0f} (VTC) | <= 2U = {f['bound']:.0f} |",
+        f"| 2 noisy neighbour | B p99 TTFT (solo {n['b_solo_p99']:.2f} s) | {n['fcfs']['b_p99']:.2f} s | "
+        f"{n['vtc']['b_p99']:.2f} s (VTC, {n['vtc']['b_p99'] / n['b_solo_p99']:.2f}x solo) | <= 1.5x solo |",
+        f"| 3 priority | interactive p99 TTFT (solo {p['inter_solo_p99']:.2f} s) | {p['fcfs']['inter_p99']:.2f} s | "
+        f"{p['priority']['inter_p99']:.2f} s ({p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x) | <= 2x solo |",
+        f"| 3 priority | batch tokens/s vs solo ({p['batch_solo_tps']:.0f}) | {p['fcfs']['batch_tps']:.0f} | "
+        f"{p['priority']['batch_tps']:.0f} ({p['priority']['batch_tps'] / p['batch_solo_tps']:.0%}) | >= 70% |",
+        f"| 4 overload 2x, TTFT {o['ttft_target_s']} s / TPOT {o['tpot_target_s']} s | goodput (req/s) | "
+        f"{o['fcfs']['goodput_rps']:.2f} | {o['slo']['goodput_rps']:.2f} (SLO-aware, {o['slo']['refused']} of "
+        f"{o['sent']} refused) | >= 1.5x FCFS |",
+    ]
+    return "\n".join(rows)
+
+
+def plot(res: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f = res["fairness"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, policy in zip(axes, ("fcfs", "vtc")):
+        ax.plot(f[policy]["times"], f[policy]["A"], label="A (weight 1)")
+        ax.plot(f[policy]["times"], f[policy]["B"], label="B (weight 2)")
+        ax.set_title(f"{policy}: weighted service, real engine")
+        ax.set_xlabel("s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "scheduling_fairness.png", dpi=100)
+    bars = {
+        "scheduling_noisy_neighbour.png": ("B p99 TTFT (s)", ["solo", "fcfs", "vtc"],
+                                           [res["noisy_neighbour"]["b_solo_p99"]] + [res["noisy_neighbour"][k]["b_p99"] for k in ("fcfs", "vtc")]),
+        "scheduling_priority.png": ("interactive p99 TTFT (s)", ["solo", "fcfs", "priority"],
+                                    [res["priority"]["inter_solo_p99"]] + [res["priority"][k]["inter_p99"] for k in ("fcfs", "priority")]),
+        "scheduling_overload.png": ("goodput (req/s)", ["fcfs", "slo"], [res["overload"][k]["goodput_rps"] for k in ("fcfs", "slo")]),
+    }
+    for name, (label, keys, values) in bars.items():
+        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.bar(keys, values, color=["#999", "#69c", "#e63"][: len(keys)])
+        ax.set_ylabel(label)
+        ax.set_title(name.removeprefix("scheduling_").removesuffix(".png").replace("_", " ") + " (real engine)")
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per scenario")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    cap = capacity()
+    print(f"capacity: {cap:.2f} requests/s", flush=True)
+    res = {"capacity_rps": cap, "shape": SHAPE, "engine": ENGINE, "duration_s": args.duration}
+    res["fairness"] = fairness(24)
+    print("fairness done", flush=True)
+    res["noisy_neighbour"] = noisy_neighbour(cap, args.duration)
+    print("noisy neighbour done", flush=True)
+    res["priority"] = priority(cap, args.duration)
+    print("priority done", flush=True)
+    res["overload"] = overload(cap, args.duration, ttft=2.0, tpot=0.3)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scheduling.json").write_text(json.dumps(res, indent=1, default=float))
+    plot(res, args.out)
+    print(table(res))
+
+
+if __name__ == "__main__":
+    main()
