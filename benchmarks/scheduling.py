@@ -131,6 +131,10 @@ def overload(cap: float, duration: float, ttft: float, tpot: float) -> dict:
     return out
 
 
+def _s(x: float) -> str:
+    return "none started" if x != x else f"{x:.2f} s"  # NaN: no request of the group got a token
+
+
 def table(res: dict) -> str:
     f, n, p, o = res["fairness"], res["noisy_neighbour"], res["priority"], res["overload"]
     rows = [
@@ -138,9 +142,9 @@ def table(res: dict) -> str:
         "| --- | --- | --- | --- | --- |",
         f"| 1 fairness, weights 1:2 | max weighted service gap | {f['fcfs']['max_diff']:.0f} | "
         f"{f['vtc']['max_diff']:.0f} (VTC) | <= 2U = {f['bound']:.0f} |",
-        f"| 2 noisy neighbour | B p99 TTFT (solo {n['b_solo_p99']:.2f} s) | {n['fcfs']['b_p99']:.2f} s | "
+        f"| 2 noisy neighbour | B p99 TTFT (solo {n['b_solo_p99']:.2f} s) | {_s(n['fcfs']['b_p99'])} | "
         f"{n['vtc']['b_p99']:.2f} s (VTC, {n['vtc']['b_p99'] / n['b_solo_p99']:.2f}x solo) | <= 1.5x solo |",
-        f"| 3 priority | interactive p99 TTFT (solo {p['inter_solo_p99']:.2f} s) | {p['fcfs']['inter_p99']:.2f} s | "
+        f"| 3 priority | interactive p99 TTFT (solo {p['inter_solo_p99']:.2f} s) | {_s(p['fcfs']['inter_p99'])} | "
         f"{p['priority']['inter_p99']:.2f} s ({p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x) | <= 2x solo |",
         f"| 3 priority | batch tokens/s vs solo ({p['batch_solo_tps']:.0f}) | {p['fcfs']['batch_tps']:.0f} | "
         f"{p['priority']['batch_tps']:.0f} ({p['priority']['batch_tps'] / p['batch_solo_tps']:.0%}) | >= 70% |",
