@@ -208,15 +208,8 @@ class Engine:
         return self.scheduler.has_unfinished()
 
     def has_room(self) -> bool:
-        """Would one more request start at the next step? True while running + waiting sequences are
-        under max_num_seqs and the free blocks cover every waiting prompt plus the running ones'
-        growth, so a worker can take a whole batch of requests at once without hoarding work that
-        another worker could start sooner."""
-        waiting = [s for s in self.seqs.values() if s.status is SequenceStatus.WAITING]
-        if self.num_running + len(waiting) >= self.config.max_num_seqs:
-            return False
-        need = sum(self.block_manager.blocks_needed(s.num_tokens + 1) for s in waiting)
-        return self.block_manager.num_free_blocks - need > self.scheduler.num_reserved_blocks + self.num_running
+        """Would one more request start at the next step? (See Scheduler.has_room.)"""
+        return self.scheduler.has_room([s for s in self.seqs.values() if s.status is SequenceStatus.WAITING])
 
     @property
     def num_free_blocks(self) -> int:

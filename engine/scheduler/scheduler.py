@@ -34,18 +34,15 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.running) or len(self.policy) > 0
 
-    @property
-    def num_reserved_blocks(self) -> int:
-        """Blocks kept free when admitting, so running sequences can grow (the watermark)."""
-        return self._reserve
-
-    def has_room(self) -> bool:
-        """Could a new request start at the next step?"""
-        return (
-            len(self.policy) == 0
-            and len(self.running) < self.config.max_num_seqs
-            and self.bm.num_free_blocks > self._reserve + len(self.running)
-        )
+    def has_room(self, waiting: list[Sequence]) -> bool:
+        """Would one more request start at the next step, given the `waiting` sequences? True while
+        running + waiting stay under max_num_seqs and the free blocks cover every waiting prompt
+        plus the running ones' growth, so a worker can take a batch of requests at once without
+        hoarding work that another worker could start sooner."""
+        if len(self.running) + len(waiting) >= self.config.max_num_seqs:
+            return False
+        need = sum(self.bm.blocks_needed(s.num_tokens + 1) for s in waiting)
+        return self.bm.num_free_blocks - need > self._reserve + len(self.running)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING

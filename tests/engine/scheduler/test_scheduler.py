@@ -97,10 +97,13 @@ def test_finish_frees_blocks_and_abort_of_waiting():
     assert a.status is SequenceStatus.FINISHED and b.status is SequenceStatus.FINISHED
 
 
-def test_has_room_reflects_queue_and_caps():
-    s = make(max_num_seqs=1)
-    assert s.has_room()
-    s.add(seq("a", 3))
-    assert not s.has_room()  # something is waiting
+def test_has_room_counts_waiting_sequences_against_the_cap_and_the_blocks():
+    s = make(num_blocks=8, max_num_seqs=3)
+    assert s.has_room([])
+    a, b = seq("a", 7), seq("bb", 7)  # 2 blocks each (with the first output slot)
+    assert s.has_room([a, b])  # 4 of 8 blocks spoken for, 2 of 3 slots
+    assert not s.has_room([a, b, seq("ccc", 7)])  # the sequence cap
+    assert not s.has_room([a, seq("dddd", 23)])  # 2 + 6 = all 8 blocks, none left for growth
+    s.add(a)
     run_step(s)
-    assert not s.has_room()  # the only slot is taken
+    assert s.has_room([]) and not s.has_room([b, seq("e", 2)])  # 1 running + 2 waiting = the cap
