@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 import time
 import uuid
 
 import httpx
 import pytest
 import redis as redislib
-from gateway_test_helpers import ADMIN_TOKEN, admin_headers
+from gateway_test_helpers import ADMIN_TOKEN, admin_headers, inproc_worker
 from serve_process import free_port, start, wait_ready
 
 from tenancy import upgrade
@@ -33,9 +32,6 @@ PER_GATEWAY = 200
 @pytest.fixture(scope="module")
 def gateways(tmp_path_factory, redis_url, tiny_engine_factory):
     from gateway.settings import Settings
-    from gateway.worker import Worker
-    from gateway.worker_main import heartbeat
-
     tmp = tmp_path_factory.mktemp("quota-cluster")
     model, prefix = f"test-{uuid.uuid4().hex[:10]}", f"fltest:gwquota:{uuid.uuid4().hex[:10]}"
     database_url = f"sqlite:///{tmp / 'fairlane.db'}"
@@ -46,29 +42,20 @@ def gateways(tmp_path_factory, redis_url, tiny_engine_factory):
            "FAIRLANE_CONFIG": "/nonexistent"}
     settings = Settings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url, model="dummy",
                         served_model_name=model, dummy_config=TINY)
-    engine = tiny_engine_factory(num_threads=None)
-    client = redislib.Redis.from_url(redis_url)
-    worker = Worker(engine, client, model=model, tiers=settings.tiers, worker_id="inproc", block_ms=20)
-    worker.setup()
-    client.hset(f"model:{model}", "max_model_len", engine.max_model_len)
-    stop = threading.Event()
-    threads = [threading.Thread(target=worker.run, args=(stop,), daemon=True),
-               threading.Thread(target=heartbeat, args=(worker, client, settings, stop), daemon=True)]
-    for thread in threads:
-        thread.start()
     procs = []
     try:
-        for i in range(2):
-            port = free_port()
-            procs.append(start(["serve", "--workers", "0", "--port", str(port)], env, str(tmp / f"gw{i}.log"),
-                               port=port))
-        yield [wait_ready(served, timeout_s=120) for served in procs]
-    finally:
-        for served in procs:
-            served.stop()
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=10)
+        with inproc_worker(tiny_engine_factory(num_threads=None), settings):
+            try:
+                for i in range(2):
+                    port = free_port()
+                    procs.append(start(["serve", "--workers", "0", "--port", str(port)], env,
+                                       str(tmp / f"gw{i}.log"), port=port))
+                yield [wait_ready(served, timeout_s=120) for served in procs]
+            finally:
+                for served in procs:
+                    served.stop()
+    finally:  # after the worker has stopped, so it cannot write its keys again
+        client = redislib.Redis.from_url(redis_url)
         for pattern in (f"{prefix}:*", f"*{model}*"):
             for key in client.scan_iter(match=pattern, count=1000):
                 client.delete(key)
