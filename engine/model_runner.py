@@ -6,7 +6,7 @@ import torch
 from engine.attention import AttentionMetadata, PrefillChunk, make_backend
 from engine.config import EngineConfig
 from engine.loader import LoadedModel
-from engine.models import LlamaModel
+from engine.models import SUPPORTED_ARCHITECTURES
 from engine.sampler import sample
 from engine.scheduler import ScheduledSeq, StepPlan
 
@@ -22,7 +22,10 @@ class ModelRunner:
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
         backend = make_backend(config.attention_backend, num_heads, self.num_kv_heads, self.head_dim)
-        self.model = LlamaModel.from_state_dict(cfg, loaded.state_dict, self.dtype, backend, max_model_len)
+        model_cls = SUPPORTED_ARCHITECTURES.get(cfg.model_type)
+        if model_cls is None:
+            raise ValueError(f"model type {cfg.model_type!r} is not supported; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+        self.model = model_cls.from_state_dict(cfg, loaded.state_dict, self.dtype, backend, max_model_len)
         self.vocab_size = cfg.vocab_size
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
         slots = self.num_blocks * self.block_size

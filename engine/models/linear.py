@@ -33,10 +33,6 @@ class Linear:
             except RuntimeError:
                 self.packed = None
 
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
