@@ -21,6 +21,7 @@ from engine.errors import SLOUnattainableError
 from engine.scheduler.sim import SimReport, backlog, bursty_trace, poisson_trace
 
 RESULTS = Path(__file__).parent / "results"
+SCENARIOS = ("fairness", "noisy_neighbour", "priority", "overload")
 SHAPE = dict(prompt_len=(32, 96), output_len=(16, 48))
 ENGINE = dict(model="smollm2", dtype="bfloat16", num_threads=2, max_num_seqs=32, max_num_batched_tokens=256,
               kv_cache_gib=0.5)
@@ -191,17 +192,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per scenario")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--only", nargs="*", choices=SCENARIOS, help="run these scenarios only (prints, writes nothing)")
     args = ap.parse_args()
     cap = capacity()
     print(f"capacity: {cap:.2f} requests/s", flush=True)
     res = {"capacity_rps": cap, "shape": SHAPE, "engine": ENGINE, "duration_s": args.duration}
-    res["fairness"] = fairness(24)
-    print("fairness done", flush=True)
-    res["noisy_neighbour"] = noisy_neighbour(cap, args.duration)
-    print("noisy neighbour done", flush=True)
-    res["priority"] = priority(cap, args.duration)
-    print("priority done", flush=True)
-    res["overload"] = overload(cap, args.duration, ttft=2.0, tpot=0.3)
+    runs = {"fairness": lambda: fairness(24), "noisy_neighbour": lambda: noisy_neighbour(cap, args.duration),
+            "priority": lambda: priority(cap, args.duration),
+            "overload": lambda: overload(cap, args.duration, ttft=2.0, tpot=0.3)}
+    for name in args.only or SCENARIOS:
+        res[name] = runs[name]()
+        print(name, "done:", {k: v for k, v in res[name].items() if not isinstance(v, (list, dict))},
+              {k: {kk: vv for kk, vv in v.items() if not isinstance(vv, list)} for k, v in res[name].items()
+               if isinstance(v, dict)}, flush=True)
+    if args.only:
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scheduling.json").write_text(json.dumps(res, indent=1, default=float))
     plot(res, args.out)

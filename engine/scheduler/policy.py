@@ -91,10 +91,12 @@ class SchedulingPolicy(ABC):
         """May the head `seq` start in this step (e.g. without pushing running TPOT past target)?"""
         return True
 
-    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False) -> Sequence | None:
+    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False,
+                 plan=None) -> Sequence | None:
         """The waiting head `seq` cannot start: a candidate it may push out, or None. For the token
-        budget (`for_budget`) the candidates hold prefill chunks of this step and the chosen one's
-        chunk is deferred (it keeps its blocks); for the sequence cap or KV blocks it is preempted."""
+        budget (`for_budget`) the candidates hold tokens of this step (`plan`, the step so far) and
+        the chosen one's are deferred (it keeps its blocks); for the sequence cap or KV blocks it
+        is preempted."""
         return None
 
     def on_finished(self, seq: Sequence) -> None:

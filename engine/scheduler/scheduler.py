@@ -120,7 +120,7 @@ class Scheduler:
         else:  # not one admitted in this step: no thrashing
             admitted = {id(it.seq) for it in plan.scheduled if it.seq.num_computed_tokens == it.seq.num_cached_tokens}
             candidates = [q for q in self.running if id(q) not in admitted or id(q) not in chunks]
-        victim = self.policy.displace(seq, candidates, for_budget=for_budget)
+        victim = self.policy.displace(seq, candidates, for_budget=for_budget, plan=plan)
         if victim is None:
             return -1
         item = chunks.get(id(victim))

@@ -108,8 +108,9 @@ class SLOPolicy(SchedulingPolicy):
     def victim(self, running: list[Sequence]) -> Sequence:
         return self.inner.victim(running)
 
-    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False) -> Sequence | None:
-        return self.inner.displace(seq, candidates, for_budget=for_budget)
+    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False,
+                 plan=None) -> Sequence | None:
+        return self.inner.displace(seq, candidates, for_budget=for_budget, plan=plan)
 
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
         self.inner.on_scheduled(seq, num_tokens)

@@ -39,6 +39,8 @@ class TieredPolicy(SchedulingPolicy):
     def __init__(self, config: SchedulerConfig | None = None):
         config = config or SchedulerConfig()
         self.min_share = config.tier_min_share if self.tiers else 0.0
+        self.step_budget = config.max_num_batched_tokens
+        self.weights: dict[str, float] = {}  # tenant -> its weight (latest request's)
         self.vtc = VirtualTokenCounters(config.vtc_input_weight, config.vtc_output_weight) if self.fair else None
         self.queues: dict[int, dict[str, list]] = {}  # tier -> tenant -> heap of (arrival, n, seq)
         self.served: dict[int, float] = {}  # tier -> decayed tokens served
@@ -46,6 +48,7 @@ class TieredPolicy(SchedulingPolicy):
         self._len = 0
         self._head: Sequence | None = None
         self._step = 0
+        self._running: list[Sequence] = []  # the scheduler's running list, seen at begin_step
         self._since: dict[int, int] = {}  # tier -> step since which it has had waiting work
 
     # ---- keys ------------------------------------------------------------------------------
@@ -59,6 +62,7 @@ class TieredPolicy(SchedulingPolicy):
     def add(self, seq: Sequence) -> None:
         if self.vtc is not None:
             self.vtc.arrive(seq)
+            self.weights[seq.tenant] = seq.weight
         self._push(seq)
 
     def add_preempted(self, seq: Sequence) -> None:
@@ -113,6 +117,7 @@ class TieredPolicy(SchedulingPolicy):
     # ---- accounting ------------------------------------------------------------------------
     def begin_step(self, running: list[Sequence]) -> list:
         self._step += 1
+        self._running = running
         total = sum(self.served.values())
         for t, q in self.queues.items():  # a tier stays "starving" until it has had its share
             if not any(q.values()) and self.served.get(t, 0.0) >= self.min_share * total:
@@ -163,12 +168,60 @@ class TieredPolicy(SchedulingPolicy):
     def victim(self, running: list[Sequence]) -> Sequence:
         return min(running, key=self._victim_key)
 
-    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False) -> Sequence | None:
-        """Only a lower tier is pushed out (preempted, or for the budget its prefill chunk deferred);
-        fairness between tenants acts on admission order alone, as in VTC."""
+    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False,
+                 plan=None) -> Sequence | None:
+        """A lower tier is pushed out first (preempted, or for the budget its tokens deferred).
+        Inside a tier, with fairness, a less-served tenant may defer a more-served tenant's tokens
+        of this step (`_more_served`) and, at the sequence cap or the KV limit, preempt one of the
+        sequences a tenant holds beyond its weighted share (`_over_share`)."""
         mine = self.tier(seq)
         out = [c for c in candidates if self.tier(c) < mine and not self._protected(self.tier(c))]
-        return min(out, key=self._victim_key) if out else None
+        if out:
+            return min(out, key=self._victim_key)
+        if self.vtc is None:
+            return None
+        same = [c for c in candidates if self.tier(c) == mine]
+        return self._more_served(seq, same, plan) if for_budget else self._over_share(seq, same)
+
+    def _more_served(self, seq: Sequence, candidates: list[Sequence], plan) -> Sequence | None:
+        """For the token budget: a running sequence of a tenant that stays at least as served as
+        seq's tenant even once seq's remaining prompt is counted (so the two never trade places
+        back and forth within a step; this keeps VTC's 2U bound), from the most-served such tenant,
+        its largest chunk of this step first. Its tokens wait one step; it loses no work. Without
+        this a light tenant's prompt is split behind a heavy tenant's decodes and chunks and its
+        first token comes a step or two later than it would alone."""
+        mine = self.vtc.value(seq.tenant) + self.vtc.w_in * (seq.num_tokens - seq.num_computed_tokens) / seq.weight
+        over = [c for c in candidates if c.tenant != seq.tenant and self.vtc.value(c.tenant) >= mine]
+        if not over:
+            return None
+        chunk = {id(item.seq): item.num_tokens for item in plan.scheduled} if plan is not None else {}
+        return max(over, key=lambda c: (self.vtc.value(c.tenant), chunk.get(id(c), 0), -c.arrival_time))
+
+    def _over_share(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
+        """At the sequence cap or the KV limit: the running sequences of seq's tier are shared
+        between its tenants with work (running or waiting) in proportion to their weights. If seq's
+        tenant holds at least one sequence less than its share and is not more served than a tenant
+        holding at least one more than its share, that tenant's sequence with the least progress is
+        preempted (cheapest to recompute; it keeps its place in the queue). One swap never reverses
+        itself: afterwards neither tenant is a whole sequence away from its share. Without this a
+        light tenant waits for a heavy tenant's request to finish before it gets a slot."""
+        tier = self.tier(seq)
+        held: dict[str, int] = {}
+        for s in self._running:
+            if self.tier(s) == tier:
+                held[s.tenant] = held.get(s.tenant, 0) + 1
+        tenants = set(held) | {t for t, h in self.queues.get(tier, {}).items() if h}
+        total_w, slots = sum(self.weights.get(t, 1.0) for t in tenants), sum(held.values())
+
+        def excess(tenant: str) -> float:  # sequences held beyond the tenant's weighted share
+            return held.get(tenant, 0) - slots * self.weights.get(tenant, 1.0) / total_w
+
+        if not slots or excess(seq.tenant) > -1:
+            return None
+        mine = self.vtc.value(seq.tenant)
+        over = [c for c in candidates if c.tenant != seq.tenant and excess(c.tenant) >= 1
+                and self.vtc.value(c.tenant) >= mine]
+        return min(over, key=lambda c: (-excess(c.tenant),) + progress_lost(c)) if over else None
 
 
 @register_policy("priority")

@@ -13,8 +13,8 @@ def test_1_vtc_keeps_weighted_service_within_the_bound_fcfs_does_not():
 def test_2_noisy_neighbour():
     r = scenarios.noisy_neighbour()
     solo, vtc, fcfs = r["b_solo_p99"], r["vtc"]["b_p99"], r["fcfs"]["b_p99"]
-    # Issue target 1.5x; the simulator reaches ~2.1x (docs/scheduling.md says why). FCFS: ~200x.
-    assert vtc <= 2.5 * solo
+    assert vtc <= 1.5 * solo  # the issue's target (~1.3x here); FCFS: ~200x
+    assert r["vtc"]["b_started"] >= r["vtc"]["b_sent"] - 2  # (the last may arrive at the end)
     assert fcfs > 20 * vtc
 
 

@@ -1,5 +1,5 @@
 """VTC fairness: least-served tenant first, weights, the lift of a tenant returning from idle."""
-from helpers import make, run_step, seq
+from helpers import ids, make, run_step, seq
 
 
 def test_least_served_tenant_is_admitted_first():
@@ -47,3 +47,51 @@ def test_vtc_victim_is_the_most_served_tenant():
     s.policy.vtc.counters["A"] += 100
     plan = run_step(s)
     assert [q.request_id for q in plan.preempted] == ["a"]
+
+
+def test_less_served_tenant_defers_a_more_served_tenants_tokens_of_the_step():
+    s = make("vtc", max_num_batched_tokens=8)
+    a1, a2 = seq("a1", 4, tenant="A"), seq("a2", 4, tenant="A")
+    s.add(a1), s.add(a2)
+    run_step(s)  # A's two prompts fill the step
+    s.policy.vtc.counters["A"] += 100  # A has been served far more than B will be
+    s.add(seq("b", 6, tenant="B"))
+    plan = run_step(s)
+    # B's whole prompt (6) runs now: A's decodes give up their tokens for this step and keep their blocks
+    assert ids(plan.scheduled)[-1] == "b" and plan.scheduled[-1].num_tokens == 6
+    assert not plan.preempted and a1 in s.running and a2 in s.running
+
+
+def test_no_deferral_for_a_tenant_that_would_then_be_the_more_served():
+    s = make("vtc", max_num_batched_tokens=8)
+    s.add(seq("a1", 4, tenant="A")), s.add(seq("a2", 4, tenant="A"))
+    run_step(s)
+    s.add(seq("b", 7, tenant="B"))
+    s.policy.vtc.counters["B"] = s.policy.vtc.counters["A"] - 3  # less served, but not by its prompt (7)
+    plan = run_step(s)
+    assert ids(plan.scheduled) == ["a1", "a2", "b"]  # the decodes run; B's prompt is split
+    assert plan.scheduled[-1].num_tokens == 6
+
+
+def test_tenant_below_its_share_of_sequences_preempts_the_heavy_tenants_newest_work():
+    s = make("vtc", max_num_seqs=4, max_num_batched_tokens=64)
+    heavy = [seq(f"a{i}", 4, tenant="A") for i in range(4)]
+    for q in heavy:
+        s.add(q)
+    run_step(s)
+    run_step(s)  # a0..a3 hold every slot
+    s.policy.vtc.counters["A"] += 100
+    s.add(seq("b", 4, tenant="B"))
+    plan = run_step(s)
+    assert ids(plan.preempted) == ["a3"]  # A holds 4 of 4 (share 2): its least progress, newest
+    assert "b" in ids(plan.scheduled)
+
+
+def test_no_fairness_preemption_at_or_below_the_share():
+    s = make("vtc", max_num_seqs=2, max_num_batched_tokens=64)
+    s.add(seq("a0", 4, tenant="A")), s.add(seq("b0", 4, tenant="B"))
+    run_step(s)  # one slot each: both at their share
+    s.policy.vtc.counters["A"] += 100
+    s.add(seq("b1", 4, tenant="B"))
+    plan = run_step(s)
+    assert not plan.preempted and "b1" not in ids(plan.scheduled)
