@@ -1,4 +1,4 @@
-"""The four scheduling scenarios of issue 5 on the real engine (SmolLM2 bf16, 2 threads), scaled to
+"""The four scheduling scenarios of issue 5 on the real engine (SmolLM2, dtype auto, 2 threads), scaled to
 what 2 CPU cores serve, side by side with FCFS in one run.
 
     chrt -r 10 python -m benchmarks.scheduling        # about 5 minutes
@@ -23,7 +23,7 @@ from engine.scheduler.sim import SimReport, backlog, bursty_trace, poisson_trace
 RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("fairness", "noisy_neighbour", "priority", "overload")
 SHAPE = dict(prompt_len=(32, 96), output_len=(16, 48))
-ENGINE = dict(model="smollm2", dtype="bfloat16", num_threads=2, max_num_seqs=32, max_num_batched_tokens=256,
+ENGINE = dict(model="smollm2", dtype="auto", num_threads=2, max_num_seqs=32, max_num_batched_tokens=128,
               kv_cache_gib=0.5)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class SchedulerConfig(CacheConfig):
     tier_min_share: float = 0.05  # starvation guard: a backlogged tier's least share of served tokens
     vtc_input_weight: float = 1.0  # VTC service per prompt token (Sheng et al. use w_p=1, w_q=2)
     vtc_output_weight: float = 2.0  # VTC service per output token
+    # A step that prefills an urgent request (a higher tier's, or a tenant's below its share) runs
+    # no other prefill: decodes only beside it, so its first token is not behind others' chunks.
+    isolate_urgent_prefill: bool = True
     # SLO targets per tier (priority -> seconds); a request's own target wins. Empty: none.
     tier_ttft_targets: dict = field(default_factory=dict, hash=False)
     tier_tpot_targets: dict = field(default_factory=dict, hash=False)
@@ -72,7 +75,7 @@ class EngineConfig(SchedulerConfig):
     """Everything an Engine needs. `model` is "smollm2", a HF folder, a .gguf file or "dummy"."""
 
     model: str = "smollm2"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # "auto": bfloat16 where the hardware has it natively, else float32
     num_threads: int | None = None  # None: leave torch's default
     seed: int = 0
     attention_backend: str = "auto"  # "auto": "cpu" (C kernel) when a C compiler is there, else "torch"

@@ -13,10 +13,23 @@ from engine.scheduler import ScheduledSeq, StepPlan
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def resolve_dtype(name: str) -> torch.dtype:
+    """A config dtype as torch's. "auto": bfloat16 where the hardware computes it natively (a CUDA
+    GPU with bf16; a CPU with AVX512-BF16 or AMX, as oneDNN reports), else float32: on an AVX2-only
+    CPU bf16 matmuls are emulated and measured 6x slower than float32 (docs/structures.md)."""
+    if name != "auto":
+        return TORCH_DTYPES[name]
+    if torch.cuda.is_available():
+        native = torch.cuda.is_bf16_supported()
+    else:
+        native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if native else torch.float32
+
+
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
         cfg = loaded.config
-        self.dtype = TORCH_DTYPES[config.dtype]
+        self.dtype = resolve_dtype(config.dtype)
         self.block_size = config.block_size
         num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, type=Path, help="JSONL file of requests")
     p.add_argument("--output", required=True, type=Path, help="JSONL file of results (appended; resumable)")
     p.add_argument("--model", default="smollm2", help='"smollm2", a HF folder, a .gguf file or "dummy"')
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)

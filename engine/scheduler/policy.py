@@ -99,6 +99,11 @@ class SchedulingPolicy(ABC):
         is preempted."""
         return None
 
+    def urgent(self, seq: Sequence) -> bool:
+        """Is seq's prefill latency-critical (then, with config.isolate_urgent_prefill, a step that
+        prefills it runs no other prefill beside it)? Called after admission, for prefilling seqs."""
+        return False
+
     def on_finished(self, seq: Sequence) -> None:
         """seq left the engine (finished, aborted or refused), from the queue or from running."""
 

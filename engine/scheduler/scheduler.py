@@ -70,6 +70,8 @@ class Scheduler:
                 i += 1
         if not plan.preempted:
             self._admit(plan, budget)
+        if self.config.isolate_urgent_prefill:
+            self._isolate_urgent(plan)
         for item in plan.scheduled:
             self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
@@ -108,6 +110,15 @@ class Scheduler:
             self.running.append(seq)
             plan.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+
+    def _isolate_urgent(self, plan: StepPlan) -> None:
+        """If an urgent request prefills in this step, other prefill chunks wait a step (they keep
+        their blocks): the step is its prompt plus the decodes, not a full budget of others' chunks."""
+        prefills = [it for it in plan.scheduled if not (it.num_tokens == 1 and it.samples)]
+        urgent = [it for it in prefills if self.policy.urgent(it.seq)]
+        if urgent and len(urgent) < len(prefills):
+            keep = {id(it) for it in urgent}
+            plan.scheduled = [it for it in plan.scheduled if id(it) in keep or (it.num_tokens == 1 and it.samples)]
 
     def _make_room(self, seq: Sequence, plan: StepPlan, for_budget: bool) -> int:
         """Let the policy push a running sequence out for the waiting head `seq`. For the token

@@ -115,6 +115,9 @@ class SLOPolicy(SchedulingPolicy):
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
         self.inner.on_scheduled(seq, num_tokens)
 
+    def urgent(self, seq: Sequence) -> bool:
+        return self.inner.urgent(seq)
+
     def on_finished(self, seq: Sequence) -> None:
         self._best_effort.discard(seq.request_id)
         self.inner.on_finished(seq)

@@ -197,6 +197,28 @@ class TieredPolicy(SchedulingPolicy):
         chunk = {id(item.seq): item.num_tokens for item in plan.scheduled} if plan is not None else {}
         return max(over, key=lambda c: (self.vtc.value(c.tenant), chunk.get(id(c), 0), -c.arrival_time))
 
+    def urgent(self, seq: Sequence) -> bool:
+        """A prefill is urgent when lower tiers have work (running or waiting) or, with fairness,
+        when its tenant holds at least one sequence less than its weighted share of its tier."""
+        tier = self.tier(seq)
+        if self.tiers:
+            lower = any(self.tier(s) < tier for s in self._running) or any(
+                t < tier and any(q.values()) for t, q in self.queues.items())
+            if lower:
+                return True
+        return self.vtc is not None and self._excess(seq.tenant, tier) <= -1
+
+    def _excess(self, tenant: str, tier: int) -> float:
+        """Running sequences of `tier` the tenant holds beyond its weighted share of them (the
+        share split between the tier's tenants with work running or waiting)."""
+        held: dict[str, int] = {}
+        for s in self._running:
+            if self.tier(s) == tier:
+                held[s.tenant] = held.get(s.tenant, 0) + 1
+        tenants = set(held) | {t for t, h in self.queues.get(tier, {}).items() if h} | {tenant}
+        total_w, slots = sum(self.weights.get(t, 1.0) for t in tenants), sum(held.values())
+        return held.get(tenant, 0) - slots * self.weights.get(tenant, 1.0) / total_w
+
     def _over_share(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
         """At the sequence cap or the KV limit: the running sequences of seq's tier are shared
         between its tenants with work (running or waiting) in proportion to their weights. If seq's
@@ -206,17 +228,11 @@ class TieredPolicy(SchedulingPolicy):
         itself: afterwards neither tenant is a whole sequence away from its share. Without this a
         light tenant waits for a heavy tenant's request to finish before it gets a slot."""
         tier = self.tier(seq)
-        held: dict[str, int] = {}
-        for s in self._running:
-            if self.tier(s) == tier:
-                held[s.tenant] = held.get(s.tenant, 0) + 1
-        tenants = set(held) | {t for t, h in self.queues.get(tier, {}).items() if h}
-        total_w, slots = sum(self.weights.get(t, 1.0) for t in tenants), sum(held.values())
 
-        def excess(tenant: str) -> float:  # sequences held beyond the tenant's weighted share
-            return held.get(tenant, 0) - slots * self.weights.get(tenant, 1.0) / total_w
+        def excess(tenant: str) -> float:
+            return self._excess(tenant, tier)
 
-        if not slots or excess(seq.tenant) > -1:
+        if excess(seq.tenant) > -1:
             return None
         mine = self.vtc.value(seq.tenant)
         over = [c for c in candidates if c.tenant != seq.tenant and excess(c.tenant) >= 1

@@ -99,3 +99,26 @@ def test_minimum_share_serves_a_starving_lower_tier():
             if it.seq.request_id not in started:
                 started.append(it.seq.request_id)
     assert "lo" in started and started.index("lo") < 60  # long before the high tier ran dry
+
+
+def test_an_urgent_prefill_runs_beside_decodes_only():
+    s = make("priority", max_num_batched_tokens=64)
+    s.add(seq("b0", 8, priority=0))
+    run_step(s)  # b0 decodes from now on
+    s.add(seq("b1", 40, priority=0))
+    s.add(seq("hi", 8, priority=1))
+    plan = run_step(s)
+    # the high tier's prompt and b0's decode run; b1's prompt waits a step (batch work is still queued)
+    assert sorted(ids(plan.scheduled)) == ["b0", "hi"]
+    plan = run_step(s)
+    assert "b1" in ids(plan.scheduled)
+
+
+def test_without_isolation_the_step_is_filled():
+    s = make("priority", max_num_batched_tokens=64, isolate_urgent_prefill=False)
+    s.add(seq("b0", 8, priority=0))
+    run_step(s)
+    s.add(seq("b1", 40, priority=0))
+    s.add(seq("hi", 8, priority=1))
+    plan = run_step(s)
+    assert sorted(ids(plan.scheduled)) == ["b0", "b1", "hi"]
