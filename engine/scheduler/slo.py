@@ -50,7 +50,7 @@ class SLOLoad:
 class SLOPolicy(SchedulingPolicy):
     def __init__(self, config: SchedulerConfig | None = None, *, clock=None, inner: SchedulingPolicy | None = None):
         self.config = config or SchedulerConfig()
-        self.inner = inner or FCFSPolicy(self.config)
+        self.inner = inner if inner is not None else FCFSPolicy(self.config)  # (an empty queue is falsy)
         self.clock = clock or time.monotonic
         self.cost = StepCostModel(self.config.cost_step_s, self.config.cost_prefill_token_s,
                                   self.config.cost_decode_seq_s)
