@@ -143,7 +143,6 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
             await quota.settle(admission, completion_tokens=0, status=SLO_REFUSED)
             await _record(state, admission, request_id=request_id, model=model, tier=tier, status=SLO_REFUSED,
                           prompt_tokens=0, completion_tokens=0, started=started)
-        exc.headers = {**admission.headers, **exc.headers}
         raise
     except BaseException:
         with anyio.CancelScope(shield=True):
@@ -157,9 +156,7 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
         generation.done = True
         generation.finish_reason = SLO_REFUSED if first.error_code == SLO_REFUSED else "error"
         await generation.close()
-        error = lane_error(first, prompt_param)
-        error.headers = {**admission.headers, **error.headers}
-        raise error
+        raise lane_error(first, prompt_param)
     return generation
 
 

@@ -49,11 +49,11 @@ class Gateway:
         return self.app.state.gateway.settings.model_name
 
     async def tenant(self, **fields) -> tuple[dict, str]:
-        """A tenant allowed every tier, with a key and a daily budget (so its charges show)."""
+        """A tenant allowed every tier, with a key, a daily budget and a request rate (so charges show)."""
         tenant, key = await make_tenant_key(self.http, f"t{uuid.uuid4().hex[:8]}", allowed_tiers=ALL_TIERS,
                                             **fields)
-        response = await self.http.put(f"/admin/tenants/{tenant['id']}/quota",
-                                       json={"daily_token_budget": 10**6}, headers=admin_headers())
+        response = await self.http.put(f"/admin/tenants/{tenant['id']}/quota", headers=admin_headers(),
+                                       json={"daily_token_budget": 10**6, "requests_per_minute": 1000})
         assert response.status_code == 200, response.text
         return tenant, key
 
@@ -64,10 +64,13 @@ class Gateway:
 
     async def charged(self, tenant_id: int) -> tuple[int, int]:
         """(tokens charged today, requests in flight) from the quota Redis."""
+        usage = await self.quota_usage(tenant_id)
+        return usage["daily"]["used"], usage["in_flight"]
+
+    async def quota_usage(self, tenant_id: int) -> dict:
         response = await self.http.get(f"/admin/tenants/{tenant_id}/quota/usage", headers=admin_headers())
         assert response.status_code == 200, response.text
-        usage = response.json()
-        return usage["daily"]["used"], usage["in_flight"]
+        return response.json()
 
     def records(self, tenant_id: int) -> list:
         engine = make_engine(self.app.state.gateway.settings.database_url)
@@ -118,6 +121,7 @@ def _assert_slo_refusal(response: httpx.Response) -> None:
     error = assert_openai_error(response, 503, code="slo_unattainable")
     assert error["type"] == "server_error" and "time-to-first-token" in error["message"]
     assert int(response.headers["retry-after"]) >= 1
+    assert response.headers["x-ratelimit-limit-requests"] == "1000"  # it went through the quota check
 
 
 def _assert_refunded(records, charged) -> None:
@@ -141,6 +145,7 @@ async def test_refused_at_the_door_when_the_backlog_cannot_meet_the_target(slo_s
         records = gw.records(tenant["id"])
         assert charged == (0, 0) and [r.status for r in records] == ["slo_unattainable"] * 2
         assert all(r.prompt_tokens == r.completion_tokens == 0 for r in records)
+        assert (await gw.quota_usage(tenant["id"]))["requests"]["remaining"] == 1000  # the count, too
 
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app))
         client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=key, http_client=http, max_retries=0)
