@@ -1,7 +1,7 @@
 """fairlane's inference engine: paged KV cache, continuous batching, our own Llama forward.
 
 Public API (other packages import only these names):
-    Engine, EngineConfig, LLM, SamplingParams, RequestOutput, errors.
+    Engine, EngineConfig, LLM, SamplingParams, RequestOutput, SLOLoad, errors.
 """
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.engine import Engine
@@ -9,6 +9,7 @@ from engine.errors import (ContextLengthExceededError, DuplicateRequestError, En
                            SLOUnattainableError)
 from engine.llm import LLM, Completion
 from engine.request import FinishReason, RequestOutput, SamplingParams
+from engine.scheduler import SLOLoad
 
 __all__ = [
     "CacheConfig",
@@ -22,6 +23,7 @@ __all__ = [
     "InvalidRequestError",
     "LLM",
     "RequestOutput",
+    "SLOLoad",
     "SLOUnattainableError",
     "SamplingParams",
     "SchedulerConfig",

@@ -157,6 +157,11 @@ class Engine:
         SLO-aware. The gateway refuses at the door with it."""
         return self.scheduler.predict_ttft(num_prompt_tokens, priority)
 
+    def slo_load(self):
+        """What predict_ttft reads, as plain numbers (an `SLOLoad`), or None unless the policy is
+        SLO-aware: workers publish it so that gateways predict TTFT without the engine."""
+        return self.scheduler.slo_load()
+
     def _append(self, seq: Sequence, token: int, now: float) -> RequestOutput:
         seq.token_ids.append(token)
         self.stats.output_tokens += 1

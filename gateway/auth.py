@@ -35,6 +35,8 @@ class AuthContext:
     allowed_tiers: tuple[str, ...]
     scopes: tuple[str, ...]
     enabled: bool = True
+    ttft_target_s: float | None = None  # the tenant's own latency targets (seconds); None: its tier's
+    tpot_target_s: float | None = None
 
 
 async def invalidate_auth(redis: aioredis.Redis) -> None:
@@ -96,7 +98,8 @@ class KeyCache:
             return AuthContext(
                 key_id=row.id, key_prefix=row.prefix, tenant_id=tenant.id, tenant_name=tenant.name,
                 weight=tenant.weight, default_tier=tenant.default_tier, allowed_tiers=tuple(tenant.allowed_tiers),
-                scopes=tuple(row.scopes or ()),
+                scopes=tuple(row.scopes or ()), ttft_target_s=tenant.ttft_target_s,
+                tpot_target_s=tenant.tpot_target_s,
             )
 
     async def _touch(self, key_id: int) -> None:

@@ -15,7 +15,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from gateway import worker_main
 
-    worker_main.main()
+    worker_main.main({"policy": args.policy} if args.policy else None)
     return 0
 
 
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.set_defaults(func=_serve)
 
     worker_parser = commands.add_parser("worker", help="run one engine worker (settings from FAIRLANE_*)")
+    serve.add_policy_argument(worker_parser)
     worker_parser.set_defaults(func=_worker)
 
     generate_parser = commands.add_parser("generate", help="offline batch generation from a JSONL file")

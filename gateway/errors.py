@@ -8,6 +8,7 @@ own words (the field path and what was wrong), never as pydantic's internals.
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -71,6 +72,17 @@ class RateLimited(GatewayError):
 
 class ServiceUnavailable(GatewayError):
     status_code, error_type, code = 503, "server_error", "service_unavailable"
+
+
+class SLOUnattainable(ServiceUnavailable):
+    """503: the request cannot meet its time-to-first-token target now, so it was refused before it
+    started (never a late answer); ``retry-after`` says when the backlog should allow it."""
+
+    code = "slo_unattainable"
+
+    def __init__(self, message: str, *, retry_after_s: float, headers: dict[str, str] | None = None) -> None:
+        self.retry_after_s = max(1, math.ceil(retry_after_s))
+        super().__init__(message, headers={**(headers or {}), "retry-after": str(self.retry_after_s)})
 
 
 class GatewayTimeout(GatewayError):

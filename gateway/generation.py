@@ -17,14 +17,31 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
 from gateway.auth import AuthContext
-from gateway.errors import GatewayTimeout, InvalidRequest, ServiceUnavailable
+from gateway.errors import GatewayError, GatewayTimeout, InvalidRequest, ServiceUnavailable, SLOUnattainable
 from gateway.lanes import ResultTimeout
 from gateway.messages import LaneRequest, LaneResult, SamplingSpec
-from gateway.quota_seam import Admission, QuotaSeam, never_ran
+from gateway.quota_seam import SLO_REFUSED, Admission, QuotaSeam, never_ran
+from gateway.settings import Settings
 from gateway.state import GatewayState
 from tenancy import record_usage
 
 log = logging.getLogger(__name__)
+
+
+def slo_targets(auth: AuthContext, tier: str, settings: Settings) -> tuple[float | None, float | None]:
+    """The request's (TTFT, TPOT) targets in seconds: the tenant's own, else its tier's; None: none."""
+    tier_ttft, tier_tpot = settings.slo_targets(tier)
+    return auth.ttft_target_s or tier_ttft, auth.tpot_target_s or tier_tpot
+
+
+def lane_error(result: LaneResult, prompt_param: str = "messages") -> GatewayError:
+    """The HTTP error of a worker's error result: 503 + retry-after for an SLO refusal, else 400."""
+    if result.error_code == SLO_REFUSED:
+        return SLOUnattainable(result.error_message or "The request cannot meet its latency target now.",
+                               retry_after_s=result.retry_after_s or 1.0)
+    return InvalidRequest(result.error_message or "The engine refused the request.",
+                          param=prompt_param if result.error_param == "prompt" else result.error_param,
+                          code=result.error_code)
 
 
 @dataclass
@@ -51,6 +68,10 @@ class Generation:
         try:
             result = self.first
             while True:
+                if result.kind == "error":  # e.g. refused at a step start after a worker took it over
+                    self.done = True
+                    self.finish_reason = SLO_REFUSED if result.error_code == SLO_REFUSED else "error"
+                    raise lane_error(result)
                 if result.token_ids and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
                 self.prompt_tokens = result.num_prompt_tokens or self.prompt_tokens
@@ -77,7 +98,9 @@ class Generation:
                 await self.state.lanes.cancel(self.request_id)
             await self.quota.settle(self.admission, completion_tokens=self.completion_tokens, status=status)
             await self.state.lanes.discard(self.request_id)
-            await _record(self, status)
+            await _record(self.state, self.admission, request_id=self.request_id, model=self.model, tier=self.tier,
+                          status=status, prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                          started=self.started, first_token_at=self.first_token_at)
 
 
 async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, request_id: str, tier: str,
@@ -99,18 +122,28 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
     if requested_max_tokens is None and max_model_len is not None:
         max_tokens = min(max_tokens, max_model_len - len(prompt_ids))
     sampling: SamplingSpec = sampling_for(max_tokens=max_tokens)
+    ttft_target, tpot_target = slo_targets(auth, tier, settings)
     admission = await quota.admit(auth=auth, request_id=request_id, tier=tier, prompt_tokens=len(prompt_ids),
                                   max_tokens=max_tokens)
     try:
+        if ttft_target is not None and settings.slo_gate and not settings.slo_demote:
+            await state.slo_gate.check(tier=tier, prompt_tokens=len(prompt_ids), ttft_target_s=ttft_target)
         lane_request = LaneRequest(request_id=request_id, model=model, tier=tier, tenant=auth.tenant_name,
                                    prompt_token_ids=tuple(prompt_ids), sampling=sampling, weight=auth.weight,
-                                   traceparent=traceparent)
+                                   ttft_target_s=ttft_target, tpot_target_s=tpot_target, traceparent=traceparent)
         await state.lanes.submit(lane_request)
+        state.slo_gate.note_queued(tier, len(prompt_ids))
         results = state.lanes.results(request_id, timeout_s=settings.request_timeout_s).__aiter__()
         try:
             first = await anext(results)
         except ResultTimeout as exc:
             raise GatewayTimeout(f"The engine did not answer in time: {exc}.") from exc
+    except SLOUnattainable as exc:  # refused at the door: nothing was queued, nothing is charged
+        with anyio.CancelScope(shield=True):
+            await quota.settle(admission, completion_tokens=0, status=SLO_REFUSED)
+            await _record(state, admission, request_id=request_id, model=model, tier=tier, status=SLO_REFUSED,
+                          prompt_tokens=0, completion_tokens=0, started=started)
+        raise
     except BaseException:
         with anyio.CancelScope(shield=True):
             await state.lanes.cancel(request_id)
@@ -119,30 +152,30 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
     generation = Generation(state=state, quota=quota, admission=admission, request_id=request_id, model=model,
                             tier=tier, first=first, results=results, prompt_tokens=len(prompt_ids),
                             started=started)
-    if first.kind == "error":
-        generation.done, generation.finish_reason = True, "error"
+    if first.kind == "error":  # refused by the worker (bad input, or its SLO): refunded in close()
+        generation.done = True
+        generation.finish_reason = SLO_REFUSED if first.error_code == SLO_REFUSED else "error"
         await generation.close()
-        raise InvalidRequest(first.error_message or "The engine refused the request.",
-                             param=prompt_param if first.error_param == "prompt" else first.error_param,
-                             code=first.error_code)
+        raise lane_error(first, prompt_param)
     return generation
 
 
-async def _record(generation: Generation, status: str) -> None:
+async def _record(state: GatewayState, admission: Admission, *, request_id: str, model: str, tier: str,
+                  status: str | None, prompt_tokens: int, completion_tokens: int, started: float,
+                  first_token_at: float | None = None) -> None:
     now = time.monotonic()
-    auth = generation.admission.auth
+    auth = admission.auth
+    status = status or "unknown"
 
     def write() -> None:
-        with generation.state.session_factory() as session:
+        with state.session_factory() as session:
             try:
                 record_usage(
-                    session, request_id=generation.request_id, tenant_id=auth.tenant_id, key_id=auth.key_id,
-                    model=generation.model, tier=generation.tier,
-                    prompt_tokens=0 if never_ran(status, generation.completion_tokens) else generation.prompt_tokens,
-                    completion_tokens=generation.completion_tokens, status=status or "unknown",
-                    ttft_ms=(generation.first_token_at - generation.started) * 1000
-                    if generation.first_token_at else None,
-                    latency_ms=(now - generation.started) * 1000,
+                    session, request_id=request_id, tenant_id=auth.tenant_id, key_id=auth.key_id, model=model,
+                    tier=tier, prompt_tokens=0 if never_ran(status, completion_tokens) else prompt_tokens,
+                    completion_tokens=completion_tokens, status=status,
+                    ttft_ms=(first_token_at - started) * 1000 if first_token_at else None,
+                    latency_ms=(now - started) * 1000,
                 )
             except IntegrityError:  # already recorded
                 session.rollback()
@@ -150,4 +183,4 @@ async def _record(generation: Generation, status: str) -> None:
     try:
         await run_in_threadpool(write)
     except Exception:  # usage is bookkeeping: never fail the response because of it
-        log.exception("could not record usage of %s", generation.request_id)
+        log.exception("could not record usage of %s", request_id)

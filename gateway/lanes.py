@@ -8,6 +8,8 @@
 - ``workers:{model}``: sorted set of worker ids scored by their last heartbeat (unix seconds),
   so a gateway knows whether the model is served; workers prune ids that stopped beating.
 - ``model:{model}`` (max_model_len) and ``worker:{model}:{worker_id}`` (KV blocks; expires).
+- ``load:{model}``: hash worker id → ``WorkerLoad`` (what its SLO-aware engine predicts TTFT
+  from), refreshed every ~50 ms by workers whose policy is SLO-aware; read by the door check.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ def model_info_key(model: str) -> str:
 def worker_info_key(model: str, worker_id: str) -> str:
     """Hash of one worker's live state (free_blocks, total_blocks, running); expires with the worker."""
     return f"worker:{model}:{worker_id}"
+
+
+def load_key(model: str) -> str:
+    """Hash of the workers' WorkerLoad messages (field: worker id); see gateway/slo_gate.py."""
+    return f"load:{model}"
+
+
+def tier_priorities(tiers: list[str]) -> dict[str, int]:
+    """Tier name → the engine's priority number (higher is more important; tiers are highest first)."""
+    return {tier: len(tiers) - i for i, tier in enumerate(tiers)}
 
 
 WORKER_ALIVE_S = 5.0  # a worker that has not beaten for this long is gone

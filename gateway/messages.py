@@ -2,7 +2,8 @@
 
 A lane entry carries one ``LaneRequest``; a request's result stream carries ``LaneResult``s.
 On the wire each is a Redis stream entry ``{"v": <version>, "body": <json>}``; a reader refuses
-a version it does not know instead of guessing.
+a version it does not know instead of guessing. A worker's ``WorkerLoad`` is one field of the
+hash ``load:{model}``, the same two keys as one JSON string.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class LaneResult:
     error_message: str | None = None
     error_param: str | None = None
     error_code: str | None = None
+    retry_after_s: float | None = None  # errors worth retrying (slo_unattainable): when
     at: float = field(default_factory=time.time)
 
     encode = _encode
@@ -121,3 +123,40 @@ class LaneResult:
         if result.kind not in cls.KINDS:
             raise MessageError(f"unknown lane result kind {result.kind!r}")
         return result
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """What one worker's SLO-aware engine predicts TTFT from (the engine's ``SLOLoad``), so that a
+    gateway can refuse at the door without the engine (gateway/slo_gate.py). Published by the
+    worker every ~50 ms in the hash ``load:{model}`` under its id; ``at`` is when (unix seconds)."""
+
+    worker: str
+    step_s: float  # fitted step cost: seconds per step, per prefill token, per decoding sequence
+    prefill_token_s: float
+    decode_seq_s: float
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    running: int
+    slot_wait_s: float  # at the sequence cap: until the nearest running request ends
+    waiting_tokens: dict[int, int] = field(default_factory=dict)  # priority -> prompt tokens to compute
+    tiered: bool = False  # only waiting work of the same priority or above is ahead of a request
+    at: float = field(default_factory=time.time)
+
+    def encode(self) -> str:
+        return json.dumps({"v": MESSAGE_VERSION, "body": asdict(self)}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> WorkerLoad:
+        try:
+            data = json.loads(raw)
+            version, body = int(data["v"]), data["body"]
+        except (KeyError, ValueError, TypeError) as exc:
+            raise MessageError(f"malformed worker load: {exc}") from exc
+        if version != MESSAGE_VERSION:
+            raise MessageError(f"message version {version} is not supported (this reader knows {MESSAGE_VERSION})")
+        try:
+            body["waiting_tokens"] = {int(k): int(v) for k, v in body.get("waiting_tokens", {}).items()}
+            return cls(**body)
+        except (AttributeError, ValueError, TypeError) as exc:
+            raise MessageError(f"malformed worker load: {exc}") from exc

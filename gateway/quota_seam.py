@@ -13,6 +13,9 @@ key's both apply) and maps a refusal to its HTTP error here, in one place (quota
 | service tier not in the quota | 403 | param ``service_tier`` |
 | quota Redis unreachable (fail-closed) | 503 | ``quota_unavailable`` (+ retry-after) |
 
+A request admitted here and then refused for its latency target (the SLO door check, or the
+engine) is refunded in full like one that failed before running.
+
 Every admitted or refused request gets OpenAI's ``x-ratelimit-*`` headers. ``settle`` runs exactly
 once when the request ends: the real usage (prompt + completion tokens) for a request that ran,
 a full refund for one that failed before running (enqueue failure, refused by the worker, client
@@ -112,9 +115,13 @@ def refusal(decision: Decision, headers: dict[str, str]) -> Exception:
     return RateLimited(message, headers=headers)
 
 
+SLO_REFUSED = "slo_unattainable"  # the status of a request refused for its latency target
+
+
 def never_ran(status: str, completion_tokens: int) -> bool:
-    """A request that failed before producing anything is refunded in full and recorded as 0 tokens."""
-    return status == "error" and completion_tokens == 0
+    """A request that failed (or was refused for its SLO) before producing anything is refunded in
+    full and recorded as 0 tokens."""
+    return status in ("error", SLO_REFUSED) and completion_tokens == 0
 
 
 class QuotaSeam:
@@ -168,9 +175,9 @@ class QuotaSeam:
     async def settle(self, admission: Admission, *, completion_tokens: int, status: str) -> None:
         """Charge what the request used, or refund it all if it failed before running; idempotent.
 
-        ``status`` is the request's outcome (a finish reason, ``cancelled`` or ``error``); an
-        ``error`` with no completion token means it never ran (refund), anything else is charged
-        prompt + completion tokens.
+        ``status`` is the request's outcome (a finish reason, ``cancelled``, ``error`` or
+        ``slo_unattainable``); ``error`` or ``slo_unattainable`` with no completion token means it
+        never ran (refund), anything else is charged prompt + completion tokens.
         """
         if admission.settled:
             return

@@ -31,11 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port (default from settings: 8000)")
     parser.add_argument("--workers", type=int, help="engine worker processes to start (0: gateway only)")
     parser.add_argument("--model", help="'smollm2', 'dummy' or a Hugging Face folder")
+    add_policy_argument(parser)
+
+
+def add_policy_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", help="the workers' scheduling policy: fcfs (default), priority, vtc, "
+                        "priority+vtc; add '+slo' for SLO-aware admission (targets: tier_ttft_targets...)")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers),
-                                   ("model", args.model)) if v is not None}
+                                   ("model", args.model), ("policy", args.policy)) if v is not None}
     if args.dev:
         overrides["dev"] = True
         if not os.environ.get("FAIRLANE_ADMIN_TOKEN"):
@@ -81,7 +87,8 @@ def _start_redis(attempts: int = 3):
 
 def _start_workers(settings: Settings, redis_url: str) -> list[subprocess.Popen]:
     env = {**os.environ, "FAIRLANE_REDIS_URL": redis_url, "FAIRLANE_ADMIN_TOKEN": settings.admin_token,
-           "FAIRLANE_DEV": "1" if settings.dev else "0", "FAIRLANE_MODEL": settings.model}
+           "FAIRLANE_DEV": "1" if settings.dev else "0", "FAIRLANE_MODEL": settings.model,
+           "FAIRLANE_POLICY": settings.policy}
     return [subprocess.Popen([sys.executable, "-m", "gateway.worker_main"], env=env)
             for _ in range(settings.workers)]
 

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "fairlane.yaml"
 WEAK_ADMIN_TOKENS = frozenset({"", "admin", "changeme", "change-me", "change_me", "secret", "default", "fairlane"})
 MIN_ADMIN_TOKEN_LEN = 16
+POLICY_PARTS = ("fcfs", "priority", "vtc", "slo")  # engine scheduling policies compose with "+"
 
 
 def config_file() -> Path | None:
@@ -47,6 +48,15 @@ class Settings(BaseSettings):
 
     # Priority lanes, highest first. OpenAI's "auto"/"default" service_tier means the tenant's default.
     tiers: list[str] = Field(default_factory=lambda: ["priority", "standard", "batch"])
+
+    # Scheduling (docs/scheduling.md): the engine policy of every worker; "+slo" turns on SLO-aware
+    # admission, which acts on the latency targets below (tier -> seconds; a tenant's own win).
+    policy: str = "fcfs"
+    tier_ttft_targets: dict[str, float] = Field(default_factory=dict)
+    tier_tpot_targets: dict[str, float] = Field(default_factory=dict)
+    slo_demote: bool = False  # a request that would miss its TTFT target drops a tier instead of a 503
+    slo_gate: bool = True  # gateways refuse at the door what the workers' load says cannot meet its TTFT
+    slo_gate_cache_s: float = Field(0.1, ge=0)  # how long a gateway reuses its read of the workers' load
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -83,7 +93,26 @@ class Settings(BaseSettings):
             )
         if not self.tiers or len(set(self.tiers)) != len(self.tiers):
             raise ValueError("tiers must be a non-empty list of distinct names")
+        parts = self.policy.split("+")
+        unknown = [p for p in parts if p not in POLICY_PARTS]
+        if unknown:
+            raise ValueError(f"unknown scheduling policy {self.policy!r}: compose {', '.join(POLICY_PARTS)} "
+                             "with '+', e.g. 'priority+vtc+slo'")
+        for name in ("tier_ttft_targets", "tier_tpot_targets"):
+            targets = getattr(self, name)
+            if set(targets) - set(self.tiers):
+                raise ValueError(f"{name} names unknown tiers {sorted(set(targets) - set(self.tiers))}; "
+                                 f"tiers are {self.tiers}")
+            if any(v <= 0 for v in targets.values()):
+                raise ValueError(f"{name} must hold positive seconds")
+            if targets and "slo" not in parts:
+                raise ValueError(f"{name} are set but policy {self.policy!r} ignores them: add '+slo' "
+                                 "(e.g. 'priority+slo')")
         return self
+
+    def slo_targets(self, tier: str) -> tuple[float | None, float | None]:
+        """The tier's (TTFT, TPOT) targets in seconds; None where it has none."""
+        return self.tier_ttft_targets.get(tier), self.tier_tpot_targets.get(tier)
 
     @classmethod
     def settings_customise_sources(

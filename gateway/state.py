@@ -13,6 +13,7 @@ from gateway.auth import KeyCache
 from gateway.lanes import LaneClient, model_info_key
 from gateway.quota_seam import QuotaSeam
 from gateway.settings import Settings
+from gateway.slo_gate import SLOGate
 from gateway.tokenization import PromptTokenizer, load_prompt_tokenizer
 from tenancy import make_engine, make_session_factory
 
@@ -27,6 +28,7 @@ class GatewayState:
     lanes: LaneClient
     key_cache: KeyCache
     quota_seam: QuotaSeam
+    slo_gate: SLOGate
     _max_model_len: int | None = None
     _model_info_at: float = field(default=float("-inf"))
 
@@ -44,6 +46,8 @@ class GatewayState:
             lanes=LaneClient(redis, result_ttl_s=settings.result_ttl_s),
             key_cache=KeyCache(session_factory, redis, refresh_s=settings.auth_refresh_s),
             quota_seam=QuotaSeam.open(settings, session_factory),
+            slo_gate=SLOGate(redis, model=settings.model_name, tiers=settings.tiers,
+                             cache_s=settings.slo_gate_cache_s),
         )
 
     async def close(self) -> None:

@@ -3,7 +3,10 @@ meet the engine.
 
 Each iteration: claim entries a dead worker left pending, pull new entries (highest tier first)
 while the engine has room, run one engine step, then publish every new token of every request,
-ACK finished entries and read cancel marks, all in one MULTI/EXEC round trip.
+ACK finished entries and read cancel marks, all in one MULTI/EXEC round trip. With an SLO-aware
+policy the same round trip refreshes, every ~50 ms, the engine's load in ``load:{model}`` for the
+gateways' door check, and a request the engine refuses for its TTFT target (on arrival or at a
+step start) is published as an error result with code ``slo_unattainable`` and its retry-after.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from dataclasses import asdict, dataclass
 import redis as redislib
 
 from engine import Engine, EngineError, RequestOutput, SamplingParams
-from gateway.lanes import GROUP, cancel_key, lane_key, out_key
-from gateway.messages import LaneRequest, LaneResult, MessageError
+from gateway.lanes import GROUP, WORKER_ALIVE_S, cancel_key, lane_key, load_key, out_key, tier_priorities
+from gateway.messages import LaneRequest, LaneResult, MessageError, WorkerLoad
 
 log = logging.getLogger(__name__)
 PUBLISH_RETRIES = 8  # about 5 s of backoff in all
 PRUNE_EVERY_S = 60.0
+LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware policies only)
 
 
 @dataclass
@@ -38,7 +42,9 @@ class Worker:
                  result_ttl_s: int = 300, claim_idle_ms: int = 3000, block_ms: int = 100) -> None:
         self.engine, self.redis, self.worker_id = engine, redis, worker_id
         self.lanes = [lane_key(model, tier) for tier in tiers]  # highest tier first
-        self.priorities = {lane: len(tiers) - i for i, lane in enumerate(self.lanes)}
+        self.priorities = {lane_key(model, tier): p for tier, p in tier_priorities(tiers).items()}
+        self.load_key = load_key(model)
+        self._last_load = float("-inf")
         self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
         self.inflight: dict[str, InFlight] = {}
         self.lock = threading.Lock()  # guards inflight against the heartbeat thread's reads
@@ -87,8 +93,44 @@ class Worker:
         admitted = self._pull(block=False)
         if not self.engine.has_unfinished():
             if not admitted and not self._pull(block=True):
+                self.publish_load()  # idle: keep the load fresh for the gateways
                 return
         self._publish(self.engine.step())
+
+    # ---- load, for the gateways' SLO door check ------------------------------------------
+    def _load(self, *, force: bool = False) -> str | None:
+        """The engine's load, encoded, when it is due (every LOAD_EVERY_S); None without an SLO policy."""
+        now = time.monotonic()
+        if not force and now - self._last_load < LOAD_EVERY_S:
+            return None
+        load = self.engine.slo_load()
+        if load is None:
+            return None
+        self._last_load = now
+        return WorkerLoad(worker=self.worker_id, **asdict(load)).encode()
+
+    def publish_load(self, *, force: bool = False) -> None:
+        """Write the engine's load to load:{model} now if it is due (or ``force``)."""
+        encoded = self._load(force=force)
+        if encoded is not None:
+            self.redis.hset(self.load_key, self.worker_id, encoded)
+
+    def withdraw_load(self) -> None:
+        """Remove this worker's load (at exit), so gateways stop counting on it at once."""
+        self.redis.hdel(self.load_key, self.worker_id)
+
+    def prune_loads(self) -> int:
+        """Drop the loads of workers that stopped publishing long ago (dead ones)."""
+        cutoff, stale = time.time() - 10 * WORKER_ALIVE_S, []
+        for worker, raw in self.redis.hgetall(self.load_key).items():
+            try:
+                if WorkerLoad.decode(raw).at < cutoff:
+                    stale.append(worker)
+            except MessageError:
+                stale.append(worker)
+        if stale:
+            self.redis.hdel(self.load_key, *stale)
+        return len(stale)
 
     # ---- admission -------------------------------------------------------------------------
     def _pull(self, *, block: bool) -> int:
@@ -128,6 +170,7 @@ class Worker:
         if now - self._last_prune > PRUNE_EVERY_S:
             self._last_prune = now
             self.prune_consumers()
+            self.prune_loads()
         for lane in self.lanes:
             while self.engine.has_room():
                 _next, entries, *_ = self.redis.xautoclaim(lane, GROUP, self.worker_id,
@@ -161,17 +204,19 @@ class Worker:
         if cancelled:
             self._ack(lane, entry_id)
             return 0
+        # TTFT counts from the gateway's enqueue (time in the lane included); a resumed request's
+        # first token was delivered long ago, so only its TPOT target still applies.
+        waited = max(0.0, time.time() - req.enqueued_at)
         try:
             params = SamplingParams(**asdict(req.sampling))
             self.engine.add_request(
                 req.request_id, list(req.prompt_token_ids), params, tenant=req.tenant, weight=req.weight,
-                priority=req.priority or self.priorities[lane], ttft_target_s=req.ttft_target_s,
-                tpot_target_s=req.tpot_target_s, lora=req.lora, resume_token_ids=tuple(resume),
+                priority=req.priority or self.priorities[lane], arrival_time=time.monotonic() - waited,
+                ttft_target_s=None if resume else req.ttft_target_s, tpot_target_s=req.tpot_target_s,
+                lora=req.lora, resume_token_ids=tuple(resume),
             )
-        except EngineError as exc:
-            error = LaneResult(request_id=req.request_id, kind="error", finished=True, worker=self.worker_id,
-                               error_message=exc.message, error_param=exc.param, error_code=type(exc).code)
-            self._ack(lane, entry_id, error)
+        except EngineError as exc:  # bad input, or SLOUnattainableError (it would miss its TTFT target)
+            self._ack(lane, entry_id, self._error(req.request_id, exc, offset=len(resume)))
             return 0
         with self.lock:
             self.inflight[req.request_id] = InFlight(lane, entry_id, offset=len(resume))
@@ -187,7 +232,16 @@ class Worker:
         self._execute(pipe)
 
     # ---- results ---------------------------------------------------------------------------
+    def _error(self, request_id: str, exc: Exception, *, offset: int = 0, num_prompt_tokens: int = 0) -> LaneResult:
+        """An engine refusal as a finished error result (retry_after_s for SLO refusals)."""
+        return LaneResult(request_id=request_id, kind="error", finished=True, offset=offset, worker=self.worker_id,
+                          num_prompt_tokens=num_prompt_tokens, error_message=getattr(exc, "message", str(exc)),
+                          error_param=getattr(exc, "param", None), error_code=getattr(exc, "code", "engine_error"),
+                          retry_after_s=getattr(exc, "retry_after", None))
+
     def _result(self, out: RequestOutput, f: InFlight) -> LaneResult:
+        if out.error is not None:  # refused at a step start (SLO): no token was produced
+            return self._error(out.request_id, out.error, offset=f.offset, num_prompt_tokens=out.num_prompt_tokens)
         text = out.new_text
         if self.engine.tokenizer is None:  # random-weight models have no tokenizer: show the ids
             text = "".join(f" t{t}" for t in out.new_token_ids)
@@ -213,6 +267,9 @@ class Worker:
                     pipe.xdel(f.lane, f.entry_id)
                     del self.inflight[out.request_id]
             running = list(self.inflight)
+        load = self._load()
+        if load is not None:
+            pipe.hset(self.load_key, self.worker_id, load)
         if running:
             pipe.mget([cancel_key(rid) for rid in running])
         replies = self._execute(pipe) if len(pipe) else []

@@ -15,6 +15,7 @@ import time
 import uuid
 
 import redis as redislib
+from pydantic import ValidationError
 
 from engine import Engine, EngineConfig
 from gateway.lanes import GROUP, WORKER_ALIVE_S, model_info_key, worker_info_key, workers_key
@@ -25,11 +26,14 @@ log = logging.getLogger("fairlane.worker")
 
 
 def build_engine(settings: Settings) -> Engine:
+    """The worker's engine. Latency targets are not set here: each request carries its own (the
+    gateway resolves tenant and tier targets), so that a resumed request can go without one."""
     return Engine(EngineConfig(
         model=settings.model, dtype=settings.dtype, num_threads=settings.num_threads,
         max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
         block_size=settings.block_size, num_kv_blocks=settings.num_kv_blocks,
         max_model_len=settings.max_model_len, dummy_config=settings.dummy_config,
+        policy=settings.policy, slo_demote=settings.slo_demote,
     ))
 
 
@@ -55,10 +59,13 @@ def heartbeat(worker: Worker, redis: redislib.Redis, settings: Settings, stop: t
             log.warning("heartbeat failed: %s", exc)
 
 
-def main() -> None:
+def main(overrides: dict | None = None) -> None:
     logging.basicConfig(level=os.environ.get("FAIRLANE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s worker %(levelname)s %(message)s")
-    settings = Settings()
+    try:
+        settings = Settings(**(overrides or {}))
+    except ValidationError as exc:
+        raise SystemExit(f"fairlane worker: invalid settings:\n{exc}") from None
     if not settings.redis_url:
         raise SystemExit("the worker needs FAIRLANE_REDIS_URL")
     worker_id = os.environ.get("FAIRLANE_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -72,8 +79,8 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     beat = threading.Thread(target=heartbeat, args=(worker, redis, settings, stop), daemon=True)
     beat.start()
-    log.info("worker %s serving %s (max_model_len %d, %d KV blocks)", worker_id, settings.model_name,
-             engine.max_model_len, engine.num_total_blocks)
+    log.info("worker %s serving %s (max_model_len %d, %d KV blocks, policy %s)", worker_id, settings.model_name,
+             engine.max_model_len, engine.num_total_blocks, settings.policy)
     print(f"fairlane worker {worker_id} ready", flush=True)
     try:
         worker.run(stop)
@@ -81,6 +88,7 @@ def main() -> None:
         stop.set()
         try:
             redis.zrem(workers_key(settings.model_name), worker_id)
+            worker.withdraw_load()
         except redislib.RedisError:  # Redis may be going down with us (fairlane serve, Ctrl-C)
             pass
 

@@ -44,6 +44,9 @@ class Tenant(Base):
     allowed_tiers: Mapped[list[str]] = mapped_column(JSON, default=lambda: ["standard", "batch"])
     status: Mapped[str] = mapped_column(String(16), default=TENANT_ACTIVE)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Latency targets (seconds) of this tenant's requests, over its tier's; NULL: the tier's.
+    ttft_target_s: Mapped[float | None] = mapped_column(Float, default=None)
+    tpot_target_s: Mapped[float | None] = mapped_column(Float, default=None)
 
     api_keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant", cascade="all, delete-orphan")
 

@@ -23,6 +23,11 @@ def _check_tiers(default_tier: str, allowed_tiers: Sequence[str]) -> None:
         )
 
 
+def _check_target(value: float | None, param: str) -> None:
+    if value is not None and value <= 0:
+        raise ValidationError(f"{param} must be a positive number of seconds", param=param)
+
+
 def create_tenant(
     session: Session,
     *,
@@ -30,13 +35,19 @@ def create_tenant(
     weight: float = 1.0,
     default_tier: str = "standard",
     allowed_tiers: Sequence[str] = DEFAULT_ALLOWED_TIERS,
+    ttft_target_s: float | None = None,
+    tpot_target_s: float | None = None,
 ) -> Tenant:
+    """A new tenant; its latency targets (seconds), when given, replace its tiers' for its requests."""
     if weight <= 0:
         raise ValidationError("weight must be positive", param="weight")
     _check_tiers(default_tier, allowed_tiers)
+    _check_target(ttft_target_s, "ttft_target_s")
+    _check_target(tpot_target_s, "tpot_target_s")
     if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
         raise ConflictError(f"tenant {name!r} already exists", param="name")
-    tenant = Tenant(name=name, weight=weight, default_tier=default_tier, allowed_tiers=list(allowed_tiers))
+    tenant = Tenant(name=name, weight=weight, default_tier=default_tier, allowed_tiers=list(allowed_tiers),
+                    ttft_target_s=ttft_target_s, tpot_target_s=tpot_target_s)
     session.add(tenant)
     session.commit()
     return tenant
@@ -72,9 +83,16 @@ def update_tenant(
     default_tier: str | None = None,
     allowed_tiers: Sequence[str] | None = None,
     status: str | None = None,
+    ttft_target_s: float | None | object = _UNSET,
+    tpot_target_s: float | None | object = _UNSET,
 ) -> Tenant:
-    """Change the given fields; None leaves a field as it is."""
+    """Change the given fields; None leaves a field as it is, except the latency targets, where
+    None clears the tenant's own target (its tier's applies again) and leaving them out keeps them."""
     tenant = get_tenant(session, tenant_id=tenant_id)
+    for param, value in (("ttft_target_s", ttft_target_s), ("tpot_target_s", tpot_target_s)):
+        if value is not _UNSET:
+            _check_target(value, param)
+            setattr(tenant, param, value)
     if name is not None and name != tenant.name:
         if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
             raise ConflictError(f"tenant {name!r} already exists", param="name")

@@ -3,7 +3,7 @@ from engine.scheduler.cost_model import StepCostModel
 from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import POLICIES, FCFSPolicy, SchedulingPolicy, make_policy, register_policy
 from engine.scheduler.scheduler import Scheduler
-from engine.scheduler.slo import SLOPolicy
+from engine.scheduler.slo import SLOLoad, SLOPolicy
 from engine.scheduler.tiered import PriorityPolicy, PriorityVTCPolicy, TieredPolicy, VTCPolicy
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "FCFSPolicy",
     "PriorityPolicy",
     "PriorityVTCPolicy",
+    "SLOLoad",
     "SLOPolicy",
     "ScheduledSeq",
     "Scheduler",

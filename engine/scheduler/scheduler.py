@@ -177,3 +177,8 @@ class Scheduler:
         keeps no step-cost model (only SLO-aware policies do). For the gateway's door check."""
         predict = getattr(self.policy, "predict_ttft", None)
         return predict(num_prompt_tokens, priority, self.running) if predict else None
+
+    def slo_load(self):
+        """The SLO policy's prediction inputs (an SLOLoad), or None for policies without one."""
+        load = getattr(self.policy, "load", None)
+        return load(self.running) if load else None

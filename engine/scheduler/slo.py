@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
 from engine.errors import SLOUnattainableError
@@ -29,11 +30,27 @@ from engine.scheduler.cost_model import StepCostModel, split
 from engine.scheduler.policy import FCFSPolicy, SchedulingPolicy, register_policy
 
 
+@dataclass(frozen=True)
+class SLOLoad:
+    """What `SLOPolicy.predict_ttft` reads, as plain numbers, so that a process without the engine
+    (the gateway's door check) can predict a new request's TTFT the same way."""
+
+    step_s: float  # the fitted step-cost model: seconds per step,
+    prefill_token_s: float  # per prefill token,
+    decode_seq_s: float  # and per decoding sequence
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    running: int  # sequences decoding every step (D)
+    slot_wait_s: float  # at the sequence cap: decode steps until the nearest running request ends; else 0
+    waiting_tokens: dict[int, int] = field(default_factory=dict)  # priority -> prompt tokens to compute
+    tiered: bool = False  # True: only waiting work of a request's priority or above is ahead of it
+
+
 @register_policy("slo")
 class SLOPolicy(SchedulingPolicy):
     def __init__(self, config: SchedulerConfig | None = None, *, clock=None, inner: SchedulingPolicy | None = None):
         self.config = config or SchedulerConfig()
-        self.inner = inner or FCFSPolicy(self.config)
+        self.inner = inner if inner is not None else FCFSPolicy(self.config)  # (an empty queue is falsy)
         self.clock = clock or time.monotonic
         self.cost = StepCostModel(self.config.cost_step_s, self.config.cost_prefill_token_s,
                                   self.config.cost_decode_seq_s)
@@ -63,11 +80,26 @@ class SLOPolicy(SchedulingPolicy):
         decodes = len(running)
         per_step = max(1, self.config.max_num_batched_tokens - decodes)
         steps = math.ceil(work / per_step)
-        t = waited + steps * self.cost.predict(min(work, per_step), decodes)
-        if decodes >= self.config.max_num_seqs:  # wait for a slot: the nearest end among running
-            left = min(s.params.max_tokens - s.num_output_tokens for s in running)
-            t += max(0, left) * self.cost.predict(0, decodes)
-        return t
+        return waited + steps * self.cost.predict(min(work, per_step), decodes) + self._slot_wait(running)
+
+    def _slot_wait(self, running) -> float:
+        """At the sequence cap, a new request waits for a slot: the nearest end among running."""
+        if not running or len(running) < self.config.max_num_seqs:
+            return 0.0
+        left = min(s.params.max_tokens - s.num_output_tokens for s in running)
+        return max(0, left) * self.cost.predict(0, len(running))
+
+    def load(self, running=()) -> SLOLoad:
+        """The inputs of predict_ttft right now (see SLOLoad)."""
+        waiting: dict[int, int] = {}
+        for s in self._waiting():
+            waiting[s.priority] = waiting.get(s.priority, 0) + s.num_tokens - s.num_computed_tokens
+        step_s, prefill_token_s, decode_seq_s = self.cost.theta
+        return SLOLoad(step_s=step_s, prefill_token_s=prefill_token_s, decode_seq_s=decode_seq_s,
+                       max_num_batched_tokens=self.config.max_num_batched_tokens,
+                       max_num_seqs=self.config.max_num_seqs, running=len(running),
+                       slot_wait_s=self._slot_wait(running), waiting_tokens=waiting,
+                       tiered=bool(getattr(self.inner, "tiers", False)))
 
     def _refusal(self, seq: Sequence, predicted: float, target: float) -> SLOUnattainableError:
         return SLOUnattainableError(

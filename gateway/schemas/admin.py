@@ -18,6 +18,10 @@ class TenantCreate(_Strict):
     weight: float = Field(1.0, gt=0, description="Share of the engine under contention (fair share).")
     default_tier: str = Field("standard", description="Lane used when a request names no service_tier.")
     allowed_tiers: list[str] = Field(default_factory=lambda: ["standard", "batch"], min_length=1)
+    ttft_target_s: float | None = Field(None, gt=0, description="Time-to-first-token target (s) of this "
+                                        "tenant's requests, over its tier's; null: the tier's.")
+    tpot_target_s: float | None = Field(None, gt=0, description="Time-per-output-token target (s), over "
+                                        "its tier's; null: the tier's.")
 
 
 class TenantUpdate(_Strict):
@@ -26,6 +30,8 @@ class TenantUpdate(_Strict):
     default_tier: str | None = None
     allowed_tiers: list[str] | None = Field(None, min_length=1)
     status: str | None = Field(None, pattern="^(active|disabled)$")
+    ttft_target_s: float | None = Field(None, gt=0, description="null clears it (the tier's applies).")
+    tpot_target_s: float | None = Field(None, gt=0, description="null clears it (the tier's applies).")
 
 
 class TenantPublic(BaseModel):
@@ -37,6 +43,8 @@ class TenantPublic(BaseModel):
     default_tier: str
     allowed_tiers: list[str]
     status: str
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
     created_at: datetime
 
 

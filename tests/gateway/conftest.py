@@ -35,7 +35,7 @@ def model_name(redis):
     """A model name no other test uses, so lanes and results never mix; its keys are removed after."""
     name = f"test-{uuid.uuid4().hex[:10]}"
     yield name
-    for pattern in (f"lanes:{name}:*", f"workers:{name}", f"model:{name}", f"worker:{name}:*"):
+    for pattern in (f"lanes:{name}:*", f"workers:{name}", f"model:{name}", f"worker:{name}:*", f"load:{name}"):
         keys = list(redis.scan_iter(match=pattern, count=1000))
         if keys:
             redis.delete(*keys)

@@ -35,3 +35,13 @@ def test_serve_refuses_an_empty_or_default_admin_token(tmp_path):
 def test_serve_help_documents_dev_mode():
     result = _run(["serve", "--help"])
     assert result.returncode == 0 and "--dev" in result.stdout and "--workers" in result.stdout
+
+
+def test_policy_option_of_serve_and_worker_is_checked_before_anything_starts(tmp_path):
+    for command in (["serve", "--dev", "--port", "1"], ["worker"]):
+        result = _run([*command, "--policy", "priority+fair"], FAIRLANE_REDIS_URL="redis://127.0.0.1:1/0",
+                      FAIRLANE_ADMIN_TOKEN="a-strong-admin-token-0123456789",
+                      FAIRLANE_DATABASE_URL=f"sqlite:///{tmp_path / 'x.db'}")
+        assert result.returncode != 0 and "unknown scheduling policy" in result.stderr + result.stdout
+        assert "--policy" in _run([*command[:1], "--help"]).stdout
+    assert not (tmp_path / "x.db").exists()

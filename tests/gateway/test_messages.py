@@ -47,3 +47,22 @@ def test_unknown_result_kind_is_refused():
     body["kind"] = "surprise"
     with pytest.raises(MessageError, match="surprise"):
         LaneResult.decode({"v": "1", "body": json.dumps(body)})
+
+
+def test_worker_load_round_trips_and_refuses_what_it_cannot_read():
+    from gateway.messages import WorkerLoad
+
+    load = WorkerLoad(worker="w1", step_s=0.01, prefill_token_s=2e-4, decode_seq_s=1e-3, max_num_batched_tokens=512,
+                      max_num_seqs=64, running=3, slot_wait_s=0.0, waiting_tokens={3: 120, 1: 40}, tiered=True)
+    assert WorkerLoad.decode(load.encode()) == load
+    assert WorkerLoad.decode(load.encode().encode()) == load  # as bytes, the way Redis returns it
+    future = json.loads(load.encode())
+    future["v"] = 99
+    for raw in ("{", json.dumps(future), json.dumps({"v": 1, "body": {"worker": "w"}})):
+        with pytest.raises(MessageError):
+            WorkerLoad.decode(raw)
+
+
+def test_an_slo_error_result_carries_its_retry_after():
+    result = LaneResult(request_id="r", kind="error", finished=True, error_code="slo_unattainable", retry_after_s=3.0)
+    assert LaneResult.decode(result.encode()).retry_after_s == 3.0

@@ -12,7 +12,8 @@ STRONG = "a-strong-admin-token-1234567890"
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch, tmp_path):
-    for name in ("FAIRLANE_ADMIN_TOKEN", "FAIRLANE_DEV", "FAIRLANE_MODEL", "FAIRLANE_PORT", "FAIRLANE_TIERS"):
+    for name in ("FAIRLANE_ADMIN_TOKEN", "FAIRLANE_DEV", "FAIRLANE_MODEL", "FAIRLANE_PORT", "FAIRLANE_TIERS",
+                 "FAIRLANE_POLICY", "FAIRLANE_TIER_TTFT_TARGETS", "FAIRLANE_TIER_TPOT_TARGETS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FAIRLANE_CONFIG", str(tmp_path / "absent.yaml"))
 
@@ -53,3 +54,25 @@ def test_tiers_must_be_distinct():
 def test_model_name_defaults_to_the_model_or_folder_name():
     assert Settings(dev=True, model="/models/My-Model").model_name == "My-Model"
     assert Settings(dev=True, model="dummy", served_model_name="tiny").model_name == "tiny"
+
+
+def test_slo_settings_from_yaml_and_env(monkeypatch, tmp_path):
+    config = tmp_path / "fairlane.yaml"
+    config.write_text("policy: priority+vtc+slo\ntier_ttft_targets: {priority: 0.5, standard: 2}\n")
+    monkeypatch.setenv("FAIRLANE_CONFIG", str(config))
+    monkeypatch.setenv("FAIRLANE_TIER_TPOT_TARGETS", '{"priority": 0.05}')
+    settings = Settings(admin_token=STRONG)
+    assert settings.policy == "priority+vtc+slo" and settings.tier_ttft_targets == {"priority": 0.5, "standard": 2.0}
+    assert settings.slo_targets("priority") == (0.5, 0.05) and settings.slo_targets("batch") == (None, None)
+    assert settings.slo_gate and not settings.slo_demote
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"policy": "priority+fair"}, "unknown scheduling policy"),
+    ({"policy": "priority+slo", "tier_ttft_targets": {"gold": 1.0}}, "unknown tiers"),
+    ({"policy": "priority+slo", "tier_tpot_targets": {"batch": 0}}, "positive seconds"),
+    ({"policy": "priority", "tier_ttft_targets": {"priority": 1.0}}, r"add '\+slo'"),
+])
+def test_bad_slo_settings_are_refused(fields, match):
+    with pytest.raises(ValidationError, match=match):
+        Settings(admin_token=STRONG, **fields)

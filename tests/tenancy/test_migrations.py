@@ -9,6 +9,7 @@ from sqlalchemy import inspect
 from tenancy import Base, current_revision, downgrade, make_engine, upgrade
 
 TABLES = {"tenants", "api_keys", "adapters", "quotas", "usage_records"}
+HEAD = "0002"
 
 
 def _tables(url: str) -> set[str]:
@@ -36,7 +37,7 @@ def test_downgrade_to_base_then_upgrade_from_empty(migrated_url):
     assert current_revision(migrated_url) is None
     upgrade(migrated_url)
     assert _tables(migrated_url) == TABLES
-    assert current_revision(migrated_url) == "0001"
+    assert current_revision(migrated_url) == HEAD
 
 
 def test_models_match_migration_head(migrated_url):
@@ -45,7 +46,7 @@ def test_models_match_migration_head(migrated_url):
 
 def test_upgrade_is_idempotent_at_head(migrated_url):
     upgrade(migrated_url)
-    assert current_revision(migrated_url) == "0001"
+    assert current_revision(migrated_url) == HEAD
 
 
 def test_concurrent_upgrades_from_several_processes(migrated_url):
@@ -59,4 +60,21 @@ def test_concurrent_upgrades_from_several_processes(migrated_url):
     for process in processes:
         process.join(timeout=120)
     assert [p.exitcode for p in processes] == [0, 0, 0]
-    assert current_revision(migrated_url) == "0001" and _tables(migrated_url) == TABLES
+    assert current_revision(migrated_url) == HEAD and _tables(migrated_url) == TABLES
+
+
+def test_tenant_slo_targets_survive_a_downgrade_to_0001_and_back(migrated_url, db_engine):
+    from sqlalchemy import text
+
+    from tenancy import create_tenant, make_session_factory
+
+    with make_session_factory(db_engine)() as session:
+        create_tenant(session, name="slo", ttft_target_s=0.5)
+    db_engine.dispose()
+    downgrade(migrated_url, "0001")
+    assert current_revision(migrated_url) == "0001"
+    assert "ttft_target_s" not in {c["name"] for c in inspect(db_engine).get_columns("tenants")}
+    upgrade(migrated_url)
+    db_engine.dispose()
+    with db_engine.connect() as connection:  # the tenant is still there; its own target is gone
+        assert connection.execute(text("SELECT name, ttft_target_s FROM tenants")).all() == [("slo", None)]

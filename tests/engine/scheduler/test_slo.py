@@ -87,3 +87,25 @@ def test_engine_reports_refusals(tiny_model_dir):
     refused = [o for o in outs if o.request_id == "c"]
     assert refused and refused[0].finish_reason == "slo_unattainable" and refused[0].error.retry_after >= 1
     assert "c" not in eng.seqs
+
+
+def test_slo_wraps_the_named_policy_even_while_its_queue_is_empty():
+    from engine.scheduler import PriorityVTCPolicy, make_policy
+
+    policy = make_policy("priority+vtc+slo")
+    assert isinstance(policy.inner, PriorityVTCPolicy)  # an empty queue is falsy: it must still be kept
+
+
+def test_load_holds_what_predict_ttft_reads():
+    clock = Clock()
+    s = make("priority+slo", clock=clock, max_num_batched_tokens=64, max_num_seqs=2, cost_step_s=0.01,
+             cost_prefill_token_s=0.001, cost_decode_seq_s=0.002)
+    for i, priority in enumerate((1, 2, 2)):
+        s.add(seq(f"w{i}", 40, arrival=clock.t, priority=priority))
+    load = s.policy.load([])
+    assert load.waiting_tokens == {1: 40, 2: 80} and load.tiered and load.running == 0
+    assert (load.step_s, load.prefill_token_s, load.decode_seq_s) == (0.01, 0.001, 0.002)
+    assert (load.max_num_batched_tokens, load.max_num_seqs, load.slot_wait_s) == (64, 2, 0.0)
+    run_step(s)  # two start (the sequence cap): the third waits for a slot
+    load = s.slo_load()
+    assert load.running == 2 and load.slot_wait_s > 0 and sum(load.waiting_tokens.values()) == 40
