@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -82,11 +82,8 @@ class Limiter:
         scope has no limits in Redis and there is no loader. ``now`` (Unix seconds) replaces
         Redis's clock, for tests only.
         """
-        rid = uuid.uuid4().hex
-        keys = self.keys.admission_keys(demand.tenant, demand.key, demand.tier, rid)
-        args = [codec.now_arg(now), demand.tier, demand.tokens, demand.max_tokens, rid,
-                round(self.lease_ttl * codec.US), self._record_ttl_ms,
-                1 if demand.key is None else 2]
+        rid = os.urandom(16).hex()  # the reservation and lease id (uuid4's randomness, cheaper)
+        keys, args = self._admission(demand, rid, now)
         try:
             for _ in range(3):  # at most: load the tenant's limits, then the key's
                 reply = await self.scripts.admit(keys=keys, args=args)
@@ -134,10 +131,9 @@ class Limiter:
         """
         if not reservation.charged:
             return False
-        keys = self.keys.admission_keys(reservation.tenant, reservation.key, reservation.tier,
-                                        reservation.id)
-        args = [codec.now_arg(now), reservation.lease_id, round(self.lease_ttl * codec.US),
-                self._record_ttl_ms]
+        keys = [self.keys.reservation(reservation.tenant, reservation.id)]
+        args = [codec.now_arg(now), reservation.lease_id, self._lease_ttl_us, self._record_ttl_ms,
+                *self.keys.scopes(reservation.tenant, reservation.key), reservation.tier]
         try:
             return int(await self.scripts.renew(keys=keys, args=args)) > 0
         except BACKEND_ERRORS as exc:
@@ -147,6 +143,17 @@ class Limiter:
     @property
     def _record_ttl_ms(self) -> int:
         return round((self.lease_ttl + self.settle_grace) * 1000)
+
+    @property
+    def _lease_ttl_us(self) -> int:
+        return round(self.lease_ttl * codec.US)
+
+    def _admission(self, demand: Demand, rid: str, now: float | None) -> tuple[list[str], list]:
+        """KEYS and ARGV of admit.lua for ``demand`` under reservation id ``rid``."""
+        keys = [self.keys.reservation(demand.tenant, rid)]
+        args = [codec.now_arg(now), demand.tier, demand.tokens, demand.max_tokens, rid,
+                self._lease_ttl_us, self._record_ttl_ms, *self.keys.scopes(demand.tenant, demand.key)]
+        return keys, args
 
     async def aclose(self) -> None:
         """Wait for background refunds (of cancelled admissions); call at shutdown."""
@@ -166,10 +173,11 @@ class Limiter:
     async def _settle(self, res: Reservation, used: int, now: float | None) -> SettleOutcome:
         if not res.charged:
             return "not_charged"
-        keys = self.keys.admission_keys(res.tenant, res.key, res.tier, res.id)
+        keys = [self.keys.reservation(res.tenant, res.id)]
+        args = [codec.now_arg(now), used, res.lease_id, self._record_ttl_ms,
+                *self.keys.scopes(res.tenant, res.key), res.tier]
         try:
-            reply = await self.scripts.settle(
-                keys=keys, args=[codec.now_arg(now), used, res.lease_id, self._record_ttl_ms])
+            reply = await self.scripts.settle(keys=keys, args=args)
         except BACKEND_ERRORS as exc:
             log.warning("quota settlement of %s for tenant %s failed: %s", res.id, res.tenant, exc)
             return "unavailable"
