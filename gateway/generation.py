@@ -7,6 +7,7 @@ proper 4xx instead of a broken stream.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
 from gateway.auth import AuthContext
-from gateway.errors import GatewayTimeout, InvalidRequest, ServiceUnavailable
+from gateway.errors import GatewayError, GatewayTimeout, InvalidRequest, ServiceUnavailable
 from gateway.lanes import ResultTimeout
 from gateway.messages import LaneRequest, LaneResult, SamplingSpec
 from gateway.quota_seam import Admission, QuotaSeam, never_ran
@@ -99,13 +100,24 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
     if requested_max_tokens is None and max_model_len is not None:
         max_tokens = min(max_tokens, max_model_len - len(prompt_ids))
     sampling: SamplingSpec = sampling_for(max_tokens=max_tokens)
-    admission = await quota.admit(auth=auth, request_id=request_id, tier=tier, prompt_tokens=len(prompt_ids),
-                                  max_tokens=max_tokens)
+    # Built before admission: when quotas and lanes share a Redis, the admission queues it too.
+    lane_request = LaneRequest(request_id=request_id, model=model, tier=tier, tenant=auth.tenant_name,
+                               prompt_token_ids=tuple(prompt_ids), sampling=sampling, weight=auth.weight,
+                               traceparent=traceparent)
     try:
-        lane_request = LaneRequest(request_id=request_id, model=model, tier=tier, tenant=auth.tenant_name,
-                                   prompt_token_ids=tuple(prompt_ids), sampling=sampling, weight=auth.weight,
-                                   traceparent=traceparent)
-        await state.lanes.submit(lane_request)
+        admission = await quota.admit(auth=auth, request_id=request_id, tier=tier, prompt_tokens=len(prompt_ids),
+                                      max_tokens=max_tokens, lane_entry=state.lanes.entry(lane_request))
+    except GatewayError:
+        raise  # refused, or the quota backend is down: nothing was queued
+    except BaseException:
+        # Cancelled (the client left) or failed on the way: the limiter refunds what it may have
+        # charged; the request may be in its lane already, so tell the workers to drop it.
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await state.lanes.cancel(request_id)
+        raise
+    try:
+        if not admission.queued:
+            await state.lanes.submit(lane_request)
         results = state.lanes.results(request_id, timeout_s=settings.request_timeout_s).__aiter__()
         try:
             first = await anext(results)

@@ -15,11 +15,15 @@
 -- KEYS     1 reservation record (<tenant base>:res:<id>, quotas/keys.py). The scopes' keys are
 --          built from their bases (state.lua): all carry the tenant's hash tag, so they are
 --          in KEYS[1]'s cluster slot.
+--          2 (optional) a stream to add the caller's entry to if admitted (Limiter.admit's
+--          enqueue; on Redis Cluster it must share the tenant's slot)
 -- ARGV     1 now µs ('' = TIME)  2 tier  3 tokens to reserve  4 max_tokens (completion)
 --          5 reservation id (= lease id)  6 lease ttl µs  7 record ttl ms
 --          8 tenant scope base  9 key scope base ('' = no key scope)
+--          10.. the entry's field, value pairs (with KEYS[2])
 -- Reply    {status, limit, scope, retry_after µs (-1 never),
---           requests limit, remaining, reset µs, tokens limit, remaining, reset µs}
+--           requests limit, remaining, reset µs, tokens limit, remaining, reset µs,
+--           [entry id: with KEYS[2], when admitted]}
 --          (-1 in the six header fields: that rate is not limited)
 --          status 1 admitted and charged; 0 refused, nothing charged;
 --          -1 the limits hash of `scope` is missing, nothing charged (caller loads, retries)
@@ -189,6 +193,12 @@ if refusal ~= nil then
   return {0, refusal[1], refusal[2], refusal[3], req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 end
 
+local entry = false
+if KEYS[2] then
+  -- Queue the caller's entry, first: an error here leaves nothing charged.
+  entry = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 10))
+end
+
 for _, w in ipairs(writes) do
   if w[2] then
     state_write(w[1], w[2], w[3], w[4], now)
@@ -199,4 +209,4 @@ for _, w in ipairs(writes) do
 end
 
 redis.call('SET', KEYS[1], table.concat(record, ' '), 'PX', ARGV[7])
-return {1, '', '', 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
+return {1, '', '', 0, req[1], req[2], req[3], tok[1], tok[2], tok[3], entry}
