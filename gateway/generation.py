@@ -97,8 +97,11 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
             f"{len(prompt_ids)} tokens.", param=prompt_param, code="context_length_exceeded",
         )
     max_tokens = requested_max_tokens or settings.max_tokens_default
-    if requested_max_tokens is None and max_model_len is not None:
-        max_tokens = min(max_tokens, max_model_len - len(prompt_ids))
+    if requested_max_tokens is None:  # the default never asks more than the context or the quota allow
+        if max_model_len is not None:
+            max_tokens = min(max_tokens, max_model_len - len(prompt_ids))
+        if auth.max_tokens_cap is not None:
+            max_tokens = max(1, min(max_tokens, auth.max_tokens_cap))  # a cap of 0: refused below
     sampling: SamplingSpec = sampling_for(max_tokens=max_tokens)
     # Built before admission: when quotas and lanes share a Redis, the admission queues it too.
     lane_request = LaneRequest(request_id=request_id, model=model, tier=tier, tenant=auth.tenant_name,
