@@ -8,7 +8,8 @@ in the order of ``gateway.generation.start`` (the chat and completions routes): 
 (``KeyCache.lookup`` on a real SQLite database made by tenancy), checks (a worker serves the
 model, its context length: both cached per replica), quotas (``QuotaSeam.admit``: one Lua call
 checking RPM, TPM, concurrency and budgets, which also queues the request in its lane when
-quotas and lanes share a Redis, as here by default) and enqueue (``LaneClient.submit``: an XADD
+quotas and lanes share a Redis, as here by default; the stage includes building the lane entry)
+and enqueue (``LaneClient.submit``: an XADD
 of its own, only with ``--separate-enqueue``, as with a quota Redis of its own). A null engine in
 another process echoes each request's prompt back as its completion on ``out:{id}``; the gateway
 relays it and settles the reservation. HTTP parsing and tokenization are not part of this
@@ -181,8 +182,7 @@ async def bench(args, redis_url: str, db_url: str) -> dict:
                         database_url=db_url, quota_key_prefix=f"bench:{model}")
     redis = aioredis.Redis.from_url(redis_url)
     quota = QuotaSeam.open(settings, sessions)
-    if args.separate_enqueue:
-        quota.queues_lanes = False
+    quota.queues_lanes = not args.separate_enqueue  # separate: as with a quota Redis of its own
     state = GatewayState(settings=settings, redis=redis, db_engine=None, session_factory=sessions,
                          tokenizer=None, lanes=LaneClient(redis, poll_ms=1000),
                          key_cache=KeyCache(sessions, redis), quota_seam=quota)
@@ -216,6 +216,8 @@ def plot(result: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in (*STAGES, "overhead"):
         xs = sorted(result["samples_ms"][name])
+        if xs[len(xs) // 2] < 0.001:
+            continue  # a stage with nothing to do (enqueue, when the admission queued)
         ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
     ax.axvline(1.0, ls="--", c="grey", lw=0.8)
     ax.axvline(5.0, ls=":", c="grey", lw=0.8)
