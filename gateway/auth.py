@@ -3,7 +3,8 @@
 A replica caches each key's AuthContext (or its absence) by the key's hash. Any change that can
 revoke access (key revoked, tenant disabled or updated) bumps ``auth:generation`` in Redis; every
 replica reads that counter at most every ``refresh_s`` (0.25 s by default) on its request path and
-drops its whole cache when it moved, so a revoked key stops working everywhere within 1 s.
+drops its whole cache when it moved, so a revoked key stops working everywhere within 1 s. Quota
+changes bump it too: the context carries the key's max_tokens cap.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import redis.asyncio as aioredis
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from tenancy import authenticate_key, hash_key, touch_api_key
+from tenancy import authenticate_key, get_quota, hash_key, touch_api_key
 
 GENERATION_KEY = "auth:generation"
 TOUCH_EVERY_S = 60.0  # last_used_at is written at most this often per key
@@ -37,6 +38,10 @@ class AuthContext:
     enabled: bool = True
     ttft_target_s: float | None = None  # the tenant's own latency targets (seconds); None: its tier's
     tpot_target_s: float | None = None
+    # The stricter max_tokens_per_request of the tenant's and the key's quota (None: no cap): a
+    # request without max_tokens gets the server default capped at it. Quota changes invalidate
+    # the cache like revocations; quotas enforce the current cap anyway.
+    max_tokens_cap: int | None = None
 
 
 async def invalidate_auth(redis: aioredis.Redis) -> None:
@@ -95,11 +100,13 @@ class KeyCache:
             if found is None:
                 return None
             row, tenant = found
+            quotas = (get_quota(session, tenant_id=tenant.id), get_quota(session, tenant_id=tenant.id, key_id=row.id))
+            caps = [q.max_tokens_per_request for q in quotas if q is not None and q.max_tokens_per_request is not None]
             return AuthContext(
                 key_id=row.id, key_prefix=row.prefix, tenant_id=tenant.id, tenant_name=tenant.name,
                 weight=tenant.weight, default_tier=tenant.default_tier, allowed_tiers=tuple(tenant.allowed_tiers),
                 scopes=tuple(row.scopes or ()), ttft_target_s=tenant.ttft_target_s,
-                tpot_target_s=tenant.tpot_target_s,
+                tpot_target_s=tenant.tpot_target_s, max_tokens_cap=min(caps) if caps else None,
             )
 
     async def _touch(self, key_id: int) -> None:

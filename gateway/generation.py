@@ -7,6 +7,7 @@ proper 4xx instead of a broken stream.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -119,19 +120,36 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
             f"{len(prompt_ids)} tokens.", param=prompt_param, code="context_length_exceeded",
         )
     max_tokens = requested_max_tokens or settings.max_tokens_default
-    if requested_max_tokens is None and max_model_len is not None:
-        max_tokens = min(max_tokens, max_model_len - len(prompt_ids))
+    if requested_max_tokens is None:  # the default never asks more than the context or the quota allow
+        if max_model_len is not None:
+            max_tokens = min(max_tokens, max_model_len - len(prompt_ids))
+        if auth.max_tokens_cap is not None:
+            max_tokens = max(1, min(max_tokens, auth.max_tokens_cap))  # a cap of 0: refused below
     sampling: SamplingSpec = sampling_for(max_tokens=max_tokens)
     ttft_target, tpot_target = slo_targets(auth, tier, settings)
-    admission = await quota.admit(auth=auth, request_id=request_id, tier=tier, prompt_tokens=len(prompt_ids),
-                                  max_tokens=max_tokens)
+    gate = ttft_target is not None and settings.slo_gate and not settings.slo_demote
+    lane_request = LaneRequest(request_id=request_id, model=model, tier=tier, tenant=auth.tenant_name,
+                               prompt_token_ids=tuple(prompt_ids), sampling=sampling, weight=auth.weight,
+                               ttft_target_s=ttft_target, tpot_target_s=tpot_target, traceparent=traceparent)
+    # When quotas and lanes share a Redis the admission queues the request too (one round trip),
+    # unless the SLO door check has to come between the two.
     try:
-        if ttft_target is not None and settings.slo_gate and not settings.slo_demote:
+        admission = await quota.admit(auth=auth, request_id=request_id, tier=tier, prompt_tokens=len(prompt_ids),
+                                      max_tokens=max_tokens,
+                                      lane_entry=None if gate else state.lanes.entry(lane_request))
+    except GatewayError:
+        raise  # refused, or the quota backend is down: nothing was queued
+    except BaseException:
+        # Cancelled (the client left) or failed on the way: the limiter refunds what it may have
+        # charged; the request may be in its lane already, so tell the workers to drop it.
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await state.lanes.cancel(request_id)
+        raise
+    try:
+        if gate:
             await state.slo_gate.check(tier=tier, prompt_tokens=len(prompt_ids), ttft_target_s=ttft_target)
-        lane_request = LaneRequest(request_id=request_id, model=model, tier=tier, tenant=auth.tenant_name,
-                                   prompt_token_ids=tuple(prompt_ids), sampling=sampling, weight=auth.weight,
-                                   ttft_target_s=ttft_target, tpot_target_s=tpot_target, traceparent=traceparent)
-        await state.lanes.submit(lane_request)
+        if not admission.queued:
+            await state.lanes.submit(lane_request)
         state.slo_gate.note_queued(tier, len(prompt_ids))
         results = state.lanes.results(request_id, timeout_s=settings.request_timeout_s).__aiter__()
         try:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
@@ -60,6 +61,7 @@ def tier_priorities(tiers: list[str]) -> dict[str, int]:
 
 
 WORKER_ALIVE_S = 5.0  # a worker that has not beaten for this long is gone
+WORKER_SEEN_S = 1.0  # a replica trusts a live worker it saw this long without asking Redis again
 
 
 class ResultTimeout(Exception):
@@ -73,10 +75,16 @@ class LaneClient:
         self.redis = redis
         self.result_ttl_s = result_ttl_s
         self.poll_ms = poll_ms
+        self._worker_seen: dict[str, float] = {}  # model → when a live worker was last seen (monotonic)
+
+    @staticmethod
+    def entry(request: LaneRequest) -> tuple[str, dict[str, str]]:
+        """The lane stream and the stream entry of a request: what ``submit`` adds."""
+        return lane_key(request.model, request.tier), request.encode()
 
     async def submit(self, request: LaneRequest) -> str:
         """XADD the request to its lane; returns the entry id."""
-        entry_id = await self.redis.xadd(lane_key(request.model, request.tier), request.encode())
+        entry_id = await self.redis.xadd(*self.entry(request))
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
     async def results(self, request_id: str, *, timeout_s: float) -> AsyncIterator[LaneResult]:
@@ -112,5 +120,20 @@ class LaneClient:
         await self.redis.delete(out_key(request_id))
 
     async def has_worker(self, model: str) -> bool:
-        now = await self.redis.time()
-        return await self.redis.zcount(workers_key(model), now[0] - WORKER_ALIVE_S, "+inf") > 0
+        """Whether a worker serving ``model`` beat within WORKER_ALIVE_S (by Redis's clock).
+
+        It is asked on every request: a live worker once seen is trusted for WORKER_SEEN_S, so
+        Redis is asked at most about once a second per model while workers are up. A worker that
+        dies meanwhile is like one dying just after the check: its requests wait in the lane.
+        """
+        seen = time.monotonic()
+        if seen - self._worker_seen.get(model, float("-inf")) < WORKER_SEEN_S:
+            return True
+        async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
+            pipe.time()
+            pipe.zrange(workers_key(model), -1, -1, withscores=True)  # the latest beat
+            (now_s, _), latest = await pipe.execute()
+        alive = bool(latest) and latest[0][1] >= now_s - WORKER_ALIVE_S
+        if alive:
+            self._worker_seen[model] = seen
+        return alive

@@ -16,6 +16,10 @@ key's both apply) and maps a refusal to its HTTP error here, in one place (quota
 A request admitted here and then refused for its latency target (the SLO door check, or the
 engine) is refunded in full like one that failed before running.
 
+When the quota Redis is also the lanes' Redis, the admission queues the request in its lane in
+the same Lua call (``quotas.Enqueue``): one round trip for both, and never queued uncharged
+(not for a request the SLO door check must see first: that one is admitted, checked, then queued).
+
 Every admitted or refused request gets OpenAI's ``x-ratelimit-*`` headers. ``settle`` runs exactly
 once when the request ends: the real usage (prompt + completion tokens) for a request that ran,
 a full refund for one that failed before running (enqueue failure, refused by the worker, client
@@ -44,6 +48,7 @@ from gateway.settings import Settings
 from quotas import (
     Decision,
     Demand,
+    Enqueue,
     KeySpace,
     Limiter,
     Loader,
@@ -78,6 +83,7 @@ class Admission:
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
     reservation: Reservation | None = None  # None: quotas off (no limiter)
+    queued: bool = False  # the admission also queued the request in its lane
     admitted_at: float = field(default_factory=time.monotonic)
 
 
@@ -128,25 +134,32 @@ class QuotaSeam:
     """admit/settle for one gateway replica (limits and counters live in Redis).
 
     Without a limiter only the key's enabled flag is checked (tools and tests that run no quotas).
+    ``queues_lanes``: the limiter's Redis holds the lanes too, so an admission may queue the request.
     """
 
-    def __init__(self, limiter: Limiter | None = None) -> None:
+    def __init__(self, limiter: Limiter | None = None, *, queues_lanes: bool = False) -> None:
         self.limiter = limiter
+        self.queues_lanes = queues_lanes and limiter is not None
         self._open: dict[str, Admission] = {}  # request id → admission not yet settled
         self._renewer: asyncio.Task | None = None
 
     @classmethod
     def open(cls, settings: Settings, session_factory: sessionmaker[Session]) -> QuotaSeam:
         """A seam on the quota Redis of ``settings`` (no I/O until the first request)."""
-        redis = connect(settings.quota_redis_url or settings.redis_url)
-        limiter = Limiter(redis, keys=KeySpace(settings.quota_key_prefix),
+        url = settings.quota_redis_url or settings.redis_url
+        limiter = Limiter(connect(url), keys=KeySpace(settings.quota_key_prefix),
                           on_redis_error=settings.quota_on_redis_error, lease_ttl=settings.quota_lease_ttl_s,
                           loader=tenancy_loader(session_factory))
-        return cls(limiter)
+        return cls(limiter, queues_lanes=url == settings.redis_url)
 
     async def admit(self, *, auth: AuthContext, request_id: str, tier: str, prompt_tokens: int,
-                    max_tokens: int) -> Admission:
-        """Check and charge every limit of the key and its tenant, or raise the refusal's error."""
+                    max_tokens: int, lane_entry: tuple[str, dict[str, str]] | None = None) -> Admission:
+        """Check and charge every limit of the key and its tenant, or raise the refusal's error.
+
+        ``lane_entry`` (stream, fields): queue it with the admission when this seam can
+        (``Admission.queued``); otherwise the caller submits it after admission. A refusal queues
+        nothing.
+        """
         if not auth.enabled:
             raise PermissionDenied("This API key is disabled.", code="key_disabled")
         admission = Admission(auth=auth, request_id=request_id, tier=tier, prompt_tokens=prompt_tokens,
@@ -154,8 +167,9 @@ class QuotaSeam:
         if self.limiter is None:
             return admission
         demand = Demand(str(auth.tenant_id), prompt_tokens, max_tokens, key=str(auth.key_id), tier=tier)
+        enqueue = Enqueue(*lane_entry) if lane_entry is not None and self.queues_lanes else None
         try:
-            decision = await self.limiter.admit(demand)
+            decision = await self.limiter.admit(demand, enqueue=enqueue)
         except QuotaBackendUnavailable as exc:
             raise ServiceUnavailable("The quota service is unavailable, so the request was not admitted; "
                                      "retry shortly.", code="quota_unavailable",
@@ -167,6 +181,7 @@ class QuotaSeam:
         if not decision.allowed:
             raise refusal(decision, admission.headers)
         admission.reservation = decision.reservation
+        admission.queued = decision.entry_id is not None
         if decision.reservation is not None and decision.reservation.charged:
             self._open[request_id] = admission
             self._start_renewer()

@@ -24,12 +24,13 @@ from .errors import QuotaBackendUnavailable, QuotaError, QuotaNotConfigured
 from .headers import format_duration, rate_limit_headers, retry_headers
 from .keys import KeySpace
 from .limiter import Limiter, Loader
-from .limits import Demand, QuotaLimits
+from .limits import Demand, Enqueue, QuotaLimits
 from .store import QuotaStore
 
 __all__ = [
     "Decision",
     "Demand",
+    "Enqueue",
     "KeySpace",
     "LimitName",
     "Limiter",

@@ -72,7 +72,10 @@ def missing_scope(reply: Sequence) -> str | None:
 
 
 def decode_admit(reply: Sequence, demand: Demand, reservation_id: str) -> Decision:
-    """A Decision from admit.lua's reply (status 1 or 0; -1 is handled by the limiter)."""
+    """A Decision from admit.lua's reply (status 1 or 0; -1 is handled by the limiter).
+
+    An admission that queued a stream entry replies its id as an 11th element.
+    """
     status, limit, scope, retry_us = int(reply[0]), _s(reply[1]), _s(reply[2]), int(reply[3])
     requests, tokens = _rate(*reply[4:7]), _rate(*reply[7:10])
     if status == 1:
@@ -80,7 +83,9 @@ def decode_admit(reply: Sequence, demand: Demand, reservation_id: str) -> Decisi
             id=reservation_id, tenant=demand.tenant, key=demand.key, tier=demand.tier,
             reserved_tokens=demand.tokens, lease_id=reservation_id,
         )
-        return Decision(True, reservation=reservation, requests=requests, tokens=tokens)
+        entry_id = _s(reply[10]) if len(reply) > 10 and reply[10] else None
+        return Decision(True, reservation=reservation, requests=requests, tokens=tokens,
+                        entry_id=entry_id)
     return Decision(
         False, limit=limit, scope=scope,  # type: ignore[arg-type]
         retry_after=None if retry_us < 0 else retry_us / US,

@@ -48,6 +48,8 @@ class Decision:
     asks more than the limit allows at all: tier, max_tokens, or tokens above a whole limit).
     ``requests``/``tokens`` feed the ``x-ratelimit-*`` headers (None: not limited).
     ``enforced`` is False when Redis was down and the limiter fails open.
+    ``entry_id`` is the id of the stream entry the admission added (``admit(enqueue=...)``),
+    None when it added none (refused, or admitted unchecked while Redis is down).
     """
 
     allowed: bool
@@ -58,6 +60,7 @@ class Decision:
     requests: RateInfo | None = None
     tokens: RateInfo | None = None
     enforced: bool = True
+    entry_id: str | None = None
 
     @property
     def retryable(self) -> bool:

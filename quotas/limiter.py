@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -23,7 +23,7 @@ from . import codec
 from .decision import Decision, Reservation, SettleOutcome
 from .errors import QuotaBackendUnavailable, QuotaNotConfigured
 from .keys import KeySpace
-from .limits import Demand, QuotaLimits
+from .limits import Demand, Enqueue, QuotaLimits
 from .scripts import Scripts
 from .store import QuotaStore
 
@@ -73,20 +73,22 @@ class Limiter:
         self.store = QuotaStore(redis, keys=self.keys, scripts=self.scripts)
         self._background: set[asyncio.Task] = set()
 
-    async def admit(self, demand: Demand, *, now: float | None = None) -> Decision:
+    async def admit(self, demand: Demand, *, enqueue: Enqueue | None = None,
+                    now: float | None = None) -> Decision:
         """Check and charge every limit of ``demand`` in one atomic call.
 
         Returns an allowed Decision carrying a Reservation (settle or refund it exactly
-        once), or a refused one naming the limit. Raises ``QuotaBackendUnavailable`` when
-        Redis is unreachable and the limiter fails closed, ``QuotaNotConfigured`` when a
-        scope has no limits in Redis and there is no loader. ``now`` (Unix seconds) replaces
-        Redis's clock, for tests only.
+        once), or a refused one naming the limit. With ``enqueue``, an admission also adds
+        that stream entry in the same call (``Decision.entry_id``); a refusal adds nothing.
+        Raises ``QuotaBackendUnavailable`` when Redis is unreachable and the limiter fails
+        closed, ``QuotaNotConfigured`` when a scope has no limits in Redis and there is no
+        loader. ``now`` (Unix seconds) replaces Redis's clock, for tests only.
+
+        A caller cancelled while the call is on its way gets its possible charge refunded
+        in the background; an entry it may have queued is the caller's to cancel.
         """
-        rid = uuid.uuid4().hex
-        keys = self.keys.admission_keys(demand.tenant, demand.key, demand.tier, rid)
-        args = [codec.now_arg(now), demand.tier, demand.tokens, demand.max_tokens, rid,
-                round(self.lease_ttl * codec.US), self._record_ttl_ms,
-                1 if demand.key is None else 2]
+        rid = os.urandom(16).hex()  # the reservation and lease id (uuid4's randomness, cheaper)
+        keys, args = self._admission(demand, rid, now, enqueue)
         try:
             for _ in range(3):  # at most: load the tenant's limits, then the key's
                 reply = await self.scripts.admit(keys=keys, args=args)
@@ -134,10 +136,9 @@ class Limiter:
         """
         if not reservation.charged:
             return False
-        keys = self.keys.admission_keys(reservation.tenant, reservation.key, reservation.tier,
-                                        reservation.id)
-        args = [codec.now_arg(now), reservation.lease_id, round(self.lease_ttl * codec.US),
-                self._record_ttl_ms]
+        keys = [self.keys.reservation(reservation.tenant, reservation.id)]
+        args = [codec.now_arg(now), reservation.lease_id, self._lease_ttl_us, self._record_ttl_ms,
+                *self.keys.scopes(reservation.tenant, reservation.key), reservation.tier]
         try:
             return int(await self.scripts.renew(keys=keys, args=args)) > 0
         except BACKEND_ERRORS as exc:
@@ -147,6 +148,22 @@ class Limiter:
     @property
     def _record_ttl_ms(self) -> int:
         return round((self.lease_ttl + self.settle_grace) * 1000)
+
+    @property
+    def _lease_ttl_us(self) -> int:
+        return round(self.lease_ttl * codec.US)
+
+    def _admission(self, demand: Demand, rid: str, now: float | None,
+                   enqueue: Enqueue | None = None) -> tuple[list[str], list]:
+        """KEYS and ARGV of admit.lua for ``demand`` under reservation id ``rid``."""
+        keys = [self.keys.reservation(demand.tenant, rid)]
+        args = [codec.now_arg(now), demand.tier, demand.tokens, demand.max_tokens, rid,
+                self._lease_ttl_us, self._record_ttl_ms, *self.keys.scopes(demand.tenant, demand.key)]
+        if enqueue is not None:
+            keys.append(enqueue.stream)
+            for field, value in enqueue.fields.items():
+                args += (field, value)
+        return keys, args
 
     async def aclose(self) -> None:
         """Wait for background refunds (of cancelled admissions); call at shutdown."""
@@ -166,10 +183,11 @@ class Limiter:
     async def _settle(self, res: Reservation, used: int, now: float | None) -> SettleOutcome:
         if not res.charged:
             return "not_charged"
-        keys = self.keys.admission_keys(res.tenant, res.key, res.tier, res.id)
+        keys = [self.keys.reservation(res.tenant, res.id)]
+        args = [codec.now_arg(now), used, res.lease_id, self._record_ttl_ms,
+                *self.keys.scopes(res.tenant, res.key), res.tier]
         try:
-            reply = await self.scripts.settle(
-                keys=keys, args=[codec.now_arg(now), used, res.lease_id, self._record_ttl_ms])
+            reply = await self.scripts.settle(keys=keys, args=args)
         except BACKEND_ERRORS as exc:
             log.warning("quota settlement of %s for tenant %s failed: %s", res.id, res.tenant, exc)
             return "unavailable"

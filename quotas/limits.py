@@ -121,3 +121,16 @@ class Demand:
     def tokens(self) -> int:
         """Tokens reserved at admission: prompt plus the completion cap."""
         return self.prompt_tokens + self.max_tokens
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """A stream entry that an admission adds (XADD) if, and only if, it admits the demand.
+
+    The request is then charged and queued in the same atomic call, one round trip, and never
+    queued without being charged. The stream must be on the quota Redis; on Redis Cluster it
+    would also have to carry the tenant's hash tag (one slot with the quota keys).
+    """
+
+    stream: str
+    fields: Mapping[str, str | bytes]

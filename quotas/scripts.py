@@ -17,10 +17,10 @@ from redis.commands.core import AsyncScript
 
 # Script → the files it is made of, helpers first.
 SOURCES = {
-    "admit": ("common.lua", "gcra.lua", "periods.lua", "admit.lua"),
-    "settle": ("common.lua", "gcra.lua", "settle.lua"),
-    "usage": ("common.lua", "gcra.lua", "periods.lua", "usage.lua"),
-    "renew": ("common.lua", "renew.lua"),
+    "admit": ("common.lua", "state.lua", "gcra.lua", "periods.lua", "admit.lua"),
+    "settle": ("common.lua", "state.lua", "gcra.lua", "settle.lua"),
+    "usage": ("common.lua", "state.lua", "gcra.lua", "periods.lua", "usage.lua"),
+    "renew": ("common.lua", "state.lua", "renew.lua"),
 }
 
 

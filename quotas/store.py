@@ -52,7 +52,7 @@ class QuotaStore:
         ``now`` (Unix seconds) is for tests only; otherwise Redis's clock is used.
         """
         limits = await self.get(tenant, key)
-        keys = self.keys.scope_keys(tenant, key, "default")
+        keys = self.keys.usage_keys(tenant, key)
         reply = await self.scripts.usage(keys=keys, args=[codec.now_arg(now)])
         return codec.decode_usage(reply, tenant, key, limits)
 

@@ -48,6 +48,7 @@ async def _put(session, state: StateDep, body: QuotaSet, tenant_id: int | None, 
 
     public, stored = await run_in_threadpool(write)
     await _store(state).put(str(public.tenant_id), stored, None if key_id is None else str(key_id))
+    await state.key_cache.invalidate()  # cached keys carry the max_tokens cap
     return public
 
 

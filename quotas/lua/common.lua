@@ -31,12 +31,3 @@ local function ms_after(us)
   if ms < 1 then ms = 1 end
   return int(ms + ttl_slack_ms)
 end
-
--- Comma-separated integers (KEYS indices in a reservation record) to a list.
-local function ints(csv)
-  local out = {}
-  if csv then
-    for n in string.gmatch(csv, '%d+') do out[#out + 1] = tonumber(n) end
-  end
-  return out
-end

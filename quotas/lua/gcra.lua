@@ -2,25 +2,26 @@
 --
 -- Units
 --   window   60 s = 60,000,000 µs; `lim` is a count (requests or tokens) per window
---   state    hash {tat = integer µs, frac = numerator over lim, lim = limit the state used}
+--   state    three fields of the scope's state hash (state.lua): <bucket>.tat = integer µs,
+--            <bucket>.frac = numerator over lim, <bucket>.lim = the limit the state used.
 --            The theoretical arrival time (TAT) is tat + frac/lim µs. The emission interval of
 --            one unit is WINDOW/lim µs, generally not an integer: keeping the remainder as a
 --            numerator over lim makes N units in a burst of N exactly one window, so a limit
 --            of N admits exactly N, never N-1 or N+1 through rounding.
 --   burst    = lim: the delay variation tolerance is one whole window, so an idle bucket
 --            accepts `lim` units at once and then one unit every WINDOW/lim µs.
--- Requires common.lua (int, ms_after) and a global-free `now` passed in.
+-- Pure arithmetic on values: the scripts read and write the fields (one HMGET, one HSET a scope).
 
 local WINDOW = 60000000  -- µs per rate window (one minute)
 
--- Current TAT of a bucket as (tat µs, frac), never earlier than now.
-local function gcra_load(key, lim, now)
-  local s = redis.call('HMGET', key, 'tat', 'frac', 'lim')
-  local tat = tonumber(s[1])
+-- Current TAT of a bucket as (tat µs, frac), never earlier than now, from its stored fields
+-- (strings or nil: a missing or stale state is a full bucket).
+local function gcra_load(s_tat, s_frac, s_lim, lim, now)
+  local tat = tonumber(s_tat)
   if not tat or tat < now then
     return now, 0
   end
-  local frac, slim = tonumber(s[2]) or 0, tonumber(s[3]) or lim
+  local frac, slim = tonumber(s_frac) or 0, tonumber(s_lim) or lim
   if slim ~= lim then
     -- The limit changed: keep the units used, not the time owed. The debt of
     -- (tat - now + frac/slim) µs is (tat - now)·slim + frac units·µs/window; under the new
@@ -55,10 +56,10 @@ local function gcra_view(tat, frac, lim, now)
   return remaining, d
 end
 
--- Would n more units fit? Returns ok, retry_after µs (-1: never, n exceeds the burst),
--- and the TAT to store if ok (the current TAT if not).
-local function gcra_check(key, lim, n, now)
-  local tat, frac = gcra_load(key, lim, now)
+-- Would n more units fit in a bucket at (tat, frac) (from gcra_load)? Returns ok,
+-- retry_after µs (-1: never, n exceeds the burst), and the TAT to store if ok (the current
+-- TAT if not).
+local function gcra_check(tat, frac, lim, n, now)
   if n > lim then
     return false, -1, tat, frac
   end
@@ -69,14 +70,4 @@ local function gcra_check(key, lim, n, now)
     return false, over, tat, frac
   end
   return true, 0, t2, f2
-end
-
--- Store a TAT; the key lives exactly as long as the bucket is not full.
-local function gcra_store(key, tat, frac, lim, now)
-  if tat < now or (tat == now and frac == 0) then
-    redis.call('DEL', key)  -- full bucket: nothing to remember
-    return
-  end
-  redis.call('HSET', key, 'tat', int(tat), 'frac', int(frac), 'lim', int(lim))
-  redis.call('PEXPIRE', key, ms_after(tat - now))
 end

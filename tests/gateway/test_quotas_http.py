@@ -179,6 +179,23 @@ async def test_ratelimit_headers_on_every_response(gw):
     assert limited.headers["x-ratelimit-remaining-requests"] == "0" and "retry-after-ms" in limited.headers
 
 
+async def test_a_request_without_max_tokens_gets_the_default_capped_by_the_quota(gw):
+    """The server default (8 here) is capped at the stricter max_tokens_per_request of the tenant (5)
+    and the key (3) instead of being refused; a lowered cap applies at the next request."""
+    tenant, key, key_id = await gw.tenant(max_tokens_per_request=5)
+    put = await gw.http.put(f"/admin/keys/{key_id}/quota", json={"max_tokens_per_request": 3},
+                            headers=admin_headers())
+    assert put.status_code == 200, put.text
+    response = await gw.chat(key, max_tokens=None)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 3
+    put = await gw.http.put(f"/admin/keys/{key_id}/quota", json={"max_tokens_per_request": 2},
+                            headers=admin_headers())
+    assert put.status_code == 200, put.text
+    assert (await gw.chat(key, max_tokens=None)).json()["usage"]["completion_tokens"] == 2
+    assert_openai_error(await gw.chat(key, max_tokens=3), 400, param="max_tokens")  # asked explicitly
+
+
 async def test_admin_quota_set_get_usage_round_trip(gw):
     tenant, key, key_id = await gw.tenant()
     tid, admin = tenant["id"], admin_headers()

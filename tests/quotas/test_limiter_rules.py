@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from quotas import Demand, Limiter, QuotaLimits, QuotaNotConfigured
+from quotas import Demand, Enqueue, Limiter, QuotaLimits, QuotaNotConfigured
 
 START = 1_700_000_000.0
 
@@ -150,3 +150,19 @@ async def test_missing_limits_need_a_loader(store, client, keyspace):
     assert not (await limiter.admit(Demand("ghost", 1, 1, key="k"), now=START)).allowed
     assert calls == [("ghost", None), ("ghost", "k")]  # once each, then read from Redis
     assert await store.get("ghost", "k") == QuotaLimits()
+
+
+async def test_an_admission_queues_its_stream_entry_and_a_refusal_queues_nothing(client, keyspace):
+    """enqueue: the entry is added in the admission's own call, once, only if admitted (here
+    after loading the missing limits first: the retried call queues it once)."""
+    async def load(tenant, key):
+        return QuotaLimits(requests_per_minute=1)
+
+    limiter = Limiter(client, keys=keyspace, loader=load)
+    stream = f"{keyspace.prefix}:lane"  # under the prefix: cleaned up after the test
+    first = await limiter.admit(Demand("acme", 1, 1, key="k1"), enqueue=Enqueue(stream, {"body": "one"}))
+    second = await limiter.admit(Demand("acme", 1, 1, key="k1"), enqueue=Enqueue(stream, {"body": "two"}))
+    assert first.allowed and first.entry_id is not None
+    assert (second.allowed, second.entry_id) == (False, None)
+    entries = await client.xrange(stream)
+    assert [(entry_id.decode(), fields) for entry_id, fields in entries] == [(first.entry_id, {b"body": b"one"})]

@@ -169,8 +169,7 @@ async def test_a_refund_that_overtakes_its_admission_leaves_nothing_charged(stor
     ghost = Reservation(id="r-ghost", tenant="acme", key=None, tier="default",
                         reserved_tokens=20, lease_id="r-ghost")
     assert await limiter.refund(ghost) == "unknown"
-    keys = limiter.keys.admission_keys("acme", None, "default", "r-ghost")
-    args = ["", "default", 20, 10, "r-ghost", 10**9, 60_000, 1]
+    keys, args = limiter._admission(Demand("acme", 10, 10), "r-ghost", None)
     reply = await limiter.scripts.admit(keys=keys, args=args)  # the late admission
     assert int(reply[0]) == 0
     usage = await store.usage("acme")
