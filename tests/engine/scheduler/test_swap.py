@@ -124,7 +124,7 @@ def test_a_victim_sharing_prefix_blocks_copies_them_and_the_sharer_keeps_them():
     for q in list(s.running):
         s.finish(q)
     plan = run_step(s)  # readmitted: the prefix is still cached on the device, only its own block is copied
-    assert b.block_table[:2] == shared and len(plan.swap_in) == 1 
+    assert b.block_table[:2] == shared and len(plan.swap_in) == 1
     assert plan.swap_in[0][0] == 2  # its third host block (0 and 1 held the shared prefix)
 
 
