@@ -137,12 +137,12 @@ class BlockManager:
                 del self.free_ids[block_id]
             block.ref_count += 1
             seq.block_table.append(block_id)
-        self.num_prefix_hit_tokens += len(hits) * self.block_size
         self._hashed[seq.request_id] = len(hits)
         host = self._swapped.pop(seq.request_id, None)
         swap_in: list[tuple[int, int]] = []
         if host is None:
             seq.num_computed_tokens = len(hits) * self.block_size
+            self.num_prefix_hit_tokens += seq.num_computed_tokens  # tokens not computed (again)
         else:  # computed tokens stay computed: hits where the prefix cache has them, else host copies
             self._host_in_flight += host
             for host_id in host[len(hits) :]:

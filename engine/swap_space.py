@@ -26,6 +26,7 @@ class SwapSpace:
         self.block_size = block_size
         self.num_blocks = num_host_blocks
         self.device = kv_caches[0].device
+        self.staged = self.device.type != "cpu"  # through a device staging tensor, for async transfers
         p, _, q = self._views()[0].shape
         # empty, not zeros: pages are only committed as blocks are first written (on CPU)
         self.host = torch.empty(num_host_blocks, len(kv_caches), p, q, dtype=kv_caches[0].dtype,
@@ -42,7 +43,7 @@ class SwapSpace:
         """Copy device blocks to host blocks: pairs of (device block, host block)."""
         dev = torch.tensor([d for d, _ in pairs], device=self.device)
         host = [h for _, h in pairs]
-        if self.device.type == "cpu":
+        if not self.staged:
             idx = torch.tensor(host)
             for layer, view in enumerate(self._views()):
                 self.host[:, layer].index_copy_(0, idx, view.index_select(1, dev).transpose(0, 1))
@@ -55,7 +56,7 @@ class SwapSpace:
         """Copy host blocks back to device blocks: pairs of (host block, device block)."""
         host = [h for h, _ in pairs]
         dev = torch.tensor([d for _, d in pairs], device=self.device)
-        if self.device.type == "cpu":
+        if not self.staged:
             idx = torch.tensor(host)
             for layer, view in enumerate(self._views()):
                 view.index_copy_(1, dev, self.host[:, layer].index_select(0, idx).transpose(0, 1))

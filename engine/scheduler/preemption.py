@@ -6,7 +6,8 @@ copied to host memory and freed; on readmission they are copied back into fresh 
 continues where it stopped. `SchedulerConfig.preemption_mode` says which: "recompute", "swap"
 (whenever the swap space holds the victim) or "auto", per victim the cheaper of
 
-    recompute_s = computed tokens * prefill_token_s            (StepCostModel, fitted on measured steps)
+    recompute_s = computed tokens * prefill_token_s            (StepCostModel, fitted on measured steps;
+                                                                the configured prior while the fit is 0)
     swap_s      = fixed_s + blocks * block_s                   (out and back in; measured by the runner)
 
 Either way a victim that does not fit the free host blocks is recomputed. Plain Python.
@@ -39,7 +40,10 @@ class PreemptionChooser:
 
     def estimate(self, seq: Sequence, bm: BlockManager) -> tuple[float, float]:
         """(recompute seconds, swap seconds) for preempting seq now; swap is inf when unmeasured."""
-        recompute = seq.num_computed_tokens * (self.cost.theta[1] if self.cost else 0.0)
+        per_token = 0.0
+        if self.cost is not None:  # a fit of noisy steps can flatten to 0: no prefill is free, keep the prior
+            per_token = self.cost.theta[1] or self.cost.prior[1]
+        recompute = seq.num_computed_tokens * per_token
         if self.swap_cost is None:
             return recompute, float("inf")
         return recompute, self.swap_cost.fixed_s + bm.blocks_needed(seq.num_computed_tokens) * self.swap_cost.block_s
