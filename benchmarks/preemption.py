@@ -128,7 +128,8 @@ def main() -> None:
             every.append(end_to_end(mode, args.requests, args.kv_blocks, args.max_tokens))
     runs = [min((x for x in every if x["mode"] == m), key=lambda x: x["cpu_seconds"]) for m in modes]
     report = {"model": "SmolLM2-135M-Instruct", **ENGINE, "machine": cpu_name(),
-              "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cost_per_victim": costs,
+              "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "cost_per_victim": costs,
               "end_to_end": {"requests": args.requests, "kv_blocks": args.kv_blocks, "max_tokens": args.max_tokens,
                              "best": runs, "all": every}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
