@@ -34,9 +34,9 @@ class PreemptionChooser:
     def __init__(self, config: SchedulerConfig, swap_cost: SwapCost | None = None):
         self.mode = config.preemption_mode
         self.swap_cost = swap_cost
-        # Only "auto" weighs costs; it keeps its own step-cost model whatever the policy.
+        # Only "auto" with a measured copy weighs costs; it keeps its own step-cost model whatever the policy.
         self.cost = StepCostModel(config.cost_step_s, config.cost_prefill_token_s,
-                                  config.cost_decode_seq_s) if self.mode == "auto" else None
+                                  config.cost_decode_seq_s) if self.mode == "auto" and swap_cost else None
 
     def estimate(self, seq: Sequence, bm: BlockManager) -> tuple[float, float]:
         """(recompute seconds, swap seconds) for preempting seq now; swap is inf when unmeasured."""

@@ -25,7 +25,7 @@ class Scheduler:
         self.config = config
         self.bm = block_manager
         self.policy = policy or make_policy(config.policy, config, clock)
-        self.preemption = PreemptionChooser(config, swap_cost)
+        self.preemption = PreemptionChooser(config, swap_cost if block_manager.num_host_blocks else None)
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_swaps = 0  # preemptions by swap (the rest were by recompute)
