@@ -5,9 +5,19 @@ block whose tokens are known is registered under a chained hash (hash of the pre
 its tokens and an extra key such as the LoRA adapter), so a later sequence with the same prefix
 reuses it instead of recomputing it. Freed blocks keep their hash until they are handed out again,
 so a recently finished prefix is still found (an LRU cache of free blocks).
+
+Swap: `num_host_blocks` host blocks hold the KV of swapped-out sequences. `swap_out` maps each
+block holding a victim's computed tokens to a host block and frees the device blocks (the victim
+keeps num_computed_tokens); `allocate` of a swapped-out sequence takes its leading blocks from the
+prefix cache where they are still there and fresh blocks for the rest, mapped from their host
+blocks. Both return (source, destination) block pairs; the model runner copies them before the
+step's forward, swap-outs first (a block freed by a swap-out may be refilled in the same step).
+Host blocks read by a swap-in return to the pool only at the next `begin_step`, so that a swap-out
+later in the same step cannot overwrite them before they are read.
 """
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -27,11 +37,15 @@ def chain_hash(prev: int | None, token_ids: tuple[int, ...], extra: str | None) 
 
 
 class BlockManager:
-    """Hands out KV blocks to sequences. Paired verbs: can_allocate/allocate, can_append/append, free."""
+    """Hands out KV blocks to sequences. Paired verbs: can_allocate/allocate, can_append/append,
+    can_swap_out/swap_out, free."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
+                 num_host_blocks: int = 0):
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
+        if num_host_blocks < 0:
+            raise ValueError("num_host_blocks must be non-negative")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -41,6 +55,10 @@ class BlockManager:
         # Per sequence: number of its leading blocks already registered under a hash.
         self._hashed: dict[str, int] = {}
         self.num_prefix_hit_tokens = 0
+        self.num_host_blocks = num_host_blocks
+        self.free_host_ids: list[int] = list(range(num_host_blocks))  # a heap: low ids first, long runs
+        self._swapped: dict[str, list[int]] = {}  # request id -> host blocks of its computed tokens
+        self._host_in_flight: list[int] = []  # host blocks read by this step's swap-ins
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -55,8 +73,25 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return len(self.blocks) - len(self.free_ids)
 
+    @property
+    def num_free_host_blocks(self) -> int:
+        return len(self.free_host_ids)
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def is_swapped(self, seq: Sequence) -> bool:
+        """Is seq's KV in host blocks (swapped out, waiting to be allocated again)?"""
+        return seq.request_id in self._swapped
+
+    def host_blocks(self, seq: Sequence) -> list[int]:
+        """The host blocks holding a swapped-out seq's computed tokens (empty unless swapped out)."""
+        return list(self._swapped.get(seq.request_id, ()))
+
+    def num_restored_tokens(self, seq: Sequence, hits: list[int]) -> int:
+        """Tokens seq will not compute when allocated with `hits`: its cached prefix, or for a
+        swapped-out sequence everything it had computed."""
+        return seq.num_computed_tokens if self.is_swapped(seq) else len(hits) * self.block_size
 
     def prefix_hits(self, seq: Sequence) -> list[int]:
         """Ids of cached blocks holding seq's leading full blocks. At least one token is always
@@ -71,11 +106,13 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             hits.append(block_id)
+        if self.is_swapped(seq):  # only blocks of tokens it had computed (the rest come from host)
+            del hits[seq.num_computed_tokens // bs :]
         return hits
 
     def can_allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int, reserve: int = 0) -> bool:
         """Can seq start with `hits` shared and `num_new_tokens` computed now, keeping `reserve` free?"""
-        cached = len(hits) * self.block_size
+        cached = self.num_restored_tokens(seq, hits)
         fresh = self.blocks_needed(cached + num_new_tokens) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # cached but on the free list
         return fresh + revived + reserve <= self.num_free_blocks
@@ -84,9 +121,15 @@ class BlockManager:
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         return need <= self.num_free_blocks
 
+    def can_swap_out(self, seq: Sequence) -> bool:
+        """Is there host room for the blocks of seq's computed tokens (and anything to keep)?"""
+        return 0 < self.blocks_needed(seq.num_computed_tokens) <= len(self.free_host_ids)
+
     # ---- mutations -----------------------------------------------------------------------
-    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> None:
-        """Give a waiting sequence its shared prefix blocks plus fresh ones for its first chunk."""
+    def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> list[tuple[int, int]]:
+        """Give a waiting sequence its shared prefix blocks plus fresh ones for its first chunk.
+        A swapped-out sequence gets fresh blocks for what `hits` do not cover, to be filled from
+        its host blocks: returns those (host block, device block) pairs (empty for any other)."""
         assert not seq.block_table, f"{seq.request_id} already holds blocks"
         for block_id in hits:
             block = self.blocks[block_id]
@@ -94,10 +137,21 @@ class BlockManager:
                 del self.free_ids[block_id]
             block.ref_count += 1
             seq.block_table.append(block_id)
-        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
-        self.num_prefix_hit_tokens += seq.num_cached_tokens
         self._hashed[seq.request_id] = len(hits)
+        host = self._swapped.pop(seq.request_id, None)
+        swap_in: list[tuple[int, int]] = []
+        if host is None:
+            seq.num_computed_tokens = len(hits) * self.block_size
+            self.num_prefix_hit_tokens += seq.num_computed_tokens  # tokens not computed (again)
+        else:  # computed tokens stay computed: hits where the prefix cache has them, else host copies
+            self._host_in_flight += host
+            for host_id in host[len(hits) :]:
+                block_id = self._take_free()
+                seq.block_table.append(block_id)
+                swap_in.append((host_id, block_id))
+        seq.num_cached_tokens = seq.num_computed_tokens
         self.append(seq, num_new_tokens)
+        return swap_in
 
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
         """Make room for seq's next `num_new_tokens` KV entries."""
@@ -124,8 +178,31 @@ class BlockManager:
                 self.hash_to_block.setdefault(prev, block.block_id)
         self._hashed[seq.request_id] = full
 
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Preempt seq by swap: map the blocks of its computed tokens to host blocks and free its
+        device blocks; it keeps num_computed_tokens. Returns the (device block, host block) pairs
+        to copy before this step's forward. Check can_swap_out first."""
+        computed = seq.num_computed_tokens
+        n = self.blocks_needed(computed)
+        assert 0 < n <= len(self.free_host_ids), f"no host room to swap out {seq.request_id}"
+        host = [heapq.heappop(self.free_host_ids) for _ in range(n)]
+        pairs = list(zip(seq.block_table[:n], host))
+        self.free(seq)
+        seq.num_computed_tokens = computed
+        self._swapped[seq.request_id] = host
+        return pairs
+
+    def begin_step(self) -> None:
+        """A new step is being planned: the last step's swap-ins have been copied."""
+        for host_id in self._host_in_flight:
+            heapq.heappush(self.free_host_ids, host_id)
+        self._host_in_flight.clear()
+
     def free(self, seq: Sequence) -> None:
-        """Release every block of seq (finish, abort or preemption). Blocks last freed are reused last."""
+        """Release every block of seq, device and host (finish, abort or preemption by recompute).
+        Device blocks last freed are reused last."""
+        for host_id in self._swapped.pop(seq.request_id, ()):
+            heapq.heappush(self.free_host_ids, host_id)
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1

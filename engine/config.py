@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,9 @@ class CacheConfig:
     num_kv_blocks: int | None = None  # None: as many as kv_cache_gib holds
     kv_cache_gib: float = 1.0
     enable_prefix_caching: bool = True
+    # Host memory for KV blocks of swapped-out sequences (swap preemption, docs/scheduling.md).
+    swap_space_gib: float = 1.0
+    num_swap_blocks: int | None = None  # None: as many as swap_space_gib holds
 
     def __post_init__(self):
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -22,6 +26,10 @@ class CacheConfig:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space_gib must be non-negative, got {self.swap_space_gib}")
+        if self.num_swap_blocks is not None and self.num_swap_blocks < 0:
+            raise ValueError(f"num_swap_blocks must be non-negative, got {self.num_swap_blocks}")
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,11 @@ class SchedulerConfig(CacheConfig):
     chunked_prefill: bool = True
     # Free blocks kept back when admitting new sequences, so running ones can grow a little.
     watermark: float = 0.01
+    # How a running sequence is preempted when blocks run out: "recompute" (free its blocks, run its
+    # tokens again on readmission), "swap" (copy its blocks to host memory and back) or "auto" (the
+    # cheaper of the two by estimated cost, per victim). Swap falls back to recompute when the swap
+    # space is full.
+    preemption_mode: str = "auto"
     # Policies other than "fcfs" (docs/scheduling.md). Priority: higher number = more important.
     tier_min_share: float = 0.05  # starvation guard: a backlogged tier's least share of served tokens
     vtc_input_weight: float = 1.0  # VTC service per prompt token (Sheng et al. use w_p=1, w_q=2)
@@ -61,6 +74,11 @@ class SchedulerConfig(CacheConfig):
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        no_swap_space = self.num_swap_blocks == 0 or self.num_swap_blocks is None and self.swap_space_gib == 0
+        if self.preemption_mode == "swap" and no_swap_space:
+            raise ValueError("preemption_mode 'swap' needs swap space (swap_space_gib > 0)")
         if not 0 <= self.tier_min_share < 1:
             raise ValueError(f"tier_min_share must be in [0, 1), got {self.tier_min_share}")
         if self.vtc_input_weight < 0 or self.vtc_output_weight < 0:

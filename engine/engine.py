@@ -39,9 +39,13 @@ class Engine:
         # A sequence must fit the whole cache on its own, or it could never finish.
         self.max_model_len = min(max_len, self.runner.num_blocks * config.block_size)
         self.config = replace(config, max_model_len=self.max_model_len)
+        swap = self.runner.swap_space
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
-                                          enable_prefix_caching=config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, self.block_manager)
+                                          enable_prefix_caching=config.enable_prefix_caching,
+                                          num_host_blocks=swap.num_blocks)
+        # Measured once here: what preemption_mode "auto" weighs against recomputation.
+        self.swap_cost = swap.measure() if swap.num_blocks else None
+        self.scheduler = Scheduler(self.config, self.block_manager, swap_cost=self.swap_cost)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.seqs: dict[str, Sequence] = {}
         self._detok: dict[str, DetokState] = {}
@@ -124,6 +128,12 @@ class Engine:
         """Schedule, run the model once over every scheduled token, sample, and report."""
         plan = self.scheduler.schedule()
         self.stats.preemptions += len(plan.preempted)
+        if plan.swap_out or plan.swap_in:  # even when nothing runs: a swapped-out victim's blocks
+            t0 = time.perf_counter()
+            self.runner.swap(plan)
+            self.stats.swap_seconds += time.perf_counter() - t0
+            self.stats.swaps += sum(self.block_manager.is_swapped(s) for s in plan.preempted)
+            self.stats.swapped_blocks += len(plan.swap_out) + len(plan.swap_in)
         refused = [self._refused(seq, error) for seq, error in plan.refused]
         if plan.is_empty:
             return refused

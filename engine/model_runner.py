@@ -1,4 +1,5 @@
-"""Turns a step plan into tensors, runs the model over the paged KV cache and samples."""
+"""Turns a step plan into tensors, runs the model over the paged KV cache and samples; owns the
+KV cache and the host swap space."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +10,7 @@ from engine.loader import LoadedModel
 from engine.models import SUPPORTED_ARCHITECTURES
 from engine.sampler import sample
 from engine.scheduler import ScheduledSeq, StepPlan
+from engine.swap_space import SwapSpace
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,10 +45,25 @@ class ModelRunner:
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
         slots = self.num_blocks * self.block_size
         self.kv_caches = [backend.allocate_cache(slots, self.dtype) for _ in range(cfg.num_hidden_layers)]
+        if config.preemption_mode == "recompute":
+            num_host_blocks = 0
+        elif config.num_swap_blocks is not None:
+            num_host_blocks = config.num_swap_blocks
+        else:
+            num_host_blocks = self._blocks_for(config.swap_space_gib, cfg.num_hidden_layers, at_least=0)
+        self.swap_space = SwapSpace(backend, self.kv_caches, self.block_size, num_host_blocks)
 
-    def _blocks_for(self, gib: float, num_layers: int) -> int:
+    def _blocks_for(self, gib: float, num_layers: int, at_least: int = 1) -> int:
         per_block = num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
-        return max(1, int(gib * 2**30 // per_block))
+        return max(at_least, int(gib * 2**30 // per_block))
+
+    def swap(self, plan: StepPlan) -> None:
+        """The plan's block copies, before its forward: swap-outs first (their device blocks may be
+        handed out again in the same step), then swap-ins."""
+        if plan.swap_out:
+            self.swap_space.swap_out(plan.swap_out)
+        if plan.swap_in:
+            self.swap_space.swap_in(plan.swap_in)
 
     def run(self, plan: StepPlan, generators: dict[str, torch.Generator]) -> list[tuple[ScheduledSeq, int]]:
         """Run one step; returns (item, sampled token) for every item that reached its sequence's end."""

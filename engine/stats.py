@@ -10,7 +10,10 @@ class EngineStats:
     prefill_tokens: int = 0  # prompt (or recomputed) tokens run through the model
     decode_tokens: int = 0
     output_tokens: int = 0
-    preemptions: int = 0
+    preemptions: int = 0  # by recompute or by swap
+    swaps: int = 0  # preemptions by swap
+    swapped_blocks: int = 0  # KV blocks copied to host memory and back
+    swap_seconds: float = 0.0  # spent in those copies (on a GPU: launching them)
     utilization_sum: float = 0.0  # sum over steps of real tokens / allocated slots
     utilization_steps: int = 0
     forward_seconds: float = 0.0

@@ -45,6 +45,11 @@ class AttentionBackend(ABC):
     def allocate_cache(self, num_slots: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
         """One layer's K and V cache, in this backend's layout."""
 
+    def block_view(self, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
+        """The cache as a view [P, num_blocks, Q]: [:, b] is all of block b (K and V of every head),
+        what swap preemption copies to host memory and back. Layouts without such a view raise."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap KV blocks")
+
     @abstractmethod
     def forward(
         self,

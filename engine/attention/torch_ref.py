@@ -18,6 +18,9 @@ class TorchAttention(AttentionBackend):
     def allocate_cache(self, num_slots: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
         return torch.zeros(2, self.num_kv_heads, num_slots, self.head_dim, dtype=dtype, device=device)
 
+    def block_view(self, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
+        return kv_cache.view(2 * self.num_kv_heads, -1, block_size * self.head_dim)  # [2*KVH, blocks, bs*D]
+
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))

@@ -2,6 +2,7 @@
 from engine.scheduler.cost_model import StepCostModel
 from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import POLICIES, FCFSPolicy, SchedulingPolicy, make_policy, register_policy
+from engine.scheduler.preemption import PreemptionChooser, SwapCost
 from engine.scheduler.scheduler import Scheduler
 from engine.scheduler.slo import SLOLoad, SLOPolicy
 from engine.scheduler.tiered import PriorityPolicy, PriorityVTCPolicy, TieredPolicy, VTCPolicy
@@ -9,6 +10,7 @@ from engine.scheduler.tiered import PriorityPolicy, PriorityVTCPolicy, TieredPol
 __all__ = [
     "POLICIES",
     "FCFSPolicy",
+    "PreemptionChooser",
     "PriorityPolicy",
     "PriorityVTCPolicy",
     "SLOLoad",
@@ -18,6 +20,7 @@ __all__ = [
     "SchedulingPolicy",
     "StepCostModel",
     "StepPlan",
+    "SwapCost",
     "TieredPolicy",
     "VTCPolicy",
     "make_policy",

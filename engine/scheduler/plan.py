@@ -1,4 +1,4 @@
-"""One step's plan: which sequences compute how many tokens."""
+"""One step's plan: which sequences compute how many tokens, and which KV blocks to copy first."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,6 +22,10 @@ class StepPlan:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     refused: list[tuple[Sequence, Exception]] = field(default_factory=list)  # waiting, refused by the policy
+    # Block copies the runner does before the forward, swap_out first: (device block, host block)
+    # of sequences swapped out in this step, then (host block, device block) of those swapped in.
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

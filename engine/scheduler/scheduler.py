@@ -2,11 +2,12 @@
 
 Every step: running sequences first (a decode is one token, an unfinished prefill its next chunk),
 in admission order (or the policy's, see begin_step); when blocks run out the policy's victim
-(default: the newest) is preempted by recompute. Then, if nothing was preempted, waiting sequences
-are admitted while the token budget, the sequence cap and the KV blocks allow; a head that cannot
-start may displace a running sequence if the policy says so (priority tiers do, FCFS never).
-Requests the policy refuses (SLO-aware admission) are listed in plan.refused. Prefills and
-decodes go into one forward. docs/scheduling.md describes the policies.
+(default: the newest) is preempted, by recompute or by swap (preemption.py). Then, if nothing was
+preempted, waiting sequences are admitted while the token budget, the sequence cap and the KV
+blocks allow; a head that cannot start may displace a running sequence if the policy says so
+(priority tiers do, FCFS never). Requests the policy refuses (SLO-aware admission) are listed in
+plan.refused. Prefills and decodes go into one forward, after the plan's block copies (swap out,
+then swap in). docs/scheduling.md describes the policies.
 """
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ from engine.config import SchedulerConfig
 from engine.request import Sequence, SequenceStatus
 from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import SchedulingPolicy, make_policy
+from engine.scheduler.preemption import PreemptionChooser, SwapCost
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None,
-                 clock=None):
+                 clock=None, swap_cost: SwapCost | None = None):
         self.config = config
         self.bm = block_manager
         self.policy = policy or make_policy(config.policy, config, clock)
+        self.preemption = PreemptionChooser(config, swap_cost if block_manager.num_host_blocks else None)
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_swaps = 0  # preemptions by swap (the rest were by recompute)
         self._reserve = int(config.watermark * block_manager.num_blocks)
 
     @property
@@ -50,6 +54,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        self.bm.begin_step()
         for seq, error in self.policy.begin_step(self.running):
             self.finish(seq)
             plan.refused.append((seq, error))
@@ -88,7 +93,7 @@ class Scheduler:
                 budget += regained
                 continue
             hits = self.bm.prefix_hits(seq)
-            remaining = seq.num_tokens - len(hits) * self.bm.block_size
+            remaining = seq.num_tokens - self.bm.num_restored_tokens(seq, hits)
             if remaining > budget:  # rather than split its prompt, the head may defer lower chunks
                 regained = self._make_room(seq, plan, for_budget=True)
                 if regained >= 0:
@@ -105,7 +110,7 @@ class Scheduler:
                 budget += regained
                 continue
             self.policy.pop()
-            self.bm.allocate(seq, hits, n)
+            plan.swap_in += self.bm.allocate(seq, hits, n)  # copies back a swapped-out sequence
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             plan.scheduled.append(ScheduledSeq(seq, n))
@@ -142,9 +147,15 @@ class Scheduler:
         return item.num_tokens if item is not None else 0
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
-        """Preempt by recompute: free the blocks; the sequence keeps its tokens and its place."""
+        """Preempt by swap (its computed blocks copied to host memory; back on readmission) when
+        the preemption mode and the estimated costs say so, else by recompute (its blocks freed).
+        Either way the sequence keeps its tokens and its place."""
         self.running.remove(seq)
-        self.bm.free(seq)
+        if self.preemption.use_swap(seq, self.bm):
+            plan.swap_out += self.bm.swap_out(seq)
+            self.num_swaps += 1
+        else:
+            self.bm.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -164,6 +175,7 @@ class Scheduler:
             self.bm.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.policy.remove(seq)
+            self.bm.free(seq)  # a swapped-out sequence holds host blocks
         if seq.status is not SequenceStatus.FINISHED:
             self.policy.on_finished(seq)
         seq.status = SequenceStatus.FINISHED
@@ -171,6 +183,7 @@ class Scheduler:
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
         """The engine measured the step of `plan` (feeds the policy's step-cost model)."""
         self.policy.observe(plan, seconds)
+        self.preemption.observe(plan, seconds)
 
     def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
         """Predicted seconds to the first token of a request arriving now, or None when the policy
