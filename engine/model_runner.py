@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillChunk, make_backend
+from engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk, make_backend
 from engine.config import EngineConfig
 from engine.loader import LoadedModel
 from engine.models import SUPPORTED_ARCHITECTURES
@@ -51,6 +51,8 @@ class ModelRunner:
             num_host_blocks = config.num_swap_blocks
         else:
             num_host_blocks = self._blocks_for(config.swap_space_gib, cfg.num_hidden_layers, at_least=0)
+        if config.preemption_mode == "auto" and type(backend).block_view is AttentionBackend.block_view:
+            num_host_blocks = 0  # this backend's cache layout cannot be swapped: recompute only
         self.swap_space = SwapSpace(backend, self.kv_caches, self.block_size, num_host_blocks)
 
     def _blocks_for(self, gib: float, num_layers: int, at_least: int = 1) -> int:

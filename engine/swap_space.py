@@ -27,7 +27,12 @@ class SwapSpace:
         self.num_blocks = num_host_blocks
         self.device = kv_caches[0].device
         self.staged = self.device.type != "cpu"  # through a device staging tensor, for async transfers
-        p, _, q = self._views()[0].shape
+        try:
+            p, _, q = self._views()[0].shape
+        except NotImplementedError:  # a cache layout without block views: no swapping
+            if num_host_blocks:
+                raise
+            self.num_blocks, p, q = 0, 0, 0
         # empty, not zeros: pages are only committed as blocks are first written (on CPU)
         self.host = torch.empty(num_host_blocks, len(kv_caches), p, q, dtype=kv_caches[0].dtype,
                                 pin_memory=self.device.type == "cuda")

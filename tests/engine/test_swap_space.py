@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.attention import make_backend
+from engine.attention import AttentionBackend, make_backend
 from engine.swap_space import SwapSpace
 
 
@@ -32,3 +32,13 @@ def test_measure_gives_positive_costs():
     swap = SwapSpace(backend, [torch.zeros(2, 2, 64, 8)], block_size=4, num_host_blocks=8)
     cost = swap.measure()
     assert cost.block_s > 0 and cost.fixed_s >= 0
+
+
+def test_a_backend_without_block_views_cannot_swap():
+    class NoViews(type(make_backend("torch", 4, 2, 8))):
+        block_view = AttentionBackend.block_view  # the interface's default: no view
+
+    backend = NoViews(4, 2, 8)
+    assert SwapSpace(backend, [torch.zeros(2, 2, 16, 8)], block_size=4, num_host_blocks=0).num_blocks == 0
+    with pytest.raises(NotImplementedError):
+        SwapSpace(backend, [torch.zeros(2, 2, 16, 8)], block_size=4, num_host_blocks=2)
