@@ -7,6 +7,7 @@ from engine import (ContextLengthExceededError, DuplicateRequestError, Engine, I
                     SamplingParams)
 
 from hf_reference import hf_greedy
+from workload import greedy, random_workload
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90))]
 MAX_TOKENS = [20, 9, 33, 12, 25]
@@ -15,10 +16,6 @@ MAX_TOKENS = [20, 9, 33, 12, 25]
 @pytest.fixture(scope="module")
 def reference(tiny_hf):
     return hf_greedy(tiny_hf, PROMPTS, MAX_TOKENS)
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
@@ -147,19 +144,7 @@ def test_random_workload_keeps_block_accounting_exact(tiny_model_dir):
     rng = random.Random(3)
     eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=24,
                  max_num_batched_tokens=24, max_num_seqs=6)
-    live = set()
-    for step in range(150):
-        if rng.random() < 0.3:
-            rid = f"r{step}"
-            n = rng.randint(1, 40)
-            eng.add_request(rid, [rng.randrange(2, 256) for _ in range(n)], greedy(rng.randint(1, 40)))
-            live.add(rid)
-        if live and rng.random() < 0.1:
-            eng.abort(rng.choice(sorted(live)))
-        for o in eng.step():
-            if o.finished:
-                live.discard(o.request_id)
-        live &= set(eng.seqs)
+    for _ in random_workload(eng, rng, 150):
         used = {b for s in eng.scheduler.running for b in s.block_table}
         assert eng.block_manager.num_used_blocks == len(used)
     for rid in list(eng.seqs):

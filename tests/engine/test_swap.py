@@ -3,9 +3,10 @@ import random
 
 import pytest
 
-from engine import Engine, SamplingParams
+from engine import Engine
 
 from hf_reference import hf_greedy
+from workload import greedy, random_workload
 
 SYSTEM = list(range(120, 140))  # 5 full blocks of 4, shared by the last two prompts
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90)), SYSTEM + [1, 2, 3],
@@ -16,10 +17,6 @@ MAX_TOKENS = [20, 9, 33, 12, 25, 15, 18]
 @pytest.fixture(scope="module")
 def reference(tiny_hf):
     return hf_greedy(tiny_hf, PROMPTS, MAX_TOKENS)
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 
 
 def record_preemptions(eng: Engine) -> list[tuple[bool, bool]]:
@@ -105,19 +102,7 @@ def test_random_workload_with_swaps_keeps_block_accounting_exact(tiny_model_dir)
     eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=24,
                  max_num_batched_tokens=24, max_num_seqs=6, preemption_mode="swap", num_swap_blocks=6)
     bm = eng.block_manager
-    live = set()
-    for step in range(200):
-        if rng.random() < 0.3:
-            rid = f"r{step}"
-            n = rng.randint(1, 40)
-            eng.add_request(rid, [rng.randrange(2, 256) for _ in range(n)], greedy(rng.randint(1, 40)))
-            live.add(rid)
-        if live and rng.random() < 0.1:
-            eng.abort(rng.choice(sorted(live)))
-        for o in eng.step():
-            if o.finished:
-                live.discard(o.request_id)
-        live &= set(eng.seqs)
+    for _ in random_workload(eng, rng, 200):
         bm.begin_step()  # the step's copies are done: count its swapped-in host blocks as free
         used = {b for s in eng.scheduler.running for b in s.block_table}
         assert bm.num_used_blocks == len(used)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from datetime import datetime, timedelta, timezone
+
+import httpx
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 
@@ -63,3 +66,62 @@ def inproc_worker(engine, settings):
         for thread in threads:
             thread.join(timeout=10)
         client.close()
+
+
+class InProcessGateway:
+    """An app with its lifespan run, an httpx client on it, and the calls tests share."""
+
+    def __init__(self, app, http: httpx.AsyncClient) -> None:
+        self.app, self.http = app, http
+
+    @property
+    def settings(self):
+        return self.app.state.gateway.settings
+
+    @property
+    def model(self) -> str:
+        return self.settings.model_name
+
+    async def chat(self, key: str, **extra) -> httpx.Response:
+        body = {"model": self.settings.model_name, "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4, "ignore_eos": True, "temperature": 0, **extra}
+        return await self.http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+
+    async def complete(self, key: str, prompt, **extra) -> httpx.Response:
+        body = {"model": self.settings.model_name, "prompt": prompt, "max_tokens": 4, "ignore_eos": True,
+                "temperature": 0, **extra}
+        return await self.http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+
+    async def quota_usage(self, tenant_id: int) -> dict:
+        """The admin API's live quota usage of a tenant."""
+        response = await self.http.get(f"/admin/tenants/{tenant_id}/quota/usage", headers=admin_headers())
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def records(self, tenant_id: int) -> list:
+        """The tenant's usage records of the last hour, from the database."""
+        return usage_records(self.settings, tenant_id)
+
+
+def usage_records(settings, tenant_id: int) -> list:
+    from tenancy import list_usage, make_engine, make_session_factory
+
+    engine = make_engine(settings.database_url)
+    now = datetime.now(timezone.utc)
+    with make_session_factory(engine)() as session:
+        records = list_usage(session, tenant_id=tenant_id, since=now - timedelta(hours=1),
+                             until=now + timedelta(minutes=1))
+    engine.dispose()
+    return records
+
+
+@contextlib.asynccontextmanager
+async def inproc_gateway(settings, cls=InProcessGateway):
+    """A gateway app for `settings` with its lifespan run, as `cls` (an InProcessGateway)."""
+    from gateway.app import create_app
+
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
+                                     timeout=30) as http:
+            yield cls(app, http)

@@ -13,9 +13,10 @@ import httpx
 import openai
 import pytest
 import redis as redislib
-from gateway_test_helpers import ADMIN_TOKEN, admin_headers, assert_openai_error, inproc_worker, make_tenant_key
+from gateway_test_helpers import (ADMIN_TOKEN, InProcessGateway, admin_headers, assert_openai_error, inproc_gateway,
+                                  inproc_worker, make_tenant_key, usage_records)
 
-from tenancy import list_usage, make_engine, make_session_factory, upgrade
+from tenancy import upgrade
 
 # The tiny random-weight Llama of tests/gateway/conftest.py (256 positions).
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -51,16 +52,7 @@ def module_worker(module_settings, tiny_engine_factory):
                 client.delete(key)
 
 
-class Gateway:
-    """An app with its lifespan run, an httpx client on it, and helpers."""
-
-    def __init__(self, app, client: httpx.AsyncClient) -> None:
-        self.app, self.http = app, client
-
-    @property
-    def settings(self):
-        return self.app.state.gateway.settings
-
+class Gateway(InProcessGateway):
     async def tenant(self, **quota) -> tuple[dict, str, int]:
         """A new tenant (every tier allowed) with a key, and its quota if given: (tenant, key, key id)."""
         name = f"t{uuid.uuid4().hex[:8]}"
@@ -72,48 +64,11 @@ class Gateway:
         keys = (await self.http.get(f"/admin/tenants/{tenant['id']}/keys", headers=admin_headers())).json()
         return tenant, key, keys["data"][0]["id"]
 
-    async def chat(self, key: str, **extra) -> httpx.Response:
-        body = {"model": self.settings.model_name, "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": 4, "ignore_eos": True, "temperature": 0, **extra}
-        return await self.http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-
-    async def complete(self, key: str, prompt, **extra) -> httpx.Response:
-        body = {"model": self.settings.model_name, "prompt": prompt, "max_tokens": 4, "ignore_eos": True,
-                "temperature": 0, **extra}
-        return await self.http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-
-    async def usage(self, tenant_id: int) -> dict:
-        response = await self.http.get(f"/admin/tenants/{tenant_id}/quota/usage", headers=admin_headers())
-        assert response.status_code == 200, response.text
-        return response.json()
-
-
-async def _gateway(settings):
-    from gateway.app import create_app
-
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
-                                     timeout=30) as client:
-            yield Gateway(app, client)
-
 
 @pytest.fixture
 async def gw(module_settings, module_worker):
-    async for gateway in _gateway(module_settings):
+    async with inproc_gateway(module_settings, Gateway) as gateway:
         yield gateway
-
-
-def _records(settings, tenant_id: int) -> list:
-    from datetime import datetime, timedelta, timezone
-
-    engine = make_engine(settings.database_url)
-    now = datetime.now(timezone.utc)
-    with make_session_factory(engine)() as session:
-        records = list_usage(session, tenant_id=tenant_id, since=now - timedelta(hours=1),
-                             until=now + timedelta(minutes=1))
-    engine.dispose()
-    return records
 
 
 async def test_openai_client_waits_out_a_429_then_succeeds(gw):
@@ -219,7 +174,7 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
     response = await gw.chat(key)
     assert response.status_code == 200, response.text
     used = response.json()["usage"]["total_tokens"]
-    usage = await gw.usage(tid)
+    usage = await gw.quota_usage(tid)
     assert usage["configured"] and usage["in_flight"] == 0 and usage["max_concurrency"] == 4
     assert usage["requests"]["limit"] == 10 and usage["requests"]["remaining"] == 9
     assert usage["daily"] == {"used": used, "remaining": 100_000 - used, "reset_after_s": usage["daily"]["reset_after_s"]}
@@ -279,20 +234,20 @@ async def test_settlement_charges_exactly_the_usage_records(gw):
             async for _line in response.aiter_lines():
                 break
     for _ in range(100):  # the server notices the disconnect, cancels and settles
-        if len(_records(gw.settings, tid)) == 4 and (await gw.usage(tid))["in_flight"] == 0:
+        if len(gw.records(tid)) == 4 and (await gw.quota_usage(tid))["in_flight"] == 0:
             break
         await asyncio.sleep(0.1)
     server.should_exit = True
     await serving
 
-    records = _records(gw.settings, tid)
+    records = gw.records(tid)
     statuses = sorted(r.status for r in records)
     assert len(records) == 5 and statuses.count("length") == 3 and "error" in statuses, statuses
     cut = [r for r in records if r.status not in ("length", "error")]
     assert len(cut) <= 1 and all(r.completion_tokens < 200 for r in cut)  # cancelled, unless it was fast
     error = next(r for r in records if r.status == "error")
     assert error.prompt_tokens == error.completion_tokens == 0  # never ran: refunded and recorded as 0
-    usage = await gw.usage(tid)
+    usage = await gw.quota_usage(tid)
     assert usage["in_flight"] == 0
     assert usage["daily"]["used"] == sum(r.prompt_tokens + r.completion_tokens for r in records)
     assert usage["monthly"]["used"] == usage["daily"]["used"]
@@ -308,7 +263,7 @@ async def test_quota_redis_down(module_settings, module_worker, mode):
     settings = module_settings.model_copy(update={"quota_redis_url": server.connection_url,
                                                   "quota_on_redis_error": mode})
     try:
-        async for gw in _gateway(settings):
+        async with inproc_gateway(settings, Gateway) as gw:
             tenant, key, _ = await gw.tenant(requests_per_minute=1000)
             assert (await gw.chat(key, max_tokens=1)).status_code == 200
             server.stop()
@@ -332,20 +287,20 @@ async def test_open_request_keeps_its_lease_and_is_refunded_when_the_client_leav
     redis.zadd(f"workers:{model}", {"announced-only": time.time()})  # nobody consumes the lane
     settings = module_settings.model_copy(update={"served_model_name": model, "quota_lease_ttl_s": 0.6})
     try:
-        async for gw in _gateway(settings):
+        async with inproc_gateway(settings, Gateway) as gw:
             tenant, key, _ = await gw.tenant(max_concurrency=1, daily_token_budget=10**6)
             waiting = asyncio.create_task(gw.chat(key))
             await asyncio.sleep(2.0)  # > 3 lease TTLs
-            usage = await gw.usage(tenant["id"])
+            usage = await gw.quota_usage(tenant["id"])
             assert usage["in_flight"] == 1 and usage["daily"]["used"] == 24  # 20 prompt + 4 reserved
             second = await gw.chat(key)
             assert_openai_error(second, 429, code="rate_limit_exceeded")
             assert float(second.headers["retry-after-ms"]) <= 1000
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
-            usage = await gw.usage(tenant["id"])
+            usage = await gw.quota_usage(tenant["id"])
             assert usage["in_flight"] == 0 and usage["daily"]["used"] == 0
-            assert _records(settings, tenant["id"]) == []
+            assert usage_records(settings, tenant["id"]) == []
     finally:
         for pattern in (f"lanes:{model}:*", f"workers:{model}"):
             for name in redis.scan_iter(match=pattern, count=1000):

@@ -11,19 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from contextlib import asynccontextmanager
-from datetime import datetime, timedelta, timezone
 
 import httpx
 import openai
 import pytest
-from gateway_test_helpers import admin_headers, assert_openai_error, inproc_worker, make_tenant_key
+from gateway_test_helpers import (InProcessGateway, admin_headers, assert_openai_error, inproc_gateway, inproc_worker,
+                                  make_tenant_key)
 
 from engine import SamplingParams
 from gateway.lanes import lane_key, model_info_key, workers_key
 from gateway.messages import LaneRequest
 from gateway.worker import Worker
-from tenancy import list_usage, make_engine, make_session_factory
 
 SLOW_PRIOR = dict(cost_step_s=0.01, cost_prefill_token_s=0.0005, cost_decode_seq_s=0.001)
 ALL_TIERS = ["priority", "standard", "batch"]
@@ -40,14 +38,7 @@ def slo_settings(settings, redis):
         redis.delete(key)
 
 
-class Gateway:
-    def __init__(self, app, http: httpx.AsyncClient) -> None:
-        self.app, self.http = app, http
-
-    @property
-    def model(self) -> str:
-        return self.app.state.gateway.settings.model_name
-
+class Gateway(InProcessGateway):
     async def tenant(self, **fields) -> tuple[dict, str]:
         """A tenant allowed every tier, with a key, a daily budget and a request rate (so charges show)."""
         tenant, key = await make_tenant_key(self.http, f"t{uuid.uuid4().hex[:8]}", allowed_tiers=ALL_TIERS,
@@ -57,40 +48,10 @@ class Gateway:
         assert response.status_code == 200, response.text
         return tenant, key
 
-    async def chat(self, key: str, **extra) -> httpx.Response:
-        body = {"model": self.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
-                "ignore_eos": True, "temperature": 0, **extra}
-        return await self.http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-
     async def charged(self, tenant_id: int) -> tuple[int, int]:
         """(tokens charged today, requests in flight) from the quota Redis."""
         usage = await self.quota_usage(tenant_id)
         return usage["daily"]["used"], usage["in_flight"]
-
-    async def quota_usage(self, tenant_id: int) -> dict:
-        response = await self.http.get(f"/admin/tenants/{tenant_id}/quota/usage", headers=admin_headers())
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def records(self, tenant_id: int) -> list:
-        engine = make_engine(self.app.state.gateway.settings.database_url)
-        now = datetime.now(timezone.utc)
-        with make_session_factory(engine)() as session:
-            records = list_usage(session, tenant_id=tenant_id, since=now - timedelta(hours=1),
-                                 until=now + timedelta(minutes=1))
-        engine.dispose()
-        return records
-
-
-@asynccontextmanager
-async def _gateway(settings):
-    from gateway.app import create_app
-
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
-                                     timeout=30) as http:
-            yield Gateway(app, http)
 
 
 def _parked_worker(engine, settings, redis) -> Worker:
@@ -136,7 +97,7 @@ async def test_refused_at_the_door_when_the_backlog_cannot_meet_the_target(slo_s
     worker = _parked_worker(engine, slo_settings, redis)
     _backlog(engine)  # 800 standard tokens ahead: 7 steps of 74 ms, over the 0.1 s target
     worker.publish_load(force=True)
-    async with _gateway(slo_settings) as gw:
+    async with inproc_gateway(slo_settings, Gateway) as gw:
         tenant, key = await gw.tenant()
         _assert_slo_refusal(await gw.chat(key))
         _assert_slo_refusal(await gw.chat(key, stream=True))  # refused before any stream starts
@@ -164,7 +125,7 @@ async def test_refused_by_the_engine_on_arrival(slo_settings, tiny_engine_factor
     worker = _parked_worker(engine, slo_settings, redis)
     worker.publish_load(force=True)  # idle: the door lets the request in
     _backlog(engine)  # ...but the engine has work the gateways have not seen yet
-    async with _gateway(slo_settings) as gw:
+    async with inproc_gateway(slo_settings, Gateway) as gw:
         tenant, key = await gw.tenant()
         request = asyncio.create_task(gw.chat(key))
         await _until_queued(redis, gw.model)
@@ -186,7 +147,7 @@ async def test_refused_by_the_engine_at_a_step_start(slo_settings, tiny_engine_f
     worker = _parked_worker(engine, settings, redis)
     _backlog(engine, priority=3)
     worker.publish_load(force=True)
-    async with _gateway(settings) as gw:
+    async with inproc_gateway(settings, Gateway) as gw:
         tenant, key = await gw.tenant()
         request = asyncio.create_task(gw.chat(key))
         await _until_queued(redis, gw.model)
@@ -205,7 +166,7 @@ async def test_refused_by_the_engine_at_a_step_start(slo_settings, tiny_engine_f
 async def test_the_lane_request_carries_the_tenants_or_the_tiers_targets(slo_settings, redis):
     settings = slo_settings.model_copy(update={"tier_ttft_targets": {"standard": 30.0}})
     redis.zadd(workers_key(settings.model_name), {"announced-only": time.time()})  # nobody reads the lane
-    async with _gateway(settings) as gw:
+    async with inproc_gateway(settings, Gateway) as gw:
         plain_tenant, plain = await gw.tenant()
         own_tenant, own = await gw.tenant(ttft_target_s=20.0, tpot_target_s=0.5)
         assert (own_tenant["ttft_target_s"], own_tenant["tpot_target_s"]) == (20.0, 0.5)
@@ -230,7 +191,7 @@ async def test_the_lane_request_carries_the_tenants_or_the_tiers_targets(slo_set
 async def test_generous_targets_are_served_as_usual(slo_settings, tiny_engine_factory):
     settings = slo_settings.model_copy(update={"tier_ttft_targets": {"priority": 30.0, "standard": 30.0}})
     with inproc_worker(tiny_engine_factory(policy="priority+slo", num_threads=None), settings) as (worker, _):
-        async with _gateway(settings) as gw:
+        async with inproc_gateway(settings, Gateway) as gw:
             tenant, key = await gw.tenant()
             for extra in ({}, {"stream": True}, {"service_tier": "priority"}, {"service_tier": "batch"}):
                 response = await gw.chat(key, **extra)

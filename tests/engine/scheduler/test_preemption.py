@@ -6,6 +6,8 @@ from engine.config import SchedulerConfig
 from engine.request import SamplingParams, Sequence, SequenceStatus
 from engine.scheduler import Scheduler, SwapCost
 
+from helpers import run_step  # (the plan's block copies need no model here)
+
 CHEAP = SwapCost(fixed_s=0.0, block_s=1e-6)  # 2 blocks: 2 us, against 8 tokens * 0.2 ms to recompute
 
 
@@ -19,16 +21,6 @@ def make(mode="swap", num_blocks=4, host=8, swap_cost=CHEAP, block_size=4, **cfg
 def seq(rid: str, tokens) -> Sequence:
     tokens = list(tokens)
     return Sequence(rid, tokens, len(tokens), SamplingParams())
-
-
-def run_step(s: Scheduler):
-    """Pretend the model ran (and copied the plan's blocks): advance, append a token to every sampler."""
-    plan = s.schedule()
-    samplers = [it.seq for it in plan.scheduled if it.samples]
-    s.finish_step(plan)
-    for q in samplers:
-        q.token_ids.append(7)
-    return plan
 
 
 def two_decoding(s: Scheduler):
