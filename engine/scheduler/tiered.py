@@ -206,18 +206,18 @@ class TieredPolicy(SchedulingPolicy):
                 t < tier and any(q.values()) for t, q in self.queues.items())
             if lower:
                 return True
-        return self.vtc is not None and self._excess(seq.tenant, tier) <= -1
+        return self.vtc is not None and self._excess(tier, seq.tenant)(seq.tenant) <= -1
 
-    def _excess(self, tenant: str, tier: int) -> float:
-        """Running sequences of `tier` the tenant holds beyond its weighted share of them (the
-        share split between the tier's tenants with work running or waiting)."""
+    def _excess(self, tier: int, tenant: str):
+        """tenant -> running sequences of `tier` it holds beyond its weighted share of them (the
+        share split between the tier's tenants with work running or waiting, and `tenant`)."""
         held: dict[str, int] = {}
         for s in self._running:
             if self.tier(s) == tier:
                 held[s.tenant] = held.get(s.tenant, 0) + 1
         tenants = set(held) | {t for t, h in self.queues.get(tier, {}).items() if h} | {tenant}
-        total_w, slots = sum(self.weights.get(t, 1.0) for t in tenants), sum(held.values())
-        return held.get(tenant, 0) - slots * self.weights.get(tenant, 1.0) / total_w
+        per_weight = sum(held.values()) / sum(self.weights.get(t, 1.0) for t in tenants)
+        return lambda t: held.get(t, 0) - per_weight * self.weights.get(t, 1.0)
 
     def _over_share(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
         """At the sequence cap or the KV limit: the running sequences of seq's tier are shared
@@ -227,11 +227,7 @@ class TieredPolicy(SchedulingPolicy):
         preempted (cheapest to recompute; it keeps its place in the queue). One swap never reverses
         itself: afterwards neither tenant is a whole sequence away from its share. Without this a
         light tenant waits for a heavy tenant's request to finish before it gets a slot."""
-        tier = self.tier(seq)
-
-        def excess(tenant: str) -> float:
-            return self._excess(tenant, tier)
-
+        excess = self._excess(self.tier(seq), seq.tenant)
         if excess(seq.tenant) > -1:
             return None
         mine = self.vtc.value(seq.tenant)
