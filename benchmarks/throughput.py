@@ -1,27 +1,25 @@
 """Output tokens/s of fairlane's engine against Hugging Face `generate` (static padded batches) and
 transformers' own continuous batching, on the same workload, in one process and one run.
 
-    python benchmarks/throughput.py            # SmolLM2 bf16, 2 threads, 64 requests
-    python benchmarks/throughput.py --quick    # 16 requests, for a smoke run
+    python -m benchmarks.throughput            # SmolLM2 bf16, 2 threads, 64 requests
+    python -m benchmarks.throughput --smoke    # 4 requests on a tiny random model, in seconds
 
 Two passes: `ignore_eos` (every system does exactly each request's max_tokens) and `eos` (stop at
 EOS; only useful tokens are counted: a static batch's padding after EOS or past a request's own
-max_tokens is not). Writes benchmarks/results/throughput.json and throughput.png.
+max_tokens is not). Writes throughput.json and throughput.png under --out (benchmarks/results).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
 from benchmarks.workloads import chat_prompts, output_budgets
 from engine import LLM, SamplingParams
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def run_fairlane(llm: LLM, prompts, budgets, ignore_eos: bool) -> dict:
@@ -80,24 +78,28 @@ def run_hf_continuous(model, prompts, budgets, ignore_eos: bool, eos: int) -> di
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--quick", action="store_true", help="16 requests, budgets up to 128")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batch-size", type=int, default=32, help="HF static batch size")
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--systems", default="hf_static,hf_continuous,fairlane")
-    ap.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
+    ap.add_argument("--systems", default=None, help="comma-separated, of hf_static, hf_continuous, fairlane "
+                    "(default: all three; with --smoke: hf_static,fairlane, since transformers' continuous "
+                    "batching alone takes about 20 s to start and stop)")
+    add_common_args(ap)
     args = ap.parse_args()
-    n = 16 if args.quick else args.requests
+    out = out_dir(args, "throughput")
+    n, model, high = (4, tiny_model(), 16) if args.smoke else (args.requests, "smollm2", 512)
+    if args.smoke:
+        args.dtype = "float32"
     torch.set_num_threads(args.threads)
-    llm = LLM(model="smollm2", dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs)
+    llm = LLM(model=model, dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs)
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=getattr(torch, args.dtype)).eval()
     eos = 2
     prompts = chat_prompts(llm.tokenizer, n)
-    budgets = output_budgets(n, high=128 if args.quick else 512)
-    systems = args.systems.split(",")
+    budgets = output_budgets(n, low=min(16, high // 4), high=high)
+    systems = (args.systems or ("hf_static,fairlane" if args.smoke else "hf_static,hf_continuous,fairlane")).split(",")
     runs: dict = {}
     for mode in ("ignore_eos", "eos"):
         ig = mode == "ignore_eos"
@@ -117,20 +119,20 @@ def main() -> None:
                 res[name]["fairlane_speedup"] = res["fairlane"]["tokens_per_s"] / res[name]["tokens_per_s"]
         runs[mode] = res
     report = {
-        "model": "SmolLM2-135M-Instruct", "dtype": args.dtype, "threads": args.threads, "requests": n,
+        "model": llm.engine.model_name, "smoke": args.smoke, "dtype": args.dtype, "threads": args.threads, "requests": n,
         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts)), sum(map(len, prompts))],
         "max_tokens": [min(budgets), max(budgets), sum(budgets)], "hf_static_batch": args.batch_size,
-        "fairlane_max_num_seqs": args.max_num_seqs, "machine": platform.processor() or platform.machine(),
+        "fairlane_max_num_seqs": args.max_num_seqs, "machine": machine(),
         "torch": torch.__version__, "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    (out / "throughput.json").write_text(json.dumps(report, indent=2))
     print_table(runs)
-    plot(runs, args.out.with_suffix(".png"), n, args.dtype)
+    plot(runs, out / "throughput.png", n, f"{report['model']} {args.dtype}, {args.threads} threads")
+    done(out)
 
 
 def print_table(runs: dict) -> None:
-    print(f"\n| workload | system | output tokens | seconds | tok/s | fairlane × |")
+    print("\n| workload | system | output tokens | seconds | tok/s | fairlane × |")
     print("|---|---|---:|---:|---:|---:|")
     for mode, res in runs.items():
         for name, r in res.items():
@@ -138,7 +140,7 @@ def print_table(runs: dict) -> None:
                   f"{r.get('fairlane_speedup', float('nan')):.2f} |")
 
 
-def plot(runs: dict, path: Path, n: int, dtype: str) -> None:
+def plot(runs: dict, path: Path, n: int, what: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,7 +152,7 @@ def plot(runs: dict, path: Path, n: int, dtype: str) -> None:
         vals = [res[k]["tokens_per_s"] for k in names]
         bars = ax.bar(names, vals, color=["#999", "#69c", "#e63"][: len(names)])
         ax.bar_label(bars, fmt="%.0f")
-        ax.set_title(f"{mode}: {n} requests, SmolLM2 {dtype}, 2 threads")
+        ax.set_title(f"{mode}: {n} requests, {what}")
         ax.set_ylabel("output tokens / s")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,30 +1,71 @@
 """fairlane's inference engine: paged KV cache, continuous batching, our own Llama forward.
 
 Public API (other packages import only these names):
-    Engine, EngineConfig, LLM, SamplingParams, RequestOutput, SLOLoad, errors.
-"""
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.engine import Engine
-from engine.errors import (ContextLengthExceededError, DuplicateRequestError, EngineError, InvalidRequestError,
-                           SLOUnattainableError)
-from engine.llm import LLM, Completion
-from engine.request import FinishReason, RequestOutput, SamplingParams
-from engine.scheduler import SLOLoad
+    Engine, EngineConfig, LLM, SamplingParams, RequestOutput, SLOLoad, LoRARequest, errors
+    (AdapterError and its subclasses in engine.lora).
 
-__all__ = [
-    "CacheConfig",
-    "Completion",
-    "ContextLengthExceededError",
-    "DuplicateRequestError",
-    "Engine",
-    "EngineConfig",
-    "EngineError",
-    "FinishReason",
-    "InvalidRequestError",
-    "LLM",
-    "RequestOutput",
-    "SLOLoad",
-    "SLOUnattainableError",
-    "SamplingParams",
-    "SchedulerConfig",
-]
+Names are resolved lazily (PEP 562): ``from engine import SamplingParams`` loads only the
+torch-free modules that define it, so a gateway replica imports the wire types without torch;
+``Engine`` and ``LLM`` load the model side (torch) on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "CacheConfig": "engine.config",
+    "EngineConfig": "engine.config",
+    "SchedulerConfig": "engine.config",
+    "LoRAConfig": "engine.config",
+    "ContextLengthExceededError": "engine.errors",
+    "DuplicateRequestError": "engine.errors",
+    "EngineError": "engine.errors",
+    "InvalidRequestError": "engine.errors",
+    "SLOUnattainableError": "engine.errors",
+    "FinishReason": "engine.request",
+    "RequestOutput": "engine.request",
+    "SamplingParams": "engine.request",
+    "SLOLoad": "engine.scheduler.load",
+    "predict_ttft": "engine.scheduler.load",
+    "POLICY_PARTS": "engine.scheduler.registry",
+    "parse_policy": "engine.scheduler.registry",
+    "Engine": "engine.engine",
+    "LLM": "engine.llm",
+    "Completion": "engine.llm",
+    "LoRARequest": "engine.lora.request",
+    "AdapterError": "engine.lora.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from engine.config import CacheConfig, EngineConfig, LoRAConfig, SchedulerConfig
+    from engine.engine import Engine
+    from engine.errors import (
+        ContextLengthExceededError,
+        DuplicateRequestError,
+        EngineError,
+        InvalidRequestError,
+        SLOUnattainableError,
+    )
+    from engine.llm import LLM, Completion
+    from engine.lora.errors import AdapterError
+    from engine.lora.request import LoRARequest
+    from engine.request import FinishReason, RequestOutput, SamplingParams
+    from engine.scheduler.load import SLOLoad, predict_ttft
+    from engine.scheduler.registry import POLICY_PARTS, parse_policy
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

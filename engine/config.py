@@ -1,10 +1,12 @@
-"""Frozen engine configuration. Each config extends the one it builds on (cache → scheduler → engine)."""
+"""Frozen engine configuration. Each config extends the one it builds on (cache → scheduler → LoRA → engine)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -89,14 +91,44 @@ class SchedulerConfig(CacheConfig):
 
 
 @dataclass(frozen=True)
-class EngineConfig(SchedulerConfig):
+class LoRAConfig(SchedulerConfig):
+    """Multi-LoRA serving (docs/lora.md): device slots hold `max_loras` adapters of rank up to
+    `max_lora_rank` at once; the host keeps up to `max_cpu_loras` validated adapters (more while
+    queued requests use them). max_loras=0 turns LoRA off."""
+
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: 4 * max_loras
+    lora_kernel: str = "auto"  # "torch" (segment matmuls), "triton" (SGMV kernels, GPU); "auto" by device
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_loras < 0:
+            raise ValueError(f"max_loras must be non-negative, got {self.max_loras}")
+        if self.max_lora_rank <= 0:
+            raise ValueError(f"max_lora_rank must be positive, got {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        if self.lora_kernel not in ("auto", "torch", "triton"):
+            raise ValueError(f"lora_kernel must be 'auto', 'torch' or 'triton', got {self.lora_kernel!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig(LoRAConfig):
     """Everything an Engine needs. `model` is "smollm2", a HF folder, a .gguf file or "dummy"."""
 
     model: str = "smollm2"
     dtype: str = "auto"  # "auto": bfloat16 where the hardware has it natively, else float32
     num_threads: int | None = None  # None: leave torch's default
     seed: int = 0
-    attention_backend: str = "auto"  # "auto": "cpu" (C kernel) when a C compiler is there, else "torch"
+    # "auto": CUDA when torch sees a GPU, else CPU; or "cpu", "cuda", "cuda:N". One engine, one device.
+    device: str = "auto"
+    # "auto": "triton" on CUDA; on CPU "cpu" (C kernel) when a C compiler is there, else "torch"
+    attention_backend: str = "auto"
+    # Decode-only steps replay CUDA graphs captured at a few batch sizes (docs/gpu.md); CUDA and the
+    # triton backend only: elsewhere every step runs eagerly whatever this says.
+    cuda_graphs: bool = True
+    cuda_graph_max_batch: int | None = None  # largest captured batch; None: max_num_seqs
     dummy_config: dict | None = field(default=None, hash=False)  # LlamaConfig kwargs for "dummy"
     cache_dir: str | None = None  # where converted GGUF models are kept; None: ~/.cache/fairlane
     # Detokenize every step (servers stream text); offline generation decodes once at the end.
@@ -106,5 +138,9 @@ class EngineConfig(SchedulerConfig):
         super().__post_init__()
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.cuda_graph_max_batch is not None and self.cuda_graph_max_batch <= 0:
+            raise ValueError(f"cuda_graph_max_batch must be positive, got {self.cuda_graph_max_batch}")
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")

@@ -1,6 +1,7 @@
 """The engine: add_request / abort / step. Owns the scheduler, the block manager and the runner."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 
@@ -8,9 +9,12 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.detokenizer import DetokState, Detokenizer, find_stop, holdback
-from engine.errors import ContextLengthExceededError, DuplicateRequestError, InvalidRequestError
+from engine.detokenizer import Detokenizer, DetokState, find_stop, holdback
+from engine.device import resolve_device, resolve_dtype
+from engine.errors import ContextLengthExceededError, DuplicateRequestError, InvalidRequestError, SLOUnattainableError
 from engine.loader import load_model
+from engine.lora.errors import LoRADisabledError
+from engine.lora.request import LoRARequest
 from engine.model_runner import ModelRunner
 from engine.request import FinishReason, RequestOutput, SamplingParams, Sequence, SequenceStatus
 from engine.scheduler import Scheduler
@@ -26,8 +30,9 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
+        device = resolve_device(config.device)
         loaded = load_model(config.model, cache_dir=config.cache_dir, dummy_config=config.dummy_config,
-                            seed=config.seed)
+                            seed=config.seed, device=device, dtype=resolve_dtype(config.dtype, device))
         self.model_name = loaded.name
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
@@ -45,7 +50,9 @@ class Engine:
                                           num_host_blocks=swap.num_blocks)
         # Measured once here: what preemption_mode "auto" weighs against recomputation.
         self.swap_cost = swap.measure() if swap.num_blocks else None
-        self.scheduler = Scheduler(self.config, self.block_manager, swap_cost=self.swap_cost)
+        self.lora = self.runner.lora  # LoRAManager, or None with max_loras=0
+        self.scheduler = Scheduler(self.config, self.block_manager, swap_cost=self.swap_cost,
+                                   admit_check=self.lora.can_admit if self.lora else None)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.seqs: dict[str, Sequence] = {}
         self._detok: dict[str, DetokState] = {}
@@ -83,22 +90,23 @@ class Engine:
         if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise InvalidRequestError(f"{name} must be a list of token ids (integers)", param=name)
         if any(not 0 <= t < self.vocab_size for t in ids):
-            raise InvalidRequestError(f"{name} holds token ids outside the vocabulary [0, {self.vocab_size})", param=name)
+            raise InvalidRequestError(f"{name} holds token ids outside the vocabulary [0, {self.vocab_size})",
+                                      param=name)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     tenant: str = "default", weight: float = 1.0, priority: int = 0,
                     arrival_time: float | None = None, ttft_target_s: float | None = None,
-                    tpot_target_s: float | None = None, lora: str | None = None,
+                    tpot_target_s: float | None = None, lora: str | LoRARequest | None = None,
                     resume_token_ids=()) -> None:
         """Queue a request. `resume_token_ids` are output tokens already produced elsewhere (a dead
-        worker's): generation continues after them and they count toward max_tokens."""
+        worker's): generation continues after them and they count toward max_tokens. `lora`: a
+        PEFT adapter folder (or a LoRARequest); a bad adapter raises a named AdapterError."""
         if request_id in self.seqs:
             raise DuplicateRequestError(f"request {request_id!r} is already in the engine", param="request_id")
         self.validate(prompt_token_ids, params, resume_token_ids)
-        if lora is not None:
-            raise InvalidRequestError("LoRA adapters are not supported by this engine yet", param="lora")
         if weight <= 0:
             raise InvalidRequestError("weight must be positive", param="weight")
+        lora = self._acquire_lora(lora)
         seq = Sequence(
             request_id=request_id, token_ids=list(prompt_token_ids) + list(resume_token_ids),
             num_prompt_tokens=len(prompt_token_ids), params=params, tenant=tenant, weight=weight,
@@ -107,12 +115,37 @@ class Engine:
         )
         if arrival_time is not None:
             seq.arrival_time = arrival_time
-        self.scheduler.add(seq)  # an SLO policy may refuse here (SLOUnattainableError): nothing is kept
+        try:
+            self.scheduler.add(seq)  # an SLO policy may refuse here (SLOUnattainableError): nothing is kept
+        except Exception as exc:
+            if lora is not None:
+                self.lora.release(lora)
+            if isinstance(exc, SLOUnattainableError):
+                self.stats.slo_refusals += 1
+            raise
         if params.seed is not None:
             self._generators[request_id] = torch.Generator().manual_seed(params.seed)
         if self.detokenizer is not None and (self.config.incremental_text or params.stop):
             self._detok[request_id] = self.detokenizer.start(len(resume_token_ids))
         self.seqs[request_id] = seq
+
+    def _acquire_lora(self, lora) -> str | None:
+        """The adapter's uid (validated, cached in host memory, pinned until the request ends)."""
+        if lora is None:
+            return None
+        if self.lora is None:
+            raise LoRADisabledError("this engine serves no LoRA adapters (max_loras=0)", param="lora")
+        if isinstance(lora, os.PathLike):
+            lora = os.fspath(lora)
+        if not isinstance(lora, (str, LoRARequest)):
+            raise InvalidRequestError("lora must be an adapter folder path or a LoRARequest", param="lora")
+        return self.lora.acquire(lora)
+
+    def check_lora(self, lora) -> None:
+        """Validate an adapter (and keep it in the host cache) without queueing anything."""
+        uid = self._acquire_lora(lora)
+        if uid is not None:
+            self.lora.release(uid)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if it is unknown or already done."""
@@ -123,17 +156,28 @@ class Engine:
         self._release(seq)
         return True
 
+    def take_events(self, request_id: str) -> list:
+        """The request's events (SeqEvent) not yet handed out in a RequestOutput: call before
+        abort() to keep what happened to an aborted request. Empty if it is unknown."""
+        seq = self.seqs.get(request_id)
+        return seq.take_events() if seq is not None else []
+
     # ---- stepping --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once over every scheduled token, sample, and report."""
         plan = self.scheduler.schedule()
         self.stats.preemptions += len(plan.preempted)
+        if self.lora is not None:  # the adapters of every running sequence into device slots
+            self.lora.activate(self.scheduler.running)
+            self.stats.lora_slot_loads = self.lora.slots.loads
+            self.stats.lora_slot_evictions = self.lora.slots.evictions
         if plan.swap_out or plan.swap_in:  # even when nothing runs: a swapped-out victim's blocks
             t0 = time.perf_counter()
             self.runner.swap(plan)
             self.stats.swap_seconds += time.perf_counter() - t0
             self.stats.swaps += sum(self.block_manager.is_swapped(s) for s in plan.preempted)
             self.stats.swapped_blocks += len(plan.swap_out) + len(plan.swap_in)
+        self.stats.slo_refusals += len(plan.refused)
         refused = [self._refused(seq, error) for seq, error in plan.refused]
         if plan.is_empty:
             return refused
@@ -143,11 +187,17 @@ class Engine:
         self.stats.forward_seconds += elapsed
         self.scheduler.observe_step(plan, elapsed)  # feeds an SLO policy's step-cost model
         self.stats.steps += 1
-        for item in plan.scheduled:  # a decode extends a sequence by the token it sampled last step
-            if item.num_tokens == 1 and item.samples and item.seq.num_output_tokens > 0:
+        for item in plan.scheduled:
+            if item.is_output_decode:
                 self.stats.decode_tokens += 1
             else:
                 self.stats.prefill_tokens += item.num_tokens
+                item.seq.record("prefill_chunk", tokens=item.num_tokens, start=item.seq.num_computed_tokens)
+        stats = self.stats
+        stats.admissions = self.scheduler.num_admissions
+        stats.last_step_seqs, stats.last_step_tokens = len(plan.scheduled), plan.num_tokens
+        stats.last_step_seconds = elapsed
+        stats.prefix_hit_tokens = self.block_manager.num_prefix_hit_tokens
         self.scheduler.finish_step(plan)
         self.stats.utilization_sum += self.block_manager.utilization(self.scheduler.running)
         self.stats.utilization_steps += 1
@@ -157,10 +207,11 @@ class Engine:
     def _refused(self, seq: Sequence, error: Exception) -> RequestOutput:
         """A waiting request the policy refused (it would miss its TTFT target): finished, no tokens."""
         seq.finish_reason = FinishReason.SLO_UNATTAINABLE
+        seq.record("slo_refused")
         self._release(seq)
         return RequestOutput(request_id=seq.request_id, new_token_ids=[], new_text="", finished=True,
                              finish_reason=seq.finish_reason.value, num_prompt_tokens=seq.num_prompt_tokens,
-                             num_output_tokens=seq.num_output_tokens, error=error)
+                             num_output_tokens=seq.num_output_tokens, error=error, events=seq.take_events())
 
     def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
         """Predicted seconds to the first token of a request added now; None unless the policy is
@@ -177,6 +228,7 @@ class Engine:
         self.stats.output_tokens += 1
         if seq.first_token_time is None:
             seq.first_token_time = now
+            seq.record("first_token")
         p = seq.params
         if not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
             seq.finish_reason = FinishReason.STOP
@@ -190,7 +242,10 @@ class Engine:
             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
         )
         if out.finished:
+            seq.record("finished", finish_reason=out.finish_reason)
             self._release(seq)
+        if seq.events:
+            out.events = seq.take_events()
         return out
 
     def _text(self, seq: Sequence) -> str:
@@ -214,7 +269,8 @@ class Engine:
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
-        self.seqs.pop(seq.request_id, None)
+        if self.seqs.pop(seq.request_id, None) is not None and seq.lora is not None:
+            self.lora.release(seq.lora)  # unpin the adapter in host memory
         self._detok.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
 
@@ -233,6 +289,11 @@ class Engine:
     @property
     def num_total_blocks(self) -> int:
         return self.block_manager.num_blocks
+
+    @property
+    def num_swapped(self) -> int:
+        """Waiting sequences whose KV is in host memory (preempted by swap)."""
+        return sum(1 for s in self.seqs.values() if self.block_manager.is_swapped(s))
 
     @property
     def num_running(self) -> int:

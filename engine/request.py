@@ -73,6 +73,21 @@ class SamplingParams:
         return self.temperature == 0
 
 
+@dataclass(frozen=True)
+class SeqEvent:
+    """Something that happened to a request inside the engine, for tracing: the worker turns these
+    into span events, an offline caller may ignore them. A handful per request, none per decode.
+
+    name: admitted | resumed | prefill_chunk | first_token | preempted | finished | aborted |
+    slo_refused; time: unix seconds (time.time()); attrs: plain str/int/float values, e.g.
+    preempted/resumed {"mode": "recompute" | "swap"}, prefill_chunk {"tokens": n, "start": first position}.
+    """
+
+    name: str
+    time: float
+    attrs: dict = field(default_factory=dict)
+
+
 @dataclass
 class Sequence:
     """One request's tokens and progress. token_ids = prompt + output; KV holds the first
@@ -97,6 +112,16 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last admission
+    events: list[SeqEvent] = field(default_factory=list)  # not yet handed out in a RequestOutput
+
+    def record(self, name: str, **attrs) -> None:
+        """Note an event (SeqEvent) now."""
+        self.events.append(SeqEvent(name, time.time(), attrs))
+
+    def take_events(self) -> list[SeqEvent]:
+        """The events recorded since the last call, oldest first."""
+        events, self.events = self.events, []
+        return events
 
     @property
     def num_tokens(self) -> int:
@@ -131,3 +156,4 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     error: Exception | None = None  # why a request was refused (an EngineError, e.g. SLOUnattainableError)
+    events: list[SeqEvent] = field(default_factory=list)  # what happened to it since its last output

@@ -1,4 +1,5 @@
-"""Token selection for the rows that sample: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Token selection for the rows that sample: greedy, temperature, top-k, top-p, per-request seeds.
+Runs on the logits' device; only the chosen token ids come back to the host."""
 from __future__ import annotations
 
 import torch
@@ -12,27 +13,30 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     greedy_ids = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
         return greedy_ids.tolist()
-    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype)
+    device = logits.device
+    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype).to(device)
     logits = logits / temps[:, None]
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
         logits = _top_k_top_p(logits, params)
     probs = torch.softmax(logits, dim=-1)
-    # Gumbel-style draw: argmax(p / E) with E ~ Exp(1) samples from p; a seeded row uses its own stream.
+    # Gumbel-style draw: argmax(p / E) with E ~ Exp(1) samples from p; a seeded row uses its own
+    # stream, a host generator: drawn on the host, so a seed gives the same tokens on any device.
     noise = torch.empty_like(probs).exponential_()
     for i, gen in enumerate(generators):
         if gen is not None:
-            noise[i].exponential_(generator=gen)
+            noise[i] = torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(generator=gen).to(device)
     sampled = (probs / noise).argmax(dim=-1)
-    greedy_rows = torch.tensor([p.greedy for p in params])
+    greedy_rows = torch.tensor([p.greedy for p in params]).to(device)
     return torch.where(greedy_rows, greedy_ids, sampled).tolist()
 
 
 def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
-    ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
-    ps = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
-    ranks = torch.arange(vocab)[None, :]
+    device = logits.device
+    ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).to(device)
+    ps = torch.tensor([p.top_p for p in params], dtype=logits.dtype).to(device)
+    ranks = torch.arange(vocab, device=device)[None, :]
     drop = ranks >= ks[:, None]
     probs = torch.softmax(sorted_logits, dim=-1)
     before = probs.cumsum(dim=-1) - probs  # mass strictly before each token; the top token always stays

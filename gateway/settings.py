@@ -1,22 +1,47 @@
-"""Gateway settings: FAIRLANE_* environment variables over a YAML file over defaults.
+"""Settings of fairlane's processes: FAIRLANE_* environment variables over a YAML file over defaults.
 
-The YAML file is FAIRLANE_CONFIG if set, else configs/fairlane.yaml (the embedded default).
-A server that is not in dev mode refuses to start with an empty or well-known admin token.
+One vocabulary for the whole deployment, one class per process reading its part of it:
+``ApiSettings`` (a gateway replica), ``WorkerSettings`` (an engine worker) and ``ServeSettings``
+(``fairlane serve``: a replica plus the processes it starts). Every process reads the same
+environment and YAML file (FAIRLANE_CONFIG, else configs/fairlane.yaml), so each accepts the keys
+of the others and ignores them, and refuses at start any key that belongs to none of them.
+
+The engine is one nested section, built whole into ``engine.EngineConfig`` and derived from that
+dataclass: every EngineConfig field is settable, as ``engine: {kv_cache_gib: 2}`` in YAML or
+``FAIRLANE_ENGINE__KV_CACHE_GIB=2`` in the environment, with EngineConfig's own defaults and checks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, model_validator
+import yaml
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from engine import EngineConfig, parse_policy
+from engine.assets import CACHE_ENV
+
 DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "fairlane.yaml"
+ENV_PREFIX, NESTED = "FAIRLANE_", "__"
+# FAIRLANE_* variables that are not settings: read directly by one part of the project, or by clients.
+# (Observability also reads the standard OTEL_* variables, e.g. OTEL_EXPORTER_OTLP_ENDPOINT, and
+# fairlane serve sets PROMETHEUS_MULTIPROC_DIR for itself and its workers: docs/observability.md.)
+NOT_SETTINGS = frozenset({"FAIRLANE_CONFIG", "FAIRLANE_WORKER_ID", CACHE_ENV, "FAIRLANE_API_KEY"})
+NOT_SETTINGS_PREFIX = "FAIRLANE_TEST_"  # the test suite's own
 WEAK_ADMIN_TOKENS = frozenset({"", "admin", "changeme", "change-me", "change_me", "secret", "default", "fairlane"})
 MIN_ADMIN_TOKEN_LEN = 16
-POLICY_PARTS = ("fcfs", "priority", "vtc", "slo")  # engine scheduling policies compose with "+"
+# The engine's targets are keyed by engine priority; the server's (same names) by tier name.
+SERVER_TARGETS = ("tier_ttft_targets", "tier_tpot_targets")
+
+# EngineConfig itself, validated by pydantic (its __post_init__ checks included); unknown fields refused.
+EngineSection = pydantic_dataclass(EngineConfig, frozen=True, config=ConfigDict(extra="forbid"))
+ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
 
 
 def config_file() -> Path | None:
@@ -24,95 +49,68 @@ def config_file() -> Path | None:
     return path if path.is_file() else None
 
 
-class Settings(BaseSettings):
-    """Everything a gateway, a worker and `fairlane serve` read; one instance per process."""
+class _OwnYamlSource(YamlConfigSettingsSource):
+    """The YAML file, keys of this process only (the file is shared by every process)."""
 
-    model_config = SettingsConfigDict(env_prefix="FAIRLANE_", extra="ignore", frozen=True)
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in super().__call__().items() if k in self.settings_cls.model_fields}
 
-    dev: bool = False
-    admin_token: str = ""
-    database_url: str = "sqlite:///fairlane.db"
+
+class SharedSettings(BaseSettings):
+    """What every process reads: where Redis is, the model and its engine, the lanes."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED, extra="forbid",
+                                      frozen=True)
+
     redis_url: str | None = None  # None: `fairlane serve` starts an embedded server
-
-    # The model every worker of this deployment serves, and the name clients call it by.
-    model: str = "smollm2"
-    served_model_name: str | None = None
-    dtype: str = "float32"
-    num_threads: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    max_model_len: int | None = None
-    dummy_config: dict[str, Any] | None = None
-
+    engine: EngineSection = Field(default_factory=EngineSection)
+    served_model_name: str | None = None  # the name clients call the model by (default: from engine.model)
     # Priority lanes, highest first. OpenAI's "auto"/"default" service_tier means the tenant's default.
     tiers: list[str] = Field(default_factory=lambda: ["priority", "standard", "batch"])
-
-    # Scheduling (docs/scheduling.md): the engine policy of every worker; "+slo" turns on SLO-aware
-    # admission, which acts on the latency targets below (tier -> seconds; a tenant's own win).
-    policy: str = "fcfs"
-    tier_ttft_targets: dict[str, float] = Field(default_factory=dict)
-    tier_tpot_targets: dict[str, float] = Field(default_factory=dict)
-    slo_demote: bool = False  # a request that would miss its TTFT target drops a tier instead of a 503
-    slo_gate: bool = True  # gateways refuse at the door what the workers' load says cannot meet its TTFT
-    slo_gate_cache_s: float = Field(0.1, ge=0)  # how long a gateway reuses its read of the workers' load
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    workers: int = 1  # engine worker processes started by `fairlane serve`
-    max_body_bytes: int = 1_000_000
-    max_tokens_default: int = 256
-    request_timeout_s: float = 600.0
     result_ttl_s: int = 300  # out:{id} streams and cancel marks expire this long after last write
-    auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
-    worker_claim_idle_ms: int = 3000  # a lane entry idle this long belongs to a dead worker
-    worker_heartbeat_s: float = 0.5
 
-    # Quotas (quotas.Limiter on Redis): "closed" refuses requests with a 503 while the quota Redis
-    # is unreachable, "open" admits them unchecked (logged).
-    quota_on_redis_error: Literal["closed", "open"] = "closed"
-    quota_redis_url: str | None = None  # None: the lanes' Redis (redis_url)
-    quota_key_prefix: str = "fairlane:quota"  # deployments (or tests) sharing one Redis need their own
-    quota_lease_ttl_s: float = Field(900.0, gt=0)  # a concurrency slot outlives a crashed gateway this long
+    # Observability (docs/observability.md). Tracing is off unless an OTLP endpoint (this, else the
+    # standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT) or otel_console is set.
+    otel_endpoint: str | None = None  # e.g. http://collector:4318 (http/protobuf) or http://collector:4317 (grpc)
+    otel_protocol: Literal["http/protobuf", "grpc"] | None = None  # None: OTEL_EXPORTER_OTLP_PROTOCOL, else http
+    otel_console: bool = False  # also print every span to stdout (debugging)
+    otel_sample_ratio: float = Field(1.0, ge=0, le=1)  # of new traces; a sampled parent is always followed
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"  # json: one object a line (and one line per finished request)
+    metrics_tenant_label: bool = False  # a tenant label on request metrics (one series per tenant: cardinality)
 
     @property
     def model_name(self) -> str:
         if self.served_model_name:
             return self.served_model_name
-        return Path(self.model).name if self.model not in ("smollm2", "dummy") else self.model
+        model = self.engine.model
+        return Path(model).name if model not in ("smollm2", "dummy") else model
+
+    def engine_config(self) -> EngineConfig:
+        """The engine section as the engine's own frozen dataclass."""
+        return EngineConfig(**{name: getattr(self.engine, name) for name in ENGINE_FIELDS})
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        check_known_keys()
+        return data
 
     @model_validator(mode="after")
-    def _check(self) -> Settings:
-        if not self.dev and (
-            self.admin_token.strip().lower() in WEAK_ADMIN_TOKENS or len(self.admin_token) < MIN_ADMIN_TOKEN_LEN
-        ):
-            raise ValueError(
-                "FAIRLANE_ADMIN_TOKEN must be set to a secret of at least "
-                f"{MIN_ADMIN_TOKEN_LEN} characters (or run `fairlane serve --dev`)"
-            )
+    def _check_shared(self) -> SharedSettings:
         if not self.tiers or len(set(self.tiers)) != len(self.tiers):
             raise ValueError("tiers must be a non-empty list of distinct names")
-        parts = self.policy.split("+")
-        unknown = [p for p in parts if p not in POLICY_PARTS]
-        if unknown:
-            raise ValueError(f"unknown scheduling policy {self.policy!r}: compose {', '.join(POLICY_PARTS)} "
-                             "with '+', e.g. 'priority+vtc+slo'")
-        for name in ("tier_ttft_targets", "tier_tpot_targets"):
-            targets = getattr(self, name)
-            if set(targets) - set(self.tiers):
-                raise ValueError(f"{name} names unknown tiers {sorted(set(targets) - set(self.tiers))}; "
-                                 f"tiers are {self.tiers}")
-            if any(v <= 0 for v in targets.values()):
-                raise ValueError(f"{name} must hold positive seconds")
-            if targets and "slo" not in parts:
-                raise ValueError(f"{name} are set but policy {self.policy!r} ignores them: add '+slo' "
-                                 "(e.g. 'priority+slo')")
+        for name in SERVER_TARGETS:
+            if getattr(self.engine, name):
+                raise ValueError(f"engine.{name} is keyed by engine priority; the server sets targets per tier "
+                                 f"name: use {name} (FAIRLANE_{name.upper()})")
+        parse_policy(self.engine.policy)
         return self
-
-    def slo_targets(self, tier: str) -> tuple[float | None, float | None]:
-        """The tier's (TTFT, TPOT) targets in seconds; None where it has none."""
-        return self.tier_ttft_targets.get(tier), self.tier_tpot_targets.get(tier)
 
     @classmethod
     def settings_customise_sources(
@@ -126,5 +124,152 @@ class Settings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = config_file()
         if path is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            sources.append(_OwnYamlSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+
+class WorkerSettings(SharedSettings):
+    """An engine worker (``fairlane worker``, or started by ``fairlane serve``)."""
+
+    worker_claim_idle_ms: int = 3000  # a lane entry idle this long belongs to a dead worker
+    worker_heartbeat_s: float = 0.5
+    # /metrics of a separately started worker (fairlane serve's workers report through its gateway).
+    worker_metrics_port: int = Field(9400, ge=0, le=65535)  # 0: no endpoint
+    worker_metrics_host: str = "127.0.0.1"
+
+
+class ApiSettings(SharedSettings):
+    """A gateway replica. Outside dev mode it refuses an empty or well-known admin token."""
+
+    dev: bool = False
+    admin_token: str = ""
+    database_url: str = "sqlite:///fairlane.db"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 1_000_000
+    max_tokens_default: int = 256
+    request_timeout_s: float = Field(600.0, gt=0)  # the longest wait for a request's first result
+    # Once a stream has started: a comment line every sse_keepalive_s while no token comes, and an
+    # error event (then the end) when none came for stream_idle_timeout_s.
+    sse_keepalive_s: float = Field(5.0, gt=0)
+    stream_idle_timeout_s: float = Field(120.0, gt=0)
+    # Prompts longer than this (characters of all messages, or of the prompt) are refused before
+    # tokenizing; longer ones than tokenize_inline_chars are tokenized in a thread, off the event loop.
+    max_prompt_chars: int = Field(262_144, ge=1)  # 32 characters a token for an 8K context: never fits
+    tokenize_inline_chars: int = Field(4096, ge=0)
+    auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
+
+    # Latency targets (docs/gateway.md): tier -> seconds; a tenant's own win. They need a "+slo" policy.
+    tier_ttft_targets: dict[str, float] = Field(default_factory=dict)
+    tier_tpot_targets: dict[str, float] = Field(default_factory=dict)
+    slo_gate: bool = True  # refuse at the door what the workers' load says cannot meet its TTFT
+    slo_gate_cache_s: float = Field(0.1, ge=0)  # how long a replica reuses its read of the workers' load
+
+    # Quotas (quotas.Limiter on Redis): "closed" refuses requests with a 503 while the quota Redis
+    # is unreachable, "open" admits them unchecked (logged).
+    quota_on_redis_error: Literal["closed", "open"] = "closed"
+    quota_redis_url: str | None = None  # None: the lanes' Redis (redis_url)
+    quota_key_prefix: str = "fairlane:quota"  # deployments (or tests) sharing one Redis need their own
+    quota_lease_ttl_s: float = Field(900.0, gt=0)  # a concurrency slot outlives a crashed gateway this long
+
+    @model_validator(mode="after")
+    def _check_api(self) -> ApiSettings:
+        if not self.dev and (
+            self.admin_token.strip().lower() in WEAK_ADMIN_TOKENS or len(self.admin_token) < MIN_ADMIN_TOKEN_LEN
+        ):
+            raise ValueError(
+                "FAIRLANE_ADMIN_TOKEN must be set to a secret of at least "
+                f"{MIN_ADMIN_TOKEN_LEN} characters (or run `fairlane serve --dev`)"
+            )
+        slo_aware = "slo" in parse_policy(self.engine.policy)
+        for name in ("tier_ttft_targets", "tier_tpot_targets"):
+            targets = getattr(self, name)
+            if set(targets) - set(self.tiers):
+                raise ValueError(f"{name} names unknown tiers {sorted(set(targets) - set(self.tiers))}; "
+                                 f"tiers are {self.tiers}")
+            if any(v <= 0 for v in targets.values()):
+                raise ValueError(f"{name} must hold positive seconds")
+            if targets and not slo_aware:
+                raise ValueError(f"{name} are set but policy {self.engine.policy!r} ignores them: add '+slo' "
+                                 "(e.g. engine.policy 'priority+slo')")
+        return self
+
+    def slo_targets(self, tier: str) -> tuple[float | None, float | None]:
+        """The tier's (TTFT, TPOT) targets in seconds; None where it has none."""
+        return self.tier_ttft_targets.get(tier), self.tier_tpot_targets.get(tier)
+
+
+class ServeSettings(ApiSettings):
+    """``fairlane serve``: a gateway replica, plus the workers (and Redis) it starts."""
+
+    workers: int = Field(1, ge=0)  # engine worker processes to start (0: gateway only)
+    # On SIGTERM/SIGINT: in-flight requests get this long to finish before they are cancelled.
+    drain_timeout_s: float = Field(30.0, ge=0)
+
+
+PROCESS_SETTINGS: tuple[type[SharedSettings], ...] = (ApiSettings, WorkerSettings, ServeSettings)
+S = TypeVar("S", bound=SharedSettings)
+
+
+class UnknownSetting(Exception):
+    """A FAIRLANE_* variable or a YAML key that no fairlane process reads (not a ValueError, so that
+    pydantic lets it through as it is: the message names the key and how to set what was meant)."""
+
+
+def load_settings(cls: type[S], prog: str, **overrides: Any) -> S:
+    """``cls`` from the environment, the YAML file and ``overrides``, or exit naming what is wrong."""
+    try:
+        return cls(**overrides)
+    except UnknownSetting as exc:
+        raise SystemExit(f"{prog}: {exc}") from None
+    except ValidationError as exc:
+        raise SystemExit(f"{prog}: invalid settings:\n{exc}") from None
+
+
+def known_keys() -> frozenset[str]:
+    """Every top-level setting of every process."""
+    return frozenset(name for cls in PROCESS_SETTINGS for name in cls.model_fields)
+
+
+def check_known_keys(environ: dict[str, str] | None = None, path: Path | None = None) -> None:
+    """Raise UnknownSetting naming the first FAIRLANE_* variable or YAML key no process reads."""
+    environ = os.environ if environ is None else environ
+    path = config_file() if path is None else path
+    keys = known_keys()
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in NOT_SETTINGS or upper.startswith(NOT_SETTINGS_PREFIX):
+            continue
+        key = upper[len(ENV_PREFIX):].lower()
+        if key in keys:
+            continue
+        section, _, field = key.partition(NESTED)
+        if section == "engine" and field in ENGINE_FIELDS:
+            continue
+        raise UnknownSetting(f"unknown setting {name}; {_hint(key, env=True)}")
+    if path is None:
+        return
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise UnknownSetting(f"{path} must hold a mapping of settings, not a {type(data).__name__}")
+    for key, value in data.items():
+        if key not in keys:
+            raise UnknownSetting(f"unknown key {key!r} in {path}; {_hint(str(key), env=False)}")
+        if key == "engine" and isinstance(value, dict):
+            for field in value:
+                if field not in ENGINE_FIELDS:
+                    raise UnknownSetting(f"unknown key 'engine.{field}' in {path}; EngineConfig's fields are "
+                                         f"{', '.join(sorted(ENGINE_FIELDS))}")
+
+
+def _hint(key: str, *, env: bool) -> str:
+    if key in ENGINE_FIELDS:
+        return (f"engine fields are set as FAIRLANE_ENGINE__{key.upper()}" if env
+                else f"engine fields go in the engine section: 'engine: {{{key}: ...}}'")
+    if key.startswith(f"engine{NESTED}"):
+        return f"EngineConfig's fields are {', '.join(sorted(ENGINE_FIELDS))}"
+    close = difflib.get_close_matches(key, sorted(known_keys() | ENGINE_FIELDS), n=1)
+    if close:
+        name = close[0] if close[0] not in ENGINE_FIELDS else f"engine{NESTED if env else '.'}{close[0]}"
+        return f"did you mean {('FAIRLANE_' + name.upper()) if env else repr(name)}?"
+    return f"settings are {', '.join(sorted(known_keys()))} and engine.<EngineConfig field>"

@@ -6,7 +6,7 @@ the Quota rows, the gateway writes UsageRecord rows once per finished request.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, UniqueConstraint
@@ -26,7 +26,7 @@ TENANT_DISABLED = "disabled"
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):

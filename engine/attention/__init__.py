@@ -1,5 +1,5 @@
 """Attention backends behind one interface: `make_backend(name, ...)`."""
-from engine.attention import cpu_paged, torch_ref  # noqa: F401  (register "cpu" and "torch")
+from engine.attention import cpu_paged, torch_ref, triton_backend  # noqa: F401  (register "cpu", "torch", "triton")
 from engine.attention.base import (
     BACKENDS,
     AttentionBackend,

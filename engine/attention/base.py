@@ -7,9 +7,10 @@ block * block_size + offset.
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -18,8 +19,8 @@ import torch
 class PrefillChunk:
     start: int  # first row of this chunk in the packed batch
     num_tokens: int  # query tokens of the chunk
-    context_len: int  # cached prefix + this chunk
-    block_ids: torch.Tensor | None  # [ceil(context_len / block_size)] blocks; None: no cached prefix
+    context_len: int  # cached prefix + this chunk (== num_tokens: no cached prefix)
+    block_ids: torch.Tensor  # [ceil(context_len / block_size)] the chunk's blocks, in order
 
 
 @dataclass
@@ -30,10 +31,14 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64, padded with block 0
     decode_context_lens: torch.Tensor | None  # [num_decodes] int64 tokens in the cache, the new one included
     prefills: list[PrefillChunk]
+    # Backends that read the chunks as tensors keep them here, built once a step (first layer).
+    packed_prefills: object | None = None
 
 
 class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache and computes attention for every packed token."""
+
+    supports_cuda_graphs = False  # can its decode be captured (padding rows: slot -1, context 0)?
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         self.num_heads = num_heads
@@ -73,12 +78,20 @@ def register_backend(name: str) -> Callable[[type], type]:
     return wrap
 
 
-def make_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int) -> AttentionBackend:
+def make_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device | str = "cpu") -> AttentionBackend:
+    """The backend `name` for a model on `device`. "auto": "triton" on CUDA, "cpu" (C kernel) on the
+    CPU, "torch" where the preferred one cannot run (no triton, no C compiler, an unsupported shape)."""
+    device = torch.device(device)
     if name == "auto":
         try:
-            return BACKENDS["cpu"](num_heads, num_kv_heads, head_dim)
-        except (RuntimeError, ValueError, OSError):
+            preferred = "triton" if device.type == "cuda" else "cpu"
+            return make_backend(preferred, num_heads, num_kv_heads, head_dim, device)
+        except (RuntimeError, ValueError, OSError, ImportError):
             name = "torch"
+    if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise ValueError("the triton attention backend needs a CUDA device (or TRITON_INTERPRET=1 to run "
+                         "its kernels in triton's CPU interpreter, for tests)")
     try:
         cls = BACKENDS[name]
     except KeyError:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from engine import assets
 from engine.attention.base import AttentionMetadata, register_backend
 from engine.attention.torch_ref import TorchAttention
 
@@ -27,7 +28,7 @@ _LIB: ctypes.CDLL | None = None
 
 
 def kernel_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fairlane" / "kernels"
+    return assets.cache_dir() / "kernels"
 
 
 def load_library() -> ctypes.CDLL:

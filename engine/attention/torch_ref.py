@@ -30,7 +30,7 @@ class TorchAttention(AttentionBackend):
             out[:nd] = self._decode(q[:nd], kv_cache, meta)
         for chunk in meta.prefills:
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-            if chunk.block_ids is None:  # no cached prefix: attend within the chunk, causally
+            if chunk.context_len == chunk.num_tokens:  # no cached prefix: attend within the chunk, causally
                 kc, vc, mask = k[rows].transpose(0, 1), v[rows].transpose(0, 1), None
             else:
                 kv = _gather(kv_cache, chunk.block_ids, meta.block_size)[:, :, 0, : chunk.context_len]

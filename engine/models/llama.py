@@ -1,7 +1,8 @@
 """Our own Llama-family forward over a packed batch of variable-length sequences.
 
 RMSNorm, RoPE (with the config's scaling, via transformers' rope init), grouped-query attention
-through a pluggable backend over the paged KV cache, SwiGLU, tied embeddings. No padding: the
+through a pluggable backend over the paged KV cache, SwiGLU, tied embeddings, and per-row LoRA
+deltas on every projection (engine/lora). No padding: the
 step's tokens are one [T, hidden] matrix; only rows that sample go through the LM head.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.lora.batch import LoRABatch
 from engine.models.linear import Linear
 
 
@@ -55,8 +57,9 @@ class LlamaModel:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
         self.dtype = embed.dtype
-        rotary = LlamaRotaryEmbedding(config)
-        cos, sin = rotary(embed[:1], torch.arange(max_positions)[None])  # [1, P, D] each, model dtype
+        rotary = LlamaRotaryEmbedding(config).to(embed.device)
+        positions = torch.arange(max_positions, device=embed.device)[None]
+        cos, sin = rotary(embed[:1], positions)  # [1, P, D] each, model dtype, on the weights' device
         half = self.head_dim // 2
         # RoPE as x * cos + swap_halves(x) * sin_signed, with sin_signed = [-sin_a, sin_b]: the same
         # products as transformers' x * cos + rotate_half(x) * sin, one op fewer.
@@ -64,7 +67,7 @@ class LlamaModel:
 
     @classmethod
     def from_state_dict(cls, config: LlamaConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
-                        attention: AttentionBackend, max_positions: int) -> "LlamaModel":
+                        attention: AttentionBackend, max_positions: int) -> LlamaModel:
         def w(name: str) -> torch.Tensor:
             return sd[name].to(dtype).contiguous()
 
@@ -93,24 +96,38 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """input_ids, positions: [T]. Returns the final normed hidden states [T, hidden]."""
+                kv_caches: list[torch.Tensor], lora: LoRABatch | None = None) -> torch.Tensor:
+        """input_ids, positions: [T]. Returns the final normed hidden states [T, hidden].
+        `lora`: the step's adapters per row (engine/lora); each projection's LoRA delta is added
+        in place to its base output, for the rows that have an adapter. None: the base model."""
         T = input_ids.shape[0]
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
         sin = self.sin[positions].unsqueeze(1)
         x = F.embedding(input_ids, self.embed)  # [T, hidden]
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             h = rms_norm(x, layer.input_norm, self.eps)
-            qkv = layer.qkv(h)
+            qkv = layer.qkv(h)  # [T, (H + 2*KVH) * D]
+            if lora is not None:
+                lora.apply(i, "qkv", h, qkv)
             qk = qkv[:, : (H + KVH) * D].view(T, H + KVH, D)
             qk = qk * cos + swap_halves(qk) * sin  # RoPE on q and k at once
             v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
-            attn = self.attention.forward(qk[:, :H], qk[:, H:], v, kv_cache, meta)
-            x = x + layer.o(attn.view(T, H * D))
+            attn = self.attention.forward(qk[:, :H], qk[:, H:], v, kv_cache, meta).reshape(T, H * D)
+            o = layer.o(attn)
+            if lora is not None:
+                lora.apply(i, "o", attn, o)
+            x = x + o
             h = rms_norm(x, layer.post_norm, self.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            gate_up = layer.gate_up(h)  # [T, 2 * intermediate]
+            if lora is not None:
+                lora.apply(i, "gate_up", h, gate_up)
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+            down = layer.down(act)
+            if lora is not None:
+                lora.apply(i, "down", act, down)
+            x = x + down
         return rms_norm(x, self.norm, self.eps)
 
     @torch.inference_mode()

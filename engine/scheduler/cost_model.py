@@ -15,10 +15,10 @@ PRIOR_PREFILL, PRIOR_DECODES = 256, 8  # where the prior pseudo-observations sit
 
 
 def split(plan) -> tuple[int, int]:
-    """(prefill tokens, decoding sequences) of a step plan; call before finish_step."""
+    """(prefill tokens, decoding sequences) of a StepPlan (ScheduledSeq.is_decode); call before finish_step."""
     prefill = decodes = 0
     for item in plan.scheduled:
-        if item.num_tokens == 1 and item.samples:
+        if item.is_decode:
             decodes += 1
         else:
             prefill += item.num_tokens
@@ -46,7 +46,6 @@ class StepCostModel:
         self.theta = list(self.prior)
         self._xtx = [[0.0] * 3 for _ in range(3)]
         self._xty = [0.0] * 3
-        self.num_observations = 0
 
     def predict(self, prefill_tokens: int, decode_seqs: int) -> float:
         a, b, c = self.theta
@@ -58,7 +57,6 @@ class StepCostModel:
             self._xty[i] = self._xty[i] * DECAY + x[i] * seconds
             for j in range(3):
                 self._xtx[i][j] = self._xtx[i][j] * DECAY + x[i] * x[j]
-        self.num_observations += 1
         self._fit()
 
     def _fit(self) -> None:

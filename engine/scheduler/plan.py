@@ -16,6 +16,21 @@ class ScheduledSeq:
         """Does this chunk reach the end of the sequence (so a new token is sampled)?"""
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
 
+    # The one definition of a decode. Two questions use it, and they differ on one case, a prompt
+    # whose last token is all that is left to compute (a prefix-cache hit of the rest, a one-token
+    # prompt): its step costs and batches as a decode, but it is a prompt token, not an output one.
+    @property
+    def is_decode(self) -> bool:
+        """One token that samples the next: a decode to the scheduler, the step-cost model and the
+        runner (one query row on the attention backend's decode path)."""
+        return self.num_tokens == 1 and self.samples
+
+    @property
+    def is_output_decode(self) -> bool:
+        """A decode of an output token sampled in an earlier step: what the engine's stats count as
+        a decode token (every other computed token is a prefill token)."""
+        return self.is_decode and self.seq.num_output_tokens > 0
+
 
 @dataclass
 class StepPlan:

@@ -1,58 +1,48 @@
-"""Scheduling policies: who waits in which order and who is preempted first.
+"""The scheduling-policy interface, and FCFS, its reference implementation.
 
-A policy owns the waiting queue. The scheduler asks it for the next sequence to admit, tells it
-when a sequence is admitted, served or preempted, and asks it to pick a victim when the KV cache
-runs out. The policies beyond FCFS (tiered.py: priority tiers and per-tenant VTC fairness; slo.py:
-SLO-aware admission) use the extra hooks below, whose defaults leave FCFS's behaviour unchanged.
+A policy owns the waiting queue. The scheduler (scheduler.py) asks it for the next sequence to
+admit, tells it when a sequence is admitted, served, preempted or gone, and asks it to pick a victim
+when the KV cache runs out. Every hook the scheduler or a wrapping policy calls is declared here;
+where a hook has a body, that body is FCFS's behaviour, so an ordering policy overrides only what
+it changes. The policies: FCFS (here), priority tiers (priority.py), per-tenant fairness by virtual
+token counters (vtc.py), SLO-aware admission wrapped around any of them (slo.py). registry.py
+builds one from its name; none of these modules imports the registry.
+
+Every policy is built as ``cls(config, *, clock=None, inner=None)``: `config` the SchedulerConfig
+(default: SchedulerConfig()), `clock` the time source in seconds (default time.monotonic),
+`inner` the ordering policy that a wrapping policy (``wraps = True``) delegates its queue to.
 """
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Callable
+from collections.abc import Callable, Collection, Iterator
 
+from engine.config import SchedulerConfig
 from engine.request import Sequence
-
-POLICIES: dict[str, type["SchedulingPolicy"]] = {}
-
-
-def register_policy(name: str) -> Callable[[type], type]:
-    def wrap(cls: type) -> type:
-        POLICIES[name] = cls
-        cls.name = name
-        return cls
-
-    return wrap
-
-
-def make_policy(name: str, config=None, clock: Callable[[], float] | None = None) -> "SchedulingPolicy":
-    """Build a policy by name. Names compose with "+": "priority+vtc" is tiers with fairness inside
-    each tier; "+slo" wraps any of them in SLO-aware admission (e.g. "priority+vtc+slo").
-    `config` is the SchedulerConfig; `clock` the time source of SLO policies (default monotonic)."""
-    import engine.scheduler.slo  # noqa: F401  (registers the policies beyond FCFS)
-    import engine.scheduler.tiered  # noqa: F401
-
-    parts = name.split("+")
-    if "slo" in parts and len(parts) > 1:
-        inner = make_policy("+".join(p for p in parts if p != "slo"), config, clock)
-        return POLICIES["slo"](config, clock=clock, inner=inner)
-    key = "+".join(sorted(parts, key=lambda p: ("priority", "vtc").index(p) if p in ("priority", "vtc") else 9))
-    try:
-        cls = POLICIES[key]
-    except KeyError:
-        raise ValueError(f"unknown scheduling policy {name!r}; known: {sorted(POLICIES)} "
-                         "(compose with '+', e.g. 'priority+vtc+slo')") from None
-    return cls(config, clock=clock) if key == "slo" else cls(config)
+from engine.scheduler.load import SLOLoad, predict_ttft
+from engine.scheduler.plan import StepPlan
 
 
 class SchedulingPolicy(ABC):
     """The waiting queue plus the decisions that depend on it."""
 
-    name = "abstract"
+    name = "abstract"  # its name in the registry (registry.POLICIES)
+    wraps = False  # True: delegates its queue to `inner`, an ordering policy ("slo")
+    tiers = False  # True: higher `Sequence.priority` first, so only work of a priority or above is ahead
 
+    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
+                 inner: SchedulingPolicy | None = None) -> None:
+        if inner is not None and not self.wraps:
+            raise TypeError(f"the {self.name!r} scheduling policy orders its own queue: it wraps no other policy")
+        self.config = config or SchedulerConfig()
+        self.clock = clock or time.monotonic
+
+    # ---- the queue -------------------------------------------------------------------------
     @abstractmethod
     def add(self, seq: Sequence) -> None:
-        """A new request arrives."""
+        """A new request arrives. May raise an EngineError to refuse it (nothing is kept)."""
 
     @abstractmethod
     def add_preempted(self, seq: Sequence) -> None:
@@ -71,28 +61,28 @@ class SchedulingPolicy(ABC):
         """Drop a waiting sequence (abort). True if it was waiting."""
 
     @abstractmethod
+    def waiting(self) -> Iterator[Sequence]:
+        """Every waiting sequence, in any order (do not add or remove while iterating)."""
+
+    @abstractmethod
     def __len__(self) -> int: ...
 
-    def victim(self, running: list[Sequence]) -> Sequence:
-        """Which running sequence to preempt when blocks run out: by default the newest."""
-        return running[-1]
-
-    def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
-        """seq is computing num_tokens this step (service accounting for fairness policies);
-        called once per scheduled sequence after the step's plan is final."""
-
-    # ---- hooks of the policies beyond FCFS; the defaults change nothing ------------------
+    # ---- decisions; the bodies are FCFS's --------------------------------------------------
     def begin_step(self, running: list[Sequence]) -> list[tuple[Sequence, Exception]]:
         """First thing in every step. May reorder `running` in place (earlier ones get their tokens
         first and are preempted last). Returns waiting sequences to refuse now, with the error."""
         return []
 
-    def may_admit(self, seq: Sequence, running: list[Sequence], plan) -> bool:
+    def victim(self, running: list[Sequence]) -> Sequence:
+        """Which running sequence to preempt when blocks run out: by default the newest."""
+        return running[-1]
+
+    def may_admit(self, seq: Sequence, running: list[Sequence], plan: StepPlan) -> bool:
         """May the head `seq` start in this step (e.g. without pushing running TPOT past target)?"""
         return True
 
     def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False,
-                 plan=None) -> Sequence | None:
+                 plan: StepPlan | None = None) -> Sequence | None:
         """The waiting head `seq` cannot start: a candidate it may push out, or None. For the token
         budget (`for_budget`) the candidates hold tokens of this step (`plan`, the step so far) and
         the chosen one's are deferred (it keeps its blocks); for the sequence cap or KV blocks it
@@ -104,18 +94,39 @@ class SchedulingPolicy(ABC):
         prefills it runs no other prefill beside it)? Called after admission, for prefilling seqs."""
         return False
 
+    # ---- accounting ------------------------------------------------------------------------
+    def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
+        """seq is computing num_tokens this step (service accounting for fairness policies);
+        called once per scheduled sequence after the step's plan is final."""
+
     def on_finished(self, seq: Sequence) -> None:
         """seq left the engine (finished, aborted or refused), from the queue or from running."""
 
-    def observe(self, plan, seconds: float) -> None:
+    def observe(self, plan: StepPlan, seconds: float) -> None:
         """The step of `plan` took `seconds` (feeds step-cost models)."""
 
+    # ---- latency prediction: None for a policy that keeps no step-cost model ----------------
+    def load(self, running: Collection[Sequence] = ()) -> SLOLoad | None:
+        """What predict_ttft reads right now, as plain numbers (load.py), or None."""
+        return None
 
-@register_policy("fcfs")
+    def predict_ttft(self, num_prompt_tokens: int, priority: int = 0, running: Collection[Sequence] = (),
+                     waited: float = 0.0) -> float | None:
+        """Seconds from now to the first token of a request of `priority` with this many prompt
+        tokens still to compute, if it arrived now (plus `waited`, time it has already waited);
+        None when load() is None."""
+        load = self.load(running)
+        return None if load is None else predict_ttft(load, num_prompt_tokens, priority, waited=waited)
+
+
 class FCFSPolicy(SchedulingPolicy):
-    """First come, first served."""
+    """First come, first served: one FIFO; a preempted sequence goes back to its front."""
 
-    def __init__(self, config=None) -> None:
+    name = "fcfs"
+
+    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
+                 inner: SchedulingPolicy | None = None) -> None:
+        super().__init__(config, clock=clock, inner=inner)
         self.queue: deque[Sequence] = deque()
 
     def add(self, seq: Sequence) -> None:
@@ -136,6 +147,9 @@ class FCFSPolicy(SchedulingPolicy):
         except ValueError:
             return False
         return True
+
+    def waiting(self) -> Iterator[Sequence]:
+        return iter(self.queue)
 
     def __len__(self) -> int:
         return len(self.queue)

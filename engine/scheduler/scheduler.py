@@ -11,24 +11,32 @@ then swap in). docs/scheduling.md describes the policies.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import Sequence, SequenceStatus
+from engine.scheduler.load import SLOLoad
 from engine.scheduler.plan import ScheduledSeq, StepPlan
-from engine.scheduler.policy import SchedulingPolicy, make_policy
+from engine.scheduler.policy import SchedulingPolicy
 from engine.scheduler.preemption import PreemptionChooser, SwapCost
+from engine.scheduler.registry import make_policy
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None,
-                 clock=None, swap_cost: SwapCost | None = None):
+                 clock=None, swap_cost: SwapCost | None = None,
+                 admit_check: Callable[[Sequence, list[Sequence]], bool] | None = None):
         self.config = config
+        # Policy-independent resource check on the head of the queue, e.g. "its LoRA adapter can
+        # get a device slot" (engine/lora): False keeps it (and everything behind it) waiting.
+        self.admit_check = admit_check
         self.bm = block_manager
-        self.policy = policy or make_policy(config.policy, config, clock)
+        self.policy = policy if policy is not None else make_policy(config.policy, config, clock=clock)
         self.preemption = PreemptionChooser(config, swap_cost if block_manager.num_host_blocks else None)
         self.running: list[Sequence] = []
-        self.num_preemptions = 0
         self.num_swaps = 0  # preemptions by swap (the rest were by recompute)
+        self.num_admissions = 0  # sequences moved from waiting to running, readmissions included
         self._reserve = int(config.watermark * block_manager.num_blocks)
 
     @property
@@ -86,6 +94,8 @@ class Scheduler:
             seq = self.policy.peek()
             if seq is None or seq in plan.preempted or not self.policy.may_admit(seq, self.running, plan):
                 return  # (one preempted by this admission loop does not come back in the same step)
+            if self.admit_check is not None and not self.admit_check(seq, self.running):
+                return
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 regained = self._make_room(seq, plan, for_budget=budget <= 0)
                 if regained < 0:
@@ -110,7 +120,13 @@ class Scheduler:
                 budget += regained
                 continue
             self.policy.pop()
+            swapped = self.bm.is_swapped(seq)
+            self.num_admissions += 1
             plan.swap_in += self.bm.allocate(seq, hits, n)  # copies back a swapped-out sequence
+            if seq.num_preemptions:
+                seq.record("resumed", mode="swap" if swapped else "recompute", cached_tokens=seq.num_cached_tokens)
+            else:
+                seq.record("admitted", cached_tokens=seq.num_cached_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             plan.scheduled.append(ScheduledSeq(seq, n))
@@ -119,11 +135,11 @@ class Scheduler:
     def _isolate_urgent(self, plan: StepPlan) -> None:
         """If an urgent request prefills in this step, other prefill chunks wait a step (they keep
         their blocks): the step is its prompt plus the decodes, not a full budget of others' chunks."""
-        prefills = [it for it in plan.scheduled if not (it.num_tokens == 1 and it.samples)]
+        prefills = [it for it in plan.scheduled if not it.is_decode]
         urgent = [it for it in prefills if self.policy.urgent(it.seq)]
         if urgent and len(urgent) < len(prefills):
             keep = {id(it) for it in urgent}
-            plan.scheduled = [it for it in plan.scheduled if id(it) in keep or (it.num_tokens == 1 and it.samples)]
+            plan.scheduled = [it for it in plan.scheduled if id(it) in keep or it.is_decode]
 
     def _make_room(self, seq: Sequence, plan: StepPlan, for_budget: bool) -> int:
         """Let the policy push a running sequence out for the waiting head `seq`. For the token
@@ -151,14 +167,16 @@ class Scheduler:
         the preemption mode and the estimated costs say so, else by recompute (its blocks freed).
         Either way the sequence keeps its tokens and its place."""
         self.running.remove(seq)
+        computed = seq.num_computed_tokens
         if self.preemption.use_swap(seq, self.bm):
             plan.swap_out += self.bm.swap_out(seq)
             self.num_swaps += 1
+            seq.record("preempted", mode="swap", computed_tokens=computed)
         else:
             self.bm.free(seq)
+            seq.record("preempted", mode="recompute", computed_tokens=computed)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
-        self.num_preemptions += 1
         self.policy.add_preempted(seq)
         plan.preempted.append(seq)
 
@@ -188,10 +206,8 @@ class Scheduler:
     def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
         """Predicted seconds to the first token of a request arriving now, or None when the policy
         keeps no step-cost model (only SLO-aware policies do). For the gateway's door check."""
-        predict = getattr(self.policy, "predict_ttft", None)
-        return predict(num_prompt_tokens, priority, self.running) if predict else None
+        return self.policy.predict_ttft(num_prompt_tokens, priority, self.running)
 
-    def slo_load(self):
-        """The SLO policy's prediction inputs (an SLOLoad), or None for policies without one."""
-        load = getattr(self.policy, "load", None)
-        return load(self.running) if load else None
+    def slo_load(self) -> SLOLoad | None:
+        """The SLO policy's prediction inputs, or None for policies without one."""
+        return self.policy.load(self.running)

@@ -20,38 +20,27 @@ slower than the tightest TPOT target of the running ones (unless nothing runs).
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator
 
 from engine.config import SchedulerConfig
 from engine.errors import SLOUnattainableError
 from engine.request import Sequence
 from engine.scheduler.cost_model import StepCostModel, split
-from engine.scheduler.policy import FCFSPolicy, SchedulingPolicy, register_policy
+from engine.scheduler.load import SLOLoad
+from engine.scheduler.plan import StepPlan
+from engine.scheduler.policy import FCFSPolicy, SchedulingPolicy
 
 
-@dataclass(frozen=True)
-class SLOLoad:
-    """What `SLOPolicy.predict_ttft` reads, as plain numbers, so that a process without the engine
-    (the gateway's door check) can predict a new request's TTFT the same way."""
-
-    step_s: float  # the fitted step-cost model: seconds per step,
-    prefill_token_s: float  # per prefill token,
-    decode_seq_s: float  # and per decoding sequence
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    running: int  # sequences decoding every step (D)
-    slot_wait_s: float  # at the sequence cap: decode steps until the nearest running request ends; else 0
-    waiting_tokens: dict[int, int] = field(default_factory=dict)  # priority -> prompt tokens to compute
-    tiered: bool = False  # True: only waiting work of a request's priority or above is ahead of it
-
-
-@register_policy("slo")
 class SLOPolicy(SchedulingPolicy):
-    def __init__(self, config: SchedulerConfig | None = None, *, clock=None, inner: SchedulingPolicy | None = None):
-        self.config = config or SchedulerConfig()
+    """SLO-aware admission around `inner` (default FCFS), which keeps the queue and its order."""
+
+    name = "slo"
+    wraps = True
+
+    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
+                 inner: SchedulingPolicy | None = None) -> None:
+        super().__init__(config, clock=clock, inner=inner)
         self.inner = inner if inner is not None else FCFSPolicy(self.config)  # (an empty queue is falsy)
-        self.clock = clock or time.monotonic
         self.cost = StepCostModel(self.config.cost_step_s, self.config.cost_prefill_token_s,
                                   self.config.cost_decode_seq_s)
         self._best_effort: set[str] = set()  # demoted request ids: no TTFT target any more
@@ -66,40 +55,28 @@ class SLOPolicy(SchedulingPolicy):
     def tpot_target(self, seq: Sequence) -> float | None:
         return seq.tpot_target_s or self.config.tier_tpot_targets.get(seq.priority)
 
-    def _waiting(self):
-        inner = self.inner
-        return inner.waiting() if hasattr(inner, "waiting") else iter(inner.queue)
+    @property
+    def tiers(self) -> bool:
+        return self.inner.tiers
 
-    def predict_ttft(self, num_prompt_tokens: int, priority: int = 0, running=(), waited: float = 0.0) -> float:
-        """Seconds from now to the first token of a request of `priority` with this many prompt
-        tokens still to compute, if it arrived now (plus `waited`, time it has already waited)."""
-        tiered = getattr(self.inner, "tiers", False)  # without tiers everything waiting is ahead
-        ahead = sum(s.num_tokens - s.num_computed_tokens for s in self._waiting()
-                    if not tiered or s.priority >= priority)
-        work = ahead + num_prompt_tokens
-        decodes = len(running)
-        per_step = max(1, self.config.max_num_batched_tokens - decodes)
-        steps = math.ceil(work / per_step)
-        return waited + steps * self.cost.predict(min(work, per_step), decodes) + self._slot_wait(running)
-
-    def _slot_wait(self, running) -> float:
+    def _slot_wait(self, running: Collection[Sequence]) -> float:
         """At the sequence cap, a new request waits for a slot: the nearest end among running."""
         if not running or len(running) < self.config.max_num_seqs:
             return 0.0
         left = min(s.params.max_tokens - s.num_output_tokens for s in running)
         return max(0, left) * self.cost.predict(0, len(running))
 
-    def load(self, running=()) -> SLOLoad:
+    def load(self, running: Collection[Sequence] = ()) -> SLOLoad:
         """The inputs of predict_ttft right now (see SLOLoad)."""
         waiting: dict[int, int] = {}
-        for s in self._waiting():
+        for s in self.inner.waiting():
             waiting[s.priority] = waiting.get(s.priority, 0) + s.num_tokens - s.num_computed_tokens
         step_s, prefill_token_s, decode_seq_s = self.cost.theta
         return SLOLoad(step_s=step_s, prefill_token_s=prefill_token_s, decode_seq_s=decode_seq_s,
                        max_num_batched_tokens=self.config.max_num_batched_tokens,
                        max_num_seqs=self.config.max_num_seqs, running=len(running),
                        slot_wait_s=self._slot_wait(running), waiting_tokens=waiting,
-                       tiered=bool(getattr(self.inner, "tiers", False)))
+                       tiered=self.tiers)
 
     def _refusal(self, seq: Sequence, predicted: float, target: float) -> SLOUnattainableError:
         return SLOUnattainableError(
@@ -134,6 +111,9 @@ class SLOPolicy(SchedulingPolicy):
     def remove(self, seq: Sequence) -> bool:
         return self.inner.remove(seq)
 
+    def waiting(self) -> Iterator[Sequence]:
+        return self.inner.waiting()
+
     def __len__(self) -> int:
         return len(self.inner)
 
@@ -141,7 +121,7 @@ class SLOPolicy(SchedulingPolicy):
         return self.inner.victim(running)
 
     def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False,
-                 plan=None) -> Sequence | None:
+                 plan: StepPlan | None = None) -> Sequence | None:
         return self.inner.displace(seq, candidates, for_budget=for_budget, plan=plan)
 
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
@@ -155,12 +135,12 @@ class SLOPolicy(SchedulingPolicy):
         self.inner.on_finished(seq)
 
     # ---- the SLO decisions -----------------------------------------------------------------
-    def begin_step(self, running: list[Sequence]) -> list:
+    def begin_step(self, running: list[Sequence]) -> list[tuple[Sequence, Exception]]:
         self._running = running
         refused = list(self.inner.begin_step(running))
         now, decodes = self.clock(), len(running)
         per_step = max(1, self.config.max_num_batched_tokens - decodes)
-        for seq in list(self._waiting()):
+        for seq in list(self.inner.waiting()):
             target = self.ttft_target(seq)
             if target is None or seq.first_token_time is not None or seq.num_preemptions:
                 continue
@@ -175,13 +155,13 @@ class SLOPolicy(SchedulingPolicy):
                     refused.append((seq, self._refusal(seq, now - seq.arrival_time + own, target)))
         return refused
 
-    def may_admit(self, seq: Sequence, running: list[Sequence], plan) -> bool:
+    def may_admit(self, seq: Sequence, running: list[Sequence], plan: StepPlan) -> bool:
         if not self.inner.may_admit(seq, running, plan):
             return False
         targets = [t for t in (self.tpot_target(s) for s in running + [seq]) if t is not None]
         return not running or not targets or self.cost.predict(0, len(running) + 1) <= min(targets)
 
-    def observe(self, plan, seconds: float) -> None:
+    def observe(self, plan: StepPlan, seconds: float) -> None:
         prefill, decodes = split(plan)
         self.cost.observe(prefill, decodes, seconds)
         self.inner.observe(plan, seconds)

@@ -1,60 +1,126 @@
-"""Virtual token counters (Sheng et al., "Fairness in Serving Large Language Models", OSDI'24).
+"""Per-tenant fairness by virtual token counters (VTC, Sheng et al., OSDI'24), alone or inside tiers.
 
-Each tenant's counter grows by the weighted service it receives, divided by the tenant's weight
-(`Sequence.weight`): w_in per prompt token as it is computed for the first time (recomputation
-after a preemption is the engine's loss, not the tenant's gain) and w_out per output token. So
-that several admissions in one step see each other, an admission also books the whole remaining
-prompt provisionally until the step's real service is counted. The least-served tenant with
-waiting work is admitted first. A tenant that becomes active again (no waiting or running request
-before this one) is lifted to the smallest counter of the active tenants: idling banks no credit.
+The tiered queue of priority.py, keyed by tenant inside each tier: `peek` takes the tier's tenant
+with the smallest counter (vtc_counters.py). Inside a tier a waiting head may also push out work
+of a more-served tenant: for the token budget, that tenant's tokens of this step wait a step
+(`_more_served`); at the sequence cap or the KV limit, one of the sequences a tenant holds beyond
+its weighted share is preempted (`_over_share`). "vtc" is one tier (`Sequence.priority` ignored);
+"priority+vtc" keeps the strict tiers and their starvation guard.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from engine.config import SchedulerConfig
 from engine.request import Sequence
+from engine.scheduler.plan import StepPlan
+from engine.scheduler.policy import SchedulingPolicy
+from engine.scheduler.priority import TieredPolicy, progress_lost
+from engine.scheduler.vtc_counters import VirtualTokenCounters
 
 
-class VirtualTokenCounters:
-    def __init__(self, w_in: float = 1.0, w_out: float = 2.0):
-        self.w_in = w_in
-        self.w_out = w_out
-        self.counters: dict[str, float] = {}
-        self.active: dict[str, int] = {}  # tenant -> waiting + running requests
-        self._prompt_done: dict[str, int] = {}  # request id -> prompt tokens charged
-        self._pending: dict[str, float] = {}  # tenant -> prompts booked by this step's admissions
+class FairTieredPolicy(TieredPolicy):
+    """The tiered queue with VTC order and displacement between the tenants of a tier."""
 
-    def arrive(self, seq: Sequence) -> None:
-        t = seq.tenant
-        if not self.active.get(t):
-            others = [self.counters.get(o, 0.0) for o, n in self.active.items() if n and o != t]
-            if others:
-                self.counters[t] = max(self.counters.get(t, 0.0), min(others))
-        self.counters.setdefault(t, 0.0)
-        self.active[t] = self.active.get(t, 0) + 1
+    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
+                 inner: SchedulingPolicy | None = None) -> None:
+        super().__init__(config, clock=clock, inner=inner)
+        self.vtc = VirtualTokenCounters(self.config.vtc_input_weight, self.config.vtc_output_weight)
+        self.weights: dict[str, float] = {}  # tenant -> its weight (latest request's)
 
-    def left(self, seq: Sequence) -> None:
-        self.active[seq.tenant] = self.active.get(seq.tenant, 1) - 1
-        self._prompt_done.pop(seq.request_id, None)
+    # ---- the tiered queue's keys and accounting, with counters -----------------------------
+    def _tenant(self, seq: Sequence) -> str:
+        return seq.tenant
 
-    def value(self, tenant: str) -> float:
-        return self.counters.get(tenant, 0.0) + self._pending.get(tenant, 0.0)
+    def _choose_tenant(self, heaps: dict[str, list]) -> str:
+        return self.vtc.least_served(heaps)
 
-    def least_served(self, tenants) -> str:
-        """The tenant of `tenants` with the smallest counter (ties: the one with fewer active requests)."""
-        return min(tenants, key=lambda t: (self.value(t), self.active.get(t, 0)))
+    def add(self, seq: Sequence) -> None:
+        self.vtc.arrive(seq)
+        self.weights[seq.tenant] = seq.weight
+        super().add(seq)
 
-    def begin_step(self) -> None:
-        self._pending.clear()
+    def pop(self) -> Sequence:
+        seq = super().pop()
+        self.vtc.admitted(seq)
+        return seq
 
-    def admitted(self, seq: Sequence) -> None:
-        left = seq.num_prompt_tokens - self._prompt_done.get(seq.request_id, 0)
-        self._pending[seq.tenant] = self._pending.get(seq.tenant, 0.0) + self.w_in * max(0, left) / seq.weight
+    def begin_step(self, running: list[Sequence]) -> list[tuple[Sequence, Exception]]:
+        refused = super().begin_step(running)
+        self.vtc.begin_step()
+        return refused
 
-    def served(self, seq: Sequence, num_tokens: int) -> None:
-        """seq computes num_tokens this step; a chunk reaching the end samples one output token."""
-        end = min(seq.num_computed_tokens + num_tokens, seq.num_prompt_tokens)
-        done = self._prompt_done.get(seq.request_id, 0)
-        if end > done:
-            self._prompt_done[seq.request_id] = end
-            self.counters[seq.tenant] += self.w_in * (end - done) / seq.weight
-        if seq.num_computed_tokens + num_tokens == seq.num_tokens:
-            self.counters[seq.tenant] += self.w_out / seq.weight
+    def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
+        super().on_scheduled(seq, num_tokens)
+        self.vtc.served(seq, num_tokens)
+
+    def on_finished(self, seq: Sequence) -> None:
+        self.vtc.left(seq)
+
+    # ---- displacement between the tenants of a tier ----------------------------------------
+    def _victim_key(self, seq: Sequence) -> tuple:
+        """Lowest tier first, then the most-served tenant, then least progress lost."""
+        return (self.tier(seq), -self.vtc.counters.get(seq.tenant, 0.0)) + progress_lost(seq)
+
+    def _displace_in_tier(self, seq: Sequence, same: list[Sequence], for_budget: bool,
+                          plan: StepPlan | None) -> Sequence | None:
+        return self._more_served(seq, same, plan) if for_budget else self._over_share(seq, same)
+
+    def _more_served(self, seq: Sequence, candidates: list[Sequence], plan: StepPlan | None) -> Sequence | None:
+        """For the token budget: a running sequence of a tenant that stays at least as served as
+        seq's tenant even once seq's remaining prompt is counted (so the two never trade places
+        back and forth within a step; this keeps VTC's 2U bound), from the most-served such tenant,
+        its largest chunk of this step first. Its tokens wait one step; it loses no work. Without
+        this a light tenant's prompt is split behind a heavy tenant's decodes and chunks and its
+        first token comes a step or two later than it would alone."""
+        mine = self.vtc.value(seq.tenant) + self.vtc.w_in * (seq.num_tokens - seq.num_computed_tokens) / seq.weight
+        over = [c for c in candidates if c.tenant != seq.tenant and self.vtc.value(c.tenant) >= mine]
+        if not over:
+            return None
+        chunk = {id(item.seq): item.num_tokens for item in plan.scheduled} if plan is not None else {}
+        return max(over, key=lambda c: (self.vtc.value(c.tenant), chunk.get(id(c), 0), -c.arrival_time))
+
+    def urgent(self, seq: Sequence) -> bool:
+        """Urgent as in a tiered queue, or when seq's tenant holds at least one sequence less than
+        its weighted share of its tier."""
+        return super().urgent(seq) or self._excess(self.tier(seq), seq.tenant)(seq.tenant) <= -1
+
+    def _excess(self, tier: int, tenant: str) -> Callable[[str], float]:
+        """tenant -> running sequences of `tier` it holds beyond its weighted share of them (the
+        share split between the tier's tenants with work running or waiting, and `tenant`)."""
+        held: dict[str, int] = {}
+        for s in self._running:
+            if self.tier(s) == tier:
+                held[s.tenant] = held.get(s.tenant, 0) + 1
+        tenants = set(held) | {t for t, h in self.queues.get(tier, {}).items() if h} | {tenant}
+        per_weight = sum(held.values()) / sum(self.weights.get(t, 1.0) for t in tenants)
+        return lambda t: held.get(t, 0) - per_weight * self.weights.get(t, 1.0)
+
+    def _over_share(self, seq: Sequence, candidates: list[Sequence]) -> Sequence | None:
+        """At the sequence cap or the KV limit: the running sequences of seq's tier are shared
+        between its tenants with work (running or waiting) in proportion to their weights. If seq's
+        tenant holds at least one sequence less than its share and is not more served than a tenant
+        holding at least one more than its share, that tenant's sequence with the least progress is
+        preempted (cheapest to recompute; it keeps its place in the queue). One swap never reverses
+        itself: afterwards neither tenant is a whole sequence away from its share. Without this a
+        light tenant waits for a heavy tenant's request to finish before it gets a slot."""
+        excess = self._excess(self.tier(seq), seq.tenant)
+        if excess(seq.tenant) > -1:
+            return None
+        mine = self.vtc.value(seq.tenant)
+        over = [c for c in candidates if c.tenant != seq.tenant and excess(c.tenant) >= 1
+                and self.vtc.value(c.tenant) >= mine]
+        return min(over, key=lambda c: (-excess(c.tenant),) + progress_lost(c)) if over else None
+
+
+class VTCPolicy(FairTieredPolicy):
+    """Per-tenant fairness by virtual token counters; Sequence.priority is ignored."""
+
+    name = "vtc"
+    tiers = False
+
+
+class PriorityVTCPolicy(FairTieredPolicy):
+    """Strict tiers, VTC fairness between the tenants inside each tier."""
+
+    name = "priority+vtc"

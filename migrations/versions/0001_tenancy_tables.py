@@ -1,12 +1,11 @@
 """tenancy tables: tenants, api_keys, adapters, quotas, usage_records
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-22 04:39:59.946151
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0001'
 down_revision = None

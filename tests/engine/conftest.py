@@ -1,10 +1,18 @@
 """Engine fixtures: a tiny random-weight Llama (GQA) saved as a HF folder, and the real SmolLM2."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
 import torch
+
+# Without a GPU the Triton kernels (tests/engine/kernels, tests/engine/attention) run in triton's CPU
+# interpreter. Triton reads the switch when a kernel is defined, and transformers imports triton
+# (below), so it is set here, before that; nothing else runs triton kernels on a CPU-only machine.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from engine import LLM

@@ -2,12 +2,10 @@
 import random
 
 import pytest
-
-from engine import (ContextLengthExceededError, DuplicateRequestError, Engine, InvalidRequestError, LLM,
-                    SamplingParams)
-
 from hf_reference import hf_greedy
 from workload import greedy, random_workload
+
+from engine import LLM, ContextLengthExceededError, DuplicateRequestError, Engine, InvalidRequestError, SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90))]
 MAX_TOKENS = [20, 9, 33, 12, 25]

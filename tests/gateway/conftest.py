@@ -7,14 +7,9 @@ import uuid
 
 import pytest
 import redis as redislib
-from gateway_test_helpers import ADMIN_TOKEN, inproc_worker
+from gateway_test_helpers import ADMIN_TOKEN, TINY, TINY_ENGINE, inproc_worker
 
 REDIS_URL = os.environ.get("FAIRLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-# A tiny Llama: fast enough to run hundreds of requests on 2 CPU cores.
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     client = redislib.Redis.from_url(REDIS_URL)
@@ -64,11 +59,11 @@ def database_url(tmp_path):
 
 @pytest.fixture
 def settings(redis_url, database_url, model_name):
-    from gateway.settings import Settings
+    from gateway.settings import ApiSettings
 
-    return Settings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url, model="dummy",
-                    served_model_name=model_name, dummy_config=TINY, num_kv_blocks=64, max_num_seqs=16,
-                    max_num_batched_tokens=512, num_threads=1, max_tokens_default=8, request_timeout_s=30)
+    return ApiSettings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url,
+                       engine=TINY_ENGINE, served_model_name=model_name, max_tokens_default=8, request_timeout_s=30,
+                       quota_key_prefix=f"fairlane:quota:{model_name}")  # tenant ids repeat across test databases
 
 
 @pytest.fixture
@@ -76,7 +71,7 @@ async def app_client(settings):
     """An in-process gateway replica (lifespan run) behind an httpx client."""
     import httpx
 
-    from gateway.app import create_app
+    from gateway.api.app import create_app
 
     app = create_app(settings)
     async with app.router.lifespan_context(app):

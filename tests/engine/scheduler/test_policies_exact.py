@@ -1,10 +1,9 @@
 """Every policy leaves the engine token-exact: greedy output equals Hugging Face's, with
 preemption (16 blocks), several tenants and tiers."""
 import pytest
+from hf_reference import hf_greedy
 
 from engine import Engine, SamplingParams
-
-from hf_reference import hf_greedy
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90))]
 MAX_TOKENS = [20, 9, 33, 12, 25]

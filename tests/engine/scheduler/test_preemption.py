@@ -1,12 +1,11 @@
 """Swap preemption decisions on hand-built states: plain Python, no model."""
 import pytest
+from helpers import run_step  # (the plan's block copies need no model here)
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import SamplingParams, Sequence, SequenceStatus
 from engine.scheduler import Scheduler, SwapCost
-
-from helpers import run_step  # (the plan's block copies need no model here)
 
 CHEAP = SwapCost(fixed_s=0.0, block_s=1e-6)  # 2 blocks: 2 us, against 8 tokens * 0.2 ms to recompute
 

@@ -1,8 +1,8 @@
 """Priority tiers: order, preemption of lower tiers at the KV limit and at the sequence cap,
 victim choice, place keeping, the minimum-share starvation guard."""
-from engine.request import SequenceStatus
-
 from helpers import ids, make, run_step, seq
+
+from engine.request import SequenceStatus
 
 
 def test_higher_tier_first_fifo_inside_a_tier():

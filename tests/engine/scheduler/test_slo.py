@@ -1,11 +1,10 @@
 """SLO-aware admission: the step-cost model, refusal at arrival and while waiting, demotion,
 the TPOT guard, and the engine's surface of refusals."""
 import pytest
+from helpers import make, run_step, seq
 
 from engine.errors import EngineError, SLOUnattainableError
 from engine.scheduler.cost_model import StepCostModel
-
-from helpers import make, run_step, seq
 
 
 class Clock:

@@ -1,0 +1,83 @@
+"""What every benchmark shares: the command-line options `--smoke` and `--out`, where results go,
+the tiny model of smoke runs, and the machine's description.
+
+Every benchmark runs as ``python -m benchmarks.NAME``. ``--smoke`` runs the whole script in
+seconds on a tiny random-weight model (results in a fresh temporary folder, never in
+benchmarks/results/): the test suite runs every benchmark that way.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+# A tiny Llama with SmolLM2's vocabulary: SmolLM2's real tokenizer fits it, and a forward costs
+# almost nothing, so what is measured around the engine is not hidden by the model.
+TINY_CONFIG = {"vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+               "max_position_embeddings": 2048, "eos_token_id": 2, "bos_token_id": 1}
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--smoke", action="store_true",
+                        help="run everything in seconds on a tiny random model; results go to a temporary folder")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for the JSON and PNG results (default: benchmarks/results, or a "
+                             "temporary folder with --smoke)")
+
+
+def out_dir(args: argparse.Namespace, name: str) -> Path:
+    """Where this run's results go; created."""
+    if args.out is not None:
+        path = Path(args.out)
+    elif args.smoke:
+        path = Path(tempfile.mkdtemp(prefix=f"fairlane-bench-{name}-"))
+    else:
+        path = RESULTS
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def tiny_model() -> str:
+    """A tiny random-weight Llama with SmolLM2's real tokenizer, as a Hugging Face folder (what
+    `Engine`, `LLM` and `fairlane serve` read as a model) kept in the model cache; its path."""
+    from engine import assets
+
+    key = hashlib.sha256(json.dumps(TINY_CONFIG, sort_keys=True).encode()).hexdigest()[:8]
+    folder = assets.cache_dir() / "models" / f"tiny-llama-smollm2-tokenizer-{key}"
+    if not (folder / "config.json").exists():
+        from engine.loader import load_dummy, save_model
+
+        tokenizer = assets.load_tokenizer("smollm2")
+        assets.save_atomically(folder, lambda tmp: save_model(load_dummy(TINY_CONFIG), tmp, tokenizer=tokenizer))
+    return str(folder)
+
+
+def machine() -> dict:
+    """The CPU model (lscpu), cores, Python and the date of the run."""
+    return {"cpu": cpu_name(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "date": datetime.date.today().isoformat()}
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or platform.machine()
+
+
+def done(path: Path) -> None:
+    """The last line of every benchmark: where its results are."""
+    print(f"results: {path}")

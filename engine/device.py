@@ -1,0 +1,43 @@
+"""Which device and dtype an engine runs in: the config's names resolved against the hardware."""
+from __future__ import annotations
+
+import torch
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """A config device as torch's. "auto": the current CUDA GPU when torch sees one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        device = torch.device("cuda", index)
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
+    """A config dtype as torch's. "auto": bfloat16 where the device computes it natively (a CUDA
+    GPU with bf16; a CPU with AVX512-BF16 or AMX, as oneDNN reports), else float32: on an AVX2-only
+    CPU bf16 matmuls are emulated and measured 6x slower than float32 (docs/structures.md)."""
+    if name != "auto":
+        return TORCH_DTYPES[name]
+    device = device or resolve_device("auto")
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported()
+    else:
+        native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if native else torch.float32
+
+
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`: through pinned memory and an asynchronous copy on CUDA (ordered
+    on the current stream before the kernels that read it), as is on the CPU."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

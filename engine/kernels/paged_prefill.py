@@ -1,0 +1,108 @@
+"""Paged prefill/extend attention: chunks of new query tokens over their cached prefix plus
+themselves, causal, variable length, flash-style (online softmax, nothing of size L x L).
+
+The step's K/V are written to the cache first (kv_write), so every key, cached or new, is read
+from the paged cache through the chunk's block table. Query token i of a chunk with context L
+and n new tokens sits at position L - n + i and sees keys 0 .. L - n + i.
+
+Grid (chunk, query tile, KV head). A tile holds TOKENS query tokens x the G query heads of one
+KV head, flattened to rows r = token * G + group (GQA: each K/V tile is loaded once for them all).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2
+
+BLOCK_R = 64  # query rows (tokens x heads of a group) per program
+BLOCK_N = 64  # keys per inner iteration
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, cache_ptr, tables_ptr, qstart_ptr, ctx_ptr, out_ptr,
+    scale,
+    stride_qt, stride_qh,  # q: [T, H, D]
+    stride_cv, stride_ch, stride_cs,  # cache: [2, KVH, slots, D]
+    stride_tc,  # tables: [C, max_blocks]
+    stride_ot, stride_oh,  # out: [T, H, D]
+    G: tl.constexpr, TOKENS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, FP32: tl.constexpr, PRECISION: tl.constexpr,
+):
+    c = tl.program_id(0)
+    t0 = tl.program_id(1) * TOKENS
+    kvh = tl.program_id(2)
+    row0 = tl.load(qstart_ptr + c)
+    n_q = tl.load(qstart_ptr + c + 1) - row0
+    if t0 < n_q:
+        ctx = tl.load(ctx_ptr + c)
+        prefix = ctx - n_q
+        r = tl.arange(0, BLOCK_R)
+        tok = t0 + r // G
+        head = kvh * G + r % G
+        rmask = (r < TOKENS * G) & (tok < n_q)
+        d = tl.arange(0, D)
+        q_off = (row0 + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+        q = tl.load(q_ptr + q_off, mask=rmask[:, None], other=0.0)
+        if FP32:
+            q = q.to(tl.float32)
+        qpos = prefix + tok  # [BLOCK_R] absolute positions
+        k_base = cache_ptr + kvh.to(tl.int64) * stride_ch  # int64: a cache may pass 2**31 elements
+        v_base = k_base + stride_cv
+
+        m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, D], tl.float32)
+        hi = tl.minimum(ctx, prefix + t0 + TOKENS)  # one past the last key any row of the tile sees
+        for start in range(0, hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            nmask = n < hi
+            page = tl.load(tables_ptr + c * stride_tc + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+            slot = page * BLOCK_SIZE + n % BLOCK_SIZE
+            k = tl.load(k_base + slot[:, None] * stride_cs + d[None, :], mask=nmask[:, None], other=0.0)
+            v = tl.load(v_base + slot[:, None] * stride_cs + d[None, :], mask=nmask[:, None], other=0.0)
+            if FP32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_R, BLOCK_N]
+            s = tl.where(nmask[None, :] & (n[None, :] <= qpos[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 <= every position is in tile 0
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_off = (row0 + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                  query_starts: torch.Tensor, context_lens: torch.Tensor, max_query_len: int,
+                  block_size: int, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [T, H, D] packed query rows; kv_cache: [2, KVH, slots, D] already holding this step's K/V;
+    block_tables: [C, max_blocks]; query_starts: [C + 1] rows of q (chunk c is rows
+    query_starts[c] .. query_starts[c+1]); context_lens: [C] cached prefix + new tokens.
+    Writes the chunks' rows of `out` ([T, H, D], q's dtype) and returns it."""
+    _, H, D = q.shape
+    KVH = kv_cache.shape[1]
+    G = H // KVH
+    assert D == next_pow2(D), "head_dim must be a power of two"
+    assert G <= BLOCK_R, f"at most {BLOCK_R} query heads per KV head"
+    out = torch.empty_like(q) if out is None else out
+    C = context_lens.shape[0]
+    if C == 0:
+        return out
+    tokens = BLOCK_R // G
+    grid = (C, -(-max_query_len // tokens), KVH)
+    _prefill_kernel[grid](
+        q, kv_cache, block_tables, query_starts, context_lens, out,
+        scale,
+        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        G=G, TOKENS=tokens, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N, D=D, BLOCK_SIZE=block_size,
+        FP32=compute_in_fp32(q.dtype), PRECISION=dot_precision(q.dtype),
+    )
+    return out

@@ -1,0 +1,1 @@
+"""The HTTP replica: FastAPI app, OpenAI and admin routes, auth, quotas, the SLO door check."""

@@ -1,0 +1,59 @@
+"""The FastAPI application: routes, error handlers, middleware and the replica's state."""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from gateway.api.errors import install_error_handlers
+from gateway.api.middleware import RequestContextMiddleware
+from gateway.api.ratelimit_headers import RateLimitHeadersMiddleware
+from gateway.api.routes import admin_keys, admin_quotas, admin_tenants, completions, health, metrics, models
+from gateway.api.routes.health import Supervised
+from gateway.api.state import GatewayState
+from gateway.api.tracing_middleware import TracingMiddleware
+from gateway.settings import ApiSettings, load_settings
+from gateway.telemetry import tracing
+
+# FastAPI releases with native OpenTelemetry (a `telemetry` argument) would add a second server span,
+# spans per dependency, and log records of validation failures that may quote the request body
+# (a prompt): this gateway's own spans (TracingMiddleware and the request path's) replace them.
+NATIVE_TELEMETRY_OFF = ({"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False,
+                                       "auto_configure": False}}
+                        if "telemetry" in inspect.signature(FastAPI).parameters else {})
+
+
+def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | None = None) -> FastAPI:
+    """A gateway replica for ``settings`` (read from the environment and the YAML file when omitted);
+    ``supervisor``: what started the processes it relies on (``fairlane serve``), shown by /ready."""
+    settings = settings or load_settings(ApiSettings, "fairlane gateway")
+    traced = tracing.setup_tracing(settings, "fairlane-gateway")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.gateway = await run_in_threadpool(GatewayState.open, settings)
+        try:
+            yield
+        finally:
+            await app.state.gateway.close()
+            if traced:
+                await run_in_threadpool(tracing.shutdown_tracing)  # exports what is queued
+
+    app = FastAPI(
+        title="fairlane", version="0.1.0", lifespan=lifespan,
+        description="Multi-tenant LLM gateway: OpenAI-compatible API and admin REST.",
+        **NATIVE_TELEMETRY_OFF,
+    )
+    app.state.supervisor = supervisor
+    install_error_handlers(app)
+    for router in (health.router, completions.router, models.router, admin_tenants.router, admin_keys.router,
+                   admin_quotas.router, metrics.router):
+        app.include_router(router)
+    if traced:  # innermost of the middleware: the request id is known, the span covers the route
+        app.add_middleware(TracingMiddleware)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RateLimitHeadersMiddleware)
+    return app

@@ -1,0 +1,231 @@
+"""Named errors a client can meet, each mapped to one HTTP status and the OpenAI error body.
+
+Every error response of the gateway leaves through here:
+``{"error": {"message", "type", "param", "code"}}``. Validation failures are described in our
+own words (the field path and what was wrong), never as pydantic's internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tenancy import ConflictError, NotFoundError, TenancyError
+
+log = logging.getLogger(__name__)
+SLO_UNATTAINABLE = "slo_unattainable"  # the error code (and usage status) of a request refused for its TTFT target
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a response nobody is listening to any more
+NO_WORKER_RETRY_S = 5  # retry-after when no worker serves the model (workers start in seconds)
+REDIS_DOWN_RETRY_S = 2  # retry-after when the lanes' Redis does not answer
+
+
+class GatewayError(Exception):
+    """Base: subclasses fix the HTTP status and OpenAI error type."""
+
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.code
+        self.headers = headers or {}
+
+
+class InvalidRequest(GatewayError):
+    status_code, error_type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class AuthenticationFailed(GatewayError):
+    status_code, error_type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status_code, error_type, code = 403, "permission_error", "permission_denied"
+
+
+class NotFound(GatewayError):
+    status_code, error_type, code = 404, "invalid_request_error", "not_found"
+
+
+class Conflict(GatewayError):
+    status_code, error_type, code = 409, "invalid_request_error", "conflict"
+
+
+class PayloadTooLarge(GatewayError):
+    status_code, error_type, code = 413, "invalid_request_error", "payload_too_large"
+
+
+class UnprocessableEntity(GatewayError):
+    status_code, error_type, code = 422, "invalid_request_error", "invalid_value"
+
+
+class RateLimited(GatewayError):
+    status_code, error_type, code = 429, "rate_limit_error", "rate_limit_exceeded"
+
+
+class InsufficientQuota(RateLimited):
+    """429 for a spent daily or monthly token budget (OpenAI's ``insufficient_quota``)."""
+
+    error_type, code = "insufficient_quota", "insufficient_quota"
+
+
+class ServiceUnavailable(GatewayError):
+    status_code, error_type, code = 503, "server_error", "service_unavailable"
+
+
+class SLOUnattainable(ServiceUnavailable):
+    """503: the request cannot meet its time-to-first-token target now, so it was refused before it
+    started (never a late answer); ``retry-after`` says when the backlog should allow it."""
+
+    code = SLO_UNATTAINABLE
+
+    def __init__(self, message: str, *, retry_after_s: float, headers: dict[str, str] | None = None) -> None:
+        self.retry_after_s = max(1, math.ceil(retry_after_s))
+        super().__init__(message, headers={**(headers or {}), "retry-after": str(self.retry_after_s)})
+
+
+class GatewayTimeout(GatewayError):
+    status_code, error_type, code = 504, "server_error", "timeout"
+
+
+# The messages of errors raised in more than one place, or worth reading side by side.
+def context_length_exceeded(max_model_len: int, prompt_tokens: int, max_tokens: int,
+                            prompt_param: str) -> InvalidRequest:
+    """400: prompt + max_tokens do not fit the model's context (found before anything is charged)."""
+    if prompt_tokens >= max_model_len:
+        return InvalidRequest(f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+                              f"{prompt_tokens} tokens.", param=prompt_param, code="context_length_exceeded")
+    return InvalidRequest(
+        f"This model's maximum context length is {max_model_len} tokens, but {prompt_tokens + max_tokens} were "
+        f"requested ({prompt_tokens} in the prompt, {max_tokens} for the completion); shorten the prompt or lower "
+        "max_tokens.", param="max_tokens", code="context_length_exceeded")
+
+
+def no_worker(model: str) -> ServiceUnavailable:
+    return ServiceUnavailable(f"No engine worker is serving {model!r} right now; retry shortly.",
+                              headers={"retry-after": str(NO_WORKER_RETRY_S)})
+
+
+def engine_timeout(detail: Exception) -> GatewayTimeout:
+    return GatewayTimeout(f"The engine did not answer in time: {detail}.")
+
+
+def slo_unattainable(target_s: float, predicted_s: float) -> SLOUnattainable:
+    return SLOUnattainable(
+        f"This request cannot meet its time-to-first-token target of {target_s:.3g} s right now (predicted "
+        f"{predicted_s:.3g} s with the work queued ahead of it), so it was not started; retry later.",
+        retry_after_s=predicted_s - target_s)
+
+
+def quota_unavailable(detail: str, headers: dict[str, str] | None = None) -> ServiceUnavailable:
+    return ServiceUnavailable(detail, code="quota_unavailable", headers=headers)
+
+
+def _error_responses() -> dict[int | str, dict]:
+    """The OpenAPI ``responses`` of the error statuses a route can answer, with the OpenAI body."""
+    from pydantic import BaseModel
+
+    class ErrorDetail(BaseModel):
+        message: str
+        type: str
+        param: str | None = None
+        code: str | None = None
+
+    class ErrorResponse(BaseModel):
+        error: ErrorDetail
+
+    described = {400: "Invalid request", 401: "Invalid API key", 403: "Not allowed (tier, disabled tenant)",
+                 404: "Unknown model or route", 413: "Body too large", 422: "Invalid field value",
+                 429: "Rate limit or quota exceeded", 499: "Client closed the request",
+                 503: "No worker, queue unavailable, or latency target unattainable",
+                 504: "The engine did not answer in time"}
+    return {status: {"model": ErrorResponse, "description": text} for status, text in described.items()}
+
+
+ERROR_RESPONSES = _error_responses()  # OpenAPI: the error statuses of the /v1 routes
+
+
+def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(error: GatewayError) -> JSONResponse:
+    body = error_body(error.message, error.error_type, error.param, error.code)
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _describe_validation(exc: RequestValidationError) -> GatewayError:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    # Union members appear in the path as tags ("function-after[_utf8(), str]", "list[int]", "str"): not fields.
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path", "header")
+           and not (isinstance(part, str) and ("[" in part or part in _TYPE_TAGS))]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind in ("json_invalid", "json_type"):
+        return InvalidRequest("We could not parse the JSON body of your request.", code="invalid_json")
+    if kind == "missing":
+        message = f"Missing required parameter: '{param}'."
+    elif kind == "extra_forbidden":
+        message = f"Unrecognized request argument supplied: '{param}'."
+    else:
+        # pydantic's msg is one plain sentence ("Input should be a valid integer"); keep only that.
+        detail = str(first.get("msg", "invalid value")).split("\n")[0].removeprefix("Value error, ")
+        message = f"Invalid value for '{param}': {detail}." if param else f"Invalid request body: {detail}."
+    if len(errors) > 1:
+        message += f" ({len(errors) - 1} more error(s) in the request.)"
+    return UnprocessableEntity(message, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every exception the app can raise to the OpenAI error shape."""
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_request: Request, exc: GatewayError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(TenancyError)
+    async def _tenancy_error(_request: Request, exc: TenancyError) -> JSONResponse:
+        cls = {NotFoundError: NotFound, ConflictError: Conflict}.get(type(exc), UnprocessableEntity)
+        return error_response(cls(exc.message, param=exc.param))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(_describe_validation(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        by_status = {404: NotFound, 401: AuthenticationFailed, 403: PermissionDenied, 413: PayloadTooLarge}
+        cls = by_status.get(exc.status_code)
+        if cls is None:
+            error = InvalidRequest(str(exc.detail)) if exc.status_code < 500 else GatewayError(str(exc.detail))
+            error.status_code = exc.status_code
+        else:
+            error = cls(str(exc.detail) if exc.status_code != 404 else "Not found.")
+        return error_response(error)
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("redis unavailable: %s", exc)
+        return error_response(ServiceUnavailable("The request queue is unavailable; retry shortly.",
+                                                 headers={"retry-after": str(REDIS_DOWN_RETRY_S)}))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(GatewayError("The server had an error while processing your request."))

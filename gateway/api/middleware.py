@@ -1,0 +1,69 @@
+"""ASGI middleware: an x-request-id on every response, and a hard limit on request body size."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.api.errors import PayloadTooLarge, error_body
+
+
+class RequestContextMiddleware:
+    """Gives each request an id (``scope["state"]["request_id"]``, echoed as x-request-id) and
+    answers 413 in the OpenAI error shape when the body exceeds ``max_body_bytes``, whether the
+    client declared its length or streamed it chunked."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app, self.max_body_bytes = app, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.max_body_bytes:
+                await self._reject(send_with_id)
+                return
+            await self.app(scope, receive, send_with_id)  # the server holds the body to its length
+            return
+        # No declared length (chunked): read it all here, bounded, then replay it to the app.
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await self._reject(send_with_id)
+                return
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send_with_id)
+
+    async def _reject(self, send: Send) -> None:
+        error = PayloadTooLarge(f"The request body is larger than the limit of {self.max_body_bytes} bytes.")
+        body = json.dumps(error_body(error.message, error.error_type, error.param, error.code)).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

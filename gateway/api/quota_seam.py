@@ -1,0 +1,251 @@
+"""The quotas seam: the one dependency in the request path that admits and settles requests.
+
+``admit`` runs ``quotas.Limiter.admit`` (one Lua call on Redis: RPM, TPM on prompt + max_tokens,
+concurrency lease, daily/monthly token budgets, max_tokens, tier; the tenant's limits and the API
+key's both apply) and maps a refusal to its HTTP error here, in one place (quotas/README.md):
+
+| refusal | status | error code |
+| --- | --- | --- |
+| requests/tokens per minute, concurrency | 429 | ``rate_limit_exceeded`` (+ retry-after, retry-after-ms) |
+| daily / monthly token budget | 429 | ``insufficient_quota`` (+ retry-after: the period's end) |
+| tokens per minute, request above the whole limit | 429 | ``rate_limit_exceeded``, no retry-after |
+| max_tokens per request | 400 | param ``max_tokens`` |
+| service tier not in the quota | 403 | param ``service_tier`` |
+| quota Redis unreachable (fail-closed) | 503 | ``quota_unavailable`` (+ retry-after) |
+
+A request admitted here and then refused for its latency target (the SLO door check, or the
+engine) is refunded in full like one that failed before running.
+
+When the quota Redis is also the lanes' Redis, the admission queues the request in its lane in
+the same Lua call (``quotas.Enqueue``): one round trip for both, and never queued uncharged
+(not for a request the SLO door check must see first: that one is admitted, checked, then queued).
+
+Every admitted or refused request gets OpenAI's ``x-ratelimit-*`` headers. ``settle`` runs exactly
+once when the request ends: the real usage (prompt + completion tokens) for a request that ran,
+a full refund for one that failed before running (enqueue failure, refused by the worker, client
+gone before the first result). Open admissions renew their concurrency leases every
+``lease_ttl / 3`` so that long streams keep their slot. Scopes are the database ids of the tenant
+and of the key; limits come from the tenancy ``Quota`` rows, copied into Redis on first sight and
+by the admin API on every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from gateway.api.auth import AuthContext
+from gateway.api.errors import (
+    SLO_UNATTAINABLE,
+    InsufficientQuota,
+    InvalidRequest,
+    PermissionDenied,
+    RateLimited,
+    quota_unavailable,
+)
+from gateway.api.ratelimit_headers import publish
+from gateway.settings import ApiSettings
+from gateway.telemetry import metrics, tracing
+from quotas import (
+    Decision,
+    Demand,
+    Enqueue,
+    KeySpace,
+    Limiter,
+    Loader,
+    QuotaBackendUnavailable,
+    QuotaLimits,
+    QuotaNotConfigured,
+    Reservation,
+    connect,
+    rate_limit_headers,
+    retry_headers,
+)
+from tenancy import get_quota
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Admission:
+    """A request that was let in: what it reserved, and the headers to send back with it."""
+
+    auth: AuthContext
+    request_id: str
+    tier: str
+    prompt_tokens: int
+    max_tokens: int
+    headers: dict[str, str] = field(default_factory=dict)
+    settled: bool = False
+    reservation: Reservation | None = None  # None: quotas off (no limiter)
+    queued: bool = False  # the admission also queued the request in its lane
+    admitted_at: float = field(default_factory=time.monotonic)
+
+
+def tenancy_loader(session_factory: sessionmaker[Session]) -> Loader:
+    """The limiter's loader: a scope's tenancy Quota row (scopes are database ids) → QuotaLimits."""
+
+    def load(tenant_id: str, key_id: str | None) -> QuotaLimits | None:
+        with session_factory() as session:
+            row = get_quota(session, tenant_id=int(tenant_id), key_id=None if key_id is None else int(key_id))
+            return None if row is None else QuotaLimits.from_row(row)
+
+    pending: dict[tuple[str, str | None], asyncio.Future] = {}
+
+    async def loader(tenant_id: str, key_id: str | None) -> QuotaLimits | None:
+        # One database read per scope however many requests find it missing at once (first
+        # sight, or every tenant after a Redis restart).
+        scope = (tenant_id, key_id)
+        if scope not in pending:
+            pending[scope] = asyncio.ensure_future(run_in_threadpool(load, tenant_id, key_id))
+            pending[scope].add_done_callback(lambda _: pending.pop(scope, None))
+        return await asyncio.shield(pending[scope])
+
+    return loader
+
+
+def refusal(decision: Decision, headers: dict[str, str]) -> Exception:
+    """The HTTP error of a refused decision (the table in the module docstring)."""
+    message = decision.message
+    if decision.limit == "max_tokens":
+        return InvalidRequest(message, param="max_tokens", headers=headers)
+    if decision.limit == "tier":
+        return PermissionDenied(message, param="service_tier", headers=headers)
+    if decision.limit in ("daily_budget", "monthly_budget"):
+        return InsufficientQuota(message, headers=headers)
+    return RateLimited(message, headers=headers)
+
+
+def never_ran(status: str, completion_tokens: int) -> bool:
+    """A request that failed (or was refused for its SLO) before producing anything is refunded in
+    full and recorded as 0 tokens."""
+    return status in ("error", SLO_UNATTAINABLE, "interrupted", "timeout") and completion_tokens == 0
+
+
+class QuotaSeam:
+    """admit/settle for one gateway replica (limits and counters live in Redis).
+
+    Without a limiter only the key's enabled flag is checked (tools and tests that run no quotas).
+    ``queues_lanes``: the limiter's Redis holds the lanes too, so an admission may queue the request.
+    """
+
+    def __init__(self, limiter: Limiter | None = None, *, queues_lanes: bool = False) -> None:
+        self.limiter = limiter
+        self.queues_lanes = queues_lanes and limiter is not None
+        self._open: dict[str, Admission] = {}  # request id → admission not yet settled
+        self._renewer: asyncio.Task | None = None
+
+    @classmethod
+    def open(cls, settings: ApiSettings, session_factory: sessionmaker[Session]) -> QuotaSeam:
+        """A seam on the quota Redis of ``settings`` (no I/O until the first request)."""
+        url = settings.quota_redis_url or settings.redis_url
+        limiter = Limiter(connect(url), keys=KeySpace(settings.quota_key_prefix),
+                          on_redis_error=settings.quota_on_redis_error, lease_ttl=settings.quota_lease_ttl_s,
+                          loader=tenancy_loader(session_factory))
+        return cls(limiter, queues_lanes=url == settings.redis_url)
+
+    async def admit(self, *, auth: AuthContext, request_id: str, tier: str, prompt_tokens: int,
+                    max_tokens: int, lane_entry: tuple[str, dict[str, str]] | None = None) -> Admission:
+        """Check and charge every limit of the key and its tenant, or raise the refusal's error.
+
+        ``lane_entry`` (stream, fields): queue it with the admission when this seam can
+        (``Admission.queued``); otherwise the caller submits it after admission. A refusal queues
+        nothing.
+        """
+        if not auth.enabled:
+            raise PermissionDenied("This API key is disabled.", code="key_disabled")
+        admission = Admission(auth=auth, request_id=request_id, tier=tier, prompt_tokens=prompt_tokens,
+                              max_tokens=max_tokens)
+        if self.limiter is None:
+            return admission
+        demand = Demand(str(auth.tenant_id), prompt_tokens, max_tokens, key=str(auth.key_id), tier=tier)
+        enqueue = Enqueue(*lane_entry) if lane_entry is not None and self.queues_lanes else None
+        with tracing.span("quota.admit"):
+            try:
+                decision = await self.limiter.admit(demand, enqueue=enqueue)
+            except QuotaBackendUnavailable as exc:
+                metrics.QUOTA_STORE_ERRORS.labels("closed").inc()
+                tracing.set_attributes({"fairlane.quota.decision": "unavailable"})
+                raise quota_unavailable("The quota service is unavailable, so the request was not admitted; "
+                                        "retry shortly.", retry_headers(exc.retry_after)) from exc
+            except QuotaNotConfigured as exc:
+                raise quota_unavailable(f"Quotas are not configured: {exc}.") from exc
+            if not decision.enforced:
+                metrics.QUOTA_STORE_ERRORS.labels("open").inc()
+            tracing.set_attributes({"fairlane.quota.decision": "allowed" if decision.allowed else "refused",
+                                    "fairlane.quota.limit": decision.limit,
+                                    "fairlane.lane.enqueued": decision.entry_id is not None})
+        admission.headers = rate_limit_headers(decision)
+        publish(admission.headers)
+        if not decision.allowed:
+            metrics.QUOTA_REFUSALS.labels(tier, decision.limit or "unknown").inc()
+            raise refusal(decision, admission.headers)
+        admission.reservation = decision.reservation
+        admission.queued = decision.entry_id is not None
+        if decision.reservation is not None and decision.reservation.charged:
+            self._open[request_id] = admission
+            self._start_renewer()
+        return admission
+
+    async def settle(self, admission: Admission, *, completion_tokens: int, status: str) -> None:
+        """Charge what the request used, or refund it all if it failed before running; idempotent.
+
+        ``status`` is the request's outcome (a finish reason, ``cancelled``, ``error`` or
+        ``slo_unattainable``); ``error`` or ``slo_unattainable`` with no completion token means it
+        never ran (refund), anything else is charged prompt + completion tokens.
+        """
+        if admission.settled:
+            return
+        admission.settled = True
+        self._open.pop(admission.request_id, None)
+        reservation = admission.reservation
+        if reservation is None or self.limiter is None:
+            return
+        if never_ran(status, completion_tokens):
+            outcome = await self.limiter.refund(reservation)
+        else:
+            outcome = await self.limiter.settle(reservation, admission.prompt_tokens + completion_tokens)
+        if outcome not in ("settled", "not_charged"):
+            log.warning("quota settlement of %s: %s", admission.request_id, outcome)
+
+    async def aclose(self) -> None:
+        """Stop renewing leases and wait for the limiter's background refunds (at shutdown)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+            self._renewer = None
+        if self.limiter is not None:
+            await self.limiter.aclose()
+            await self.limiter.redis.aclose()
+
+    def _start_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_leases())
+
+    async def _renew_leases(self) -> None:
+        """Every lease_ttl / 3, extend the leases of admissions older than that (long streams)."""
+        assert self.limiter is not None
+        every = self.limiter.lease_ttl / 3
+        while True:
+            await asyncio.sleep(every)
+            cutoff = time.monotonic() - every
+            due = [a for a in self._open.values() if a.admitted_at <= cutoff and a.reservation is not None]
+            results = await asyncio.gather(*(self.limiter.renew(a.reservation) for a in due),
+                                           return_exceptions=True)
+            for admission, result in zip(due, results):
+                if isinstance(result, BaseException):
+                    log.warning("quota lease renewal of %s failed: %s", admission.request_id, result)
+
+
+def get_quota_seam(request: Request) -> QuotaSeam:
+    return request.app.state.gateway.quota_seam
+
+
+QuotaDep = Annotated[QuotaSeam, Depends(get_quota_seam)]

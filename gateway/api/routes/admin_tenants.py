@@ -1,0 +1,65 @@
+"""Admin REST for tenants: create, list, get, update, disable.
+
+Routes that only touch the database are plain ``def`` (FastAPI runs them in its thread pool);
+those that also tell every replica to drop cached keys (a Redis call) are ``async``.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from gateway.api.deps import AdminDep, SessionDep, StateDep
+from gateway.api.errors import UnprocessableEntity
+from gateway.api.schemas.admin import DbId, TenantCreate, TenantPublic, TenantsPublic, TenantUpdate
+from tenancy import create_tenant, disable_tenant, get_tenant, list_tenants, update_tenant
+
+router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"], dependencies=[AdminDep])
+
+
+def check_tiers(state: StateDep, *tier_lists: list[str] | str | None) -> None:
+    known = state.settings.tiers
+    for tiers in tier_lists:
+        for tier in [tiers] if isinstance(tiers, str) else tiers or []:
+            if tier not in known:
+                raise UnprocessableEntity(f"Unknown tier {tier!r}: this deployment has {', '.join(known)}.",
+                                          param="allowed_tiers")
+
+
+@router.post("", status_code=201, response_model=TenantPublic)
+def create(body: TenantCreate, session: SessionDep, state: StateDep):
+    """Create a tenant."""
+    check_tiers(state, body.allowed_tiers, body.default_tier)
+    return create_tenant(session, **body.model_dump())
+
+
+@router.get("", response_model=TenantsPublic)
+def list_all(session: SessionDep, include_disabled: bool = True):
+    """List tenants."""
+    tenants = list_tenants(session, include_disabled=include_disabled)
+    return TenantsPublic(data=[TenantPublic.model_validate(t) for t in tenants], count=len(tenants))
+
+
+@router.get("/{tenant_id}", response_model=TenantPublic)
+def get(tenant_id: DbId, session: SessionDep):
+    """Get one tenant."""
+    return get_tenant(session, tenant_id=tenant_id)
+
+
+@router.patch("/{tenant_id}", response_model=TenantPublic)
+async def update(tenant_id: DbId, body: TenantUpdate, session: SessionDep, state: StateDep):
+    """Change a tenant's name, weight, tiers or status; takes effect on every replica within 1 s."""
+    check_tiers(state, body.allowed_tiers, body.default_tier)
+    tenant = await run_in_threadpool(
+        lambda: update_tenant(session, tenant_id=tenant_id, **body.model_dump(exclude_unset=True))
+    )
+    await state.key_cache.invalidate()
+    return tenant
+
+
+@router.post("/{tenant_id}/disable", response_model=TenantPublic)
+async def disable(tenant_id: DbId, session: SessionDep, state: StateDep):
+    """Disable a tenant: its keys stop working on every replica within 1 s."""
+    tenant = await run_in_threadpool(lambda: disable_tenant(session, tenant_id=tenant_id))
+    await state.key_cache.invalidate()
+    return tenant

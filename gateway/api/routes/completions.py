@@ -1,0 +1,161 @@
+"""OpenAI-compatible POST /v1/chat/completions and POST /v1/completions (streamed or not)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from functools import partial
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from gateway.api import generation as gen
+from gateway.api import openai_format as fmt
+from gateway.api.deps import CurrentKey, StateDep
+from gateway.api.errors import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, GatewayError, InvalidRequest, NotFound
+from gateway.api.quota_seam import QuotaDep
+from gateway.api.schemas.openai import ChatCompletionRequest, CompletionRequest
+from gateway.api.state import GatewayState
+from gateway.api.tiers import openai_tier, resolve_tier
+
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+def _check_model(state: GatewayState, model: str, top_k: int | None) -> None:
+    if model != state.settings.model_name:
+        raise NotFound(f"The model '{model}' does not exist or you do not have access to it.",
+                       param="model", code="model_not_found")
+    vocab = state.tokenizer.vocab_size
+    if top_k is not None and top_k > vocab:
+        raise InvalidRequest(f"top_k must be at most the vocabulary size ({vocab}); 0 means no limit.",
+                             param="top_k")
+
+
+async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) -> list[int]:
+    """Tokenize, refusing over-long prompts before any work and moving long ones off the event
+    loop (a thread), so that one client's huge prompt never delays another's request."""
+    limit = state.settings.max_prompt_chars
+    if chars > limit:
+        raise InvalidRequest(f"The prompt has {chars} characters; this server accepts at most {limit}.",
+                             param=param, code="context_length_exceeded")
+    if chars <= state.settings.tokenize_inline_chars:
+        return encode(arg)
+    return await run_in_threadpool(encode, arg)
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
+                           quota: QuotaDep):
+    """Creates a model response for the given chat conversation."""
+    _check_model(state, body.model, body.top_k)
+    tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
+    options = body.sampling_options()  # refuse unsupported options before tokenizing
+    messages = [m.as_template_input() for m in body.messages]
+    chars = sum(len(m["content"]) for m in messages)
+    try:
+        prompt_ids = await _tokenize(state, state.tokenizer.encode_chat, messages, chars, "messages")
+    except InvalidRequest:
+        raise
+    except Exception as exc:  # jinja errors, bad roles for this template…
+        raise InvalidRequest(f"These messages cannot be rendered by the model's chat template: {exc}",
+                             param="messages") from exc
+    generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
+                                 prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
+                                 sampling_options=options, traceparent=request.headers.get("traceparent"))
+    return await _respond(generation, body, request, chat=True)
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
+                      quota: QuotaDep):
+    """Creates a completion for the provided prompt."""
+    _check_model(state, body.model, body.top_k)
+    tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
+    options = body.sampling_options()
+    prompt = body.single_prompt()
+    if isinstance(prompt, str):
+        prompt_ids = await _tokenize(state, state.tokenizer.encode_prompt, prompt, len(prompt), "prompt")
+    else:
+        prompt_ids = list(prompt)
+        vocab = state.tokenizer.vocab_size
+        if any(t >= vocab for t in prompt_ids):
+            raise InvalidRequest(f"Prompt token ids must be below the vocabulary size ({vocab}).", param="prompt")
+    if not prompt_ids:
+        raise InvalidRequest("The prompt is empty.", param="prompt")
+    generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
+                                 prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
+                                 sampling_options=options, prompt_param="prompt",
+                                 traceparent=request.headers.get("traceparent"))
+    return await _respond(generation, body, request, chat=False)
+
+
+async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool):
+    headers = generation.admission.headers
+    ids = dict(request_id=generation.request_id, created=generation.created, model=generation.model,
+               tier=openai_tier(generation.tier, generation.state.settings.tiers))
+    if body.stream:
+        return StreamingResponse(_stream(generation, body, chat, ids), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+    parts: list[str] = []
+    failure: list[BaseException] = []
+
+    async def collect(scope: anyio.CancelScope) -> None:
+        try:
+            async for result in generation:
+                if result is not None:  # None: a keep-alive
+                    parts.append(result.text)
+        except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
+            failure.append(exc)
+        scope.cancel()
+
+    async def watch_disconnect(scope: anyio.CancelScope) -> None:
+        while not await request.is_disconnected():
+            await anyio.sleep(DISCONNECT_POLL_S)
+        scope.cancel()  # the client left: stop relaying; close() cancels the request
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(collect, tasks.cancel_scope)
+            tasks.start_soon(watch_disconnect, tasks.cancel_scope)
+    finally:
+        await generation.close()
+    if failure:
+        raise failure[0]
+    if not generation.done:
+        return JSONResponse({}, status_code=CLIENT_CLOSED_REQUEST)  # nobody is listening any more
+    build = fmt.chat_completion if chat else fmt.text_completion
+    return JSONResponse(build(**ids, text="".join(parts), reason=generation.finish_reason,
+                              prompt_tokens=generation.prompt_tokens,
+                              completion_tokens=generation.completion_tokens), headers=headers)
+
+
+async def _stream(generation: gen.Generation, body, chat: bool, ids: dict) -> AsyncIterator[bytes]:
+    chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
+
+    def usage_now():
+        return fmt.usage(generation.prompt_tokens, generation.completion_tokens)
+
+    try:
+        if chat:
+            yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}))
+        async for result in generation:
+            if result is None:
+                yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
+                continue
+            if not result.text and not result.finished:
+                continue  # e.g. a token that completes no character yet
+            reason = result.finish_reason if result.finished else None
+            content = {"content": result.text} if result.text or not result.finished else {}
+            per_chunk_usage = usage_now() if body.continuous_usage else None
+            yield fmt.sse(chunk(delta=content, reason=reason, usage_body=per_chunk_usage) if chat
+                          else chunk(text=result.text, reason=reason, usage_body=per_chunk_usage))
+        if body.include_usage:
+            yield fmt.sse(chunk(delta=None, usage_body=usage_now()) if chat
+                          else chunk(text=None, usage_body=usage_now()))
+    except GatewayError as exc:
+        yield fmt.sse_error(exc)
+    finally:
+        await generation.close()
+    yield fmt.SSE_DONE

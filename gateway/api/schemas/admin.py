@@ -1,0 +1,113 @@
+"""Admin API schemas: one family per entity (Create / Update / Public)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import Path
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+DB_ID_MAX = 2**63 - 1  # BIGINT: larger path ids are a 422, never an overflow
+DbId = Annotated[int, Path(ge=1, le=DB_ID_MAX, description="A database id.")]
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0  # fair-share weights: a 10^4 spread, no underflow
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """Stored times are UTC; SQLite gives them back naive."""
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_aware)]  # ISO-8601 with its timezone, always
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantCreate(_Strict):
+    name: str = Field(pattern=NAME_PATTERN, description="Unique tenant name.")
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="Share of the engine under contention (fair share).")
+    default_tier: str = Field("standard", description="Lane used when a request names no service_tier.")
+    allowed_tiers: list[str] = Field(default_factory=lambda: ["standard", "batch"], min_length=1)
+    ttft_target_s: float | None = Field(None, gt=0, description="Time-to-first-token target (s) of this "
+                                        "tenant's requests, over its tier's; null: the tier's.")
+    tpot_target_s: float | None = Field(None, gt=0, description="Time-per-output-token target (s), over "
+                                        "its tier's; null: the tier's.")
+
+
+class TenantUpdate(_Strict):
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+    weight: float | None = Field(None, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+    default_tier: str | None = None
+    allowed_tiers: list[str] | None = Field(None, min_length=1)
+    status: str | None = Field(None, pattern="^(active|disabled)$")
+    ttft_target_s: float | None = Field(None, gt=0, description="null clears it (the tier's applies).")
+    tpot_target_s: float | None = Field(None, gt=0, description="null clears it (the tier's applies).")
+
+
+class TenantPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    weight: float
+    default_tier: str
+    allowed_tiers: list[str]
+    status: str
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
+    created_at: UtcDatetime
+
+
+class TenantsPublic(BaseModel):
+    data: list[TenantPublic]
+    count: int
+
+
+class ApiKeyCreate(_Strict):
+    name: str = Field("", max_length=128)
+    scopes: list[str] = Field(default_factory=lambda: ["inference"])
+
+
+class ApiKeyPublic(BaseModel):
+    """A key as it can be shown any time: the prefix, never the secret."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    tenant_id: int
+    prefix: str
+    name: str
+    scopes: list[str]
+    created_at: UtcDatetime
+    last_used_at: UtcDatetime | None
+    revoked_at: UtcDatetime | None
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    """Returned once, at creation: ``key`` is the full secret and is not stored anywhere."""
+
+    key: str
+
+
+class ApiKeysPublic(BaseModel):
+    data: list[ApiKeyPublic]
+    count: int
+
+
+class UsageTotalsPublic(BaseModel):
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class UsagePublic(BaseModel):
+    tenant_id: int
+    since: UtcDatetime
+    until: UtcDatetime
+    totals: UsageTotalsPublic
+    by_model: dict[str, UsageTotalsPublic]
+    by_tier: dict[str, UsageTotalsPublic]

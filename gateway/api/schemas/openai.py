@@ -1,0 +1,155 @@
+"""OpenAI-compatible request bodies (chat and completions). Unknown OpenAI fields are ignored.
+
+Every integer is bounded (a JSON number no 64-bit field can hold is a 422, never an overflow
+further on) and strict (``true`` is not 1); every string must be encodable as UTF-8 (a lone
+surrogate such as ``"\ud800"`` is a 400); ``null`` means the default wherever OpenAI's spec
+allows it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
+
+from gateway.api.errors import InvalidRequest
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when the request names none
+GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (dividing logits by it would overflow)
+INT32_MAX, INT64_MIN, INT64_MAX = 2**31 - 1, -(2**63), 2**63 - 1
+TOKEN_ID_MAX = INT32_MAX  # the model's vocabulary bounds it further (checked by the route)
+
+
+def _utf8(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid UTF-8 text (it holds a lone surrogate)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+Int = Annotated[int, Strict()]  # no booleans, no floats, no numeric strings
+Float = Annotated[float, Strict()]  # ints are floats; booleans are not
+TokenId = Annotated[int, Strict(), Field(ge=0, le=TOKEN_ID_MAX)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # usage on every chunk (vLLM's extension)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: Text | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):
+            if any(part.type != "text" for part in content):
+                raise InvalidRequest("Only text content parts are supported.", param="messages")
+            content = "".join(part.text or "" for part in content)
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content or ""}
+
+
+class _GenerationRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)  # and <= the context (checked with the prompt)
+    temperature: Float | None = Field(None, ge=0, le=2)
+    top_p: Float | None = Field(None, gt=0, le=1)
+    top_k: Int | None = Field(None, ge=0, le=INT32_MAX)  # extension; <= the vocabulary (checked by the route)
+    n: Int | None = Field(None, ge=1, le=128)
+    stop: Text | list[Text] | None = None
+    seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    ignore_eos: bool | None = False  # extension
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    service_tier: Text | None = None
+    user: Text | None = None
+    # Accepted so that using them is a clear 400, not silently ignored.
+    logprobs: bool | Int | None = None
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def _refuse_unsupported(self) -> None:
+        unsupported = {
+            "logprobs": bool(self.logprobs),
+            "presence_penalty": bool(self.presence_penalty),
+            "frequency_penalty": bool(self.frequency_penalty),
+            "tools": bool(self.tools),
+            "response_format": bool(self.response_format) and self.response_format.get("type") != "text",
+        }
+        for name, used in unsupported.items():
+            if used:
+                raise InvalidRequest(f"'{name}' is not supported by this server.", param=name,
+                                     code="unsupported_parameter")
+
+    def sampling_options(self) -> dict[str, Any]:
+        """The engine's SamplingParams fields this request sets (all but max_tokens, which the gateway
+        resolves against the context); 400 for an option this server cannot honour."""
+        self._refuse_unsupported()
+        if self.n not in (None, 1):
+            raise InvalidRequest("Only n=1 is supported.", param="n", code="unsupported_value")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("stream_options is only allowed when stream is true.", param="stream_options")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
+            raise InvalidRequest(f"stop must be up to {MAX_STOP_STRINGS} non-empty strings.", param="stop")
+        temperature = DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
+        return {"temperature": 0.0 if temperature < GREEDY_BELOW else temperature,
+                "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0, "seed": self.seed,
+                "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos)}
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and (self.stream_options.include_usage
+                                             or self.stream_options.continuous_usage_stats))
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    echo: bool | None = False
+
+    def single_prompt(self) -> str | list[int]:
+        if self.echo:
+            raise InvalidRequest("echo is not supported.", param="echo")
+        prompt = self.prompt
+        if isinstance(prompt, list):
+            if len(prompt) == 0:
+                raise InvalidRequest("prompt must not be empty.", param="prompt")
+            if isinstance(prompt[0], (str, list)):
+                if len(prompt) != 1:
+                    raise InvalidRequest("Only one prompt per request is supported.", param="prompt")
+                return prompt[0]
+        return prompt

@@ -1,0 +1,70 @@
+"""What one gateway replica holds while it runs: connections, tokenizer, caches (nothing shared)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.api.auth import KeyCache
+from gateway.api.quota_seam import QuotaSeam
+from gateway.api.slo_gate import SLOGate
+from gateway.api.tokenization import PromptTokenizer, load_prompt_tokenizer
+from gateway.lanes.client import LaneClient
+from gateway.lanes.connect import async_client
+from gateway.lanes.keys import model_info_key
+from gateway.settings import ApiSettings
+from tenancy import make_engine, make_session_factory
+
+MODEL_INFO_TTL_S = 5.0  # a replica re-reads the context its workers announce this often
+
+
+@dataclass
+class GatewayState:
+    settings: ApiSettings
+    redis: aioredis.Redis
+    db_engine: Engine
+    session_factory: sessionmaker[Session]
+    tokenizer: PromptTokenizer
+    lanes: LaneClient
+    key_cache: KeyCache
+    quota_seam: QuotaSeam
+    slo_gate: SLOGate
+    _max_model_len: int | None = None
+    _model_info_at: float = field(default=float("-inf"))
+
+    @classmethod
+    def open(cls, settings: ApiSettings) -> GatewayState:
+        """Connect to Redis and the database and load the tokenizer (blocking: run at startup)."""
+        if not settings.redis_url:
+            raise RuntimeError("the gateway needs FAIRLANE_REDIS_URL (fairlane serve sets it)")
+        redis = async_client(settings.redis_url)
+        db_engine = make_engine(settings.database_url)
+        session_factory = make_session_factory(db_engine)
+        return cls(
+            settings=settings, redis=redis, db_engine=db_engine, session_factory=session_factory,
+            tokenizer=load_prompt_tokenizer(settings.engine.model, dummy_config=settings.engine.dummy_config),
+            lanes=LaneClient(redis, result_ttl_s=settings.result_ttl_s),
+            key_cache=KeyCache(session_factory, redis, refresh_s=settings.auth_refresh_s),
+            quota_seam=QuotaSeam.open(settings, session_factory),
+            slo_gate=SLOGate(redis, model=settings.model_name, tiers=settings.tiers,
+                             cache_s=settings.slo_gate_cache_s),
+        )
+
+    async def close(self) -> None:
+        await self.lanes.aclose()
+        await self.quota_seam.aclose()
+        await self.redis.aclose()
+        self.db_engine.dispose()
+
+    async def max_model_len(self) -> int | None:
+        """The served model's context as its workers announce it (refreshed every few seconds)."""
+        now = time.monotonic()
+        if self._max_model_len is None or now - self._model_info_at > MODEL_INFO_TTL_S:
+            value = await self.redis.hget(model_info_key(self.settings.model_name), "max_model_len")
+            self._max_model_len = int(value) if value is not None else None
+            self._model_info_at = now
+        return self._max_model_len

@@ -1,0 +1,51 @@
+"""The gateway's SERVER span of every /v1 request (installed only while tracing is on).
+
+A client's ``traceparent`` (and ``tracestate``) header makes it the parent; the span covers the
+whole response, a stream's last byte included, and is current while the route runs, so the
+children (auth, quota, SLO gate, lane enqueue, relay) and the lane message's trace context hang
+under it. Named ``{method} {route}``; HTTP attributes after the OpenTelemetry conventions.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.trace import SpanKind, StatusCode
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.telemetry import tracing
+
+TRACED_PREFIX = "/v1/"
+
+
+class TracingMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(TRACED_PREFIX) or not tracing.enabled():
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", []))
+        parent = tracing.extract(headers.get(b"traceparent", b"").decode("latin-1"),
+                                 headers.get(b"tracestate", b"").decode("latin-1"))
+        method, path = scope["method"], scope["path"]
+        attributes = {"http.request.method": method, "url.path": path, "url.scheme": scope.get("scheme", "http"),
+                      "fairlane.request_id": scope.get("state", {}).get("request_id")}
+        with tracing.tracer().start_as_current_span(
+                f"{method} {path}", context=parent, kind=SpanKind.SERVER, record_exception=True,
+                attributes={k: v for k, v in attributes.items() if v is not None}) as span:
+
+            async def traced_send(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    span.set_attribute("http.response.status_code", status)
+                    if status >= 500:
+                        span.set_status(StatusCode.ERROR)
+                await send(message)
+
+            try:
+                await self.app(scope, receive, traced_send)
+            finally:
+                route = scope.get("route")
+                if route is not None and getattr(route, "path", None):
+                    span.update_name(f"{method} {route.path}")
+                    span.set_attribute("http.route", route.path)

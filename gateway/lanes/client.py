@@ -1,0 +1,169 @@
+"""The gateway's side of the lanes protocol (gateway/lanes/keys.py): submit a request to its lane,
+relay its results, cancel it, and know whether a worker serves the model.
+
+The relay never waits silently: while no result comes it yields ``None`` every ``keepalive_s``
+(the SSE relay turns it into a comment line), gives up with ``ResultTimeout`` past its bound,
+and raises ``QueueUnavailable`` when Redis stays unreachable past the client's own retries, or
+when Redis restarted empty while the request waited (the ``lanes:epoch`` key, set by the first
+client to find it missing, changed: the request was lost with the rest of Redis's data).
+A cancel that Redis cannot take now is retried in the background until it can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.lanes.keys import WORKER_ALIVE_S, cancel_key, lane_key, out_key, workers_key
+from gateway.lanes.messages import LaneRequest, LaneResult
+
+WORKER_SEEN_S = 1.0  # a replica trusts a live worker it saw this long without asking Redis again
+RELAY_BATCH = 256  # result entries read per XREAD (a request's whole output, usually)
+POLL_MS = 1000  # one blocking XREAD waits this long before the timeout is checked again
+EPOCH_KEY = "lanes:epoch"  # a random value; a Redis restarted empty lacks it (or has a newer one)
+CANCEL_RETRY_S, CANCEL_RETRY_FOR_S = 1.0, 60.0  # a cancel Redis refused is retried this often, this long
+log = logging.getLogger(__name__)
+
+
+class ResultTimeout(Exception):
+    """No result arrived for a request within the wait limit."""
+
+
+class QueueUnavailable(Exception):
+    """Redis did not answer while a request's results were relayed (after the client's retries)."""
+
+
+class LaneClient:
+    """Submit requests to lanes, relay their results, cancel them (async, one per gateway)."""
+
+    def __init__(self, redis: aioredis.Redis, *, result_ttl_s: int = 300, poll_ms: int = POLL_MS) -> None:
+        self.redis = redis
+        self.result_ttl_s = result_ttl_s
+        self.poll_ms = poll_ms
+        self._worker_seen: dict[str, float] = {}  # model → when a live worker was last seen (monotonic)
+        self._epoch: str | None = None  # lanes:epoch as this replica last saw it
+        self._cancels: set[asyncio.Task] = set()
+
+    async def epoch(self) -> str:
+        """The Redis data's epoch (set here if missing: first use, or a Redis restarted empty)."""
+        if self._epoch is None:
+            await self.redis.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
+            value = await self.redis.get(EPOCH_KEY)
+            self._epoch = value.decode() if isinstance(value, bytes) else value
+        return self._epoch
+
+    async def _same_epoch(self, epoch: str) -> bool:
+        value = await self.redis.get(EPOCH_KEY)
+        if (value.decode() if isinstance(value, bytes) else value) == epoch:
+            return True
+        self._epoch = None  # the next request takes the new epoch
+        return False
+
+    @staticmethod
+    def entry(request: LaneRequest) -> tuple[str, dict[str, str]]:
+        """The lane stream and the stream entry of a request: what ``submit`` adds."""
+        return lane_key(request.model, request.tier), request.encode()
+
+    async def submit(self, request: LaneRequest) -> str:
+        """XADD the request to its lane; returns the entry id."""
+        entry_id = await self.redis.xadd(*self.entry(request))
+        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+    async def results(self, request_id: str, *, timeout_s: float, idle_timeout_s: float | None = None,
+                      keepalive_s: float | None = None, epoch: str | None = None
+                      ) -> AsyncIterator[LaneResult | None]:
+        """Every result of a request in order, until a finished one; drops chunks already seen.
+
+        ``None`` every ``keepalive_s`` seconds without a result (when given). Raises ResultTimeout
+        if nothing arrives for ``timeout_s`` seconds before the first result, ``idle_timeout_s``
+        (default: the same) after it, and QueueUnavailable if Redis stops answering or is no
+        longer at ``epoch`` (the one the request was queued at; default: this replica's now).
+        """
+        key, last_id, relayed, idle_ms, quiet_ms = out_key(request_id), "0-0", 0, 0.0, 0.0
+        limit_s = timeout_s
+        while True:
+            try:
+                epoch = epoch or await self.epoch()
+                reply = await self.redis.xread({key: last_id}, block=self.poll_ms, count=RELAY_BATCH)
+                if not reply and not await self._same_epoch(epoch):
+                    raise QueueUnavailable("Redis restarted and lost the request")
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                raise QueueUnavailable(str(exc)) from exc
+            if not reply:
+                idle_ms += self.poll_ms
+                quiet_ms += self.poll_ms
+                if idle_ms >= limit_s * 1000:
+                    raise ResultTimeout(f"no result for {request_id} in {limit_s:.0f} s")
+                if keepalive_s is not None and quiet_ms >= keepalive_s * 1000:
+                    quiet_ms = 0.0
+                    yield None
+                continue
+            idle_ms = quiet_ms = 0.0
+            limit_s = idle_timeout_s or timeout_s
+            for entry_id, fields in reply[0][1]:
+                last_id = entry_id
+                result = LaneResult.decode(fields)
+                if result.kind == "tokens" and result.offset + len(result.token_ids) <= relayed and result.token_ids:
+                    continue  # a chunk we have already relayed
+                relayed = max(relayed, result.offset + len(result.token_ids))
+                yield result
+                if result.finished:
+                    return
+
+    async def cancel(self, request_id: str) -> None:
+        """Ask whichever worker holds the request to abort it (seen within one engine step)."""
+        await self.redis.set(cancel_key(request_id), b"1", ex=self.result_ttl_s)
+
+    def cancel_soon(self, request_id: str) -> None:
+        """``cancel``, retried in the background while Redis does not answer (an outage)."""
+        task = asyncio.ensure_future(self._cancel_until_done(request_id))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _cancel_until_done(self, request_id: str) -> None:
+        deadline = time.monotonic() + CANCEL_RETRY_FOR_S
+        while True:
+            try:
+                await self.cancel(request_id)
+                return
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    log.warning("could not cancel %s: %s", request_id, exc)
+                    return
+                await asyncio.sleep(CANCEL_RETRY_S)
+
+    async def aclose(self) -> None:
+        """Wait for the background cancels (at shutdown)."""
+        for task in list(self._cancels):
+            task.cancel()
+        await asyncio.gather(*self._cancels, return_exceptions=True)
+
+    async def discard(self, request_id: str) -> None:
+        """Drop a relayed request's result stream."""
+        await self.redis.delete(out_key(request_id))
+
+    async def has_worker(self, model: str) -> bool:
+        """Whether a worker serving ``model`` beat within WORKER_ALIVE_S (by Redis's clock).
+
+        It is asked on every request: a live worker once seen is trusted for WORKER_SEEN_S, so
+        Redis is asked at most about once a second per model while workers are up. A worker that
+        dies meanwhile is like one dying just after the check: its requests wait in the lane.
+        """
+        seen = time.monotonic()
+        if seen - self._worker_seen.get(model, float("-inf")) < WORKER_SEEN_S:
+            return True
+        async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
+            pipe.time()
+            pipe.zrange(workers_key(model), -1, -1, withscores=True)  # the latest beat
+            (now_s, _), latest = await pipe.execute()
+        alive = bool(latest) and latest[0][1] >= now_s - WORKER_ALIVE_S
+        if alive:
+            self._worker_seen[model] = seen
+        return alive

@@ -1,0 +1,57 @@
+"""Redis key names of the lanes protocol, shared by gateways and workers (the one place they are spelled).
+
+- ``lanes:{model}:{tier}``: one stream per model and tier; workers read it through the consumer
+  group ``workers``, ACK and delete an entry when its request finishes (lanes never grow).
+- ``out:{request_id}``: the request's results, written by the worker each step; it expires
+  ``result_ttl_s`` after its last write and the gateway deletes it once relayed.
+- ``cancel:{request_id}``: set by a gateway whose client went away; workers check it every step.
+- ``workers:{model}``: sorted set of worker ids scored by their last heartbeat (unix seconds),
+  so a gateway knows whether the model is served; workers prune ids that stopped beating.
+- ``model:{model}`` (max_model_len) and ``worker:{model}:{worker_id}`` (KV blocks; expires).
+- ``load:{model}``: hash worker id → ``LoadReport`` (what its SLO-aware engine predicts TTFT
+  from), refreshed every ~50 ms by workers whose policy is SLO-aware; read by the door check.
+"""
+
+from __future__ import annotations
+
+GROUP = "workers"
+
+
+def lane_key(model: str, tier: str) -> str:
+    return f"lanes:{model}:{tier}"
+
+
+def out_key(request_id: str) -> str:
+    return f"out:{request_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    return f"cancel:{request_id}"
+
+
+def workers_key(model: str) -> str:
+    return f"workers:{model}"
+
+
+def model_info_key(model: str) -> str:
+    """Hash written by workers: the model's max_model_len."""
+    return f"model:{model}"
+
+
+def worker_info_key(model: str, worker_id: str) -> str:
+    """Hash of one worker's live state (free_blocks, total_blocks, running); expires with the worker."""
+    return f"worker:{model}:{worker_id}"
+
+
+def load_key(model: str) -> str:
+    """Hash of the workers' LoadReport messages (field: worker id); see gateway/api/slo_gate.py."""
+    return f"load:{model}"
+
+
+def tier_priorities(tiers: list[str]) -> dict[str, int]:
+    """Tier name → the engine's priority number (higher is more important; tiers are highest first)."""
+    return {tier: len(tiers) - i for i, tier in enumerate(tiers)}
+
+
+WORKER_ALIVE_S = 5.0  # a worker that has not beaten for this long is gone
+WORKER_FORGOTTEN_S = 10 * WORKER_ALIVE_S  # its id and its published load are removed after this long

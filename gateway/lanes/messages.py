@@ -1,0 +1,145 @@
+"""Typed, versioned messages between gateways and workers, encoded in one place.
+
+A lane entry carries one ``LaneRequest``; a request's result stream carries ``LaneResult``s.
+On the wire each is a Redis stream entry ``{"v": <version>, "body": <json>}``; a reader refuses
+a version it does not know instead of guessing. A worker's ``LoadReport`` is one field of the
+hash ``load:{model}``, the same two keys as one JSON string. The engine's own types travel
+inside them (``SamplingParams``, ``SLOLoad``: torch-free modules of the engine), never copies.
+orjson serializes the dataclasses directly (no ``asdict`` copy; ~3 µs a request instead of ~90 µs
+with the json module), to the same JSON.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+
+from engine import EngineError, SamplingParams, SLOLoad
+
+MESSAGE_VERSION = 1
+
+
+class MessageError(ValueError):
+    """A stream entry that is not a message this code can read."""
+
+
+def _decode_fields(fields: dict[Any, Any]) -> dict[str, Any]:
+    text = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+    try:
+        version = int(text["v"])
+        body = orjson.loads(text["body"])  # bytes as Redis returns them, or str
+        if not isinstance(body, dict):
+            raise TypeError(f"the body is a JSON {type(body).__name__}, not an object")
+    except (KeyError, ValueError, TypeError) as exc:
+        raise MessageError(f"malformed stream entry: {exc}") from exc
+    if version != MESSAGE_VERSION:
+        raise MessageError(f"message version {version} is not supported (this reader knows {MESSAGE_VERSION})")
+    return body
+
+
+def _encode(message: Any) -> dict[str, str]:
+    return {"v": str(MESSAGE_VERSION), "body": orjson.dumps(message).decode()}
+
+
+@dataclass(frozen=True)
+class LaneRequest:
+    """One generation request waiting in lanes:{model}:{tier}. ``sampling`` is the engine's own
+    SamplingParams, built and checked once by the gateway and checked again when decoded."""
+
+    request_id: str
+    model: str
+    tier: str
+    tenant: str  # the tenant's database id: the engine's fairness key, stable when the tenant is renamed
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    weight: float = 1.0
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
+    traceparent: str | None = None  # W3C trace context of the gateway span
+    enqueued_at: float = field(default_factory=time.time)
+
+    encode = _encode
+
+    @classmethod
+    def decode(cls, fields: dict[Any, Any]) -> LaneRequest:
+        body = _decode_fields(fields)
+        try:
+            sampling = SamplingParams(**body.pop("sampling"))
+            body["prompt_token_ids"] = tuple(body["prompt_token_ids"])
+            return cls(sampling=sampling, **body)
+        except (KeyError, TypeError, EngineError) as exc:
+            raise MessageError(f"malformed lane request: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    """New tokens of one request from one engine step, or its error.
+
+    ``offset`` is how many output tokens came before this chunk, so a reader can drop a chunk it
+    has already relayed (a claimed request never re-sends tokens, but readers stay safe anyway).
+    """
+
+    KINDS: ClassVar[tuple[str, ...]] = ("tokens", "error")
+
+    request_id: str
+    kind: str = "tokens"
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    offset: int = 0
+    finished: bool = False
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    worker: str = ""
+    error_message: str | None = None
+    error_param: str | None = None
+    error_code: str | None = None
+    retry_after_s: float | None = None  # errors worth retrying (slo_unattainable): when
+    at: float = field(default_factory=time.time)
+
+    encode = _encode
+
+    @classmethod
+    def decode(cls, fields: dict[Any, Any]) -> LaneResult:
+        body = _decode_fields(fields)
+        try:
+            body["token_ids"] = tuple(body.get("token_ids", ()))
+            result = cls(**body)
+        except TypeError as exc:
+            raise MessageError(f"malformed lane result: {exc}") from exc
+        if result.kind not in cls.KINDS:
+            raise MessageError(f"unknown lane result kind {result.kind!r}")
+        return result
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """One worker's ``SLOLoad`` (what its SLO-aware engine predicts TTFT from), published every
+    ~50 ms in the hash ``load:{model}`` under its id, so that a gateway can refuse at the door
+    with the engine's own formula (gateway/api/slo_gate.py); ``at`` is when (unix seconds)."""
+
+    worker: str
+    load: SLOLoad
+    at: float = field(default_factory=time.time)
+
+    def encode(self) -> str:
+        return orjson.dumps({"v": MESSAGE_VERSION, "body": self}, option=orjson.OPT_NON_STR_KEYS).decode()
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> LoadReport:
+        try:
+            data = orjson.loads(raw)
+            version, body = int(data["v"]), data["body"]
+        except (KeyError, ValueError, TypeError) as exc:
+            raise MessageError(f"malformed worker load: {exc}") from exc
+        if version != MESSAGE_VERSION:
+            raise MessageError(f"message version {version} is not supported (this reader knows {MESSAGE_VERSION})")
+        try:
+            load = dict(body["load"])
+            load["waiting_tokens"] = {int(k): int(v) for k, v in load.get("waiting_tokens", {}).items()}
+            return cls(worker=body["worker"], load=SLOLoad(**load), at=float(body["at"]))
+        except (KeyError, AttributeError, ValueError, TypeError) as exc:
+            raise MessageError(f"malformed worker load: {exc}") from exc

@@ -1,0 +1,1 @@
+"""The engine worker process: lanes in, engine steps, tokens out."""

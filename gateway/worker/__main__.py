@@ -1,0 +1,3 @@
+from gateway.worker.main import main
+
+main()

@@ -1,0 +1,56 @@
+"""The worker's heartbeat thread: tells gateways it is alive and keeps its running lane entries claimed.
+
+Every beat, in one round trip: the worker's score in ``workers:{model}`` (and ids that stopped
+beating pruned), the model's max_model_len, the worker's KV blocks and running requests (a hash
+that expires with it), and an XCLAIM of every entry it runs, which resets their idle time so that
+no other worker mistakes them for a dead worker's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis as redislib
+
+from gateway.lanes.keys import GROUP, WORKER_ALIVE_S, WORKER_FORGOTTEN_S, model_info_key, worker_info_key, workers_key
+from gateway.worker.loop import Worker
+
+log = logging.getLogger(__name__)
+
+
+def beat(worker: Worker, redis: redislib.Redis) -> None:
+    """One heartbeat (see the module docstring)."""
+    model, now = worker.model, time.time()
+    pipe = redis.pipeline(transaction=False)
+    pipe.zadd(workers_key(model), {worker.worker_id: now})
+    pipe.zremrangebyscore(workers_key(model), "-inf", now - WORKER_FORGOTTEN_S)
+    pipe.hset(model_info_key(model), "max_model_len", worker.engine.max_model_len)
+    info = worker_info_key(model, worker.worker_id)
+    pipe.hset(info, mapping={"free_blocks": worker.engine.num_free_blocks,
+                             "total_blocks": worker.engine.num_total_blocks,
+                             "running": len(worker.inflight)})
+    pipe.expire(info, int(WORKER_ALIVE_S))
+    owned = worker.owned_entries()
+    for lane, ids in owned.items():
+        pipe.xclaim(lane, GROUP, worker.worker_id, 0, ids, justid=True)
+    replies = pipe.execute()
+    for (lane, ids), claimed in zip(owned.items(), replies[len(replies) - len(owned):]):
+        kept = {_s(e) for e in claimed}
+        lost = [e for e in ids if e not in kept]
+        if lost:
+            worker.mark_lost(lane, lost)
+
+
+def _s(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def heartbeat(worker: Worker, redis: redislib.Redis, stop: threading.Event, *, every_s: float) -> None:
+    """Beat every ``every_s`` seconds until ``stop`` is set (run in a thread)."""
+    while not stop.wait(every_s):
+        try:
+            beat(worker, redis)
+        except redislib.RedisError as exc:  # keep beating; the main loop reports persistent failures
+            log.warning("heartbeat failed: %s", exc)

@@ -1,0 +1,48 @@
+"""EngineConfig.device: "auto" resolves to the hardware, "cpu" runs anywhere, bad names and absent
+GPUs are refused with a clear error before anything loads."""
+import pytest
+import torch
+
+from engine import LLM, EngineConfig, SamplingParams
+from engine.device import resolve_device, resolve_dtype
+
+TINY = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+
+
+def test_dummy_model_runs_on_the_cpu():
+    llm = LLM(model="dummy", device="cpu", dummy_config=TINY, kv_cache_gib=0.01)
+    runner = llm.engine.runner
+    assert runner.device == torch.device("cpu") and runner.graphs is None
+    assert runner.kv_caches[0].device.type == "cpu" and runner.model.embed.device.type == "cpu"
+    params = SamplingParams(max_tokens=5, temperature=0.8, seed=3, ignore_eos=True)
+    first = llm.generate([[1, 2, 3]], params)[0].token_ids
+    assert len(first) == 5 and llm.generate([[1, 2, 3]], params)[0].token_ids == first
+
+
+def test_auto_is_cuda_exactly_when_torch_sees_a_gpu():
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+    if torch.cuda.is_available():
+        assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:", "cuda:x", "CPU", "mps"])
+def test_bad_device_names_are_refused(name):
+    with pytest.raises(ValueError, match="device must be"):
+        EngineConfig(device=name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_cuda_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        LLM(model="dummy", device="cuda", dummy_config=TINY)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_the_triton_backend_refuses_a_cpu_without_the_interpreter(monkeypatch):
+    from engine.attention import make_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        make_backend("triton", 4, 2, 64, "cpu")

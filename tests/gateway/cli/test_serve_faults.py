@@ -1,0 +1,200 @@
+"""`fairlane serve` as a user runs it, under faults: its engine worker SIGKILLed during 8 streams,
+its embedded Redis SIGKILLed during 8 streams, SIGTERM during 8 streams, and a port already taken.
+
+serve runs with its defaults (one worker, embedded Redis, the settings' claim and restart times);
+only the model is a tiny random-weight one (FAIRLANE_ENGINE__*), with peaked logits so that
+greedy answers do not depend on the batch a request runs in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+from serve_process import REPO, fairlane_command, free_port, start, wait_ready
+
+from tenancy import UsageRecord, make_engine, make_session_factory
+
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, initializer_range=0.5)
+PROMPTS = [f"stream {i}: tell me a long story" for i in range(8)]
+MAX_TOKENS = 400
+
+
+def _env(tmp) -> dict[str, str]:
+    return {"FAIRLANE_ENGINE__MODEL": "dummy", "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
+            "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "512", "FAIRLANE_ENGINE__NUM_THREADS": "1",
+            "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}"}
+
+
+def _serve(tmp, name: str):
+    port = free_port()
+    served = start(["serve", "--dev", "--port", str(port)], _env(tmp), str(tmp / f"{name}.log"), port=port)
+    return wait_ready(served, timeout_s=300)
+
+
+def _processes(served) -> dict:
+    return httpx.get(served.base_url + "/ready", timeout=10).json()["processes"]
+
+
+async def _stream(http: httpx.AsyncClient, key: str, prompt: str, progress: list, index: int) -> dict:
+    """One streamed completion, parsed by hand: its text, finish reason, error event, request id."""
+    body = {"model": "dummy", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    out = {"text": "", "finish": None, "error": None, "done": False, "keepalives": 0}
+    async with http.stream("POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        assert r.status_code == 200, await r.aread()
+        out["request_id"] = r.headers["x-request-id"]
+        async for line in r.aiter_lines():
+            if line.startswith(":"):
+                out["keepalives"] += 1
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                out["done"] = True
+                continue
+            chunk = json.loads(data)
+            if "error" in chunk:
+                out["error"] = chunk["error"]
+                continue
+            choice = chunk["choices"][0]
+            out["text"] += choice["text"]
+            out["finish"] = choice["finish_reason"] or out["finish"]
+            progress[index] += 1
+    return out
+
+
+async def _streams(served, *, during=None) -> list[dict]:
+    """8 concurrent streams; ``during()`` runs once every stream has received a chunk."""
+    progress = [0] * len(PROMPTS)
+    async with httpx.AsyncClient(base_url=served.base_url, timeout=120) as http:
+        tasks = [asyncio.create_task(_stream(http, served.api_key, p, progress, i)) for i, p in enumerate(PROMPTS)]
+        if during is not None:
+            while not all(progress) and not any(t.done() for t in tasks):
+                await asyncio.sleep(0.01)
+            assert not any(t.done() for t in tasks), "the streams ended before the fault: make them longer"
+            await asyncio.to_thread(during)
+        return await asyncio.gather(*tasks)
+
+
+def _usage(tmp) -> dict[str, UsageRecord]:
+    engine = make_engine(f"sqlite:///{tmp / 'fairlane.db'}")
+    with make_session_factory(engine)() as session:
+        records = {r.request_id: r for r in session.query(UsageRecord).all()}
+    engine.dispose()
+    return records
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve-faults")
+    served = _serve(tmp, "serve")
+    served.extra["tmp"] = tmp
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+async def test_a_worker_killed_during_8_streams_is_restarted_and_every_stream_resumes(served):
+    reference = await _streams(served)
+    assert all(r["finish"] == "length" and r["done"] and r["error"] is None for r in reference)
+    worker = _processes(served)["worker-0"]
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        os.kill(worker["pid"], signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    disturbed = await _streams(served, during=kill)
+    took = time.monotonic() - killed_at[0]
+    assert [r["text"] for r in disturbed] == [r["text"] for r in reference]  # nothing lost, nothing repeated
+    assert all(r["finish"] == "length" and r["done"] and r["error"] is None for r in disturbed)
+    assert took < 30, f"the streams finished {took:.1f} s after the kill"
+    after = _processes(served)["worker-0"]
+    assert after["restarts"] == worker["restarts"] + 1 and after["last_exit"] == -signal.SIGKILL
+    assert after["pid"] != worker["pid"] and after["state"] == "running"
+    assert "worker-0 exited with code -9; restarting" in served.log()
+    records = _usage(served.extra["tmp"])
+    assert all(records[r["request_id"]].completion_tokens == MAX_TOKENS for r in disturbed)
+
+
+async def test_redis_killed_during_8_streams_is_restarted_and_service_resumes(served):
+    redis = _processes(served)["redis"]
+    results = await _streams(served, during=lambda: os.kill(redis["pid"], signal.SIGKILL))
+    for r in results:  # every stream ends: complete, or cut with an error event; never silently
+        assert r["done"], r
+        assert (r["finish"] == "length" and r["error"] is None) or r["error"]["code"] == "interrupted", r
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = _processes(served)["redis"]
+        if state["restarts"] == redis["restarts"] + 1 and state["state"] == "running":
+            break
+        time.sleep(0.05)
+    back = time.monotonic()
+    headers = {"Authorization": f"Bearer {served.api_key}"}
+    body = {"model": "dummy", "prompt": "again", "max_tokens": 4, "temperature": 0}
+    while True:  # service answers again within 10 s of Redis returning
+        response = httpx.post(served.base_url + "/v1/completions", json=body, headers=headers, timeout=30)
+        if response.status_code == 200:
+            break
+        assert response.status_code == 503, response.text
+        assert time.monotonic() - back < 10, f"no service 10 s after Redis returned: {response.text}"
+        time.sleep(0.2)
+    records = _usage(served.extra["tmp"])
+    for r in results:  # usage written for every request, cut ones marked interrupted
+        record = records[r["request_id"]]
+        assert record.status == ("interrupted" if r["error"] else "length"), (record.status, r)
+    assert "redis exited with code -9; restarting" in served.log()
+
+
+async def test_sigterm_during_8_streams_drains_them_and_stops_everything(tmp_path):
+    served = _serve(tmp_path, "sigterm")
+    try:
+        children = {name: p["pid"] for name, p in _processes(served).items()}
+        redis_folder = os.readlink(f"/proc/{children['redis']}/cwd")
+        assert os.path.isdir(redis_folder)
+        results = await _streams(served, during=lambda: os.kill(served.process.pid, signal.SIGTERM))
+        assert all(r["finish"] == "length" and r["done"] and r["error"] is None for r in results)  # drained
+        assert served.process.wait(timeout=60) == 0
+        for name, pid in children.items():
+            assert not _alive(pid), f"{name} (pid {pid}) outlived fairlane serve"
+        assert not os.path.exists(redis_folder)
+        log = served.log()
+        assert "Traceback" not in log and "stopped" in log
+    finally:
+        served.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_a_taken_port_stops_serve_at_once_naming_it(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": REPO, **_env(tmp_path)}
+        began = time.monotonic()
+        result = subprocess.run([*fairlane_command(), "serve", "--dev", "--port", str(port)], env=env, cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - began
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"127.0.0.1:{port}" in output and f"port {port}" in output
+    assert "fl-" not in output and "admin token" not in output and "Traceback" not in output  # no key printed
+    assert not (tmp_path / "fairlane.db").exists()  # nothing started
+    assert took < 10, f"took {took:.1f} s"  # ~1 s on an idle machine: Python's start and the settings

@@ -1,0 +1,147 @@
+"""The worker bridge against real Redis and a tiny random-weight engine."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from engine import SamplingParams
+from gateway.lanes.keys import cancel_key, lane_key, out_key
+from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.worker.loop import Worker
+
+TIERS = ["priority", "standard", "batch"]
+
+
+def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8, request_id=None):
+    rid = request_id or f"req-{uuid.uuid4().hex[:12]}"
+    req = LaneRequest(request_id=rid, model=model, tier=tier, tenant="acme", prompt_token_ids=tuple(prompt),
+                      sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    redis.xadd(lane_key(model, tier), req.encode())
+    return rid
+
+
+def _results(redis, rid) -> list[LaneResult]:
+    return [LaneResult.decode(fields) for _id, fields in redis.xrange(out_key(rid))]
+
+
+def _run_until_done(worker, redis, rids, max_iters=500):
+    for _ in range(max_iters):
+        worker.run_once()
+        if all(r and r[-1].finished for r in (_results(redis, rid) for rid in rids)):
+            return
+    raise AssertionError("requests did not finish")
+
+
+def _worker(engine, redis, model, **kw):
+    worker = Worker(engine, redis, model=model, tiers=TIERS, worker_id=kw.pop("worker_id", "w1"), block_ms=10, **kw)
+    worker.setup()
+    return worker
+
+
+def _greedy(engine, prompt, max_tokens):
+    engine.add_request("ref", list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    tokens = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += out.new_token_ids
+    return tokens
+
+
+def test_requests_complete_and_lanes_are_emptied(tiny_engine_factory, redis, model_name):
+    engine = tiny_engine_factory()
+    worker = _worker(engine, redis, model_name)
+    rids = [_submit(redis, model_name, tier, max_tokens=6) for tier in TIERS]
+    _run_until_done(worker, redis, rids)
+    expected = _greedy(tiny_engine_factory(), (5, 6, 7, 8), 6)
+    for rid in rids:
+        results = _results(redis, rid)
+        assert [t for r in results for t in r.token_ids] == expected
+        assert [r.offset for r in results] == list(range(6))
+        assert results[-1].finish_reason == "length" and results[-1].num_output_tokens == 6
+        assert redis.ttl(out_key(rid)) > 0  # result streams expire
+        redis.delete(out_key(rid))
+    for tier in TIERS:  # finished entries are ACKed and deleted: lanes do not grow
+        assert redis.xlen(lane_key(model_name, tier)) == 0
+        assert redis.xpending(lane_key(model_name, tier), "workers")["pending"] == 0
+    assert worker.inflight == {} and engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_highest_tier_is_pulled_first(tiny_engine_factory, redis, model_name):
+    worker = _worker(tiny_engine_factory(max_num_seqs=1), redis, model_name)
+    batch = _submit(redis, model_name, "batch", max_tokens=1)
+    priority = _submit(redis, model_name, "priority", max_tokens=1)
+    worker.run_once()  # room for one request: the priority one, though it arrived second
+    assert _results(redis, priority)[-1].finished
+    assert _results(redis, batch) == []
+    _run_until_done(worker, redis, [batch])
+    redis.delete(out_key(batch), out_key(priority))
+
+
+def test_cancel_aborts_within_one_step_and_frees_blocks(tiny_engine_factory, redis, model_name):
+    engine = tiny_engine_factory()
+    worker = _worker(engine, redis, model_name)
+    idle_free = engine.num_free_blocks
+    rid = _submit(redis, model_name, prompt=list(range(3, 60)), max_tokens=150)
+    for _ in range(3):
+        worker.run_once()
+    assert engine.num_free_blocks < idle_free
+    redis.set(cancel_key(rid), b"1", ex=60)
+    worker.run_once()
+    last = _results(redis, rid)[-1]
+    assert last.finished and last.finish_reason == "abort" and last.num_output_tokens == 0
+    assert engine.num_free_blocks == idle_free and not engine.has_unfinished()
+    assert redis.xlen(lane_key(model_name, "standard")) == 0
+    redis.delete(out_key(rid), cancel_key(rid))
+
+
+def test_invalid_request_comes_back_as_an_error_result(tiny_engine_factory, redis, model_name):
+    worker = _worker(tiny_engine_factory(), redis, model_name)
+    rid = _submit(redis, model_name, prompt=[1] * 250, max_tokens=50)  # the tiny model holds 256 positions
+    worker.run_once()
+    (error,) = _results(redis, rid)
+    assert error.kind == "error" and error.finished and error.error_code == "context_length_exceeded"
+    assert "maximum context length" in error.error_message
+    assert redis.xlen(lane_key(model_name, "standard")) == 0
+    redis.delete(out_key(rid))
+
+
+def test_a_dead_workers_request_is_claimed_and_resumed(tiny_engine_factory, redis, model_name):
+    prompt, max_tokens = (9, 8, 7, 6, 5), 20
+    dead = _worker(tiny_engine_factory(), redis, model_name, worker_id="dead")
+    survivor = _worker(tiny_engine_factory(), redis, model_name, worker_id="survivor", claim_idle_ms=1500)
+    rid = _submit(redis, model_name, prompt=prompt, max_tokens=max_tokens)
+    for _ in range(6):
+        dead.run_once()  # then it stops: no more steps, no heartbeat, its entry stays pending
+    survivor.run_once()
+    assert rid not in survivor.inflight  # a just-delivered entry is not idle enough to be taken
+    published = [t for r in _results(redis, rid) for t in r.token_ids]
+    assert 0 < len(published) < max_tokens
+    time.sleep(1.6)
+    _run_until_done(survivor, redis, [rid])
+    results = _results(redis, rid)
+    tokens = [t for r in results for t in r.token_ids]
+    assert tokens == _greedy(tiny_engine_factory(), prompt, max_tokens)
+    assert {r.worker for r in results} == {"dead", "survivor"}
+    assert [r.offset for r in results] == list(range(max_tokens))
+    assert redis.xpending(lane_key(model_name, "standard"), "workers")["pending"] == 0
+    redis.delete(out_key(rid))
+
+
+def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, redis, model_name):
+    engine = tiny_engine_factory()
+    gone = _worker(engine, redis, model_name, worker_id="gone")
+    rid = _submit(redis, model_name, max_tokens=1)
+    _run_until_done(gone, redis, [rid])  # "gone" is now a consumer of the group with nothing pending
+    redis.delete(out_key(rid))
+    live = _worker(engine, redis, model_name, worker_id="live")
+    names = lambda: {_s(c["name"]) for c in redis.xinfo_consumers(lane_key(model_name, "standard"), "workers")}
+    assert "gone" in names()
+    assert live.prune_consumers(idle_ms=60_000) == 0  # not idle long enough
+    time.sleep(0.05)
+    assert live.prune_consumers(idle_ms=10) >= 1
+    assert "gone" not in names()
+
+
+def _s(value):
+    return value.decode() if isinstance(value, bytes) else value
