@@ -147,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(sig, _raise_stopping)
     from gateway.cli.supervisor import Supervisor
 
-    supervisor, embedded = Supervisor(), None
+    # A dead worker's live gauges (running sequences, KV blocks) leave the scrape with it.
+    supervisor, embedded = Supervisor(on_exit=lambda name, pid: multiproc.forget_process(pid)), None
     # Metrics of this process and its workers in one scrape: the directory must be set before the
     # app (and prometheus_client's metrics) are imported (gateway/telemetry/multiproc.py).
     metrics_dir = multiproc.begin()

@@ -59,8 +59,10 @@ class Supervisor:
     """Starts children, restarts the ones that die, stops them all in order."""
 
     def __init__(self, *, max_backoff_s: float = 30.0, stable_s: float = 60.0, crash_loop_restarts: int = 3,
-                 crash_loop_window_s: float = 120.0) -> None:
+                 crash_loop_window_s: float = 120.0, on_exit: Callable[[str, int], None] | None = None) -> None:
+        """``on_exit(name, pid)`` runs (on the supervisor thread) for every child that exited."""
         self.max_backoff_s, self.stable_s = max_backoff_s, stable_s
+        self.on_exit = on_exit
         self.crash_loop_restarts, self.crash_loop_window_s = crash_loop_restarts, crash_loop_window_s
         self.children: list[Child] = []
         self._lock = threading.Lock()
@@ -139,6 +141,11 @@ class Supervisor:
             self._exited(child, child.process.returncode, now)
 
     def _exited(self, child: Child, code: int | None, now: float) -> None:
+        if child.process is not None and self.on_exit is not None:
+            try:
+                self.on_exit(child.name, child.process.pid)
+            except Exception:  # a failing hook must not stop the restarts
+                log.exception("on_exit hook for %s failed", child.name)
         if child.process is not None and now - child.started_at >= self.stable_s:
             child.backoff_s = 0.0  # it had been running fine: a fresh start
         child.backoff_s = child.first_backoff_s if not child.backoff_s else min(child.backoff_s * 2,
