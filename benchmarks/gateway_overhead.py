@@ -98,6 +98,9 @@ def plot(result: dict, path: Path) -> None:
         if xs[len(xs) // 2] < 0.001:
             continue  # a stage with nothing to do (enqueue, when the admission queued)
         right.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
+    if "samples_off_ms" in staged:  # --trace: the same run's segments with tracing off
+        xs = sorted(staged["samples_off_ms"]["overhead"])
+        right.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], ls="--", label="overhead, tracing off")
     right.axvline(1.0, ls="--", c="grey", lw=0.8)
     right.axvline(5.0, ls=":", c="grey", lw=0.8)
     right.set(xscale="log", xlabel="latency (ms)", ylabel="fraction of requests",
@@ -120,6 +123,10 @@ def table(result: dict) -> str:
     for name in (*STAGES, "overhead", "settle", "end_to_end"):
         s = staged["stages"][name]
         rows.append(f"| {name} | {s['p50_ms']:.3f} | {s['p99_ms']:.3f} |")
+    if "stages_tracing_off" in staged:
+        off, cost = staged["stages_tracing_off"]["overhead"], staged["tracing_cost_ms"]
+        rows.append(f"| overhead, tracing off (same run) | {off['p50_ms']:.3f} | {off['p99_ms']:.3f} |")
+        rows.append(f"| what tracing adds to the overhead | {cost['p50_ms']:+.3f} | {cost['p99_ms']:+.3f} |")
     rows.append(f"\nadmitted requests/s (closed loop, {staged['closed_loop']['concurrency']} callers,"
                 f" null engine): {staged['closed_loop']['admitted_rps']:.0f}")
     return "\n".join(rows)
@@ -134,8 +141,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each stages loop")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--trace", action="store_true",
-                        help="tracing on in the stages measure: the gateway's spans, exported over OTLP/HTTP to a "
-                             "local receiver (results as gateway_overhead_traced.*)")
+                        help="tracing in the stages measure, off and on in alternating segments of one run: the gateway's "
+                             "spans exported over OTLP/HTTP to a local receiver (results as gateway_overhead_traced.*)")
     parser.add_argument("--separate-enqueue", action="store_true",
                         help="XADD after admission (as with a quota Redis of its own), not in the admission call")
     add_common_args(parser)

@@ -26,6 +26,7 @@ PROMPT = tuple(range(1, 33))  # 32 prompt tokens
 MAX_TOKENS = 16
 MAX_MODEL_LEN = 2048
 STAGES = ("auth", "checks", "quotas", "enqueue")
+SEGMENTS = 4  # with tracing: off and on alternate this many times each
 
 
 def null_engine(redis_url: str, model: str, ready, stop) -> None:
@@ -200,9 +201,19 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         receiver = OTLPSink()
         tracing.setup_tracing(settings.model_copy(update={"otel_endpoint": receiver.endpoint}), "bench-gateway")
     path = StagedPath(state)
+    samples_off: dict[str, list[float]] = {}
     try:
         await open_loop(path, key, args.rate, min(1.0, args.seconds))  # warm-up: caches, scripts, connections
-        samples = await open_loop(path, key, args.rate, args.seconds)
+        if receiver is None:
+            samples = await open_loop(path, key, args.rate, args.seconds)
+        else:  # tracing off and on in alternating segments of one run: the machine's drift hits both alike
+            provider, samples = tracing._provider, {}
+            for _ in range(SEGMENTS):
+                for on, into in ((False, samples_off), (True, samples)):
+                    tracing.use_provider(provider if on else None)
+                    for name, values in (await open_loop(path, key, args.rate, args.seconds / SEGMENTS)).items():
+                        into.setdefault(name, []).extend(values)
+            tracing.use_provider(provider)
         throughput = await closed_loop(path, key, args.concurrency, args.seconds)
     finally:
         if receiver is not None:
@@ -212,9 +223,18 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         echo.join(5)
         await state.redis.delete(lane_key(model, TIER))
         await state.close()
-    stats = {name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99), "mean_ms": 1000 * statistics.fmean(v)}
-             for name, v in samples.items()}
-    return {"rate_rps": args.rate, "seconds": args.seconds, "requests": len(samples["overhead"]),
+    def summary(of: dict[str, list[float]]) -> dict:
+        return {name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99), "mean_ms": 1000 * statistics.fmean(v)}
+                for name, v in of.items()}
+
+    stats = summary(samples)
+    extra = {}
+    if samples_off:
+        off = summary(samples_off)
+        extra = {"stages_tracing_off": off, "segments": SEGMENTS,
+                 "tracing_cost_ms": {q: stats["overhead"][q] - off["overhead"][q] for q in ("p50_ms", "p99_ms")},
+                 "samples_off_ms": {n: [1000 * x for x in samples_off[n]] for n in (*STAGES, "overhead")}}
+    return {**extra, "rate_rps": args.rate, "seconds": args.seconds, "requests": len(samples["overhead"]),
             "tracing": f"on, {receiver.spans} spans exported" if receiver is not None else "off",
             "enqueue": "separate XADD" if args.separate_enqueue else "in the admission call",
             "stages": stats, "closed_loop": {"concurrency": args.concurrency,

@@ -148,6 +148,9 @@ class ApiSettings(SharedSettings):
     port: int = 8000
     max_body_bytes: int = 1_000_000
     max_tokens_default: int = 256
+    # Each request waiting on its results holds one Redis connection (a blocking XREAD): this bounds
+    # the requests one replica can have in flight (Redis's own default maxclients is 10,000).
+    redis_max_connections: int = Field(4096, ge=8)
     request_timeout_s: float = Field(600.0, gt=0)  # the longest wait for a request's first result
     # Once a stream has started: a comment line every sse_keepalive_s while no token comes, and an
     # error event (then the end) when none came for stream_idle_timeout_s.

@@ -41,7 +41,7 @@ class GatewayState:
         """Connect to Redis and the database and load the tokenizer (blocking: run at startup)."""
         if not settings.redis_url:
             raise RuntimeError("the gateway needs FAIRLANE_REDIS_URL (fairlane serve sets it)")
-        redis = async_client(settings.redis_url)
+        redis = async_client(settings.redis_url, max_connections=settings.redis_max_connections)
         db_engine = make_engine(settings.database_url)
         session_factory = make_session_factory(db_engine)
         return cls(

@@ -36,9 +36,10 @@ def sync_client(url: str) -> redislib.Redis:
     return redislib.Redis.from_url(url, retry=retry, **_options())
 
 
-def async_client(url: str) -> aioredis.Redis:
-    """A gateway's client: asyncio, retrying with backoff, reconnecting."""
+def async_client(url: str, *, max_connections: int = 4096) -> aioredis.Redis:
+    """A gateway's client: asyncio, retrying with backoff, reconnecting. ``max_connections`` bounds
+    the pool (redis-py's asyncio default, 100, would fail the 101st request waiting on its results)."""
     from redis.asyncio.retry import Retry
 
     retry = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES, supported_errors=ERRORS)
-    return aioredis.Redis.from_url(url, retry=retry, **_options())
+    return aioredis.Redis.from_url(url, retry=retry, max_connections=max_connections, **_options())
