@@ -60,36 +60,53 @@ def null_engine(redis_url: str, model: str, ready, stop) -> None:
     r.delete(workers_key(model), model_info_key(model))
 
 
+def _otlp_sink(port, spans, stop) -> None:
+    """The receiver's process: an OTLP/HTTP server that decodes every export and counts its spans."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+            with spans.get_lock():
+                spans.value += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port.value = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stop.wait()
+    server.shutdown()
+
+
 class OTLPSink:
-    """A local OTLP/HTTP trace receiver: decodes every export (ExportTraceServiceRequest) and counts spans."""
+    """A local OTLP/HTTP trace receiver in a process of its own (as a collector is: its decoding
+    does not compete with the gateway for the GIL); counts the spans it receives."""
 
     def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        ctx = multiprocessing.get_context("spawn")
+        self._port, self._spans, self._stop = ctx.Value("i", 0), ctx.Value("q", 0), ctx.Event()
+        self._process = ctx.Process(target=_otlp_sink, args=(self._port, self._spans, self._stop), daemon=True)
+        self._process.start()
+        deadline = time.monotonic() + 30
+        while not self._port.value and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.endpoint = f"http://127.0.0.1:{self._port.value}"
 
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        sink = self
-        self.spans = 0
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
-                sink.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    @property
+    def spans(self) -> int:
+        return self._spans.value
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._stop.set()
+        self._process.join(5)
 
 
 class StagedPath:
