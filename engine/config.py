@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
+BATCHING_MODES = ("continuous", "static", "dynamic")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
@@ -40,6 +41,12 @@ class SchedulerConfig(CacheConfig):
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # "continuous" (iteration-level: admit whenever there is room); the baselines on the same
+    # kernels: "static" (a batch of up to max_num_seqs starts only when the engine is empty and runs
+    # until its last member ends) and "dynamic" (static, but a batch starts only once max_num_seqs
+    # are waiting or the oldest has waited batch_wait_s).
+    batching: str = "continuous"
+    batch_wait_s: float = 0.05
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     policy: str = "fcfs"
     chunked_prefill: bool = True
@@ -74,6 +81,10 @@ class SchedulerConfig(CacheConfig):
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {self.max_model_len}")
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
+        if self.batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must be non-negative, got {self.batch_wait_s}")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.preemption_mode not in PREEMPTION_MODES:

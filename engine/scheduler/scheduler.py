@@ -1,4 +1,4 @@
-"""Iteration-level (continuous) batching.
+"""Iteration-level (continuous) batching, and the static and dynamic baselines (SchedulerConfig.batching).
 
 Every step: running sequences first (a decode is one token, an unfinished prefill its next chunk),
 in admission order (or the policy's, see begin_step); when blocks run out the policy's victim
@@ -11,6 +11,7 @@ then swap in). docs/scheduling.md describes the policies.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from engine.block_manager import BlockManager
@@ -38,6 +39,9 @@ class Scheduler:
         self.num_swaps = 0  # preemptions by swap (the rest were by recompute)
         self.num_admissions = 0  # sequences moved from waiting to running, readmissions included
         self._reserve = int(config.watermark * block_manager.num_blocks)
+        self._clock = clock or time.monotonic
+        # static/dynamic batching: members of the current batch not admitted yet (continuous: unused)
+        self._batch_left = 0
 
     @property
     def num_waiting(self) -> int:
@@ -66,6 +70,8 @@ class Scheduler:
         for seq, error in self.policy.begin_step(self.running):
             self.finish(seq)
             plan.refused.append((seq, error))
+        if self.config.batching != "continuous" and not self.running:
+            self._batch_left = self._next_batch()
         budget = self.config.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -89,8 +95,22 @@ class Scheduler:
             self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
 
+    def _next_batch(self) -> int:
+        """static/dynamic, with the engine empty: how many waiting sequences the next batch takes
+        (0: none yet; dynamic waits until the batch is full or its head has waited batch_wait_s)."""
+        waiting, size = len(self.policy), self.config.max_num_seqs
+        head = self.policy.peek()
+        if head is None:
+            return 0
+        if (self.config.batching == "dynamic" and waiting < size
+                and self._clock() - head.arrival_time < self.config.batch_wait_s):
+            return 0
+        return min(size, waiting)
+
     def _admit(self, plan: StepPlan, budget: int) -> None:
         while True:
+            if self.config.batching != "continuous" and self._batch_left <= 0:
+                return  # static/dynamic: only the current batch's members start
             seq = self.policy.peek()
             if seq is None or seq in plan.preempted or not self.policy.may_admit(seq, self.running, plan):
                 return  # (one preempted by this admission loop does not come back in the same step)
@@ -122,6 +142,7 @@ class Scheduler:
             self.policy.pop()
             swapped = self.bm.is_swapped(seq)
             self.num_admissions += 1
+            self._batch_left -= 1
             plan.swap_in += self.bm.allocate(seq, hits, n)  # copies back a swapped-out sequence
             if seq.num_preemptions:
                 seq.record("resumed", mode="swap" if swapped else "recompute", cached_tokens=seq.num_cached_tokens)
@@ -177,6 +198,7 @@ class Scheduler:
             seq.record("preempted", mode="recompute", computed_tokens=computed)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
+        self._batch_left += 1  # static/dynamic: still a member of the batch, to be readmitted
         self.policy.add_preempted(seq)
         plan.preempted.append(seq)
 
