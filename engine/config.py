@@ -144,11 +144,15 @@ class EngineConfig(LoRAConfig):
     cache_dir: str | None = None  # where converted GGUF models are kept; None: ~/.cache/fairlane
     # Detokenize every step (servers stream text); offline generation decodes once at the end.
     incremental_text: bool = True
+    # None, or "int8": weight-only INT8 linears with per-channel scales (engine/models/quant.py).
+    quantization: str | None = None
 
     def __post_init__(self):
         super().__post_init__()
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.cuda_graph_max_batch is not None and self.cuda_graph_max_batch <= 0:

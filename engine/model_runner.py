@@ -33,7 +33,7 @@ class ModelRunner:
             raise ValueError(f"model type {cfg.model_type!r} is not supported; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
         weights = {k: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
                    for k, t in loaded.state_dict.items()}  # no copy where the loader drew them there
-        self.model = model_cls.from_state_dict(cfg, weights, self.dtype, backend, max_model_len)
+        self.model = model_cls.from_state_dict(cfg, weights, self.dtype, backend, max_model_len, config.quantization)
         del weights
         self.vocab_size = cfg.vocab_size
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)

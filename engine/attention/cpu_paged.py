@@ -2,63 +2,37 @@
 
 The torch reference gathers every decode's K/V into a padded copy each step and layer; on CPU
 that copy costs more than the attention itself. This backend compiles `csrc/paged_decode.c` with
-the system C compiler on first use (about a second), caches the shared library, and calls it
-through ctypes. Prefill chunks use the reference path. Without a C compiler, `make_backend("cpu")`
-raises and the engine can fall back to "torch".
+the system C compiler on first use (engine/native.py) and calls it through ctypes. Prefill
+chunks use the reference path. Without a C compiler, `make_backend("cpu")` raises and the engine
+can fall back to "torch".
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from engine import assets
+from engine import native
 from engine.attention.base import AttentionMetadata, register_backend
 from engine.attention.torch_ref import TorchAttention
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 _LIB: ctypes.CDLL | None = None
-
-
-def kernel_cache_dir() -> Path:
-    return assets.cache_dir() / "kernels"
 
 
 def load_library() -> ctypes.CDLL:
     """Compile (once per source version and machine) and load the kernel library."""
     global _LIB
-    if _LIB is not None:
-        return _LIB
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    if cc is None:
-        raise RuntimeError("the cpu attention backend needs a C compiler (gcc or cc)")
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + os.uname().machine.encode()).hexdigest()[:16]
-    lib_path = kernel_cache_dir() / f"paged_decode-{key}.so"
-    if not lib_path.exists():
-        lib_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
-        os.close(fd)
-        built = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
-        if built.returncode != 0:
-            os.unlink(tmp)
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {built.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib_path)  # atomic: concurrent builders never load a half-written file
-    lib = ctypes.CDLL(str(lib_path))
-    for name in ("paged_decode_f32", "paged_decode_bf16"):
-        fn = getattr(lib, name)
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_long] + [ctypes.c_int] * 2 + [
-            ctypes.c_float, ctypes.c_int]
-    _LIB = lib
-    return lib
+    if _LIB is None:
+        lib = native.load(SOURCE)
+        for name in ("paged_decode_f32", "paged_decode_bf16"):
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_long] + [ctypes.c_int] * 2 + [
+                ctypes.c_float, ctypes.c_int]
+        _LIB = lib
+    return _LIB
 
 
 @register_backend("cpu")

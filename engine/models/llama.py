@@ -17,6 +17,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.lora.batch import LoRABatch
 from engine.models.linear import Linear
+from engine.models.quant import Int8Linear
 
 
 @dataclass
@@ -67,7 +68,10 @@ class LlamaModel:
 
     @classmethod
     def from_state_dict(cls, config: LlamaConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
-                        attention: AttentionBackend, max_positions: int) -> LlamaModel:
+                        attention: AttentionBackend, max_positions: int, quantization: str | None = None) -> LlamaModel:
+        """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
+        weight-only int8, engine/models/quant.py; embeddings and norms stay in `dtype`)."""
+        linear = Int8Linear if quantization == "int8" else Linear
         def w(name: str) -> torch.Tensor:
             return sd[name].to(dtype).contiguous()
 
@@ -83,15 +87,15 @@ class LlamaModel:
                 qkv_bias = torch.cat([w(a + f"{x}_proj.bias") for x in "qkv"])
             layers.append(LayerWeights(
                 input_norm=w(p + "input_layernorm.weight"),
-                qkv=Linear(torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"]).contiguous(), qkv_bias),
-                o=Linear(w(a + "o_proj.weight"), maybe(a + "o_proj.bias")),
+                qkv=linear(torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"]).contiguous(), qkv_bias),
+                o=linear(w(a + "o_proj.weight"), maybe(a + "o_proj.bias")),
                 post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=Linear(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()),
-                down=Linear(w(p + "mlp.down_proj.weight")),
+                gate_up=linear(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()),
+                down=linear(w(p + "mlp.down_proj.weight")),
             ))
         embed = w("model.embed_tokens.weight")
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in sd
-        lm_head = Linear(embed if tied else w("lm_head.weight"))
+        lm_head = linear(embed if tied else w("lm_head.weight"))
         return cls(config, layers, embed, w("model.norm.weight"), lm_head, attention, max_positions)
 
     @torch.inference_mode()

@@ -46,7 +46,7 @@ def test_one_cache_directory(monkeypatch, tmp_path):
     source = assets.resolve_model("smollm2")
     assert assets.converted_dir(source).parent == tmp_path / "models"
     assert assets.tokenizer_dir(source).parent == tmp_path / "tokenizers"
-    from engine.attention.cpu_paged import kernel_cache_dir
+    from engine.native import kernel_cache_dir
 
     assert kernel_cache_dir() == tmp_path / "kernels"
 

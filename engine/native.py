@@ -1,0 +1,47 @@
+"""Small C kernels for the CPU, compiled with the system C compiler on first use (about a second),
+cached per source version, flags and machine under the fairlane cache (``kernels/``) and loaded
+through ctypes. Used by the `cpu` attention backend (engine/attention/csrc) and INT8 weights
+(engine/models/csrc)."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from engine import assets
+
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+_LIBS: dict[Path, ctypes.CDLL] = {}
+
+
+def kernel_cache_dir() -> Path:
+    return assets.cache_dir() / "kernels"
+
+
+def load(source: Path) -> ctypes.CDLL:
+    """Compile `source` (once per source version and machine) and load it; cached per process.
+    Raises RuntimeError without a C compiler or when the build fails."""
+    if source in _LIBS:
+        return _LIBS[source]
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        raise RuntimeError(f"{source.name} needs a C compiler (gcc or cc)")
+    src = source.read_bytes()
+    key = hashlib.sha256(src + " ".join(FLAGS).encode() + os.uname().machine.encode()).hexdigest()[:16]
+    lib_path = kernel_cache_dir() / f"{source.stem}-{key}.so"
+    if not lib_path.exists():
+        lib_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
+        os.close(fd)
+        built = subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True)
+        if built.returncode != 0:
+            os.unlink(tmp)
+            raise RuntimeError(f"compiling {source.name} failed: {built.stderr.strip()[-2000:]}")
+        os.replace(tmp, lib_path)  # atomic: concurrent builders never load a half-written file
+    # torch's own libgomp (same soname) is already loaded: the kernels share its OpenMP threads.
+    _LIBS[source] = lib = ctypes.CDLL(str(lib_path))
+    return lib
