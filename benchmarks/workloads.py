@@ -34,3 +34,9 @@ def output_budgets(n: int, seed: int = 0, low: int = 16, high: int = 512) -> lis
         band = (low, high // 4) if r < 0.7 else (high // 4, high // 2) if r < 0.9 else (high * 3 // 4, high)
         out.append(rng.randint(*band))
     return out
+
+
+def long_tailed_budgets(n: int, seed: int = 0) -> list[int]:
+    """max_tokens per request, long-tailed: 80% between 8 and 48, 20% between 160 and 256."""
+    rng = random.Random(seed + 2)
+    return [rng.randint(8, 48) if rng.random() < 0.8 else rng.randint(160, 256) for _ in range(n)]
