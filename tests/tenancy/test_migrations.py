@@ -9,7 +9,7 @@ from sqlalchemy import inspect
 from tenancy import Base, current_revision, downgrade, make_engine, upgrade
 
 TABLES = {"tenants", "api_keys", "adapters", "quotas", "usage_records"}
-HEAD = "0002"
+HEAD = "0003"
 
 
 def _tables(url: str) -> set[str]:
