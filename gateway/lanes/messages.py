@@ -45,6 +45,15 @@ def _encode(message: Any) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class LaneAdapter:
+    """The LoRA adapter a request runs with: its row and its files' digest in the adapter store."""
+
+    id: int
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class LaneRequest:
     """One generation request waiting in lanes:{model}:{tier}. ``sampling`` is the engine's own
     SamplingParams, built and checked once by the gateway and checked again when decoded."""
@@ -60,6 +69,7 @@ class LaneRequest:
     tpot_target_s: float | None = None
     traceparent: str | None = None  # W3C trace context of the gateway span
     enqueued_at: float = field(default_factory=time.time)
+    lora: LaneAdapter | None = None  # None: the base model
 
     encode = _encode
 
@@ -69,6 +79,8 @@ class LaneRequest:
         try:
             sampling = SamplingParams(**body.pop("sampling"))
             body["prompt_token_ids"] = tuple(body["prompt_token_ids"])
+            if body.get("lora") is not None:
+                body["lora"] = LaneAdapter(**body["lora"])
             return cls(sampling=sampling, **body)
         except (KeyError, TypeError, EngineError) as exc:
             raise MessageError(f"malformed lane request: {exc}") from exc
