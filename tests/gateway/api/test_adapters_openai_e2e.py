@@ -18,7 +18,7 @@ from serve_process import free_port, start, wait_ready
 pytestmark = [pytest.mark.real_model, pytest.mark.timeout(1800)]
 
 MODEL = "smollm2"
-MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+MESSAGES = [{"role": "user", "content": "Name two colors."}]
 N = 8  # greedy tokens per comparison
 SAMPLING = {"max_tokens": N, "temperature": 0}
 NO_EOS = {"ignore_eos": True}
@@ -40,7 +40,7 @@ def adapters(offline, tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2-peft")
     base = AutoModelForCausalLM.from_pretrained(offline.engine.model_path, dtype=torch.float32).eval()
     folders = {"support-bot": make_peft_adapter(root / "support-bot", {}, r=8, alpha=16, targets=ALL, seed=21,
-                                                b_std=0.03, base=base),
+                                                b_std=0.15, base=base),
                "pirate-bot": make_peft_adapter(root / "pirate-bot", {}, r=4, alpha=8, targets=("q_proj", "v_proj",
                                                "o_proj"), seed=22, b_std=0.1, base=base)}
     del base
