@@ -20,6 +20,7 @@ import orjson
 from engine import EngineError, SamplingParams, SLOLoad
 
 MESSAGE_VERSION = 1
+HEX = frozenset("0123456789abcdef")
 
 
 class MessageError(ValueError):
@@ -50,7 +51,11 @@ class LaneAdapter:
 
     id: int
     name: str
-    sha256: str
+    sha256: str  # 64 lowercase hex digits: the adapter store's folder
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.sha256, str) and len(self.sha256) == 64 and set(self.sha256) <= HEX):
+            raise ValueError(f"not an adapter digest: {self.sha256!r}")
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ class LaneRequest:
             if body.get("lora") is not None:
                 body["lora"] = LaneAdapter(**body["lora"])
             return cls(sampling=sampling, **body)
-        except (KeyError, TypeError, EngineError) as exc:
+        except (KeyError, TypeError, ValueError, EngineError) as exc:
             raise MessageError(f"malformed lane request: {exc}") from exc
 
 
