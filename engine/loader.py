@@ -82,12 +82,7 @@ def load_dummy(overrides: dict, *, seed: int = 0, device: torch.device | str = "
     """Random weights (normal, std = initializer_range) for a Llama config; SmolLM2's shape by default.
     Drawn on `device` (an 8B shape in seconds on a GPU) one tensor at a time in float32, kept in
     `dtype`; the same seed gives the same weights on the same kind of device."""
-    base = {
-        "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "eos_token_id": 2, "bos_token_id": 1,
-    }
-    config = LlamaConfig(**{**base, **overrides})
+    config = LlamaConfig(**{**assets.DUMMY_CONFIG, **overrides})
     gen = torch.Generator(device=device).manual_seed(seed)
     std = config.initializer_range
     hd = config.head_dim or config.hidden_size // config.num_attention_heads

@@ -68,6 +68,8 @@ class SharedSettings(BaseSettings):
     # Priority lanes, highest first. OpenAI's "auto"/"default" service_tier means the tenant's default.
     tiers: list[str] = Field(default_factory=lambda: ["priority", "standard", "batch"])
     result_ttl_s: int = 300  # out:{id} streams and cancel marks expire this long after last write
+    # Uploaded LoRA adapters (content-addressed; gateways write, workers read). None: {cache dir}/adapters.
+    adapter_dir: str | None = None
 
     # Observability (docs/observability.md). Tracing is off unless an OTLP endpoint (this, else the
     # standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT) or otel_console is set.
@@ -85,6 +87,12 @@ class SharedSettings(BaseSettings):
             return self.served_model_name
         model = self.engine.model
         return Path(model).name if model not in ("smollm2", "dummy") else model
+
+    @property
+    def adapter_store_dir(self) -> Path:
+        from gateway.adapters.store import default_adapter_dir
+
+        return Path(self.adapter_dir) if self.adapter_dir else default_adapter_dir()
 
     def engine_config(self) -> EngineConfig:
         """The engine section as the engine's own frozen dataclass."""
@@ -147,6 +155,7 @@ class ApiSettings(SharedSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1_000_000
+    max_adapter_bytes: int = Field(512 << 20, gt=0)  # an adapter upload's weights file (its body may be this + 1 MiB)
     max_tokens_default: int = 256
     # Each request waiting on its results holds one Redis connection (a blocking XREAD): this bounds
     # the requests one replica can have in flight (Redis's own default maxclients is 10,000).

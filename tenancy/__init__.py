@@ -1,6 +1,13 @@
 """Tenants, API keys, adapters, quota rows and usage records on SQLAlchemy 2, with their CRUD."""
 
-from tenancy.adapters import create_adapter, delete_adapter, get_adapter, list_adapters
+from tenancy.adapters import (
+    create_adapter,
+    delete_adapter,
+    digest_in_use,
+    get_adapter,
+    get_adapter_by_id,
+    list_adapters,
+)
 from tenancy.api_keys import (
     CreatedApiKey,
     authenticate_key,
@@ -70,10 +77,12 @@ __all__ = [
     "create_tenant",
     "current_revision",
     "delete_adapter",
+    "digest_in_use",
     "disable_tenant",
     "downgrade",
     "generate_key",
     "get_adapter",
+    "get_adapter_by_id",
     "get_api_key",
     "get_quota",
     "get_tenant",

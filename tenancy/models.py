@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 # Stable constraint names so migrations can drop what they created on every backend.
@@ -78,14 +78,20 @@ class ApiKey(Base):
 
 
 class Adapter(Base):
+    """A tenant's PEFT LoRA adapter. Its files live in the adapter store (gateway/adapters), in the
+    folder named by ``sha256``, the digest of their content: rows with the same files share it."""
+
     __tablename__ = "adapters"
     __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_adapters_tenant_id_name"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(128))
-    path: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
     rank: Mapped[int] = mapped_column(Integer)
+    alpha: Mapped[float] = mapped_column(Float)
+    target_modules: Mapped[list[str]] = mapped_column(JSON)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)  # both files
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

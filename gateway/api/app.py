@@ -11,7 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from gateway.api.errors import install_error_handlers
 from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.ratelimit_headers import RateLimitHeadersMiddleware
-from gateway.api.routes import admin_keys, admin_quotas, admin_tenants, completions, health, metrics, models
+from gateway.api.routes import admin_adapters, admin_keys, admin_quotas, admin_tenants, completions, health, metrics, models
+from gateway.api.routes.admin_adapters import UPLOAD_OVERHEAD_BYTES
 from gateway.api.routes.health import Supervised
 from gateway.api.state import GatewayState
 from gateway.api.tracing_middleware import TracingMiddleware
@@ -50,10 +51,11 @@ def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | 
     app.state.supervisor = supervisor
     install_error_handlers(app)
     for router in (health.router, completions.router, models.router, admin_tenants.router, admin_keys.router,
-                   admin_quotas.router, metrics.router):
+                   admin_quotas.router, admin_adapters.router, metrics.router):
         app.include_router(router)
     if traced:  # innermost of the middleware: the request id is known, the span covers the route
         app.add_middleware(TracingMiddleware)
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
+                       upload_body_bytes=settings.max_adapter_bytes + UPLOAD_OVERHEAD_BYTES)
     app.add_middleware(RateLimitHeadersMiddleware)
     return app

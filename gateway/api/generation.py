@@ -32,22 +32,25 @@ from gateway.api.errors import (
     GatewayError,
     GatewayTimeout,
     InvalidRequest,
+    NotFound,
     ServiceUnavailable,
     SLOUnattainable,
     context_length_exceeded,
     engine_timeout,
     no_worker,
 )
+from gateway.api.model_selection import adapter_model_name
 from gateway.api.quota_seam import Admission, QuotaSeam, never_ran
 from gateway.api.request_telemetry import finish_request, request_attributes, status_of
 from gateway.api.state import GatewayState
 from gateway.lanes.client import QueueUnavailable, ResultTimeout
-from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.lanes.messages import LaneAdapter, LaneRequest, LaneResult
 from gateway.settings import ApiSettings
 from gateway.telemetry import metrics, tracing
 from tenancy import record_usage
 
 log = logging.getLogger(__name__)
+MODEL_NOT_FOUND = "model_not_found"  # a worker's error code: the request's adapter is gone from the store
 INTERRUPTED = "interrupted"  # usage status (and error code) of a request cut by a Redis outage
 TIMEOUT = "timeout"  # usage status of a request whose results stopped coming
 
@@ -68,6 +71,8 @@ def lane_error(result: LaneResult, prompt_param: str = "messages") -> GatewayErr
     if result.error_code == SLO_UNATTAINABLE:
         return SLOUnattainable(result.error_message or "The request cannot meet its latency target now.",
                                retry_after_s=result.retry_after_s or 1.0)
+    if result.error_code == MODEL_NOT_FOUND:  # its adapter was deleted while the request waited in its lane
+        return NotFound(result.error_message or "The model does not exist.", param="model", code=MODEL_NOT_FOUND)
     return InvalidRequest(result.error_message or "The engine refused the request.",
                           param=prompt_param if result.error_param == "prompt" else result.error_param,
                           code=result.error_code)
@@ -198,8 +203,10 @@ def sampling_params(options: dict[str, Any], max_tokens: int) -> SamplingParams:
 
 async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, request_id: str, tier: str,
                 prompt_ids: list[int], requested_max_tokens: int | None, sampling_options: dict[str, Any],
-                prompt_param: str = "messages", traceparent: str | None = None) -> Generation:
+                prompt_param: str = "messages", traceparent: str | None = None,
+                adapter: LaneAdapter | None = None) -> Generation:
     """Check, admit and queue a request, and wait for its first result (raising its error, if any).
+    ``adapter``: the tenant's LoRA adapter it runs with (gateway/api/model_selection.py).
 
     Everything that can refuse the request from what it asks (no worker, the context, the sampling
     options) runs before the quota admission: such a refusal charges nothing and queues nothing.
@@ -210,7 +217,8 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
     try:
         return await _start(state, quota, auth, request_id=request_id, tier=tier, prompt_ids=prompt_ids,
                             requested_max_tokens=requested_max_tokens, sampling_options=sampling_options,
-                            prompt_param=prompt_param, traceparent=traceparent, started=started, span=span)
+                            prompt_param=prompt_param, traceparent=traceparent, started=started, span=span,
+                            adapter=adapter)
     except GatewayError as exc:
         if not getattr(exc, "reported", False):
             finish_request(span=span, tenant_label=state.settings.metrics_tenant_label, request_id=request_id,
@@ -221,8 +229,10 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
 
 async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, request_id: str, tier: str,
                  prompt_ids: list[int], requested_max_tokens: int | None, sampling_options: dict[str, Any],
-                 prompt_param: str, traceparent: str | None, started: float, span: Span | None) -> Generation:
+                 prompt_param: str, traceparent: str | None, started: float, span: Span | None,
+                 adapter: LaneAdapter | None = None) -> Generation:
     settings, model = state.settings, state.settings.model_name
+    shown = model if adapter is None else adapter_model_name(model, adapter.name)  # responses and usage
     if not await state.lanes.has_worker(model):
         raise no_worker(model)
     max_model_len = await state.max_model_len()
@@ -241,7 +251,8 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
         traceparent = tracing.inject() or traceparent
     lane_request = LaneRequest(request_id=request_id, model=model, tier=tier, tenant=str(auth.tenant_id),
                                prompt_token_ids=tuple(prompt_ids), sampling=sampling, weight=auth.weight,
-                               ttft_target_s=ttft_target, tpot_target_s=tpot_target, traceparent=traceparent)
+                               ttft_target_s=ttft_target, tpot_target_s=tpot_target, traceparent=traceparent,
+                               lora=adapter)
     epoch = await state.lanes.epoch()  # cached: a Redis restarted empty while it waits is noticed
     # When quotas and lanes share a Redis the admission queues the request too (one round trip),
     # unless the SLO door check has to come between the two.
@@ -293,7 +304,7 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
     except SLOUnattainable:  # refused at the door: nothing was queued, nothing is charged
         with anyio.CancelScope(shield=True):
             await quota.settle(admission, completion_tokens=0, status=SLO_UNATTAINABLE)
-            await _record(state, admission, request_id=request_id, model=model, tier=tier, status=SLO_UNATTAINABLE,
+            await _record(state, admission, request_id=request_id, model=shown, tier=tier, status=SLO_UNATTAINABLE,
                           prompt_tokens=0, completion_tokens=0, started=started)
         raise
     except BaseException as exc:  # admitted, then no first result: refunded, recorded with 0 tokens
@@ -304,10 +315,10 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
         with anyio.CancelScope(shield=True):
             state.lanes.cancel_soon(request_id)
             await quota.settle(admission, completion_tokens=0, status="error")
-            await _record(state, admission, request_id=request_id, model=model, tier=tier, status=status,
+            await _record(state, admission, request_id=request_id, model=shown, tier=tier, status=status,
                           prompt_tokens=0, completion_tokens=0, started=started)
         raise
-    generation = Generation(state=state, quota=quota, admission=admission, request_id=request_id, model=model,
+    generation = Generation(state=state, quota=quota, admission=admission, request_id=request_id, model=shown,
                             tier=tier, first=first, results=results, prompt_tokens=len(prompt_ids),
                             started=started, span=span, relay_span=relay_span)
     tracing.set_attributes({"fairlane.quota.decision": "allowed"}, span)

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.errors import PayloadTooLarge, error_body
 
+ADAPTER_UPLOAD = re.compile(r"/admin/tenants/[^/]+/adapters/?")  # its body may be up to upload_body_bytes
+
 
 class RequestContextMiddleware:
     """Gives each request an id (``scope["state"]["request_id"]``, echoed as x-request-id) and
     answers 413 in the OpenAI error shape when the body exceeds ``max_body_bytes``, whether the
-    client declared its length or streamed it chunked."""
+    client declared its length or streamed it chunked; an adapter upload's limit is
+    ``upload_body_bytes``."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, upload_body_bytes: int | None = None) -> None:
         self.app, self.max_body_bytes = app, max_body_bytes
+        self.upload_body_bytes = upload_body_bytes or max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -31,10 +36,12 @@ class RequestContextMiddleware:
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
+        limit = (self.upload_body_bytes if scope.get("method") == "POST" and ADAPTER_UPLOAD.fullmatch(scope["path"])
+                 else self.max_body_bytes)
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None:
-            if not declared.isdigit() or int(declared) > self.max_body_bytes:
-                await self._reject(send_with_id)
+            if not declared.isdigit() or int(declared) > limit:
+                await self._reject(send_with_id, limit)
                 return
             await self.app(scope, receive, send_with_id)  # the server holds the body to its length
             return
@@ -46,8 +53,8 @@ class RequestContextMiddleware:
                 break
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_body_bytes:
-                await self._reject(send_with_id)
+            if size > limit:
+                await self._reject(send_with_id, limit)
                 return
             more = message.get("more_body", False)
         replayed = False
@@ -61,8 +68,8 @@ class RequestContextMiddleware:
 
         await self.app(scope, replay, send_with_id)
 
-    async def _reject(self, send: Send) -> None:
-        error = PayloadTooLarge(f"The request body is larger than the limit of {self.max_body_bytes} bytes.")
+    async def _reject(self, send: Send, limit: int) -> None:
+        error = PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
         body = json.dumps(error_body(error.message, error.error_type, error.param, error.code)).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

@@ -20,6 +20,7 @@ import orjson
 from engine import EngineError, SamplingParams, SLOLoad
 
 MESSAGE_VERSION = 1
+HEX = frozenset("0123456789abcdef")
 
 
 class MessageError(ValueError):
@@ -45,6 +46,19 @@ def _encode(message: Any) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class LaneAdapter:
+    """The LoRA adapter a request runs with: its row and its files' digest in the adapter store."""
+
+    id: int
+    name: str
+    sha256: str  # 64 lowercase hex digits: the adapter store's folder
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.sha256, str) and len(self.sha256) == 64 and set(self.sha256) <= HEX):
+            raise ValueError(f"not an adapter digest: {self.sha256!r}")
+
+
+@dataclass(frozen=True)
 class LaneRequest:
     """One generation request waiting in lanes:{model}:{tier}. ``sampling`` is the engine's own
     SamplingParams, built and checked once by the gateway and checked again when decoded."""
@@ -60,6 +74,7 @@ class LaneRequest:
     tpot_target_s: float | None = None
     traceparent: str | None = None  # W3C trace context of the gateway span
     enqueued_at: float = field(default_factory=time.time)
+    lora: LaneAdapter | None = None  # None: the base model
 
     encode = _encode
 
@@ -69,8 +84,10 @@ class LaneRequest:
         try:
             sampling = SamplingParams(**body.pop("sampling"))
             body["prompt_token_ids"] = tuple(body["prompt_token_ids"])
+            if body.get("lora") is not None:
+                body["lora"] = LaneAdapter(**body["lora"])
             return cls(sampling=sampling, **body)
-        except (KeyError, TypeError, EngineError) as exc:
+        except (KeyError, TypeError, ValueError, EngineError) as exc:
             raise MessageError(f"malformed lane request: {exc}") from exc
 
 

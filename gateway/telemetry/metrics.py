@@ -69,6 +69,10 @@ ADMISSIONS = Counter("fairlane_engine_admissions", "Sequences admitted into the 
                      "after a preemption included): the preemption rate's denominator", ("worker",))
 SLO_REFUSALS = Counter("fairlane_engine_slo_refusals", "Requests the engine refused for their TTFT target",
                        ("worker",))
+LORA_SLOT_LOADS = Counter("fairlane_engine_lora_slot_loads", "LoRA adapters copied from host memory into a "
+                          "device slot", ("worker",))
+LORA_SLOT_EVICTIONS = Counter("fairlane_engine_lora_slot_evictions", "Resident LoRA adapters replaced in their "
+                              "slot to make room for another", ("worker",))
 BATCH_SIZE = Histogram("fairlane_engine_batch_size", "Sequences per engine step", ("worker",), buckets=BATCH_BUCKETS)
 STEP_TOKENS = Histogram("fairlane_engine_step_tokens", "Tokens per engine step", ("worker",), buckets=TOKEN_BUCKETS)
 STEP_SECONDS = Histogram("fairlane_engine_step_seconds", "Model forward time per engine step", ("worker",),

@@ -15,12 +15,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis as redislib
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from engine import Engine, EngineError, RequestOutput
+from engine import Engine, EngineError, LoRARequest, RequestOutput
+from engine.lora import AdapterNotFoundError
+from gateway.adapters.store import AdapterStore, default_adapter_dir
 from gateway.lanes.keys import GROUP, WORKER_FORGOTTEN_S, cancel_key, lane_key, load_key, out_key, tier_priorities
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
 from gateway.telemetry import metrics, tracing
@@ -35,6 +38,12 @@ LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware polic
 BLOCK_MS = 100  # an idle worker waits on its lanes this long per iteration
 
 
+class AdapterGone(EngineError):
+    """The request's adapter is no longer in the store (deleted after the gateway checked it)."""
+
+    code = "model_not_found"
+
+
 @dataclass
 class InFlight:
     lane: str
@@ -47,7 +56,8 @@ class Worker:
     """Feeds one engine from the lanes of one model; see the module docstring for one iteration."""
 
     def __init__(self, engine: Engine, redis: redislib.Redis, *, model: str, tiers: list[str], worker_id: str,
-                 result_ttl_s: int = 300, claim_idle_ms: int = 3000, block_ms: int = BLOCK_MS) -> None:
+                 result_ttl_s: int = 300, claim_idle_ms: int = 3000, block_ms: int = BLOCK_MS,
+                 adapter_dir: str | Path | None = None) -> None:
         self.engine, self.redis, self.model, self.worker_id = engine, redis, model, worker_id
         self.lanes = [lane_key(model, tier) for tier in tiers]  # highest tier first
         self.priorities = {lane_key(model, tier): p for tier, p in tier_priorities(tiers).items()}
@@ -55,6 +65,7 @@ class Worker:
         self._last_load = float("-inf")
         self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
         self.inflight: dict[str, InFlight] = {}
+        self.adapters = AdapterStore(adapter_dir or default_adapter_dir())  # uploaded LoRA adapters, by digest
         self.lock = threading.Lock()  # guards inflight against the heartbeat thread's reads
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
@@ -266,8 +277,15 @@ class Worker:
                 req.request_id, list(req.prompt_token_ids), req.sampling, tenant=req.tenant, weight=req.weight,
                 priority=self.priorities[lane], arrival_time=time.monotonic() - waited,
                 ttft_target_s=None if resume else req.ttft_target_s, tpot_target_s=req.tpot_target_s,
-                resume_token_ids=tuple(resume),
+                resume_token_ids=tuple(resume), lora=self._lora(req),
             )
+        except AdapterNotFoundError:  # deleted while the request waited in its lane: as if it never existed
+            exc = AdapterGone(f"The model '{req.model}:{req.lora.name}' does not exist or you do not have access "
+                              "to it.", param="model")
+            if trace is not None:
+                trace.refused(exc)
+            self._ack(lane, entry_id, self._error(req.request_id, exc, offset=len(resume)))
+            return 0
         except EngineError as exc:  # bad input, or SLOUnattainableError (it would miss its TTFT target)
             if trace is not None:
                 trace.refused(exc)
@@ -276,6 +294,12 @@ class Worker:
         with self.lock:
             self.inflight[req.request_id] = InFlight(lane, entry_id, offset=len(resume), trace=trace)
         return 1
+
+    def _lora(self, req: LaneRequest) -> LoRARequest | None:
+        """The request's adapter as the engine takes it: its folder in the shared store."""
+        if req.lora is None:
+            return None
+        return LoRARequest(name=f"{req.lora.id}:{req.lora.name}", path=str(self.adapters.path(req.lora.sha256)))
 
     def _ack(self, lane: str, entry_id: str | None, result: LaneResult | None = None) -> None:
         pipe = self.redis.pipeline(transaction=True)

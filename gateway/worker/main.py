@@ -65,7 +65,8 @@ def main(engine_overrides: dict | None = None) -> None:
     engine = build_engine(settings)
     redis = sync_client(settings.redis_url)
     worker = Worker(engine, redis, model=settings.model_name, tiers=settings.tiers, worker_id=name,
-                    result_ttl_s=settings.result_ttl_s, claim_idle_ms=settings.worker_claim_idle_ms)
+                    result_ttl_s=settings.result_ttl_s, claim_idle_ms=settings.worker_claim_idle_ms,
+                    adapter_dir=settings.adapter_store_dir)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -123,6 +123,8 @@ class EngineMetrics:
             "recompute_preemptions": metrics.PREEMPTIONS.labels(w, "recompute"),
             "admissions": metrics.ADMISSIONS.labels(w),
             "slo_refusals": metrics.SLO_REFUSALS.labels(w),
+            "lora_slot_loads": metrics.LORA_SLOT_LOADS.labels(w),
+            "lora_slot_evictions": metrics.LORA_SLOT_EVICTIONS.labels(w),
         }
         self.seen = {name: 0 for name in self.counters}
         self.batch, self.tokens, self.seconds = (h.labels(w) for h in (metrics.BATCH_SIZE, metrics.STEP_TOKENS,

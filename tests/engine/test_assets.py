@@ -91,3 +91,19 @@ def test_smollm2_lookup_is_defined_once():
     places = sorted(str(p.relative_to(REPO)) for top in ("engine", "gateway", "benchmarks", "tenancy", "quotas")
                     for p in (REPO / top).rglob("*.py") if needles.search(p.read_text()))
     assert places == ["engine/assets.py"]
+
+
+def test_model_config_without_weights_matches_what_the_engine_loads(smollm2, bos_model_dir, tmp_path, monkeypatch):
+    """A model's shape as a gateway reads it (no weights, no torch) is the loaded model's: a folder's
+    config.json, a GGUF file's metadata (before and after conversion) and the dummy config."""
+    fields = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    loaded = smollm2.engine.runner.model.config
+    converted = assets.model_config("smollm2")  # the engine converted it: its config.json
+    monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path / "empty-cache"))
+    from_gguf = assets.model_config("smollm2")  # no converted copy here: the GGUF metadata
+    assert from_gguf["model_type"] == converted["model_type"] == "llama"
+    assert {f: from_gguf[f] for f in fields} == {f: converted[f] for f in fields}
+    assert {f: getattr(loaded, f) for f in fields} == {f: converted[f] for f in fields}
+    assert {f: assets.model_config(str(bos_model_dir))[f] for f in fields} == {f: TINY[f] for f in fields}
+    dummy = assets.model_config("dummy", dummy_config=TINY)
+    assert {f: dummy[f] for f in fields} == {f: getattr(load_dummy(TINY).config, f) for f in fields}

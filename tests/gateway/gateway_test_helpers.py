@@ -57,7 +57,8 @@ def inproc_worker(engine, settings):
 
     model = settings.model_name
     client = redislib.Redis.from_url(settings.redis_url)
-    worker = Worker(engine, client, model=model, tiers=settings.tiers, worker_id="inproc", block_ms=20)
+    worker = Worker(engine, client, model=model, tiers=settings.tiers, worker_id="inproc", block_ms=20,
+                    adapter_dir=settings.adapter_store_dir)
     worker.setup()
     client.zadd(f"workers:{model}", {"inproc": time.time()})
     client.hset(f"model:{model}", "max_model_len", engine.max_model_len)

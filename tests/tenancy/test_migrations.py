@@ -9,7 +9,7 @@ from sqlalchemy import inspect
 from tenancy import Base, current_revision, downgrade, make_engine, upgrade
 
 TABLES = {"tenants", "api_keys", "adapters", "quotas", "usage_records"}
-HEAD = "0002"
+HEAD = "0003"
 
 
 def _tables(url: str) -> set[str]:
@@ -78,3 +78,31 @@ def test_tenant_slo_targets_survive_a_downgrade_to_0001_and_back(migrated_url, d
     db_engine.dispose()
     with db_engine.connect() as connection:  # the tenant is still there; its own target is gone
         assert connection.execute(text("SELECT name, ttft_target_s FROM tenants")).all() == [("slo", None)]
+
+
+def test_adapter_rows_of_0002_survive_0003_without_files_and_back(migrated_url, db_engine):
+    """A row of 0002 named a folder; at 0003 it is kept with an empty digest (never served), and a
+    downgrade keeps the rows of 0003 with an empty path."""
+    from sqlalchemy import text
+
+    from tenancy import create_tenant, make_session_factory
+
+    with make_session_factory(db_engine)() as session:
+        tenant_id = create_tenant(session, name="old").id
+    db_engine.dispose()
+    downgrade(migrated_url, "0002")
+    with db_engine.begin() as connection:
+        connection.execute(text("INSERT INTO adapters (tenant_id, name, path, rank, created_at) "
+                                "VALUES (:t, 'legacy', '/x/legacy', 8, CURRENT_TIMESTAMP)"), {"t": tenant_id})
+    db_engine.dispose()
+    upgrade(migrated_url)
+    db_engine.dispose()
+    with db_engine.connect() as connection:
+        row = connection.execute(text("SELECT name, sha256, rank, size_bytes FROM adapters")).one()
+    assert tuple(row) == ("legacy", "", 8, 0)
+    db_engine.dispose()
+    downgrade(migrated_url, "0002")
+    with db_engine.connect() as connection:
+        assert connection.execute(text("SELECT name, path FROM adapters")).all() == [("legacy", "")]
+    db_engine.dispose()
+    upgrade(migrated_url)

@@ -9,10 +9,14 @@ from sqlalchemy.exc import IntegrityError
 
 from tenancy import (
     ConflictError,
+    NotFoundError,
     ValidationError,
     create_adapter,
     create_api_key,
     create_tenant,
+    delete_adapter,
+    digest_in_use,
+    get_adapter_by_id,
     get_quota,
     list_adapters,
     list_usage,
@@ -75,10 +79,39 @@ def test_quota_rows_upsert_and_null_means_unlimited(session):
         set_quota(session, tenant_id=acme.id, requests_per_minute=-1)
 
 
+def _adapter(session, tenant_id, name, digest="a" * 64, rank=8):
+    return create_adapter(session, tenant_id=tenant_id, name=name, sha256=digest, rank=rank, alpha=2.0 * rank,
+                          target_modules=["q_proj", "v_proj"], size_bytes=1234)
+
+
 def test_adapters_are_unique_per_tenant(session):
     acme, other = create_tenant(session, name="acme"), create_tenant(session, name="other")
-    create_adapter(session, tenant_id=acme.id, name="sql", path="/a/sql", rank=8)
-    create_adapter(session, tenant_id=other.id, name="sql", path="/b/sql", rank=4)
+    _adapter(session, acme.id, "sql")
+    _adapter(session, other.id, "sql", rank=4)
     with pytest.raises(ConflictError):
-        create_adapter(session, tenant_id=acme.id, name="sql", path="/x", rank=8)
+        _adapter(session, acme.id, "sql", digest="b" * 64)
     assert [(a.name, a.rank) for a in list_adapters(session, tenant_id=acme.id)] == [("sql", 8)]
+    row = list_adapters(session, tenant_id=other.id)[0]
+    assert (row.alpha, row.target_modules, row.size_bytes) == (8.0, ["q_proj", "v_proj"], 1234)
+
+
+def test_adapter_by_id_is_scoped_to_its_tenant_and_digests_are_shared(session):
+    acme, other = create_tenant(session, name="acme"), create_tenant(session, name="other")
+    a = _adapter(session, acme.id, "sql")
+    b = _adapter(session, other.id, "bot")  # the same files: the same digest
+    assert get_adapter_by_id(session, adapter_id=a.id).name == "sql"
+    assert get_adapter_by_id(session, adapter_id=a.id, tenant_id=acme.id).id == a.id
+    with pytest.raises(NotFoundError) as other_tenants:
+        get_adapter_by_id(session, adapter_id=a.id, tenant_id=other.id)
+    with pytest.raises(NotFoundError) as missing:
+        get_adapter_by_id(session, adapter_id=a.id + b.id + 100, tenant_id=other.id)
+    assert str(other_tenants.value).replace(str(a.id), "N") == str(missing.value).replace(str(a.id + b.id + 100), "N")
+    with pytest.raises(NotFoundError):
+        delete_adapter(session, adapter_id=a.id, tenant_id=other.id)
+    assert delete_adapter(session, adapter_id=a.id, tenant_id=acme.id).sha256 == "a" * 64
+    assert digest_in_use(session, sha256="a" * 64)  # b still uses the files
+    delete_adapter(session, adapter_id=b.id)
+    assert not digest_in_use(session, sha256="a" * 64)
+    with pytest.raises(ValidationError):
+        create_adapter(session, tenant_id=acme.id, name="x", sha256="short", rank=8, alpha=1.0, target_modules=[],
+                       size_bytes=1)

@@ -12,25 +12,27 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api import generation as gen
 from gateway.api import openai_format as fmt
+from gateway.api.auth import AuthContext
 from gateway.api.deps import CurrentKey, StateDep
-from gateway.api.errors import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, GatewayError, InvalidRequest, NotFound
+from gateway.api.errors import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, GatewayError, InvalidRequest
+from gateway.api.model_selection import select_model
 from gateway.api.quota_seam import QuotaDep
 from gateway.api.schemas.openai import ChatCompletionRequest, CompletionRequest
 from gateway.api.state import GatewayState
 from gateway.api.tiers import openai_tier, resolve_tier
+from gateway.lanes.messages import LaneAdapter
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
-def _check_model(state: GatewayState, model: str, top_k: int | None) -> None:
-    if model != state.settings.model_name:
-        raise NotFound(f"The model '{model}' does not exist or you do not have access to it.",
-                       param="model", code="model_not_found")
+async def _check_model(state: GatewayState, auth: AuthContext, model: str, top_k: int | None) -> LaneAdapter | None:
+    adapter = await select_model(state, auth, model)  # the base model (None) or the tenant's adapter; else 404
     vocab = state.tokenizer.vocab_size
     if top_k is not None and top_k > vocab:
         raise InvalidRequest(f"top_k must be at most the vocabulary size ({vocab}); 0 means no limit.",
                              param="top_k")
+    return adapter
 
 
 async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) -> list[int]:
@@ -49,7 +51,7 @@ async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) ->
 async def chat_completions(body: ChatCompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
                            quota: QuotaDep):
     """Creates a model response for the given chat conversation."""
-    _check_model(state, body.model, body.top_k)
+    adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()  # refuse unsupported options before tokenizing
     messages = [m.as_template_input() for m in body.messages]
@@ -63,7 +65,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
                              param="messages") from exc
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
-                                 sampling_options=options, traceparent=request.headers.get("traceparent"))
+                                 sampling_options=options, traceparent=request.headers.get("traceparent"),
+                                 adapter=adapter)
     return await _respond(generation, body, request, chat=True)
 
 
@@ -71,7 +74,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
 async def completions(body: CompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
                       quota: QuotaDep):
     """Creates a completion for the provided prompt."""
-    _check_model(state, body.model, body.top_k)
+    adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()
     prompt = body.single_prompt()
@@ -87,7 +90,7 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_options=options, prompt_param="prompt",
-                                 traceparent=request.headers.get("traceparent"))
+                                 traceparent=request.headers.get("traceparent"), adapter=adapter)
     return await _respond(generation, body, request, chat=False)
 
 

@@ -1,28 +1,41 @@
-"""OpenAI-compatible GET /v1/models."""
+"""OpenAI-compatible GET /v1/models: the served base model and the calling tenant's LoRA adapters
+(``<base>:<adapter name>``), never another tenant's."""
 
 from __future__ import annotations
+
+from datetime import UTC
 
 from fastapi import APIRouter
 
 from gateway.api.deps import CurrentKey, StateDep
-from gateway.api.errors import NotFound
+from gateway.api.model_selection import adapter_model_name, select_model, tenant_adapters
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
-def _model_card(name: str) -> dict:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "fairlane"}
+def _model_card(name: str, *, created: int = 0, owned_by: str = "fairlane", parent: str | None = None) -> dict:
+    card = {"id": name, "object": "model", "created": created, "owned_by": owned_by}
+    if parent is not None:
+        card["parent"] = parent  # the base model an adapter runs on
+    return card
 
 
 @router.get("/models")
-async def list_models(_auth: CurrentKey, state: StateDep) -> dict:
-    """Lists the models this deployment serves."""
-    return {"object": "list", "data": [_model_card(state.settings.model_name)]}
+async def list_models(auth: CurrentKey, state: StateDep) -> dict:
+    """Lists the models this deployment serves to the caller: the base model and its tenant's adapters."""
+    base = state.settings.model_name
+    cards = [_model_card(base)]
+    for row in await tenant_adapters(state, auth):
+        created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)  # SQLite: naive UTC
+        cards.append(_model_card(adapter_model_name(base, row.name), created=int(created.timestamp()),
+                                 owned_by=auth.tenant_name, parent=base))
+    return {"object": "list", "data": cards}
 
 
 @router.get("/models/{model}")
-async def get_model(model: str, _auth: CurrentKey, state: StateDep) -> dict:
-    """Retrieves one model."""
-    if model != state.settings.model_name:
-        raise NotFound(f"The model '{model}' does not exist.", param="model", code="model_not_found")
-    return _model_card(model)
+async def get_model(model: str, auth: CurrentKey, state: StateDep) -> dict:
+    """Retrieves one model (the base model or one of the caller's adapters)."""
+    adapter = await select_model(state, auth, model)
+    if adapter is None:
+        return _model_card(model)
+    return _model_card(model, owned_by=auth.tenant_name, parent=state.settings.model_name)

@@ -111,3 +111,27 @@ class UsagePublic(BaseModel):
     totals: UsageTotalsPublic
     by_model: dict[str, UsageTotalsPublic]
     by_tier: dict[str, UsageTotalsPublic]
+
+
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # no ':' (the model name's separator)
+
+
+class AdapterPublic(BaseModel):
+    """A stored LoRA adapter; ``sha256`` is the digest of its files (the folder in the adapter store)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    tenant_id: int
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    size_bytes: int
+    sha256: str
+    created_at: UtcDatetime
+
+
+class AdaptersPublic(BaseModel):
+    data: list[AdapterPublic]
+    count: int

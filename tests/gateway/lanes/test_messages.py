@@ -77,3 +77,19 @@ def test_load_report_round_trips_and_refuses_what_it_cannot_read():
 def test_an_slo_error_result_carries_its_retry_after():
     result = LaneResult(request_id="r", kind="error", finished=True, error_code="slo_unattainable", retry_after_s=3.0)
     assert LaneResult.decode(result.encode()).retry_after_s == 3.0
+
+
+def test_a_request_with_an_adapter_round_trips_and_a_bad_digest_is_malformed():
+    from dataclasses import replace
+
+    from gateway.lanes.messages import LaneAdapter
+
+    original = replace(_request(), lora=LaneAdapter(id=3, name="support-bot", sha256="ab" * 32))
+    decoded = LaneRequest.decode(original.encode())
+    assert decoded == original and isinstance(decoded.lora, LaneAdapter)
+    assert LaneRequest.decode(_request().encode()).lora is None
+    for digest in ("../../etc", "AB" * 32, "ab" * 31):
+        body = json.loads(original.encode()["body"])
+        body["lora"]["sha256"] = digest
+        with pytest.raises(MessageError, match="digest"):
+            LaneRequest.decode({"v": "1", "body": json.dumps(body)})
