@@ -2,10 +2,10 @@
 
 Each linear layer's weight is stored as int8 with one fp32 scale per output channel (symmetric:
 scale = max |w| / 127 over the row), a quarter of fp32's bytes. Activations stay in the model's
-dtype. On CPU, steps of up to SMALL_M rows (decodes) run `csrc/int8_linear.c`, which reads the int8
-rows and converts them in registers: a bandwidth-bound decode reads a quarter of the bytes.
-Larger steps (prefill chunks) and other devices dequantize the weight for the one call and use the
-dense matmul, which is compute-bound there anyway.
+dtype. On CPU every call runs `csrc/int8_linear.c`, which reads the int8 rows and converts them in
+registers (a bandwidth-bound decode reads a quarter of the bytes; a weight is never stored
+dequantized). On other devices, and without a C compiler, the weight is dequantized for the call
+and the dense matmul runs.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from engine import native
 
 QUANTIZATIONS = (None, "int8")
 SOURCE = Path(__file__).parent / "csrc" / "int8_linear.c"
-SMALL_M = 32  # rows up to which the C kernel beats dequantize-then-matmul on CPU
 _LIB: ctypes.CDLL | None = None
 
 
@@ -66,7 +65,7 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         M = x.shape[0]
-        if self.lib is not None and x.dim() == 2 and 0 < M <= SMALL_M and x.device.type == "cpu":
+        if self.lib is not None and x.dim() == 2 and M > 0 and x.device.type == "cpu":
             x32 = x.float().contiguous()
             N, K = self.qweight.shape
             y = torch.empty(M, N, dtype=torch.float32)

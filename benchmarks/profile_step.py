@@ -1,0 +1,156 @@
+"""Where a decode step's time goes: the engine's step split into the scheduler, the host-side
+preparation of the batch, the linear layers, attention, RMSNorm, the rest of the forward (RoPE,
+SiLU·mul, residual adds, embedding), the LM head, sampling and the rest of the step (output
+bookkeeping, detokenization), for fp32 and INT8 weights at batch 1 and a larger batch.
+
+    python -m benchmarks.profile_step            # SmolLM2, 2 threads, batch 1 and 32, 32 steps each
+    python -m benchmarks.profile_step --smoke    # a tiny random model, in seconds
+
+Each part is timed by wrapping its function (exclusive time: a part called inside another is
+subtracted from it), so the parts add up to the step. Writes profile_step.json and
+profile_step.png under --out (benchmarks/results).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
+from benchmarks.workloads import chat_prompts
+from engine import LLM, SamplingParams
+
+PARTS = ("scheduler", "prepare", "linears", "attention", "rms_norm", "forward_rest", "lm_head", "sampling",
+         "step_rest")
+
+
+class Timer:
+    """Exclusive seconds per part, over nested wrapped calls."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._stack: list[list] = []
+
+    def wrap(self, part: str, fn):
+        def timed(*args, **kwargs):
+            inside_head = part == "linears" and self._stack and self._stack[-1][0] == "lm_head"
+            frame = ["lm_head" if inside_head else part, 0.0]  # [part, seconds of wrapped children]
+            self._stack.append(frame)
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - t
+                self._stack.pop()
+                self.seconds[frame[0]] += elapsed - frame[1]
+                if self._stack:
+                    self._stack[-1][1] += elapsed
+        return timed
+
+
+@contextmanager
+def instrumented(llm: LLM, timer: Timer):
+    """Wrap the engine's parts (this engine object's, and the module functions its forward calls)."""
+    import engine.model_runner as runner_mod
+    import engine.models.llama as llama_mod
+    from engine.models.linear import Linear
+    from engine.models.quant import Int8Linear
+
+    engine = llm.engine
+    runner, model = engine.runner, engine.runner.model
+    patches = [(runner_mod, "sample"), (llama_mod, "rms_norm"), (Linear, "__call__"), (Int8Linear, "__call__")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in patches]
+    parts = {"sample": "sampling", "rms_norm": "rms_norm"}
+    for obj, name, fn in saved:
+        setattr(obj, name, timer.wrap(parts.get(name, "linears"), fn))
+    instance = [(engine, "step", "step_rest"), (engine.scheduler, "schedule", "scheduler"),
+                (runner, "_prepare", "prepare"), (model, "forward", "forward_rest"),
+                (model.attention, "forward", "attention"), (model, "logits", "lm_head")]
+    for obj, name, part in instance:
+        setattr(obj, name, timer.wrap(part, getattr(obj, name)))
+    try:
+        yield
+    finally:
+        for obj, name, _ in instance:
+            delattr(obj, name)  # back to the class's method
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+
+
+def profile(llm: LLM, prompts: list[list[int]], steps: int) -> dict:
+    """Decode steps of len(prompts) sequences (their prefills done first, not counted)."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"p{i}", ids, params)
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.num_waiting:
+        engine.step()
+    engine.step()  # a warm decode step
+    timer = Timer()
+    with instrumented(llm, timer):
+        t = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        total = time.perf_counter() - t
+    for i in range(len(prompts)):
+        engine.abort(f"p{i}")
+    ms = {part: 1000 * timer.seconds[part] / steps for part in PARTS}
+    return {"batch": len(prompts), "steps": steps, "step_ms": 1000 * total / steps, "parts_ms": ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=32)
+    add_common_args(ap)
+    args = ap.parse_args()
+    out = out_dir(args, "profile_step")
+    model = tiny_model() if args.smoke else "smollm2"
+    steps = 4 if args.smoke else args.steps
+    torch.set_num_threads(args.threads)
+    runs = {}
+    for quant in (None, "int8"):
+        llm = LLM(model=model, dtype="float32", num_threads=args.threads, quantization=quant)
+        prompts = chat_prompts(llm.tokenizer, args.batch, max_len=128)
+        for batch in (1, args.batch):
+            name = f"{quant or 'fp32'} batch {batch}"
+            print(f"{name} ...", flush=True)
+            runs[name] = profile(llm, prompts[:batch], steps)
+    report = {"model": "tiny-random" if args.smoke else "SmolLM2-135M-Instruct", "smoke": args.smoke,
+              "threads": args.threads, "machine": machine(), "torch": torch.__version__, "runs": runs}
+    (out / "profile_step.json").write_text(json.dumps(report, indent=2))
+    print("\n| part (ms per step) | " + " | ".join(runs) + " |")
+    print("|---|" + "---:|" * len(runs))
+    for part in PARTS:
+        print(f"| {part} | " + " | ".join(f"{r['parts_ms'][part]:.2f}" for r in runs.values()) + " |")
+    print("| **step** | " + " | ".join(f"{r['step_ms']:.2f}" for r in runs.values()) + " |")
+    plot(runs, out / "profile_step.png", f"{report['model']}, {args.threads} threads")
+    done(out)
+
+
+def plot(runs: dict, path: Path, what: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names, bottom = list(runs), [0.0] * len(runs)
+    for part in PARTS:
+        vals = [runs[n]["parts_ms"][part] for n in names]
+        ax.bar(names, vals, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set(ylabel="ms per decode step", title=f"where a decode step's time goes: {what}")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
