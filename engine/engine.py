@@ -83,6 +83,10 @@ class Engine:
         if bad:
             raise InvalidRequestError(f"unknown stop token id(s) {bad}: the vocabulary has "
                                       f"{self.vocab_size} tokens", param="stop_token_ids")
+        bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"logit_bias names token id(s) {bad} outside the vocabulary "
+                                      f"[0, {self.vocab_size})", param="logit_bias")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a model with a tokenizer", param="stop")
 
@@ -202,7 +206,7 @@ class Engine:
         self.stats.utilization_sum += self.block_manager.utilization(self.scheduler.running)
         self.stats.utilization_steps += 1
         now = time.monotonic()
-        return refused + [self._append(item.seq, token, now) for item, token in sampled]
+        return refused + [self._append(item.seq, token, now, logprob) for item, token, logprob in sampled]
 
     def _refused(self, seq: Sequence, error: Exception) -> RequestOutput:
         """A waiting request the policy refused (it would miss its TTFT target): finished, no tokens."""
@@ -223,24 +227,32 @@ class Engine:
         SLO-aware: workers publish it so that gateways predict TTFT without the engine."""
         return self.scheduler.slo_load()
 
-    def _append(self, seq: Sequence, token: int, now: float) -> RequestOutput:
-        seq.token_ids.append(token)
-        self.stats.output_tokens += 1
+    def _append(self, seq: Sequence, token: int, now: float, logprob=None) -> RequestOutput:
+        p = seq.params
+        if p.max_tokens == 0:  # prompt scoring only: the prefill is done, nothing is generated
+            new, logprobs = [], [] if p.logprobs is not None else None
+            seq.finish_reason = FinishReason.LENGTH
+        else:
+            new, logprobs = [token], [logprob] if logprob is not None else None
+            seq.token_ids.append(token)
+            self.stats.output_tokens += 1
+            if not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
+                seq.finish_reason = FinishReason.STOP
+            elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+                seq.finish_reason = FinishReason.LENGTH
         if seq.first_token_time is None:
             seq.first_token_time = now
             seq.record("first_token")
-        p = seq.params
-        if not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
-            seq.finish_reason = FinishReason.STOP
-        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.finish_reason = FinishReason.LENGTH
         text = self._text(seq)
         out = RequestOutput(
-            request_id=seq.request_id, new_token_ids=[token], new_text=text,
+            request_id=seq.request_id, new_token_ids=new, new_text=text,
             finished=seq.finish_reason is not None,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens, logprobs=logprobs,
+            num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens),
         )
+        if p.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
+            out.prompt_logprobs, seq.prompt_logprobs_sent = seq.prompt_logprobs, True
         if out.finished:
             seq.record("finished", finish_reason=out.finish_reason)
             self._release(seq)

@@ -9,7 +9,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import InvalidRequestError
 from engine.lora.request import LoRARequest
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
 LoRA = str | LoRARequest | None  # a PEFT adapter folder, or a name and folder
@@ -22,6 +22,8 @@ class Completion:
     token_ids: list[int]
     text: str
     finish_reason: str
+    logprobs: list[TokenLogprob] | None = None  # one per output token, with params.logprobs
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # with params.prompt_logprobs (first: None)
 
 
 class LLM:
@@ -81,17 +83,24 @@ class LLM:
 
     def _run(self, index: dict[str, int], encoded: list[list[int]], bar, on_finish) -> list[Completion]:
         tokens: dict[str, list[int]] = {rid: [] for rid in index}
+        logprobs: dict[str, list[TokenLogprob]] = {}
+        prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
         results: list[Completion | None] = [None] * len(index)
         tok = self.engine.tokenizer
         try:
             while self.engine.has_unfinished():
                 for out in self.engine.step():
                     tokens[out.request_id] += out.new_token_ids
+                    if out.logprobs is not None:
+                        logprobs.setdefault(out.request_id, []).extend(out.logprobs)
+                    if out.prompt_logprobs is not None:
+                        prompt_logprobs[out.request_id] = out.prompt_logprobs
                     if out.finished:
                         i = index[out.request_id]
                         ids = tokens[out.request_id]
                         text = tok.decode(ids, skip_special_tokens=True) if tok is not None else ""
-                        results[i] = Completion(out.request_id, encoded[i], ids, text, out.finish_reason)
+                        results[i] = Completion(out.request_id, encoded[i], ids, text, out.finish_reason,
+                                                logprobs.get(out.request_id), prompt_logprobs.get(out.request_id))
                         if on_finish:
                             on_finish(i, results[i])
                         bar.update(1)
