@@ -100,6 +100,8 @@ class Generation:
     relay_span: Span | None = None
     last_token_at: float | None = None
     failure: str | None = None  # why the relay stopped before the end (a usage status)
+    cached_tokens: int = 0  # prompt tokens the worker found in its prefix cache
+    prompt_logprobs: tuple | None = None  # the prompt's TokenLogprobs (first None), when asked for
 
     async def __aiter__(self) -> AsyncIterator[LaneResult | None]:
         """Every result, the first included, and ``None`` as a keep-alive while none comes;
@@ -125,6 +127,9 @@ class Generation:
                     self.last_token_at = now
                 self.prompt_tokens = result.num_prompt_tokens or self.prompt_tokens
                 self.completion_tokens = max(self.completion_tokens, result.num_output_tokens)
+                self.cached_tokens = max(self.cached_tokens, result.num_cached_tokens)
+                if result.prompt_logprobs is not None and self.prompt_logprobs is None:
+                    self.prompt_logprobs = result.prompt_logprobs
                 if result.finished:
                     self.finish_reason = result.finish_reason
                     self.done = True

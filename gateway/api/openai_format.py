@@ -16,9 +16,13 @@ def finish_reason(reason: str | None) -> str | None:
     return _FINISH.get(reason, reason) if reason else None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens: prompt tokens whose KV came from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0,
+                                          "rejected_prediction_tokens": 0}}
 
 
 def _envelope(kind: str, request_id: str, created: int, model: str, tier: str) -> dict[str, Any]:
@@ -28,29 +32,31 @@ def _envelope(kind: str, request_id: str, created: int, model: str, tier: str) -
 
 
 def chat_completion(*, request_id: str, created: int, model: str, tier: str, text: str, reason: str | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+                    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     body = _envelope("chat.completion", request_id, created, model, tier)
     body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                        "logprobs": None, "finish_reason": finish_reason(reason)}]
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+                        "logprobs": logprobs, "finish_reason": finish_reason(reason)}]
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return body
 
 
 def text_completion(*, request_id: str, created: int, model: str, tier: str, text: str, reason: str | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+                    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     body = _envelope("text_completion", request_id, created, model, tier)
-    body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}]
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["choices"] = [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason)}]
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return body
 
 
 def chat_chunk(*, request_id: str, created: int, model: str, tier: str, delta: dict[str, Any] | None,
                reason: str | None = None, usage_body: dict[str, int] | None = None,
-               with_usage_field: bool = False) -> dict[str, Any]:
+               with_usage_field: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """A chat.completion.chunk; ``delta=None`` makes the final usage-only chunk (choices: [])."""
     body = _envelope("chat.completion.chunk", request_id, created, model, tier)
     body["choices"] = [] if delta is None else [
-        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason(reason)}]
+        {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason(reason)}]
     if with_usage_field or usage_body is not None:
         body["usage"] = usage_body
     return body
@@ -58,11 +64,11 @@ def chat_chunk(*, request_id: str, created: int, model: str, tier: str, delta: d
 
 def text_chunk(*, request_id: str, created: int, model: str, tier: str, text: str | None,
                reason: str | None = None, usage_body: dict[str, int] | None = None,
-               with_usage_field: bool = False) -> dict[str, Any]:
+               with_usage_field: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """A streamed text_completion; ``text=None`` makes the final usage-only chunk (choices: [])."""
     body = _envelope("text_completion", request_id, created, model, tier)
     body["choices"] = [] if text is None else [
-        {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}]
+        {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason)}]
     if with_usage_field or usage_body is not None:
         body["usage"] = usage_body
     return body

@@ -306,6 +306,8 @@ class Worker:
             request_id=out.request_id, token_ids=tuple(out.new_token_ids), text=text, offset=f.offset,
             finished=out.finished, finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens,
             num_output_tokens=out.num_output_tokens, worker=self.worker_id,
+            logprobs=None if out.logprobs is None else tuple(out.logprobs), num_cached_tokens=out.num_cached_tokens,
+            prompt_logprobs=None if out.prompt_logprobs is None else tuple(out.prompt_logprobs),
         )
 
     def _publish(self, outputs: list[RequestOutput]) -> None:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from gateway.api import generation as gen
+from gateway.api import logprobs_format as lp_fmt
 from gateway.api import openai_format as fmt
 from gateway.api.deps import CurrentKey, StateDep
 from gateway.api.errors import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, GatewayError, InvalidRequest, NotFound
@@ -33,6 +34,14 @@ def _check_model(state: GatewayState, model: str, top_k: int | None) -> None:
                              param="top_k")
 
 
+def _check_token_ids(state: GatewayState, body) -> None:
+    vocab = state.tokenizer.vocab_size
+    bad = [t for t in body.logit_bias_ids() if t >= vocab]
+    if bad:
+        raise InvalidRequest(f"logit_bias names token ids {bad} outside the vocabulary (size {vocab}).",
+                             param="logit_bias")
+
+
 async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) -> list[int]:
     """Tokenize, refusing over-long prompts before any work and moving long ones off the event
     loop (a thread), so that one client's huge prompt never delays another's request."""
@@ -52,6 +61,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     _check_model(state, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()  # refuse unsupported options before tokenizing
+    _check_token_ids(state, body)
     messages = [m.as_template_input() for m in body.messages]
     chars = sum(len(m["content"]) for m in messages)
     try:
@@ -74,6 +84,7 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
     _check_model(state, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()
+    _check_token_ids(state, body)
     prompt = body.single_prompt()
     if isinstance(prompt, str):
         prompt_ids = await _tokenize(state, state.tokenizer.encode_prompt, prompt, len(prompt), "prompt")
@@ -88,17 +99,23 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_options=options, prompt_param="prompt",
                                  traceparent=request.headers.get("traceparent"))
-    return await _respond(generation, body, request, chat=False)
+    echo = None
+    if body.echo:
+        echo = (prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt_ids), prompt_ids)
+    return await _respond(generation, body, request, chat=False, echo=echo)
 
 
-async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool):
+async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool,
+                   echo: tuple[str, list[int]] | None = None):
+    """echo: (prompt text, prompt ids) of a completions request that asked for its prompt back."""
     headers = generation.admission.headers
     ids = dict(request_id=generation.request_id, created=generation.created, model=generation.model,
                tier=openai_tier(generation.tier, generation.state.settings.tiers))
     if body.stream:
-        return StreamingResponse(_stream(generation, body, chat, ids), media_type="text/event-stream",
+        return StreamingResponse(_stream(generation, body, chat, ids, echo), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     parts: list[str] = []
+    logprobs: list = []
     failure: list[BaseException] = []
 
     async def collect(scope: anyio.CancelScope) -> None:
@@ -106,6 +123,7 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
             async for result in generation:
                 if result is not None:  # None: a keep-alive
                     parts.append(result.text)
+                    logprobs.extend(result.logprobs or ())
         except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
             failure.append(exc)
         scope.cancel()
@@ -126,16 +144,37 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
     if not generation.done:
         return JSONResponse({}, status_code=CLIENT_CLOSED_REQUEST)  # nobody is listening any more
     build = fmt.chat_completion if chat else fmt.text_completion
-    return JSONResponse(build(**ids, text="".join(parts), reason=generation.finish_reason,
-                              prompt_tokens=generation.prompt_tokens,
-                              completion_tokens=generation.completion_tokens), headers=headers)
+    tokenizer = generation.state.tokenizer
+    text, choice_logprobs = "".join(parts), None
+    if chat and body.logprobs:
+        choice_logprobs = lp_fmt.chat_logprobs(tokenizer, logprobs)
+    elif not chat:
+        if echo is not None:
+            text = echo[0] + text
+        if body.logprobs is not None:
+            scored = list(generation.prompt_logprobs or ()) if echo is not None else []
+            choice_logprobs = lp_fmt.completion_logprobs(tokenizer, scored + logprobs,
+                                                         first_token_id=echo[1][0] if echo else None)
+    return JSONResponse(build(**ids, text=text, reason=generation.finish_reason,
+                              prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens,
+                              cached_tokens=generation.cached_tokens, logprobs=choice_logprobs), headers=headers)
 
 
-async def _stream(generation: gen.Generation, body, chat: bool, ids: dict) -> AsyncIterator[bytes]:
+async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
+                  echo: tuple[str, list[int]] | None) -> AsyncIterator[bytes]:
     chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
+    tokenizer = generation.state.tokenizer
+    want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+    offset = 0  # completions' text_offset: characters streamed so far
 
     def usage_now():
-        return fmt.usage(generation.prompt_tokens, generation.completion_tokens)
+        return fmt.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
+
+    def completion_logprobs(logprobs, first_token_id=None):
+        nonlocal offset
+        shaped = lp_fmt.completion_logprobs(tokenizer, logprobs, text_offset=offset, first_token_id=first_token_id)
+        offset += sum(len(t) for t in shaped["tokens"])
+        return shaped
 
     try:
         if chat:
@@ -144,13 +183,22 @@ async def _stream(generation: gen.Generation, body, chat: bool, ids: dict) -> As
             if result is None:
                 yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
                 continue
-            if not result.text and not result.finished:
+            if echo is not None:  # the prompt first, as its own chunk
+                scored = list(generation.prompt_logprobs or ()) if want_logprobs else None
+                yield fmt.sse(chunk(text=echo[0], logprobs=completion_logprobs(scored, echo[1][0])
+                                    if scored is not None else None))
+                echo = None
+            if not result.text and not result.finished and not (want_logprobs and result.logprobs):
                 continue  # e.g. a token that completes no character yet
             reason = result.finish_reason if result.finished else None
             content = {"content": result.text} if result.text or not result.finished else {}
             per_chunk_usage = usage_now() if body.continuous_usage else None
-            yield fmt.sse(chunk(delta=content, reason=reason, usage_body=per_chunk_usage) if chat
-                          else chunk(text=result.text, reason=reason, usage_body=per_chunk_usage))
+            logprobs = None
+            if want_logprobs:
+                logprobs = (lp_fmt.chat_logprobs(tokenizer, list(result.logprobs or ())) if chat
+                            else completion_logprobs(list(result.logprobs or ())))
+            yield fmt.sse(chunk(delta=content, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs) if chat
+                          else chunk(text=result.text, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs))
         if body.include_usage:
             yield fmt.sse(chunk(delta=None, usage_body=usage_now()) if chat
                           else chunk(text=None, usage_body=usage_now()))
