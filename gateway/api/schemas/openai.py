@@ -94,6 +94,12 @@ class _GenerationRequest(BaseModel):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
+    audio: Any = None
+    modalities: list[Any] | None = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    store: bool | None = None  # completions are never stored: true is refused, metadata goes unused
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -105,6 +111,12 @@ class _GenerationRequest(BaseModel):
             "functions": bool(self.functions),
             "function_call": self.function_call not in (None, "none"),
             "response_format": bool(self.response_format) and self.response_format.get("type") != "text",
+            "audio": self.audio is not None,
+            "modalities": self.modalities not in (None, ["text"]),
+            "prediction": self.prediction is not None,
+            "reasoning_effort": self.reasoning_effort is not None,
+            "web_search_options": self.web_search_options is not None,
+            "store": bool(self.store),
         }
         for name, used in unsupported.items():
             if used:

@@ -89,6 +89,12 @@ CHAT_BAD = [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"store": True}, "store"),
 ]
 COMPLETION_BAD = [
     ({"logprobs": 6}, "logprobs"),
