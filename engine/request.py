@@ -37,6 +37,7 @@ def _seq(value, name: str, kind: type) -> tuple:
 
 
 MAX_LOGPROBS = 20  # top log-probabilities a row may ask for (OpenAI's chat limit)
+MAX_N = 128  # choices of one request (OpenAI's limit)
 
 
 def _num(value, name: str, low: float, high: float, *, open_low: bool = False) -> float:
@@ -86,6 +87,9 @@ class SamplingParams:
     chosen token's only; None: none); prompt_logprobs: the same for the prompt's tokens. Both are
     of the model's raw distribution: log_softmax of the fp32 logits, before any processing.
     max_tokens 0 is allowed with prompt_logprobs: the prompt is scored, nothing is generated.
+    n: choices of the prompt, each its own sequence; choice i > 0 starts once choice 0's prompt
+    is in the KV cache and shares its full blocks (seeded: choice i draws with seed + i; the
+    prompt's logprobs come with choice 0).
     """
 
     max_tokens: int = 16
@@ -132,8 +136,10 @@ class SamplingParams:
             raise InvalidRequestError(f"top_k must be a non-negative integer, got {self.top_k!r}", param="top_k")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}", param="seed")
-        if self.n != 1:
-            raise InvalidRequestError(f"only n=1 is supported, got n={self.n!r}", param="n")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+            raise InvalidRequestError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}", param="n")
+        if self.n > 1 and self.max_tokens == 0:
+            raise InvalidRequestError("n > 1 needs max_tokens > 0: scoring a prompt has one answer", param="n")
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
 
@@ -191,6 +197,8 @@ class Sequence:
     ttft_target_s: float | None = None
     tpot_target_s: float | None = None
     lora: str | None = None
+    group: str | None = None  # choice i > 0 of request `group` (params.n > 1); None: the request itself
+    index: int = 0  # its choice index
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
@@ -257,3 +265,9 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # one per new token, when params.logprobs is set
     prompt_logprobs: list[TokenLogprob | None] | None = None  # the prompt's (first: None), once, with the first output
     num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache
+    index: int = 0  # which choice (SamplingParams.n); `finished` is this choice's end
+    done: bool | None = None  # is the whole request over (every choice finished)? None: as `finished`
+
+    def __post_init__(self):
+        if self.done is None:
+            self.done = self.finished

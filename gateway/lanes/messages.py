@@ -102,6 +102,9 @@ class LaneResult:
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of token_ids (SamplingParams.logprobs)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, in the first result
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # n > 1: the choice these tokens belong to (offset and num_output_tokens are that choice's); its
+    # end is a finish_reason, `finished` the end of the whole request (its last choice)
+    index: int = 0
 
     encode = _encode
 

@@ -114,16 +114,19 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
     if body.stream:
         return StreamingResponse(_stream(generation, body, chat, ids, echo), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
-    parts: list[str] = []
-    logprobs: list = []
+    parts: dict[int, list[str]] = {}  # choice index ->
+    logprobs: dict[int, list] = {}
+    reasons: dict[int, str | None] = {}
     failure: list[BaseException] = []
 
     async def collect(scope: anyio.CancelScope) -> None:
         try:
             async for result in generation:
                 if result is not None:  # None: a keep-alive
-                    parts.append(result.text)
-                    logprobs.extend(result.logprobs or ())
+                    parts.setdefault(result.index, []).append(result.text)
+                    logprobs.setdefault(result.index, []).extend(result.logprobs or ())
+                    if result.finish_reason is not None:
+                        reasons[result.index] = result.finish_reason
         except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
             failure.append(exc)
         scope.cancel()
@@ -144,20 +147,27 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
     if not generation.done:
         return JSONResponse({}, status_code=CLIENT_CLOSED_REQUEST)  # nobody is listening any more
     build = fmt.chat_completion if chat else fmt.text_completion
+    indexes = sorted(parts)
+    if not chat and body.ranks_choices:  # best_of: the n with the highest cumulative logprob
+        indexes = sorted(indexes, key=lambda i: -sum(lp.logprob for lp in logprobs[i]))[: body.n or 1]
+    choices = [_choice(generation, body, chat, echo, "".join(parts[i]), reasons.get(i, generation.finish_reason),
+                       logprobs[i]) for i in indexes]
+    return JSONResponse(build(**ids, choices=choices, prompt_tokens=generation.prompt_tokens,
+                              completion_tokens=generation.completion_tokens, cached_tokens=generation.cached_tokens),
+                        headers=headers)
+
+
+def _choice(generation: gen.Generation, body, chat: bool, echo: tuple[str, list[int]] | None, text: str,
+            reason: str | None, logprobs: list) -> fmt.Choice:
     tokenizer = generation.state.tokenizer
-    text, choice_logprobs = "".join(parts), None
-    if chat and body.logprobs:
-        choice_logprobs = lp_fmt.chat_logprobs(tokenizer, logprobs)
-    elif not chat:
-        if echo is not None:
-            text = echo[0] + text
-        if body.logprobs is not None:
-            scored = list(generation.prompt_logprobs or ()) if echo is not None else []
-            choice_logprobs = lp_fmt.completion_logprobs(tokenizer, scored + logprobs,
-                                                         first_token_id=echo[1][0] if echo else None)
-    return JSONResponse(build(**ids, text=text, reason=generation.finish_reason,
-                              prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens,
-                              cached_tokens=generation.cached_tokens, logprobs=choice_logprobs), headers=headers)
+    if chat:
+        return fmt.Choice(text, reason, lp_fmt.chat_logprobs(tokenizer, logprobs) if body.logprobs else None)
+    choice_logprobs = None
+    if body.logprobs is not None:
+        scored = list(generation.prompt_logprobs or ()) if echo is not None else []
+        choice_logprobs = lp_fmt.completion_logprobs(tokenizer, scored + logprobs,
+                                                     first_token_id=echo[1][0] if echo else None)
+    return fmt.Choice(echo[0] + text if echo is not None else text, reason, choice_logprobs)
 
 
 async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
@@ -165,40 +175,45 @@ async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
     chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
     tokenizer = generation.state.tokenizer
     want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
-    offset = 0  # completions' text_offset: characters streamed so far
+    offsets: dict[int, int] = {}  # completions' text_offset per choice: characters streamed so far
+    echoed: set[int] = set()
 
     def usage_now():
         return fmt.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
 
-    def completion_logprobs(logprobs, first_token_id=None):
-        nonlocal offset
-        shaped = lp_fmt.completion_logprobs(tokenizer, logprobs, text_offset=offset, first_token_id=first_token_id)
-        offset += sum(len(t) for t in shaped["tokens"])
+    def completion_logprobs(index: int, logprobs, first_token_id=None):
+        shaped = lp_fmt.completion_logprobs(tokenizer, logprobs, text_offset=offsets.get(index, 0),
+                                            first_token_id=first_token_id)
+        offsets[index] = offsets.get(index, 0) + sum(len(t) for t in shaped["tokens"])
         return shaped
 
     try:
         if chat:
-            yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}))
+            for index in range(body.n or 1):
+                yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}, index=index))
         async for result in generation:
             if result is None:
                 yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
                 continue
-            if echo is not None:  # the prompt first, as its own chunk
+            index = result.index
+            if echo is not None and index not in echoed:  # the prompt first, as its own chunk
+                echoed.add(index)
                 scored = list(generation.prompt_logprobs or ()) if want_logprobs else None
-                yield fmt.sse(chunk(text=echo[0], logprobs=completion_logprobs(scored, echo[1][0])
-                                    if scored is not None else None))
-                echo = None
-            if not result.text and not result.finished and not (want_logprobs and result.logprobs):
+                yield fmt.sse(chunk(text=echo[0], index=index, logprobs=None if scored is None
+                                    else completion_logprobs(index, scored, echo[1][0])))
+            reason = result.finish_reason  # this choice's end (the request's with its last choice)
+            if not result.text and reason is None and not (want_logprobs and result.logprobs):
                 continue  # e.g. a token that completes no character yet
-            reason = result.finish_reason if result.finished else None
-            content = {"content": result.text} if result.text or not result.finished else {}
+            content = {"content": result.text} if result.text or reason is None else {}
             per_chunk_usage = usage_now() if body.continuous_usage else None
             logprobs = None
             if want_logprobs:
                 logprobs = (lp_fmt.chat_logprobs(tokenizer, list(result.logprobs or ())) if chat
-                            else completion_logprobs(list(result.logprobs or ())))
-            yield fmt.sse(chunk(delta=content, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs) if chat
-                          else chunk(text=result.text, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs))
+                            else completion_logprobs(index, list(result.logprobs or ())))
+            yield fmt.sse(chunk(delta=content, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs,
+                                index=index) if chat
+                          else chunk(text=result.text, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs,
+                                     index=index))
         if body.include_usage:
             yield fmt.sse(chunk(delta=None, usage_body=usage_now()) if chat
                           else chunk(text=None, usage_body=usage_now()))

@@ -20,6 +20,7 @@ GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (dividing logit
 INT32_MAX, INT64_MIN, INT64_MAX = 2**31 - 1, -(2**63), 2**63 - 1
 TOKEN_ID_MAX = INT32_MAX  # the model's vocabulary bounds it further (checked by the route)
 MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5  # OpenAI's limits: chat top_logprobs, completions logprobs
+MAX_N = 128  # choices of one request (n, best_of)
 
 
 def _utf8(value: str) -> str:
@@ -73,7 +74,7 @@ class _GenerationRequest(BaseModel):
     temperature: Float | None = Field(None, ge=0, le=2)
     top_p: Float | None = Field(None, gt=0, le=1)
     top_k: Int | None = Field(None, ge=0, le=INT32_MAX)  # extension; <= the vocabulary (checked by the route)
-    n: Int | None = Field(None, ge=1, le=128)
+    n: Int | None = Field(None, ge=1, le=MAX_N)
     stop: Text | list[Text] | None = None
     seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     ignore_eos: bool | None = False  # extension
@@ -127,8 +128,6 @@ class _GenerationRequest(BaseModel):
         """The engine's SamplingParams fields this request sets (all but max_tokens, which the gateway
         resolves against the context); 400 for an option this server cannot honour."""
         self._refuse_unsupported()
-        if self.n not in (None, 1):
-            raise InvalidRequest("Only n=1 is supported.", param="n", code="unsupported_value")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed when stream is true.", param="stream_options")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -141,6 +140,8 @@ class _GenerationRequest(BaseModel):
         penalties = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                      "repetition_penalty": self.repetition_penalty, "min_tokens": self.min_tokens}
         options |= {k: v for k, v in penalties.items() if v is not None}
+        if self.n is not None:
+            options["n"] = self.n
         if self.logit_bias:
             options["logit_bias"] = _logit_bias(self.logit_bias)
         return options | self._logprob_options()
@@ -199,8 +200,6 @@ class CompletionRequest(_GenerationRequest):
     suffix: Text | None = None
 
     def _logprob_options(self) -> dict[str, Any]:
-        if self.best_of not in (None, 1):
-            raise InvalidRequest("Only best_of=1 is supported.", param="best_of", code="unsupported_value")
         if self.suffix:
             raise InvalidRequest("suffix is not supported: this model has no fill-in-the-middle.", param="suffix",
                                  code="unsupported_parameter")
@@ -213,7 +212,20 @@ class CompletionRequest(_GenerationRequest):
                 options["prompt_logprobs"] = self.logprobs
         if self.max_tokens == 0:  # the engine scores the prompt and generates nothing
             options.setdefault("prompt_logprobs", 0)
+        n = self.n or 1
+        if self.best_of is not None and self.best_of != n:
+            if not n <= self.best_of <= MAX_N:
+                raise InvalidRequest(f"best_of must be in [n, {MAX_N}] (n is {n}).", param="best_of")
+            if self.stream:
+                raise InvalidRequest("best_of cannot be streamed.", param="best_of")
+            options["n"] = self.best_of  # the engine makes best_of choices; the route returns the n best
+            options.setdefault("logprobs", 0)  # their cumulative logprob ranks them
         return options
+
+    @property
+    def ranks_choices(self) -> bool:
+        """Does the route pick the n best of best_of choices?"""
+        return self.best_of is not None and self.best_of != (self.n or 1)
 
     def single_prompt(self) -> str | list[int]:
         prompt = self.prompt

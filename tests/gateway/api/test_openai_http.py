@@ -113,7 +113,7 @@ async def test_tier_errors(app_client, settings, key):
     ({"model": "M", "messages": [{"role": "wizard", "content": "x"}]}, 422, "messages.0.role"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, 422, "max_tokens"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "temperature": 7}, 422, "temperature"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "n": 129}, 422, "n"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),

@@ -85,7 +85,6 @@ CHAT_BAD = [
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
-    ({"n": 2}, "n"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
@@ -99,9 +98,10 @@ CHAT_BAD = [
 COMPLETION_BAD = [
     ({"logprobs": 6}, "logprobs"),
     ({"logprobs": -1}, "logprobs"),
-    ({"best_of": 3}, "best_of"),
+    ({"best_of": 2, "n": 3}, "best_of"),
+    ({"best_of": 3, "stream": True}, "best_of"),
     ({"suffix": "end"}, "suffix"),
-    ({"n": 3}, "n"),
+    ({"n": 2, "max_tokens": 0, "echo": True}, "n"),
 ]
 
 
@@ -183,3 +183,42 @@ async def test_usage_reports_cached_prompt_tokens(gw, tenant):
     cached = second["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0 and cached % 16 == 0 and cached < second["prompt_tokens"]
     assert second["completion_tokens_details"]["reasoning_tokens"] == 0
+
+
+async def test_n_choices_streamed_and_not(gw, tenant):
+    tenant_id, key = tenant
+    body = (await gw.complete(key, "hello", max_tokens=4, n=3, temperature=1.0, seed=5, logprobs=0)).json()
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2] and len({c["text"] for c in choices}) == 3
+    assert all(len(c["logprobs"]["tokens"]) == 4 for c in choices)
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    assert prompt_tokens == len("hello") and body["usage"]["completion_tokens"] == 12  # the prompt counts once
+    response = await gw.chat(key, max_tokens=4, n=3, temperature=1.0, seed=5, stream=True,
+                             stream_options={"include_usage": True})
+    events = _events(response.text)
+    texts: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    for event in events[:-1]:
+        for c in event["choices"]:
+            texts[c["index"]] = texts.get(c["index"], "") + c["delta"].get("content", "")
+            if c["finish_reason"]:
+                reasons[c["index"]] = c["finish_reason"]
+    assert sorted(texts) == [0, 1, 2] and reasons == {0: "length", 1: "length", 2: "length"}
+    plain = (await gw.chat(key, max_tokens=4, n=3, temperature=1.0, seed=5)).json()
+    assert [texts[i] for i in range(3)] == [c["message"]["content"] for c in plain["choices"]]
+    assert events[-1]["usage"]["completion_tokens"] == 12
+    records = gw.records(tenant_id)
+    assert sorted(r.completion_tokens for r in records) == [12, 12, 12]
+    chat_prompt = plain["usage"]["prompt_tokens"]
+    assert sorted(r.prompt_tokens for r in records) == sorted([prompt_tokens, chat_prompt, chat_prompt])
+
+
+async def test_best_of_returns_the_n_most_likely(gw, tenant):
+    _, key = tenant
+    every = (await gw.complete(key, "hello", max_tokens=3, n=4, temperature=1.0, seed=9, logprobs=0)).json()
+    totals = sorted((sum(c["logprobs"]["token_logprobs"]) for c in every["choices"]), reverse=True)
+    best = (await gw.complete(key, "hello", max_tokens=3, n=2, best_of=4, temperature=1.0, seed=9)).json()
+    assert [c["index"] for c in best["choices"]] == [0, 1] and all(c["logprobs"] is None for c in best["choices"])
+    by_text = {c["text"]: sum(c["logprobs"]["token_logprobs"]) for c in every["choices"]}
+    assert sorted((by_text[c["text"]] for c in best["choices"]), reverse=True) == pytest.approx(totals[:2])
+    assert best["usage"]["completion_tokens"] == 12  # every candidate is billed
