@@ -63,3 +63,16 @@ def test_choices_under_preemption_match(prompt):
         alone = llm.generate(prompt, SamplingParams(max_tokens=30, temperature=0.9, seed=3 + i, ignore_eos=True))[0]
         assert choice.token_ids == alone.token_ids
     assert llm.engine.num_free_blocks == blocks
+
+
+def test_fairness_charges_every_choice(prompt):
+    """VTC: a tenant's n=3 request costs it three times what the same n=1 request costs another."""
+    llm = LLM(model="smollm2", dtype="float32", num_threads=2, policy="vtc")
+    eng = llm.engine
+    eng.add_request("three", prompt, SamplingParams(max_tokens=6, temperature=0, n=3, ignore_eos=True), tenant="a")
+    eng.add_request("one", prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), tenant="b")
+    while eng.has_unfinished():
+        eng.step()
+    counters = eng.scheduler.policy.vtc.counters
+    one = len(prompt) * 1.0 + 6 * 2.0  # w_in per prompt token, w_out per output token
+    assert counters["b"] == pytest.approx(one) and counters["a"] == pytest.approx(3 * one)

@@ -1,9 +1,13 @@
 """The official openai client against a live `fairlane serve --dev` on the real SmolLM2 (fp32):
 logprobs, top_logprobs and echo held to a direct fp32 forward of the same model (Hugging Face, in
-this process), logit_bias and penalties, streaming of each, cached_tokens, and bad values."""
+this process), logit_bias and penalties, n choices sharing their prompt's blocks, streaming of
+each, cached_tokens, and bad values."""
 
 from __future__ import annotations
 
+import re
+
+import httpx
 import openai
 import pytest
 import torch
@@ -154,9 +158,42 @@ def test_cached_tokens_in_usage(client):
     (dict(presence_penalty=3), "presence_penalty"),
     (dict(logit_bias={"99999999": 1}), "logit_bias"),
     (dict(logprobs=True, top_logprobs=30), "top_logprobs"),
-    (dict(n=2), "n"),
+    (dict(n=129), "n"),
+    (dict(response_format={"type": "json_object"}), "response_format"),
 ])
 def test_bad_values_are_bad_requests(client, kwargs, param):
-    with pytest.raises(openai.BadRequestError) as excinfo:
+    with pytest.raises((openai.BadRequestError, openai.UnprocessableEntityError)) as excinfo:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, **kwargs)
     assert excinfo.value.param == param
+
+
+def _prefix_hit_tokens(server) -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r"^fairlane_engine_prefix_cache_hit_tokens_total\{[^}]*\} (\S+)$", text,
+                                            re.M))
+
+
+def test_n_choices_share_the_prompt_and_count_it_once(server, client):
+    messages = [{"role": "user", "content": "Write one sentence about a lighthouse on a stormy night, please."}]
+    before = _prefix_hit_tokens(server)
+    three = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=1.0, seed=42,
+                                           n=3, extra_body={"ignore_eos": True})
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert len({c.message.content for c in three.choices}) == 3
+    one = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens and three.usage.completion_tokens == 30
+    full_blocks = (three.usage.prompt_tokens - 1) // 16
+    assert _prefix_hit_tokens(server) - before >= 2 * full_blocks * 16  # choices 1 and 2 took choice 0's blocks
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=1.0, seed=42,
+                                            n=3, stream=True, extra_body={"ignore_eos": True})
+    texts = {0: "", 1: "", 2: ""}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert [texts[i] for i in range(3)] == [c.message.content for c in three.choices]
+    best = client.completions.create(model=MODEL, prompt="The best fruit is", max_tokens=4, temperature=1.0, seed=1,
+                                     n=2, best_of=4, logprobs=0)
+    assert len(best.choices) == 2 and best.usage.completion_tokens == 16
+    totals = [sum(c.logprobs.token_logprobs) for c in best.choices]
+    assert totals == sorted(totals, reverse=True)
