@@ -1,7 +1,7 @@
 """fairlane's inference engine: paged KV cache, continuous batching, our own Llama forward.
 
 Public API (other packages import only these names):
-    Engine, EngineConfig, LLM, SamplingParams, RequestOutput, SLOLoad, LoRARequest, errors
+    Engine, EngineConfig, LLM, SamplingParams, TokenLogprob, RequestOutput, SLOLoad, LoRARequest, errors
     (AdapterError and its subclasses in engine.lora).
 
 Names are resolved lazily (PEP 562): ``from engine import SamplingParams`` loads only the
@@ -27,6 +27,7 @@ _EXPORTS = {
     "FinishReason": "engine.request",
     "RequestOutput": "engine.request",
     "SamplingParams": "engine.request",
+    "TokenLogprob": "engine.request",
     "SLOLoad": "engine.scheduler.load",
     "predict_ttft": "engine.scheduler.load",
     "POLICY_PARTS": "engine.scheduler.registry",
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from engine.llm import LLM, Completion
     from engine.lora.errors import AdapterError
     from engine.lora.request import LoRARequest
-    from engine.request import FinishReason, RequestOutput, SamplingParams
+    from engine.request import FinishReason, RequestOutput, SamplingParams, TokenLogprob
     from engine.scheduler.load import SLOLoad, predict_ttft
     from engine.scheduler.registry import POLICY_PARTS, parse_policy
 

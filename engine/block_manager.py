@@ -96,8 +96,8 @@ class BlockManager:
     def prefix_hits(self, seq: Sequence) -> list[int]:
         """Ids of cached blocks holding seq's leading full blocks. At least one token is always
         left to compute, because the step must produce the last position's logits."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or seq.needs_prompt_logits and not self.is_swapped(seq):
+            return []  # prompt logprobs need every prompt position computed
         bs, hits, prev = self.block_size, [], None
         for start in range(0, seq.num_tokens - 1 - (bs - 1), bs):  # full blocks before the last token
             tokens = tuple(seq.token_ids[start : start + bs])

@@ -57,6 +57,11 @@ class Engine:
         self.seqs: dict[str, Sequence] = {}
         self._detok: dict[str, DetokState] = {}
         self._generators: dict[str, torch.Generator] = {}
+        # n > 1: choices 1..n-1 wait in _forks until choice 0's prompt is computed; _choices lists
+        # every choice's sequence id while the request runs, _open counts those not finished
+        self._forks: dict[str, list[Sequence]] = {}
+        self._choices: dict[str, list[str]] = {}
+        self._open: dict[str, int] = {}
         self.stats = EngineStats()
 
     # ---- requests --------------------------------------------------------------------------
@@ -68,6 +73,8 @@ class Engine:
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if resume_token_ids:
+            if params.n > 1:
+                raise InvalidRequestError("resume_token_ids cannot continue an n > 1 request", param="resume_token_ids")
             self._check_ids(resume_token_ids, "resume_token_ids")
             if len(resume_token_ids) >= params.max_tokens:
                 raise InvalidRequestError("resume_token_ids already reach max_tokens", param="resume_token_ids")
@@ -83,6 +90,10 @@ class Engine:
         if bad:
             raise InvalidRequestError(f"unknown stop token id(s) {bad}: the vocabulary has "
                                       f"{self.vocab_size} tokens", param="stop_token_ids")
+        bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"logit_bias names token id(s) {bad} outside the vocabulary "
+                                      f"[0, {self.vocab_size})", param="logit_bias")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a model with a tokenizer", param="stop")
 
@@ -123,11 +134,47 @@ class Engine:
             if isinstance(exc, SLOUnattainableError):
                 self.stats.slo_refusals += 1
             raise
-        if params.seed is not None:
-            self._generators[request_id] = torch.Generator().manual_seed(params.seed)
-        if self.detokenizer is not None and (self.config.incremental_text or params.stop):
-            self._detok[request_id] = self.detokenizer.start(len(resume_token_ids))
+        self._track(seq, len(resume_token_ids))
         self.seqs[request_id] = seq
+        if params.n > 1:
+            self._add_choices(seq, lora)
+
+    def _track(self, seq: Sequence, num_resumed: int = 0) -> None:
+        """A sequence's own seeded generator and detokenizer state."""
+        params, rid = seq.params, seq.request_id
+        if params.seed is not None:
+            self._generators[rid] = torch.Generator().manual_seed(params.seed)
+        if self.detokenizer is not None and (self.config.incremental_text or params.stop):
+            self._detok[rid] = self.detokenizer.start(num_resumed)
+
+    def _add_choices(self, first: Sequence, lora) -> None:
+        """Choices 1..n-1 of `first`'s request: held until its prompt's KV exists (see _fork)."""
+        p = first.params
+        rid = first.request_id
+        children = []
+        for i in range(1, p.n):
+            params = replace(p, n=1, prompt_logprobs=None, seed=None if p.seed is None else p.seed + i)
+            child = Sequence(request_id=f"{rid}#{i}", token_ids=list(first.prompt_token_ids),
+                             num_prompt_tokens=first.num_prompt_tokens, params=params, tenant=first.tenant,
+                             weight=first.weight, priority=first.priority, arrival_time=first.arrival_time,
+                             tpot_target_s=first.tpot_target_s, lora=self._acquire_lora(lora), group=rid, index=i)
+            self._track(child)
+            children.append(child)
+        self._forks[rid] = children
+        self._choices[rid] = [rid] + [c.request_id for c in children]
+        self._open[rid] = p.n
+
+    def _fork(self, first: Sequence) -> None:
+        """Choice 0 has its first token: its prompt's full blocks are registered in the prefix
+        cache, so the other choices start sharing them (each computes only the last partial block)."""
+        for child in self._forks.pop(first.request_id, ()):
+            self.scheduler.add(child)
+            self.seqs[child.request_id] = child
+
+    def _drop_forks(self, request_id: str) -> None:
+        """Choices that never started: release what they hold."""
+        for child in self._forks.pop(request_id, ()):
+            self._release(child)
 
     def _acquire_lora(self, lora) -> str | None:
         """The adapter's uid (validated, cached in host memory, pinned until the request ends)."""
@@ -149,12 +196,17 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if it is unknown or already done."""
-        seq = self.seqs.get(request_id)
-        if seq is None:
-            return False
-        seq.finish_reason = FinishReason.ABORT
-        self._release(seq)
-        return True
+        ids = self._choices.pop(request_id, [request_id])  # every choice of an n > 1 request
+        self._open.pop(request_id, None)
+        self._drop_forks(request_id)
+        found = False
+        for rid in ids:
+            seq = self.seqs.get(rid)
+            if seq is not None:
+                seq.finish_reason = FinishReason.ABORT
+                self._release(seq)
+                found = True
+        return found
 
     def take_events(self, request_id: str) -> list:
         """The request's events (SeqEvent) not yet handed out in a RequestOutput: call before
@@ -202,12 +254,15 @@ class Engine:
         self.stats.utilization_sum += self.block_manager.utilization(self.scheduler.running)
         self.stats.utilization_steps += 1
         now = time.monotonic()
-        return refused + [self._append(item.seq, token, now) for item, token in sampled]
+        return refused + [self._append(item.seq, token, now, logprob) for item, token, logprob in sampled]
 
     def _refused(self, seq: Sequence, error: Exception) -> RequestOutput:
         """A waiting request the policy refused (it would miss its TTFT target): finished, no tokens."""
         seq.finish_reason = FinishReason.SLO_UNATTAINABLE
         seq.record("slo_refused")
+        self._drop_forks(seq.request_id)
+        self._choices.pop(seq.request_id, None)
+        self._open.pop(seq.request_id, None)
         self._release(seq)
         return RequestOutput(request_id=seq.request_id, new_token_ids=[], new_text="", finished=True,
                              finish_reason=seq.finish_reason.value, num_prompt_tokens=seq.num_prompt_tokens,
@@ -223,24 +278,41 @@ class Engine:
         SLO-aware: workers publish it so that gateways predict TTFT without the engine."""
         return self.scheduler.slo_load()
 
-    def _append(self, seq: Sequence, token: int, now: float) -> RequestOutput:
-        seq.token_ids.append(token)
-        self.stats.output_tokens += 1
+    def _append(self, seq: Sequence, token: int, now: float, logprob=None) -> RequestOutput:
+        p = seq.params
+        if p.max_tokens == 0:  # prompt scoring only: the prefill is done, nothing is generated
+            new, logprobs = [], [] if p.logprobs is not None else None
+            seq.finish_reason = FinishReason.LENGTH
+        else:
+            new, logprobs = [token], [logprob] if logprob is not None else None
+            seq.token_ids.append(token)
+            self.stats.output_tokens += 1
+            if not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
+                seq.finish_reason = FinishReason.STOP
+            elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+                seq.finish_reason = FinishReason.LENGTH
         if seq.first_token_time is None:
             seq.first_token_time = now
             seq.record("first_token")
-        p = seq.params
-        if not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
-            seq.finish_reason = FinishReason.STOP
-        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.finish_reason = FinishReason.LENGTH
+            if seq.request_id in self._forks:
+                self._fork(seq)
         text = self._text(seq)
+        group = seq.group or seq.request_id
+        done = seq.finish_reason is not None
+        if group in self._open:  # n > 1: the request is done when its last choice is
+            self._open[group] -= done
+            done = self._open[group] == 0
+            if done:
+                del self._open[group], self._choices[group]
         out = RequestOutput(
-            request_id=seq.request_id, new_token_ids=[token], new_text=text,
+            request_id=group, index=seq.index, done=done, new_token_ids=new, new_text=text,
             finished=seq.finish_reason is not None,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens, logprobs=logprobs,
+            num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens),
         )
+        if p.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
+            out.prompt_logprobs, seq.prompt_logprobs_sent = seq.prompt_logprobs, True
         if out.finished:
             seq.record("finished", finish_reason=out.finish_reason)
             self._release(seq)

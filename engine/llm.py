@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine import assets
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import InvalidRequestError
 from engine.lora.request import LoRARequest
-from engine.request import SamplingParams
+from engine.request import SamplingParams, TokenLogprob
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
 LoRA = str | LoRARequest | None  # a PEFT adapter folder, or a name and folder
@@ -22,6 +22,10 @@ class Completion:
     token_ids: list[int]
     text: str
     finish_reason: str
+    logprobs: list[TokenLogprob] | None = None  # one per output token, with params.logprobs
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # with params.prompt_logprobs (first: None)
+    index: int = 0  # the choice (SamplingParams.n)
+    choices: list[Completion] | None = None  # n > 1: every choice, by index (the fields above are choice 0's)
 
 
 class LLM:
@@ -80,18 +84,32 @@ class LLM:
         return self._run(ids_by_req, encoded, _progress(len(prompts), use_tqdm), on_finish)
 
     def _run(self, index: dict[str, int], encoded: list[list[int]], bar, on_finish) -> list[Completion]:
-        tokens: dict[str, list[int]] = {rid: [] for rid in index}
+        tokens: dict[tuple[str, int], list[int]] = {}  # (request, choice) ->
+        logprobs: dict[tuple[str, int], list[TokenLogprob]] = {}
+        prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
+        choices: dict[str, dict[int, Completion]] = {rid: {} for rid in index}
         results: list[Completion | None] = [None] * len(index)
         tok = self.engine.tokenizer
         try:
             while self.engine.has_unfinished():
                 for out in self.engine.step():
-                    tokens[out.request_id] += out.new_token_ids
+                    key = (out.request_id, out.index)
+                    tokens.setdefault(key, []).extend(out.new_token_ids)
+                    if out.logprobs is not None:
+                        logprobs.setdefault(key, []).extend(out.logprobs)
+                    if out.prompt_logprobs is not None:
+                        prompt_logprobs[out.request_id] = out.prompt_logprobs
                     if out.finished:
                         i = index[out.request_id]
-                        ids = tokens[out.request_id]
+                        ids = tokens.get(key, [])
                         text = tok.decode(ids, skip_special_tokens=True) if tok is not None else ""
-                        results[i] = Completion(out.request_id, encoded[i], ids, text, out.finish_reason)
+                        choices[out.request_id][out.index] = Completion(
+                            out.request_id, encoded[i], ids, text, out.finish_reason, logprobs.get(key),
+                            prompt_logprobs.get(out.request_id), out.index)
+                    if out.done:
+                        i = index[out.request_id]
+                        done = [choices[out.request_id][j] for j in sorted(choices[out.request_id])]
+                        results[i] = replace(done[0], choices=done if len(done) > 1 else None)
                         if on_finish:
                             on_finish(i, results[i])
                         bar.update(1)

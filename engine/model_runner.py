@@ -12,8 +12,10 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.device import host_to_device, resolve_device, resolve_dtype
 from engine.loader import LoadedModel
+from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
 from engine.models import SUPPORTED_ARCHITECTURES
-from engine.sampler import sample
+from engine.request import TokenLogprob
+from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
 from engine.swap_space import SwapSpace
 
@@ -36,6 +38,7 @@ class ModelRunner:
         self.model = model_cls.from_state_dict(cfg, weights, self.dtype, backend, max_model_len, config.quantization)
         del weights
         self.vocab_size = cfg.vocab_size
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)  # masked for rows below their min_tokens
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
         slots = self.num_blocks * self.block_size
         self.kv_caches = [backend.allocate_cache(slots, self.dtype, self.device) for _ in range(cfg.num_hidden_layers)]
@@ -67,16 +70,39 @@ class ModelRunner:
         if plan.swap_in:
             self.swap_space.swap_in(plan.swap_in)
 
-    def run(self, plan: StepPlan, generators: dict[str, torch.Generator]) -> list[tuple[ScheduledSeq, int]]:
-        """Run one step; returns (item, sampled token) for every item that reached its sequence's end."""
+    @torch.inference_mode()
+    def run(self, plan: StepPlan, generators: dict[str, torch.Generator]
+            ) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
+        """Run one step; returns (item, sampled token, its logprob if asked) for every item that
+        reached its sequence's end. Prefill chunks of sequences that asked for prompt logprobs
+        append them to seq.prompt_logprobs (from this forward's hidden states: no second forward)."""
         items, hidden, sample_rows = self.forward(plan)
+        self._prompt_logprobs(items, hidden)
         samplers = [it for it in items if it.samples]
         if not samplers:
             return []
-        logits = self.model.logits(hidden[host_to_device(sample_rows, self.device)])
-        params = [it.seq.params for it in samplers]
-        gens = [generators.get(it.seq.request_id) for it in samplers]
-        return list(zip(samplers, sample(logits, params, gens)))
+        logits = self.model.logits(hidden[host_to_device(sample_rows, self.device)])  # [S, V] fp32
+        seqs = [it.seq for it in samplers]
+        want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        raw = torch.log_softmax(logits[want], dim=-1) if want else None  # the model's own distribution
+        logits = process_logits(logits, seqs, self.eos_token_ids)
+        params = [s.params for s in seqs]
+        gens = [generators.get(s.request_id) for s in seqs]
+        tokens = sample_ids(logits, params, gens)  # [S] on the device
+        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
+        if want:
+            rows = host_to_device(torch.tensor(want), self.device)
+            for i, lp in zip(want, token_logprobs(raw, tokens[rows], [seqs[i].params.logprobs for i in want])):
+                logprobs[i] = lp
+        return list(zip(samplers, tokens.tolist(), logprobs))
+
+    def _prompt_logprobs(self, items: list[ScheduledSeq], hidden: torch.Tensor) -> None:
+        """Prompt logprobs of the prefill chunks that owe them (rows: decodes first, then chunks)."""
+        row = 0
+        for it in items:
+            if it.seq.needs_prompt_logits and not it.is_decode:
+                collect_prompt_logprobs(self.model, hidden, it.seq, row, it.seq.num_computed_tokens, it.num_tokens)
+            row += 1 if it.is_decode else it.num_tokens
 
     def forward(self, plan: StepPlan) -> tuple[list[ScheduledSeq], torch.Tensor, torch.Tensor]:
         """The model over the plan's tokens: (items in packed order, hidden [T, hidden], the rows

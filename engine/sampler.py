@@ -10,9 +10,15 @@ from engine.request import SamplingParams
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int]:
     """logits: [S, V] fp32, one row per sampling sequence. Returns one token id per row."""
+    return sample_ids(logits, params, generators).tolist()
+
+
+def sample_ids(logits: torch.Tensor, params: list[SamplingParams],
+               generators: list[torch.Generator | None]) -> torch.Tensor:
+    """As `sample`, the ids left on the logits' device: [S] int64."""
     greedy_ids = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
-        return greedy_ids.tolist()
+        return greedy_ids
     device = logits.device
     temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype).to(device)
     logits = logits / temps[:, None]
@@ -27,7 +33,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             noise[i] = torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(generator=gen).to(device)
     sampled = (probs / noise).argmax(dim=-1)
     greedy_rows = torch.tensor([p.greedy for p in params]).to(device)
-    return torch.where(greedy_rows, greedy_ids, sampled).tolist()
+    return torch.where(greedy_rows, greedy_ids, sampled)
 
 
 def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -19,7 +19,8 @@ def named_paths(doc: Path) -> list[str]:
     return sorted(set(PATH.findall(doc.read_text())))
 
 
-@pytest.mark.parametrize("doc", ["docs/architecture.md", "README.md", "docs/structures.md", "docs/gateway.md"])
+@pytest.mark.parametrize("doc", ["docs/architecture.md", "README.md", "docs/structures.md", "docs/gateway.md",
+                                 "docs/api.md"])
 def test_every_path_a_doc_names_exists(doc):
     paths = named_paths(REPO / doc)
     assert paths, f"{doc} names no repository path (the pattern is broken)"

@@ -105,6 +105,9 @@ class Generation:
     relay_span: Span | None = None
     last_token_at: float | None = None
     failure: str | None = None  # why the relay stopped before the end (a usage status)
+    cached_tokens: int = 0  # prompt tokens the worker found in its prefix cache
+    choice_tokens: dict[int, int] = field(default_factory=dict)  # output tokens per choice index
+    prompt_logprobs: tuple | None = None  # the prompt's TokenLogprobs (first None), when asked for
 
     async def __aiter__(self) -> AsyncIterator[LaneResult | None]:
         """Every result, the first included, and ``None`` as a keep-alive while none comes;
@@ -129,7 +132,14 @@ class Generation:
                                                                       / len(result.token_ids))
                     self.last_token_at = now
                 self.prompt_tokens = result.num_prompt_tokens or self.prompt_tokens
-                self.completion_tokens = max(self.completion_tokens, result.num_output_tokens)
+                # n > 1: each choice counts its own tokens; the prompt counts once
+                self.choice_tokens[result.index] = max(self.choice_tokens.get(result.index, 0),
+                                                       result.num_output_tokens)
+                self.completion_tokens = sum(self.choice_tokens.values())
+                if result.index == 0:  # the prompt's own (choices > 0 share its blocks by design)
+                    self.cached_tokens = max(self.cached_tokens, result.num_cached_tokens)
+                if result.prompt_logprobs is not None and self.prompt_logprobs is None:
+                    self.prompt_logprobs = result.prompt_logprobs
                 if result.finished:
                     self.finish_reason = result.finish_reason
                     self.done = True
@@ -237,7 +247,8 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
         raise no_worker(model)
     max_model_len = await state.max_model_len()
     max_tokens = resolve_max_tokens(requested_max_tokens, prompt_tokens=len(prompt_ids), max_model_len=max_model_len,
-                                    default=settings.max_tokens_default, cap=auth.max_tokens_cap)
+                                    default=settings.max_tokens_default,
+                                    cap=auth.max_tokens_cap and auth.max_tokens_cap // sampling_options.get("n", 1))
     if max_model_len is not None and len(prompt_ids) + max_tokens > max_model_len:
         raise context_length_exceeded(max_model_len, len(prompt_ids), max_tokens, prompt_param)
     sampling = sampling_params(sampling_options, max_tokens)
@@ -258,7 +269,7 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
     # unless the SLO door check has to come between the two.
     try:
         admission = await quota.admit(auth=auth, request_id=request_id, tier=tier, prompt_tokens=len(prompt_ids),
-                                      max_tokens=max_tokens,
+                                      max_tokens=max_tokens * sampling.n,  # every choice may use all of it
                                       lane_entry=None if gate else state.lanes.entry(lane_request))
     except GatewayError:
         tracing.set_attributes({"fairlane.quota.decision": "refused"}, span)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.api.errors import GatewayError, error_body
@@ -16,9 +17,13 @@ def finish_reason(reason: str | None) -> str | None:
     return _FINISH.get(reason, reason) if reason else None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens: prompt tokens whose KV came from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0,
+                                          "rejected_prediction_tokens": 0}}
 
 
 def _envelope(kind: str, request_id: str, created: int, model: str, tier: str) -> dict[str, Any]:
@@ -27,30 +32,41 @@ def _envelope(kind: str, request_id: str, created: int, model: str, tier: str) -
             "service_tier": tier, "system_fingerprint": f"{SYSTEM_FINGERPRINT}_{model}"}
 
 
-def chat_completion(*, request_id: str, created: int, model: str, tier: str, text: str, reason: str | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+@dataclass
+class Choice:
+    """One choice of a response: its text, why it ended, its logprobs object (or None)."""
+
+    text: str
+    reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
+def chat_completion(*, request_id: str, created: int, model: str, tier: str, choices: list[Choice],
+                    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     body = _envelope("chat.completion", request_id, created, model, tier)
-    body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                        "logprobs": None, "finish_reason": finish_reason(reason)}]
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["choices"] = [{"index": i, "message": {"role": "assistant", "content": c.text, "refusal": None},
+                        "logprobs": c.logprobs, "finish_reason": finish_reason(c.reason)} for i, c in enumerate(choices)]
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return body
 
 
-def text_completion(*, request_id: str, created: int, model: str, tier: str, text: str, reason: str | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def text_completion(*, request_id: str, created: int, model: str, tier: str, choices: list[Choice],
+                    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     body = _envelope("text_completion", request_id, created, model, tier)
-    body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}]
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["choices"] = [{"index": i, "text": c.text, "logprobs": c.logprobs, "finish_reason": finish_reason(c.reason)}
+                       for i, c in enumerate(choices)]
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return body
 
 
 def chat_chunk(*, request_id: str, created: int, model: str, tier: str, delta: dict[str, Any] | None,
                reason: str | None = None, usage_body: dict[str, int] | None = None,
-               with_usage_field: bool = False) -> dict[str, Any]:
+               with_usage_field: bool = False, logprobs: dict[str, Any] | None = None,
+               index: int = 0) -> dict[str, Any]:
     """A chat.completion.chunk; ``delta=None`` makes the final usage-only chunk (choices: [])."""
     body = _envelope("chat.completion.chunk", request_id, created, model, tier)
     body["choices"] = [] if delta is None else [
-        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason(reason)}]
+        {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason(reason)}]
     if with_usage_field or usage_body is not None:
         body["usage"] = usage_body
     return body
@@ -58,11 +74,12 @@ def chat_chunk(*, request_id: str, created: int, model: str, tier: str, delta: d
 
 def text_chunk(*, request_id: str, created: int, model: str, tier: str, text: str | None,
                reason: str | None = None, usage_body: dict[str, int] | None = None,
-               with_usage_field: bool = False) -> dict[str, Any]:
+               with_usage_field: bool = False, logprobs: dict[str, Any] | None = None,
+               index: int = 0) -> dict[str, Any]:
     """A streamed text_completion; ``text=None`` makes the final usage-only chunk (choices: [])."""
     body = _envelope("text_completion", request_id, created, model, tier)
     body["choices"] = [] if text is None else [
-        {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}]
+        {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason)}]
     if with_usage_field or usage_body is not None:
         body["usage"] = usage_body
     return body

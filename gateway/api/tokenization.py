@@ -8,6 +8,7 @@ lets tests and benchmarks send text.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 from engine import assets
@@ -18,6 +19,24 @@ class PromptTokenizer(Protocol):
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
     def encode_prompt(self, prompt: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the character standing for each byte, reversed."""
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in visible:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_DECODER = _byte_decoder()
 
 
 class HFPromptTokenizer:
@@ -32,6 +51,21 @@ class HFPromptTokenizer:
 
     def encode_prompt(self, prompt: str) -> list[int]:
         return assets.encode_prompt(self.tokenizer, prompt)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one tokenizer per gateway, kept for its life
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for: exact for byte-level BPE, else its decoded text's UTF-8."""
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if piece and token_id not in self._special and all(c in _BYTE_DECODER for c in piece):
+            return bytes(_BYTE_DECODER[c] for c in piece)
+        return self.tokenizer.decode([token_id]).encode("utf-8")
+
+    @functools.cached_property
+    def _special(self) -> frozenset[int]:
+        return frozenset(self.tokenizer.all_special_ids)
 
 
 class BytePromptTokenizer:
@@ -48,6 +82,12 @@ class BytePromptTokenizer:
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         text = "".join(f"{m.get('role', 'user')}: {_content_text(m.get('content'))}\n" for m in messages)
         return self.encode_prompt(text + "assistant: ")
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f" t{t}" for t in ids)  # as the worker shows a tokenizer-less model's output
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return f" t{token_id}".encode()
 
 
 def _content_text(content: Any) -> str:

@@ -86,7 +86,8 @@ class LaneClient:
         (default: the same) after it, and QueueUnavailable if Redis stops answering or is no
         longer at ``epoch`` (the one the request was queued at; default: this replica's now).
         """
-        key, last_id, relayed, idle_ms, quiet_ms = out_key(request_id), "0-0", 0, 0.0, 0.0
+        key, last_id, idle_ms, quiet_ms = out_key(request_id), "0-0", 0.0, 0.0
+        relayed: dict[int, int] = {}  # choice index -> output tokens relayed
         limit_s = timeout_s
         while True:
             try:
@@ -110,9 +111,10 @@ class LaneClient:
             for entry_id, fields in reply[0][1]:
                 last_id = entry_id
                 result = LaneResult.decode(fields)
-                if result.kind == "tokens" and result.offset + len(result.token_ids) <= relayed and result.token_ids:
+                end = result.offset + len(result.token_ids)
+                if result.kind == "tokens" and end <= relayed.get(result.index, 0) and result.token_ids:
                     continue  # a chunk we have already relayed
-                relayed = max(relayed, result.offset + len(result.token_ids))
+                relayed[result.index] = max(relayed.get(result.index, 0), end)
                 yield result
                 if result.finished:
                     return

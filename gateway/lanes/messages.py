@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from engine import EngineError, SamplingParams, SLOLoad
+from engine import EngineError, SamplingParams, SLOLoad, TokenLogprob
 
 MESSAGE_VERSION = 1
 HEX = frozenset("0123456789abcdef")
@@ -116,6 +116,12 @@ class LaneResult:
     error_code: str | None = None
     retry_after_s: float | None = None  # errors worth retrying (slo_unattainable): when
     at: float = field(default_factory=time.time)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of token_ids (SamplingParams.logprobs)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, in the first result
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # n > 1: the choice these tokens belong to (offset and num_output_tokens are that choice's); its
+    # end is a finish_reason, `finished` the end of the whole request (its last choice)
+    index: int = 0
 
     encode = _encode
 
@@ -124,8 +130,12 @@ class LaneResult:
         body = _decode_fields(fields)
         try:
             body["token_ids"] = tuple(body.get("token_ids", ()))
+            for name in ("logprobs", "prompt_logprobs"):
+                if body.get(name) is not None:
+                    body[name] = tuple(None if x is None else TokenLogprob(
+                        x["token_id"], x["logprob"], tuple(map(tuple, x["top"]))) for x in body[name])
             result = cls(**body)
-        except TypeError as exc:
+        except (KeyError, TypeError) as exc:
             raise MessageError(f"malformed lane result: {exc}") from exc
         if result.kind not in cls.KINDS:
             raise MessageError(f"unknown lane result kind {result.kind!r}")

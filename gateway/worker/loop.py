@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis as redislib
@@ -50,6 +50,16 @@ class InFlight:
     entry_id: str | None  # None: Redis lost the entry (restarted empty); nothing to ACK
     offset: int  # output tokens published so far, resumed ones included
     trace: RequestTrace | None = None  # its spans on this worker (None while tracing is off)
+    choice_offsets: dict[int, int] = field(default_factory=dict)  # the same for choices 1.. of an n > 1 request
+
+    def offset_of(self, index: int) -> int:
+        return self.offset if index == 0 else self.choice_offsets.get(index, 0)
+
+    def advance(self, index: int, num_tokens: int) -> None:
+        if index == 0:
+            self.offset += num_tokens
+        else:
+            self.choice_offsets[index] = self.choice_offsets.get(index, 0) + num_tokens
 
 
 class Worker:
@@ -327,9 +337,11 @@ class Worker:
         if self.engine.tokenizer is None:  # random-weight models have no tokenizer: show the ids
             text = "".join(f" t{t}" for t in out.new_token_ids)
         return LaneResult(
-            request_id=out.request_id, token_ids=tuple(out.new_token_ids), text=text, offset=f.offset,
-            finished=out.finished, finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens,
+            request_id=out.request_id, token_ids=tuple(out.new_token_ids), text=text, offset=f.offset_of(out.index),
+            finished=out.done, finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens, index=out.index,
             num_output_tokens=out.num_output_tokens, worker=self.worker_id,
+            logprobs=None if out.logprobs is None else tuple(out.logprobs), num_cached_tokens=out.num_cached_tokens,
+            prompt_logprobs=None if out.prompt_logprobs is None else tuple(out.prompt_logprobs),
         )
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
@@ -341,14 +353,14 @@ class Worker:
                     continue
                 if f.trace is not None:
                     f.trace.events(out.events)
-                    if out.finished:
+                    if out.done:
                         f.trace.finish(out, status=out.finish_reason or "error",
                                        num_output_tokens=out.num_output_tokens)
                 key = out_key(out.request_id)
                 pipe.xadd(key, self._result(out, f).encode())
                 pipe.expire(key, self.result_ttl_s)
-                f.offset += len(out.new_token_ids)
-                if out.finished:
+                f.advance(out.index, len(out.new_token_ids))
+                if out.done:
                     if f.entry_id is not None:
                         pipe.xack(f.lane, GROUP, f.entry_id)
                         pipe.xdel(f.lane, f.entry_id)

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from gateway.api import generation as gen
+from gateway.api import logprobs_format as lp_fmt
 from gateway.api import openai_format as fmt
 from gateway.api.auth import AuthContext
 from gateway.api.deps import CurrentKey, StateDep
@@ -35,6 +36,14 @@ async def _check_model(state: GatewayState, auth: AuthContext, model: str, top_k
     return adapter
 
 
+def _check_token_ids(state: GatewayState, body) -> None:
+    vocab = state.tokenizer.vocab_size
+    bad = [t for t in body.logit_bias_ids() if t >= vocab]
+    if bad:
+        raise InvalidRequest(f"logit_bias names token ids {bad} outside the vocabulary (size {vocab}).",
+                             param="logit_bias")
+
+
 async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) -> list[int]:
     """Tokenize, refusing over-long prompts before any work and moving long ones off the event
     loop (a thread), so that one client's huge prompt never delays another's request."""
@@ -54,6 +63,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()  # refuse unsupported options before tokenizing
+    _check_token_ids(state, body)
     messages = [m.as_template_input() for m in body.messages]
     chars = sum(len(m["content"]) for m in messages)
     try:
@@ -77,6 +87,7 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
     adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()
+    _check_token_ids(state, body)
     prompt = body.single_prompt()
     if isinstance(prompt, str):
         prompt_ids = await _tokenize(state, state.tokenizer.encode_prompt, prompt, len(prompt), "prompt")
@@ -91,24 +102,34 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_options=options, prompt_param="prompt",
                                  traceparent=request.headers.get("traceparent"), adapter=adapter)
-    return await _respond(generation, body, request, chat=False)
+    echo = None
+    if body.echo:
+        echo = (prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt_ids), prompt_ids)
+    return await _respond(generation, body, request, chat=False, echo=echo)
 
 
-async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool):
+async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool,
+                   echo: tuple[str, list[int]] | None = None):
+    """echo: (prompt text, prompt ids) of a completions request that asked for its prompt back."""
     headers = generation.admission.headers
     ids = dict(request_id=generation.request_id, created=generation.created, model=generation.model,
                tier=openai_tier(generation.tier, generation.state.settings.tiers))
     if body.stream:
-        return StreamingResponse(_stream(generation, body, chat, ids), media_type="text/event-stream",
+        return StreamingResponse(_stream(generation, body, chat, ids, echo), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
-    parts: list[str] = []
+    parts: dict[int, list[str]] = {}  # choice index ->
+    logprobs: dict[int, list] = {}
+    reasons: dict[int, str | None] = {}
     failure: list[BaseException] = []
 
     async def collect(scope: anyio.CancelScope) -> None:
         try:
             async for result in generation:
                 if result is not None:  # None: a keep-alive
-                    parts.append(result.text)
+                    parts.setdefault(result.index, []).append(result.text)
+                    logprobs.setdefault(result.index, []).extend(result.logprobs or ())
+                    if result.finish_reason is not None:
+                        reasons[result.index] = result.finish_reason
         except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
             failure.append(exc)
         scope.cancel()
@@ -129,31 +150,73 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
     if not generation.done:
         return JSONResponse({}, status_code=CLIENT_CLOSED_REQUEST)  # nobody is listening any more
     build = fmt.chat_completion if chat else fmt.text_completion
-    return JSONResponse(build(**ids, text="".join(parts), reason=generation.finish_reason,
-                              prompt_tokens=generation.prompt_tokens,
-                              completion_tokens=generation.completion_tokens), headers=headers)
+    indexes = sorted(parts)
+    if not chat and body.ranks_choices:  # best_of: the n with the highest cumulative logprob
+        indexes = sorted(indexes, key=lambda i: -sum(lp.logprob for lp in logprobs[i]))[: body.n or 1]
+    choices = [_choice(generation, body, chat, echo, "".join(parts[i]), reasons.get(i, generation.finish_reason),
+                       logprobs[i]) for i in indexes]
+    return JSONResponse(build(**ids, choices=choices, prompt_tokens=generation.prompt_tokens,
+                              completion_tokens=generation.completion_tokens, cached_tokens=generation.cached_tokens),
+                        headers=headers)
 
 
-async def _stream(generation: gen.Generation, body, chat: bool, ids: dict) -> AsyncIterator[bytes]:
+def _choice(generation: gen.Generation, body, chat: bool, echo: tuple[str, list[int]] | None, text: str,
+            reason: str | None, logprobs: list) -> fmt.Choice:
+    tokenizer = generation.state.tokenizer
+    if chat:
+        return fmt.Choice(text, reason, lp_fmt.chat_logprobs(tokenizer, logprobs) if body.logprobs else None)
+    choice_logprobs = None
+    if body.logprobs is not None:
+        scored = list(generation.prompt_logprobs or ()) if echo is not None else []
+        choice_logprobs = lp_fmt.completion_logprobs(tokenizer, scored + logprobs,
+                                                     first_token_id=echo[1][0] if echo else None)
+    return fmt.Choice(echo[0] + text if echo is not None else text, reason, choice_logprobs)
+
+
+async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
+                  echo: tuple[str, list[int]] | None) -> AsyncIterator[bytes]:
     chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
+    tokenizer = generation.state.tokenizer
+    want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+    offsets: dict[int, int] = {}  # completions' text_offset per choice: characters streamed so far
+    echoed: set[int] = set()
 
     def usage_now():
-        return fmt.usage(generation.prompt_tokens, generation.completion_tokens)
+        return fmt.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
+
+    def completion_logprobs(index: int, logprobs, first_token_id=None):
+        shaped = lp_fmt.completion_logprobs(tokenizer, logprobs, text_offset=offsets.get(index, 0),
+                                            first_token_id=first_token_id)
+        offsets[index] = offsets.get(index, 0) + sum(len(t) for t in shaped["tokens"])
+        return shaped
 
     try:
         if chat:
-            yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}))
+            for index in range(body.n or 1):
+                yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}, index=index))
         async for result in generation:
             if result is None:
                 yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
                 continue
-            if not result.text and not result.finished:
+            index = result.index
+            if echo is not None and index not in echoed:  # the prompt first, as its own chunk
+                echoed.add(index)
+                scored = list(generation.prompt_logprobs or ()) if want_logprobs else None
+                yield fmt.sse(chunk(text=echo[0], index=index, logprobs=None if scored is None
+                                    else completion_logprobs(index, scored, echo[1][0])))
+            reason = result.finish_reason  # this choice's end (the request's with its last choice)
+            if not result.text and reason is None and not (want_logprobs and result.logprobs):
                 continue  # e.g. a token that completes no character yet
-            reason = result.finish_reason if result.finished else None
-            content = {"content": result.text} if result.text or not result.finished else {}
+            content = {"content": result.text} if result.text or reason is None else {}
             per_chunk_usage = usage_now() if body.continuous_usage else None
-            yield fmt.sse(chunk(delta=content, reason=reason, usage_body=per_chunk_usage) if chat
-                          else chunk(text=result.text, reason=reason, usage_body=per_chunk_usage))
+            logprobs = None
+            if want_logprobs:
+                logprobs = (lp_fmt.chat_logprobs(tokenizer, list(result.logprobs or ())) if chat
+                            else completion_logprobs(index, list(result.logprobs or ())))
+            yield fmt.sse(chunk(delta=content, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs,
+                                index=index) if chat
+                          else chunk(text=result.text, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs,
+                                     index=index))
         if body.include_usage:
             yield fmt.sse(chunk(delta=None, usage_body=usage_now()) if chat
                           else chunk(text=None, usage_body=usage_now()))

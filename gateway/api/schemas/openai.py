@@ -19,6 +19,8 @@ DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when the request names none
 GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (dividing logits by it would overflow)
 INT32_MAX, INT64_MIN, INT64_MAX = 2**31 - 1, -(2**63), 2**63 - 1
 TOKEN_ID_MAX = INT32_MAX  # the model's vocabulary bounds it further (checked by the route)
+MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5  # OpenAI's limits: chat top_logprobs, completions logprobs
+MAX_N = 128  # choices of one request (n, best_of)
 
 
 def _utf8(value: str) -> str:
@@ -72,7 +74,7 @@ class _GenerationRequest(BaseModel):
     temperature: Float | None = Field(None, ge=0, le=2)
     top_p: Float | None = Field(None, gt=0, le=1)
     top_k: Int | None = Field(None, ge=0, le=INT32_MAX)  # extension; <= the vocabulary (checked by the route)
-    n: Int | None = Field(None, ge=1, le=128)
+    n: Int | None = Field(None, ge=1, le=MAX_N)
     stop: Text | list[Text] | None = None
     seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     ignore_eos: bool | None = False  # extension
@@ -80,23 +82,42 @@ class _GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     service_tier: Text | None = None
     user: Text | None = None
-    # Accepted so that using them is a clear 400, not silently ignored.
-    logprobs: bool | Int | None = None
+    # Ranges are checked by the engine's SamplingParams (a 400 naming the parameter), logit_bias
+    # keys against the vocabulary by the route.
     presence_penalty: Float | None = None
     frequency_penalty: Float | None = None
+    repetition_penalty: Float | None = None  # extension (vLLM's)
+    logit_bias: dict[str, Float] | None = None
+    min_tokens: Int | None = Field(None, ge=0, le=INT32_MAX)  # extension (vLLM's)
+    # Accepted so that using them is a clear 400, not silently ignored.
     tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
     response_format: dict[str, Any] | None = None
+    audio: Any = None
+    modalities: list[Any] | None = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    store: bool | None = None  # completions are never stored: true is refused, metadata goes unused
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
     def _refuse_unsupported(self) -> None:
         unsupported = {
-            "logprobs": bool(self.logprobs),
-            "presence_penalty": bool(self.presence_penalty),
-            "frequency_penalty": bool(self.frequency_penalty),
             "tools": bool(self.tools),
+            "tool_choice": self.tool_choice not in (None, "none"),
+            "functions": bool(self.functions),
+            "function_call": self.function_call not in (None, "none"),
             "response_format": bool(self.response_format) and self.response_format.get("type") != "text",
+            "audio": self.audio is not None,
+            "modalities": self.modalities not in (None, ["text"]),
+            "prediction": self.prediction is not None,
+            "reasoning_effort": self.reasoning_effort is not None,
+            "web_search_options": self.web_search_options is not None,
+            "store": bool(self.store),
         }
         for name, used in unsupported.items():
             if used:
@@ -107,17 +128,29 @@ class _GenerationRequest(BaseModel):
         """The engine's SamplingParams fields this request sets (all but max_tokens, which the gateway
         resolves against the context); 400 for an option this server cannot honour."""
         self._refuse_unsupported()
-        if self.n not in (None, 1):
-            raise InvalidRequest("Only n=1 is supported.", param="n", code="unsupported_value")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed when stream is true.", param="stream_options")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise InvalidRequest(f"stop must be up to {MAX_STOP_STRINGS} non-empty strings.", param="stop")
         temperature = DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
-        return {"temperature": 0.0 if temperature < GREEDY_BELOW else temperature,
-                "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0, "seed": self.seed,
-                "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos)}
+        options = {"temperature": 0.0 if temperature < GREEDY_BELOW else temperature,
+                   "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0, "seed": self.seed,
+                   "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos)}
+        penalties = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                     "repetition_penalty": self.repetition_penalty, "min_tokens": self.min_tokens}
+        options |= {k: v for k, v in penalties.items() if v is not None}
+        if self.n is not None:
+            options["n"] = self.n
+        if self.logit_bias:
+            options["logit_bias"] = _logit_bias(self.logit_bias)
+        return options | self._logprob_options()
+
+    def _logprob_options(self) -> dict[str, Any]:
+        return {}
+
+    def logit_bias_ids(self) -> list[int]:
+        return [t for t, _ in _logit_bias(self.logit_bias)] if self.logit_bias else []
 
     @property
     def include_usage(self) -> bool:
@@ -129,21 +162,72 @@ class _GenerationRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
+def _logit_bias(bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    pairs = []
+    for token, value in bias.items():
+        if not token.strip().isdigit() or int(token) > TOKEN_ID_MAX:
+            raise InvalidRequest(f"logit_bias keys must be token ids, got {token!r}.", param="logit_bias")
+        if not -100 <= value <= 100:
+            raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {value!r}.", param="logit_bias")
+        pairs.append((int(token), value))
+    return tuple(pairs)
+
+
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
+    logprobs: bool | None = None
+    top_logprobs: Int | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def _logprob_options(self) -> dict[str, Any]:
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise InvalidRequest("top_logprobs needs logprobs set to true.", param="top_logprobs")
+            if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise InvalidRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}].", param="top_logprobs")
+        return {"logprobs": self.top_logprobs or 0} if self.logprobs else {}
+
 
 class CompletionRequest(_GenerationRequest):
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Int | None = Field(None, ge=0, le=INT32_MAX)  # 0: score the prompt only (with echo + logprobs)
     echo: bool | None = False
+    logprobs: Int | None = None
+    best_of: Int | None = None
+    suffix: Text | None = None
+
+    def _logprob_options(self) -> dict[str, Any]:
+        if self.suffix:
+            raise InvalidRequest("suffix is not supported: this model has no fill-in-the-middle.", param="suffix",
+                                 code="unsupported_parameter")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise InvalidRequest(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}].", param="logprobs")
+        options: dict[str, Any] = {}
+        if self.logprobs is not None:
+            options["logprobs"] = self.logprobs
+            if self.echo:
+                options["prompt_logprobs"] = self.logprobs
+        if self.max_tokens == 0:  # the engine scores the prompt and generates nothing
+            options.setdefault("prompt_logprobs", 0)
+        n = self.n or 1
+        if self.best_of is not None and self.best_of != n:
+            if not n <= self.best_of <= MAX_N:
+                raise InvalidRequest(f"best_of must be in [n, {MAX_N}] (n is {n}).", param="best_of")
+            if self.stream:
+                raise InvalidRequest("best_of cannot be streamed.", param="best_of")
+            options["n"] = self.best_of  # the engine makes best_of choices; the route returns the n best
+            options.setdefault("logprobs", 0)  # their cumulative logprob ranks them
+        return options
+
+    @property
+    def ranks_choices(self) -> bool:
+        """Does the route pick the n best of best_of choices?"""
+        return self.best_of is not None and self.best_of != (self.n or 1)
 
     def single_prompt(self) -> str | list[int]:
-        if self.echo:
-            raise InvalidRequest("echo is not supported.", param="echo")
         prompt = self.prompt
         if isinstance(prompt, list):
             if len(prompt) == 0:

@@ -62,8 +62,11 @@ async def test_streamed_completion_with_continuous_usage(app_client, running_wor
     response = await app_client.post("/v1/completions", headers=_auth(key), json=payload)
     events = _events(response.text)
     assert [e["usage"]["completion_tokens"] for e in events[:-1]] == [1, 2, 3]
-    assert events[-1]["choices"] == [] and events[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 3,
-                                                                  "total_tokens": 6}
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0,
+                                      "rejected_prediction_tokens": 0}}
 
 
 async def test_completion_accepts_token_ids(app_client, running_worker, settings, key):
@@ -110,10 +113,10 @@ async def test_tier_errors(app_client, settings, key):
     ({"model": "M", "messages": [{"role": "wizard", "content": "x"}]}, 422, "messages.0.role"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, 422, "max_tokens"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "temperature": 7}, 422, "temperature"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "n": 129}, 422, "n"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
      400, "stream_options"),

@@ -152,7 +152,7 @@ def test_no_key_token_or_prompt_in_any_log_line_or_span_attribute(traced):
                     json={"model": model, "messages": [{"role": "user", "content": PROMPT}]})
     assert bad.status_code == 401
     refused = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {traced['key']}"},
-                        json={"model": model, "messages": [{"role": "user", "content": PROMPT}], "n": 2})
+                        json={"model": model, "messages": [{"role": "user", "content": PROMPT}], "tools": [{"type": "function"}]})
     assert refused.status_code == 400
     malformed = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {traced['key']}"},
                           json={"model": model, "messages": [{"role": "user", "content": PROMPT}],
