@@ -199,3 +199,28 @@ def test_bad_values_are_named_errors(smollm2, prompts):
         smollm2.generate(prompts["chat"], SamplingParams(logit_bias={smollm2.engine.vocab_size: 1}))
     assert err.value.param == "logit_bias"
     assert smollm2.engine.num_free_blocks == smollm2.engine.num_total_blocks
+
+
+def test_one_pass_over_a_mixed_batch_equals_each_row_by_hand():
+    """process_logits on random logits: rows that ask for nothing are left as they are, every other
+    row gets exactly its own definition (the same by-hand code as above)."""
+    from engine.logits_processing import process_logits
+    from engine.request import Sequence
+
+    gen = torch.Generator().manual_seed(0)
+    vocab, eos = 50, {1}
+    params = [SamplingParams(), SamplingParams(presence_penalty=1.5, frequency_penalty=-0.5),
+              SamplingParams(repetition_penalty=1.7, logit_bias={3: 5.0, 7: -100}), SamplingParams(temperature=0.5),
+              SamplingParams(min_tokens=9, stop_token_ids=[4], logit_bias={1: 50}, presence_penalty=0.3)]
+    seqs = []
+    for i, p in enumerate(params):
+        ids = torch.randint(0, vocab, (12,), generator=gen).tolist()
+        seqs.append(Sequence(f"r{i}", ids, num_prompt_tokens=5, params=p))
+    logits = torch.randn(len(seqs), vocab, generator=gen)
+    want = torch.stack([_by_hand(logits[i], s.params, s.prompt_token_ids, s.output_token_ids, eos)
+                        for i, s in enumerate(seqs)])
+    got = process_logits(logits.clone(), seqs, frozenset(eos))
+    assert torch.allclose(got, want, atol=1e-6)  # -inf (masked) where the definition masks
+    assert torch.equal(got[0], logits[0]) and torch.equal(got[3], logits[3])
+    untouched = logits[[0, 3]].clone()
+    assert process_logits(untouched, [seqs[0], seqs[3]], frozenset(eos)) is untouched

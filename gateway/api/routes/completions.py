@@ -98,13 +98,13 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
             raise InvalidRequest(f"Prompt token ids must be below the vocabulary size ({vocab}).", param="prompt")
     if not prompt_ids:
         raise InvalidRequest("The prompt is empty.", param="prompt")
+    echo = None
+    if body.echo:
+        echo = (prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt_ids), prompt_ids)
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_options=options, prompt_param="prompt",
                                  traceparent=request.headers.get("traceparent"), adapter=adapter)
-    echo = None
-    if body.echo:
-        echo = (prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt_ids), prompt_ids)
     return await _respond(generation, body, request, chat=False, echo=echo)
 
 
