@@ -23,7 +23,10 @@ from engine.attention.base import AttentionMetadata, register_backend
 from engine.attention.torch_ref import TorchAttention
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
+# Linked without -ffast-math: with it gcc links crtfastmath.o, whose constructor turns on flush-to-
+# zero for the whole process when the library loads (Python floats below 2.2e-308 would become 0).
+LINK_FLAGS = ["-fopenmp", "-shared"]
 _LIB: ctypes.CDLL | None = None
 
 
@@ -40,13 +43,18 @@ def load_library() -> ctypes.CDLL:
     if cc is None:
         raise RuntimeError("the cpu attention backend needs a C compiler (gcc or cc)")
     src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + os.uname().machine.encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + " ".join(FLAGS + LINK_FLAGS).encode() + os.uname().machine.encode()).hexdigest()[:16]
     lib_path = kernel_cache_dir() / f"paged_decode-{key}.so"
     if not lib_path.exists():
         lib_path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
         os.close(fd)
-        built = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
+        obj = f"{tmp}.o"
+        built = subprocess.run([cc, *FLAGS, "-c", "-o", obj, str(SOURCE)], capture_output=True, text=True)
+        if built.returncode == 0:
+            built = subprocess.run([cc, *LINK_FLAGS, "-o", tmp, obj, "-lm"], capture_output=True, text=True)
+        if os.path.exists(obj):
+            os.unlink(obj)
         if built.returncode != 0:
             os.unlink(tmp)
             raise RuntimeError(f"compiling {SOURCE.name} failed: {built.stderr.strip()[-2000:]}")
