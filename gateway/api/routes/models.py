@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.api.deps import CurrentKey, StateDep
-from gateway.api.errors import NotFound
+from gateway.api.errors import MODEL_ERROR_RESPONSES, NotFound
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], responses=MODEL_ERROR_RESPONSES)
 
 
 def _model_card(name: str) -> dict:
