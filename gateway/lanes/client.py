@@ -79,12 +79,14 @@ class LaneClient:
     async def results(self, request_id: str, *, timeout_s: float, idle_timeout_s: float | None = None,
                       keepalive_s: float | None = None, epoch: str | None = None
                       ) -> AsyncIterator[LaneResult | None]:
-        """Every result of a request in order, until a finished one; drops chunks already seen.
+        """Every result of a request in order, until a finished one; drops chunks already seen, and
+        never skips any: a result past a gap (tokens lost with a restarted Redis) ends the relay.
 
         ``None`` every ``keepalive_s`` seconds without a result (when given). Raises ResultTimeout
         if nothing arrives for ``timeout_s`` seconds before the first result, ``idle_timeout_s``
-        (default: the same) after it, and QueueUnavailable if Redis stops answering or is no
-        longer at ``epoch`` (the one the request was queued at; default: this replica's now).
+        (default: the same) after it, and QueueUnavailable if Redis stops answering, is no
+        longer at ``epoch`` (the one the request was queued at; default: this replica's now) or
+        lost results.
         """
         key, last_id, relayed, idle_ms, quiet_ms = out_key(request_id), "0-0", 0, 0.0, 0.0
         limit_s = timeout_s
@@ -112,6 +114,8 @@ class LaneClient:
                 result = LaneResult.decode(fields)
                 if result.kind == "tokens" and result.offset + len(result.token_ids) <= relayed and result.token_ids:
                     continue  # a chunk we have already relayed
+                if result.kind == "tokens" and result.offset > relayed:  # e.g. a Redis restarted empty meanwhile
+                    raise QueueUnavailable(f"results {relayed}..{result.offset} of {request_id} were lost")
                 relayed = max(relayed, result.offset + len(result.token_ids))
                 yield result
                 if result.finished:
