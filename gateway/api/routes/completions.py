@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
