@@ -291,7 +291,8 @@ def plot(result: dict, results: list[dict], path: Path) -> None:
         ax.plot(xs, [row] * len(xs), "|", markersize=12, label=f"{kind} ({len(xs)})")
     for fault in result["faults"]:
         ax.axvline(fault["at"], color="red", linestyle="--", linewidth=1)
-        ax.text(fault["at"], len(kinds) - 0.5, f" {fault['killed']} killed", color="red", fontsize=8)
+        ax.text(fault["at"], len(kinds) - 0.35, f" {fault['killed']} killed", color="red", fontsize=8, va="center")
+    ax.set_ylim(-0.6, len(kinds) - 0.1)
     ax.set_yticks(range(len(kinds)), kinds)
     ax.set_xlabel("seconds into the load (when each request ended)")
     verdict = "nothing lost, nothing leaked" if result["passed"] else "CHECKS FAILED"
