@@ -145,3 +145,26 @@ def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, red
 
 def _s(value):
     return value.decode() if isinstance(value, bytes) else value
+
+
+def test_a_started_worker_beats_at_once(tiny_engine_factory, redis, model_name):
+    """The first heartbeat does not wait a period: gateways see a (re)started worker at once."""
+    import threading
+
+    from gateway.lanes.keys import workers_key
+    from gateway.worker.heartbeat import heartbeat
+
+    worker = _worker(tiny_engine_factory(), redis, model_name, worker_id="fresh")
+    stop = threading.Event()
+    thread = threading.Thread(target=heartbeat, args=(worker, redis, stop), kwargs={"every_s": 60}, daemon=True)
+    started = time.time()
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while redis.zscore(workers_key(model_name), "fresh") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert redis.zscore(workers_key(model_name), "fresh") >= started  # long before the 60 s period
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
