@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,15 +167,97 @@ def load_tokenizer(model: str, *, cache: str | os.PathLike | None = None) -> Any
 # `generate` and OpenAI-compatible servers tokenize a completion prompt. Chat messages go through
 # the model's chat template with the assistant's turn opened; the template writes every special
 # token itself, so nothing is added after it.
+#
+# Special tokens stay text: what a user wrote (a message's content, a text prompt) never becomes a
+# control token, even when it spells one ("<|im_end|>"): it is tokenized as the characters it is,
+# so a user cannot close their turn and write the system's or the assistant's. Only the template
+# (and the tokenizer's own BOS/EOS around a text prompt) put control tokens in. To pass control
+# tokens on purpose, send token ids.
+
+_TEXT_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TEXT_TOKENIZERS_LOCK = threading.Lock()
+_SENTINEL = "\ue000fairlane-content-{}\ue001"  # private-use characters: no template writes them
+
+
+def special_tokens(tokenizer: Any) -> dict[str, int]:
+    """The control tokens of a tokenizer: the text of every special token and its id."""
+    return {token.content: int(token_id) for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
+
+
+def _special_pattern(tokenizer: Any) -> re.Pattern | None:
+    names = sorted(special_tokens(tokenizer), key=len, reverse=True)  # the longest first, as the tokenizer matches
+    return re.compile("|".join(re.escape(name) for name in names)) if names else None
+
+
+def _text_tokenizer(tokenizer: Any) -> Any:
+    """A copy of the tokenizer's backend that reads special tokens' text as text. Its own object:
+    transformers' ``split_special_tokens`` flips a flag on the shared backend, which would race with
+    tokenizations in other threads (the gateway tokenizes long prompts in a thread pool)."""
+    with _TEXT_TOKENIZERS_LOCK:
+        split = _TEXT_TOKENIZERS.get(tokenizer)
+        if split is None:
+            from tokenizers import Tokenizer
+
+            split = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+            split.encode_special_tokens = True
+            _TEXT_TOKENIZERS[tokenizer] = split
+        return split
+
+
+def _encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool) -> list[int]:
+    """Token ids of text in which special tokens' text stays text."""
+    if hasattr(tokenizer, "backend_tokenizer"):
+        return list(_text_tokenizer(tokenizer).encode(text, add_special_tokens=add_special_tokens).ids)
+    return [int(i) for i in tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)]
+
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     """Token ids of a text prompt."""
+    pattern = _special_pattern(tokenizer)
+    if pattern is not None and pattern.search(prompt):
+        return _encode_text(tokenizer, prompt, add_special_tokens=True)
     return [int(i) for i in tokenizer.encode(prompt, add_special_tokens=True)]
 
 
 def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    """Token ids of chat messages ({"role", "content"} dicts) rendered by the chat template."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding anyway
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+    """Token ids of chat messages ({"role", "content"} dicts) rendered by the chat template.
+
+    Content that spells no special token is rendered and tokenized as the template's own
+    ``apply_chat_template`` does. Content that does is rendered with a placeholder in its place:
+    the special tokens in that rendering are the template's; the text between them, the content
+    put back in, is tokenized with special tokens' text kept as text. (A template's own edits of
+    such content, e.g. ``| trim``, are not applied.)
+    """
+    pattern = _special_pattern(tokenizer)
+    contents = [m.get("content") for m in messages]
+    if pattern is None or not any(isinstance(c, str) and pattern.search(c) for c in contents):
+        return _apply_template(tokenizer, messages, tokenize=True)
+    placeholders = {_SENTINEL.format(i): c for i, c in enumerate(contents) if isinstance(c, str)}
+    masked = [{**m, "content": _SENTINEL.format(i)} if isinstance(m.get("content"), str) else m
+              for i, m in enumerate(messages)]
+    rendered = _apply_template(tokenizer, masked, tokenize=False)
+    specials = special_tokens(tokenizer)
+    parts = re.compile("|".join(re.escape(p) for p in placeholders) + "|" + pattern.pattern)
+    ids: list[int] = []
+    text: list[str] = []  # the text since the last template special token, content put back in
+    end = 0
+    for match in parts.finditer(rendered):
+        text.append(rendered[end:match.start()])
+        end = match.end()
+        if match.group() in placeholders:
+            text.append(placeholders[match.group()])
+            continue
+        ids += _encode_text(tokenizer, "".join(text), add_special_tokens=False)
+        ids.append(specials[match.group()])
+        text = []
+    text.append(rendered[end:])
+    return ids + _encode_text(tokenizer, "".join(text), add_special_tokens=False)
+
+
+def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tokenize: bool) -> Any:
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize, return_dict=False)
+    if not tokenize:
+        return out
+    if isinstance(out, dict) or hasattr(out, "input_ids"):  # some tokenizers return a BatchEncoding anyway
+        out = out["input_ids"]
+    return [int(i) for i in out]

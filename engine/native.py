@@ -14,7 +14,10 @@ from pathlib import Path
 
 from engine import assets
 
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
+# Linked without -ffast-math: with it gcc links crtfastmath.o, whose constructor turns on flush-to-
+# zero for the whole process when the library loads (Python floats below 2.2e-308 would become 0).
+LINK_FLAGS = ["-fopenmp", "-shared"]
 _LIBS: dict[Path, ctypes.CDLL] = {}
 
 
@@ -31,13 +34,18 @@ def load(source: Path) -> ctypes.CDLL:
     if cc is None:
         raise RuntimeError(f"{source.name} needs a C compiler (gcc or cc)")
     src = source.read_bytes()
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + os.uname().machine.encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + " ".join(FLAGS + LINK_FLAGS).encode() + os.uname().machine.encode()).hexdigest()[:16]
     lib_path = kernel_cache_dir() / f"{source.stem}-{key}.so"
     if not lib_path.exists():
         lib_path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
         os.close(fd)
-        built = subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True)
+        obj = f"{tmp}.o"
+        built = subprocess.run([cc, *FLAGS, "-c", "-o", obj, str(source)], capture_output=True, text=True)
+        if built.returncode == 0:
+            built = subprocess.run([cc, *LINK_FLAGS, "-o", tmp, obj, "-lm"], capture_output=True, text=True)
+        if os.path.exists(obj):
+            os.unlink(obj)
         if built.returncode != 0:
             os.unlink(tmp)
             raise RuntimeError(f"compiling {source.name} failed: {built.stderr.strip()[-2000:]}")

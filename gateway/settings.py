@@ -166,9 +166,11 @@ class ApiSettings(SharedSettings):
     sse_keepalive_s: float = Field(5.0, gt=0)
     stream_idle_timeout_s: float = Field(120.0, gt=0)
     # Prompts longer than this (characters of all messages, or of the prompt) are refused before
-    # tokenizing; longer ones than tokenize_inline_chars are tokenized in a thread, off the event loop.
+    # tokenizing; longer ones than tokenize_inline_chars are tokenized in a thread, off the event loop,
+    # at most tokenize_threads at a time.
     max_prompt_chars: int = Field(262_144, ge=1)  # 32 characters a token for an 8K context: never fits
     tokenize_inline_chars: int = Field(4096, ge=0)
+    tokenize_threads: int = Field(1, ge=1)  # long prompts tokenized at once; more wait (the loop keeps a core)
     auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
 
     # Latency targets (docs/gateway.md): tier -> seconds; a tenant's own win. They need a "+slo" policy.

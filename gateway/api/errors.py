@@ -132,8 +132,16 @@ def quota_unavailable(detail: str, headers: dict[str, str] | None = None) -> Ser
     return ServiceUnavailable(detail, code="quota_unavailable", headers=headers)
 
 
-def _error_responses() -> dict[int | str, dict]:
-    """The OpenAPI ``responses`` of the error statuses a route can answer, with the OpenAI body."""
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request", 401: "Missing or invalid API key (on /admin: admin token)",
+    403: "Not allowed (tier, disabled tenant)", 404: "Unknown model, tenant, key or route",
+    409: "Conflict (the name is taken)", 413: "Body too large", 422: "Invalid field value",
+    429: "Rate limit or quota exceeded", 499: "Client closed the request",
+    503: "No worker, queue unavailable, or latency target unattainable", 504: "The engine did not answer in time"}
+
+
+def _error_model():
+    """The OpenAI error body as a pydantic model (one class: OpenAPI names it once)."""
     from pydantic import BaseModel
 
     class ErrorDetail(BaseModel):
@@ -145,15 +153,20 @@ def _error_responses() -> dict[int | str, dict]:
     class ErrorResponse(BaseModel):
         error: ErrorDetail
 
-    described = {400: "Invalid request", 401: "Invalid API key", 403: "Not allowed (tier, disabled tenant)",
-                 404: "Unknown model or route", 413: "Body too large", 422: "Invalid field value",
-                 429: "Rate limit or quota exceeded", 499: "Client closed the request",
-                 503: "No worker, queue unavailable, or latency target unattainable",
-                 504: "The engine did not answer in time"}
-    return {status: {"model": ErrorResponse, "description": text} for status, text in described.items()}
+    return ErrorResponse
 
 
-ERROR_RESPONSES = _error_responses()  # OpenAPI: the error statuses of the /v1 routes
+_ERROR_MODEL = _error_model()
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    """The OpenAPI ``responses`` of the error statuses a route can answer, with the OpenAI body."""
+    return {status: {"model": _ERROR_MODEL, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
+
+
+ERROR_RESPONSES = error_responses(400, 401, 403, 404, 413, 422, 429, 499, 503, 504)  # /v1 generation routes
+MODEL_ERROR_RESPONSES = error_responses(401, 403, 404, 422)  # /v1/models
+ADMIN_ERROR_RESPONSES = error_responses(400, 401, 404, 409, 413, 422)  # /admin
 
 
 def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import anyio
 import redis.asyncio as aioredis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -33,6 +34,7 @@ class GatewayState:
     key_cache: KeyCache
     quota_seam: QuotaSeam
     slo_gate: SLOGate
+    tokenize_limiter: anyio.CapacityLimiter  # threads tokenizing long prompts
     _max_model_len: int | None = None
     _model_info_at: float = field(default=float("-inf"))
 
@@ -52,6 +54,7 @@ class GatewayState:
             quota_seam=QuotaSeam.open(settings, session_factory),
             slo_gate=SLOGate(redis, model=settings.model_name, tiers=settings.tiers,
                              cache_s=settings.slo_gate_cache_s),
+            tokenize_limiter=anyio.CapacityLimiter(settings.tokenize_threads),
         )
 
     async def close(self) -> None:

@@ -79,12 +79,14 @@ class LaneClient:
     async def results(self, request_id: str, *, timeout_s: float, idle_timeout_s: float | None = None,
                       keepalive_s: float | None = None, epoch: str | None = None
                       ) -> AsyncIterator[LaneResult | None]:
-        """Every result of a request in order, until a finished one; drops chunks already seen.
+        """Every result of a request in order, until a finished one; drops chunks already seen, and
+        never skips any: a result past a gap (tokens lost with a restarted Redis) ends the relay.
 
         ``None`` every ``keepalive_s`` seconds without a result (when given). Raises ResultTimeout
         if nothing arrives for ``timeout_s`` seconds before the first result, ``idle_timeout_s``
-        (default: the same) after it, and QueueUnavailable if Redis stops answering or is no
-        longer at ``epoch`` (the one the request was queued at; default: this replica's now).
+        (default: the same) after it, and QueueUnavailable if Redis stops answering, is no
+        longer at ``epoch`` (the one the request was queued at; default: this replica's now) or
+        lost results.
         """
         key, last_id, idle_ms, quiet_ms = out_key(request_id), "0-0", 0.0, 0.0
         relayed: dict[int, int] = {}  # choice index -> output tokens relayed
@@ -114,7 +116,10 @@ class LaneClient:
                 end = result.offset + len(result.token_ids)
                 if result.kind == "tokens" and end <= relayed.get(result.index, 0) and result.token_ids:
                     continue  # a chunk we have already relayed
-                relayed[result.index] = max(relayed.get(result.index, 0), end)
+                done_before = relayed.get(result.index, 0)
+                if result.kind == "tokens" and result.offset > done_before:  # e.g. a Redis restarted empty meanwhile
+                    raise QueueUnavailable(f"results {done_before}..{result.offset} of {request_id} were lost")
+                relayed[result.index] = max(done_before, end)
                 yield result
                 if result.finished:
                     return

@@ -48,9 +48,13 @@ def _s(value) -> str:
 
 
 def heartbeat(worker: Worker, redis: redislib.Redis, stop: threading.Event, *, every_s: float) -> None:
-    """Beat every ``every_s`` seconds until ``stop`` is set (run in a thread)."""
-    while not stop.wait(every_s):
+    """Beat at once, then every ``every_s`` seconds until ``stop`` is set (run in a thread). The
+    first beat is not delayed: a restarted worker serves the requests it claims at once, and a
+    gateway answers 503 to new ones until it sees the worker beat."""
+    while True:
         try:
             beat(worker, redis)
         except redislib.RedisError as exc:  # keep beating; the main loop reports persistent failures
             log.warning("heartbeat failed: %s", exc)
+        if stop.wait(every_s):
+            return

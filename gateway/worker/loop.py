@@ -117,9 +117,9 @@ class Worker:
                 stop.wait(wait)
                 wait = min(wait * 2, RETRY_MAX_S)
             except redislib.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):  # UNBLOCKED: a lane deleted
                     raise
-                log.warning("consumer group missing (Redis restarted?); re-creating it")
+                log.warning("consumer group or lane missing (Redis restarted?); re-creating it: %s", exc)
                 ready = False
 
     def _execute(self, pipe) -> list:

@@ -12,11 +12,12 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import AdminDep, SessionDep, StateDep
-from gateway.api.errors import UnprocessableEntity
+from gateway.api.errors import ADMIN_ERROR_RESPONSES, UnprocessableEntity
 from gateway.api.schemas.admin import ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeysPublic, DbId, UsagePublic
 from tenancy import create_api_key, get_api_key, get_tenant, list_api_keys, revoke_api_key, usage_summary
 
-router = APIRouter(prefix="/admin", tags=["admin: keys and usage"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin", tags=["admin: keys and usage"], dependencies=[AdminDep],
+                   responses=ADMIN_ERROR_RESPONSES)
 USAGE_WINDOW_DAYS = 30  # a usage report without 'since' covers this many days
 
 

@@ -12,14 +12,15 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import AdminDep, SessionDep, StateDep
-from gateway.api.errors import UnprocessableEntity
+from gateway.api.errors import ADMIN_ERROR_RESPONSES, UnprocessableEntity
 from gateway.api.routes.admin_tenants import check_tiers
 from gateway.api.schemas.admin import DbId
 from gateway.api.schemas.quotas import QuotaPublic, QuotaSet, QuotaUsagePublic
 from quotas import QuotaLimits, QuotaStore
 from tenancy import get_api_key, get_quota, get_tenant, set_quota
 
-router = APIRouter(prefix="/admin", tags=["admin: quotas"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin", tags=["admin: quotas"], dependencies=[AdminDep],
+                   responses=ADMIN_ERROR_RESPONSES)
 
 
 def _store(state: StateDep) -> QuotaStore:

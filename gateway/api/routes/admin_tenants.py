@@ -10,11 +10,12 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import AdminDep, SessionDep, StateDep
-from gateway.api.errors import UnprocessableEntity
+from gateway.api.errors import ADMIN_ERROR_RESPONSES, UnprocessableEntity
 from gateway.api.schemas.admin import DbId, TenantCreate, TenantPublic, TenantsPublic, TenantUpdate
 from tenancy import create_tenant, disable_tenant, get_tenant, list_tenants, update_tenant
 
-router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"], dependencies=[AdminDep],
+                   responses=ADMIN_ERROR_RESPONSES)
 
 
 def check_tiers(state: StateDep, *tier_lists: list[str] | str | None) -> None:

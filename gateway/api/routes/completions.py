@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from gateway.api import generation as gen
 from gateway.api import logprobs_format as lp_fmt
@@ -53,7 +53,7 @@ async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) ->
                              param=param, code="context_length_exceeded")
     if chars <= state.settings.tokenize_inline_chars:
         return encode(arg)
-    return await run_in_threadpool(encode, arg)
+    return await anyio.to_thread.run_sync(encode, arg, limiter=state.tokenize_limiter)
 
 
 @router.post("/chat/completions")

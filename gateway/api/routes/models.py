@@ -8,9 +8,10 @@ from datetime import UTC
 from fastapi import APIRouter
 
 from gateway.api.deps import CurrentKey, StateDep
+from gateway.api.errors import MODEL_ERROR_RESPONSES
 from gateway.api.model_selection import adapter_model_name, select_model, tenant_adapters
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], responses=MODEL_ERROR_RESPONSES)
 
 
 def _model_card(name: str, *, created: int = 0, owned_by: str = "fairlane", parent: str | None = None) -> dict:

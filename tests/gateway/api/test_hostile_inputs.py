@@ -1,6 +1,9 @@
-"""Rows 5-13 of the reliability probe, each a regression test: bad or careless input is a 4xx in
+"""Rows 5-7 and 9-13 of the reliability probe, each a regression test: bad or careless input is a 4xx in
 the OpenAI error shape, never a 5xx; null means the default; OpenAI's names are spoken back.
-(Rows 1-4, process and Redis faults, are tests/gateway/cli/test_serve_faults.py.)"""
+(Rows 1-4, process and Redis faults, are tests/gateway/cli/test_serve_faults.py and
+test_redis_outage.py; row 8, control tokens in user text, tests/engine/test_special_tokens_text.py
+and test_tokenization_http.py; row 9 also test_big_prompts_loop.py; schemathesis over the whole
+spec, test_schemathesis_spec.py.)"""
 
 from __future__ import annotations
 

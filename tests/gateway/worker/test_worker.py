@@ -145,3 +145,50 @@ def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, red
 
 def _s(value):
     return value.decode() if isinstance(value, bytes) else value
+
+
+def test_a_started_worker_beats_at_once(tiny_engine_factory, redis, model_name):
+    """The first heartbeat does not wait a period: gateways see a (re)started worker at once."""
+    import threading
+
+    from gateway.lanes.keys import workers_key
+    from gateway.worker.heartbeat import heartbeat
+
+    worker = _worker(tiny_engine_factory(), redis, model_name, worker_id="fresh")
+    stop = threading.Event()
+    thread = threading.Thread(target=heartbeat, args=(worker, redis, stop), kwargs={"every_s": 60}, daemon=True)
+    started = time.time()
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while redis.zscore(workers_key(model_name), "fresh") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert redis.zscore(workers_key(model_name), "fresh") >= started  # long before the 60 s period
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_a_lane_deleted_under_a_blocked_worker_is_re_created(tiny_engine_factory, redis, model_name):
+    """Redis answers a blocked XREADGROUP whose stream is deleted with UNBLOCKED: the worker
+    re-creates its lanes and serves on, it does not die."""
+    import threading
+
+    worker = Worker(tiny_engine_factory(), redis, model=model_name, tiers=TIERS, worker_id="w1", block_ms=2000)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)  # blocked on the lanes
+        redis.delete(*(lane_key(model_name, tier) for tier in TIERS))
+        time.sleep(0.5)
+        assert thread.is_alive()
+        rid = _submit(redis, model_name, max_tokens=3)
+        deadline = time.monotonic() + 30
+        while not (_results(redis, rid) and _results(redis, rid)[-1].finished) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(len(r.token_ids) for r in _results(redis, rid)) == 3
+    finally:
+        stop.set()
+        thread.join(timeout=10)
