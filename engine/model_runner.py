@@ -67,13 +67,16 @@ class ModelRunner:
         if plan.swap_in:
             self.swap_space.swap_in(plan.swap_in)
 
-    def run(self, plan: StepPlan, generators: dict[str, torch.Generator]) -> list[tuple[ScheduledSeq, int]]:
-        """Run one step; returns (item, sampled token) for every item that reached its sequence's end."""
+    def run(self, plan: StepPlan, generators: dict[str, torch.Generator], structured=None) -> list[tuple[ScheduledSeq, int]]:
+        """Run one step; returns (item, sampled token) for every item that reached its sequence's end.
+        `structured`: the engine's StructuredOutputs (engine/structured), which masks constrained rows."""
         items, hidden, sample_rows = self.forward(plan)
         samplers = [it for it in items if it.samples]
         if not samplers:
             return []
         logits = self.model.logits(hidden[host_to_device(sample_rows, self.device)])
+        if structured is not None:
+            structured.apply(logits, samplers)  # grammar-forbidden tokens to -inf, in place
         params = [it.seq.params for it in samplers]
         gens = [generators.get(it.seq.request_id) for it in samplers]
         return list(zip(samplers, sample(logits, params, gens)))

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
+from engine.structured.spec import StructuredSpec
 
 
 class FinishReason(str, enum.Enum):
@@ -49,8 +50,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     n: int = 1
+    structured: StructuredSpec | None = None  # a JSON schema, regex or grammar the output must match
 
     def __post_init__(self):
+        object.__setattr__(self, "structured", StructuredSpec.coerce(self.structured))
         object.__setattr__(self, "stop", _seq(self.stop, "stop", str))
         object.__setattr__(self, "stop_token_ids", _seq(self.stop_token_ids, "stop_token_ids", int))
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
