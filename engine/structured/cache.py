@@ -33,7 +33,7 @@ class GrammarCache:
         """The spec's compiled grammar, as a future (done at once on a hit of a finished compile)."""
         with self._lock:
             future = self._entries.get(spec)
-            if future is not None:
+            if future is not None and not _failed(future):
                 self._entries.move_to_end(spec)
                 self.hits += 1
                 return future
@@ -46,7 +46,7 @@ class GrammarCache:
         return future
 
     def _forget_failed(self, spec: StructuredSpec, future: Future) -> None:
-        if future.cancelled() or future.exception() is not None:
+        if _failed(future):
             with self._lock:
                 if self._entries.get(spec) is future:
                     self._entries.pop(spec, None)  # not cached: the next request compiles (and fails) again
@@ -59,3 +59,7 @@ class GrammarCache:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _failed(future: Future) -> bool:
+    return future.done() and (future.cancelled() or future.exception() is not None)
