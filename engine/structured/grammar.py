@@ -9,7 +9,7 @@ from __future__ import annotations
 import xgrammar as xgr
 
 from engine.errors import InvalidRequestError
-from engine.structured.spec import PARAM, StructuredSpec
+from engine.structured.spec import StructuredSpec
 
 ANY_OBJECT = '{"type": "object"}'
 
@@ -27,7 +27,7 @@ def to_grammar(spec: StructuredSpec) -> xgr.Grammar:
         return xgr.Grammar.from_ebnf(spec.value, root_rule_name="root")
     except (RuntimeError, ValueError, TypeError) as exc:
         what = {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar"}.get(spec.kind, spec.kind)
-        raise InvalidRequestError(f"invalid {what}: {_reason(exc)}", param=PARAM) from None
+        raise InvalidRequestError(f"invalid {what}: {_reason(exc)}", param=spec.param) from None
 
 
 def check(spec: StructuredSpec) -> None:

@@ -87,8 +87,8 @@ class StructuredOutputs:
         except InvalidRequestError:
             raise
         except Exception as exc:
-            raise InvalidRequestError(f"the {seq.params.structured.kind} constraint cannot be compiled: {exc}",
-                                      param=PARAM) from exc
+            spec = seq.params.structured
+            raise InvalidRequestError(f"the {spec.kind} constraint cannot be compiled: {exc}", param=spec.param) from exc
         matcher = xgr.GrammarMatcher(compiled)
         for token in seq.output_token_ids:  # resumed: the tokens a dead worker already generated
             if not matcher.accept_token(token):

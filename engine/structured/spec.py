@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from engine.errors import InvalidRequestError
 
 KINDS = ("json_object", "json_schema", "regex", "grammar")
-PARAM = "response_format"  # the request field a bad spec is reported against (the gateway may name another)
+PARAM = "response_format"  # the request field a bad JSON spec is reported against (OpenAI's name)
+# The request field of the other kinds: vLLM's extension names, as the gateway takes them.
+PARAMS = {"json_object": PARAM, "json_schema": PARAM, "regex": "guided_regex", "grammar": "guided_grammar"}
 
 
 @dataclass(frozen=True)
@@ -30,19 +32,25 @@ class StructuredSpec:
         if self.kind not in KINDS:
             raise InvalidRequestError(f"unknown structured output kind {self.kind!r}; one of {', '.join(KINDS)}",
                                       param=PARAM)
+        param = self.param
         if not isinstance(self.value, str):
-            raise InvalidRequestError(f"a {self.kind} constraint is text, got {type(self.value).__name__}", param=PARAM)
+            raise InvalidRequestError(f"a {self.kind} constraint is text, got {type(self.value).__name__}", param=param)
         if self.kind == "json_object" and self.value:
-            raise InvalidRequestError("a json_object constraint takes no value", param=PARAM)
+            raise InvalidRequestError("a json_object constraint takes no value", param=param)
         if self.kind != "json_object" and not self.value.strip():
-            raise InvalidRequestError(f"the {self.kind} constraint is empty", param=PARAM)
+            raise InvalidRequestError(f"the {self.kind} constraint is empty", param=param)
         if self.kind == "json_schema":
             try:
                 schema = json.loads(self.value)
             except ValueError as exc:
-                raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}", param=PARAM) from None
+                raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}", param=param) from None
             if not isinstance(schema, (dict, bool)):
-                raise InvalidRequestError("a JSON schema is an object (or true/false)", param=PARAM)
+                raise InvalidRequestError("a JSON schema is an object (or true/false)", param=param)
+
+    @property
+    def param(self) -> str:
+        """The request field this constraint came in (response_format, guided_regex, guided_grammar)."""
+        return PARAMS[self.kind]
 
     @classmethod
     def json_schema(cls, schema: dict | bool | str) -> StructuredSpec:

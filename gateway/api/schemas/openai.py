@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 from gateway.api.errors import InvalidRequest
+from gateway.api.structured import structured_spec
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when the request names none
@@ -85,7 +86,10 @@ class _GenerationRequest(BaseModel):
     presence_penalty: Float | None = None
     frequency_penalty: Float | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # text | json_object | json_schema (gateway/api/structured.py)
+    guided_json: dict[str, Any] | Text | None = None  # vLLM's extensions: a JSON schema, a regex, an EBNF grammar
+    guided_regex: Text | None = None
+    guided_grammar: Text | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -96,7 +100,6 @@ class _GenerationRequest(BaseModel):
             "presence_penalty": bool(self.presence_penalty),
             "frequency_penalty": bool(self.frequency_penalty),
             "tools": bool(self.tools),
-            "response_format": bool(self.response_format) and self.response_format.get("type") != "text",
         }
         for name, used in unsupported.items():
             if used:
@@ -117,7 +120,9 @@ class _GenerationRequest(BaseModel):
         temperature = DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
         return {"temperature": 0.0 if temperature < GREEDY_BELOW else temperature,
                 "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0, "seed": self.seed,
-                "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos)}
+                "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos),
+                "structured": structured_spec(response_format=self.response_format, guided_json=self.guided_json,
+                                              guided_regex=self.guided_regex, guided_grammar=self.guided_grammar)}
 
     @property
     def include_usage(self) -> bool:

@@ -117,7 +117,7 @@ def test_a_grammar_xgrammar_refuses_is_an_invalid_request(smollm2, spec):
     eng = smollm2.engine
     with pytest.raises(InvalidRequestError) as err:
         eng.add_request("bad", smollm2.encode(CHAT), SamplingParams(max_tokens=8, structured=spec))
-    assert err.value.param == "response_format"
+    assert err.value.param == {"json_schema": "response_format", "regex": "guided_regex", "grammar": "guided_grammar"}[spec.kind]
     assert not eng.has_unfinished() and "bad" not in eng.seqs and eng.num_free_blocks == eng.num_total_blocks
     with pytest.raises(InvalidRequestError):
         smollm2.generate(CHAT, SamplingParams(max_tokens=8, structured=spec))

@@ -10,11 +10,12 @@ from engine.structured import GrammarCache, check
 def test_spec_shapes():
     assert StructuredSpec.json_schema({"type": "object", "properties": {"b": {}, "a": {}}}).value == \
         '{"type": "object", "properties": {"b": {}, "a": {}}}'  # property order kept
-    for kind, value in [("xml", "x"), ("json_object", "{}"), ("regex", " "), ("json_schema", "{nope"),
-                        ("json_schema", "[1]"), ("grammar", 5)]:
+    for kind, value, param in [("xml", "x", "response_format"), ("json_object", "{}", "response_format"),
+                               ("regex", " ", "guided_regex"), ("json_schema", "{nope", "response_format"),
+                               ("json_schema", "[1]", "response_format"), ("grammar", 5, "guided_grammar")]:
         with pytest.raises(InvalidRequestError) as err:
             StructuredSpec(kind, value)
-        assert err.value.param == "response_format"
+        assert err.value.param == param
 
 
 def test_sampling_params_take_the_dict_form():
