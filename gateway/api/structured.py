@@ -30,7 +30,7 @@ def structured_spec(*, response_format: dict[str, Any] | None, guided_json: Any 
         if spec is not None:
             given.append(("response_format", spec))
     if guided_json is not None:
-        given.append(("guided_json", _spec("guided_json", "json_schema", _schema_text(guided_json, "guided_json"))))
+        given.append(("guided_json", _spec("guided_json", "json_schema", _schema_text(guided_json, "guided_json", text_ok=True))))
     if guided_regex is not None:
         given.append(("guided_regex", _spec("guided_regex", "regex", guided_regex)))
     if guided_grammar is not None:
@@ -67,8 +67,8 @@ def _response_format(rf: dict[str, Any]) -> StructuredSpec | None:
     return _spec("response_format.json_schema.schema", "json_schema", text)
 
 
-def _schema_text(schema: Any, param: str) -> str:
-    if isinstance(schema, str):  # vLLM's guided_json takes the schema as JSON text too
+def _schema_text(schema: Any, param: str, *, text_ok: bool = False) -> str:
+    if isinstance(schema, str) and text_ok:  # vLLM's guided_json takes the schema as JSON text too
         try:
             schema = json.loads(schema)
         except ValueError as exc:
