@@ -98,9 +98,10 @@ class Engine:
         if params.structured is not None:
             if self.tokenizer is None:
                 raise InvalidRequestError("structured outputs need a model with a tokenizer", param="structured")
-            from engine.structured.grammar import check
+            if self._structured is None or params.structured not in self._structured.cache:
+                from engine.structured.grammar import check
 
-            check(params.structured)  # what xgrammar refuses, refused here (a few ms, no compile)
+                check(params.structured)  # what xgrammar refuses, refused here (a few ms, no compile)
 
     def _check_ids(self, ids, name: str) -> None:
         if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):

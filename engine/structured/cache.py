@@ -52,7 +52,9 @@ class GrammarCache:
                     self._entries.pop(spec, None)  # not cached: the next request compiles (and fails) again
 
     def __contains__(self, spec: StructuredSpec) -> bool:
-        return spec in self._entries
+        """Cached (compiled or compiling), not failed."""
+        future = self._entries.get(spec)
+        return future is not None and not _failed(future)
 
     def __len__(self) -> int:
         return len(self._entries)
