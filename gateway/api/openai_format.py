@@ -9,7 +9,7 @@ from gateway.api.errors import GatewayError, error_body
 
 SYSTEM_FINGERPRINT = "fp_fairlane_0.1.0"  # the engine build (OpenAI: a string naming the backend config)
 # The engine finishes with stop | length | abort; OpenAI clients know stop and length.
-_FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+_FINISH = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
 
 
 def finish_reason(reason: str | None) -> str | None:
@@ -27,11 +27,13 @@ def _envelope(kind: str, request_id: str, created: int, model: str, tier: str) -
             "service_tier": tier, "system_fingerprint": f"{SYSTEM_FINGERPRINT}_{model}"}
 
 
-def chat_completion(*, request_id: str, created: int, model: str, tier: str, text: str, reason: str | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def chat_completion(*, request_id: str, created: int, model: str, tier: str, text: str | None, reason: str | None,
+                    prompt_tokens: int, completion_tokens: int, tool_calls: list | None = None) -> dict[str, Any]:
     body = _envelope("chat.completion", request_id, created, model, tier)
-    body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                        "logprobs": None, "finish_reason": finish_reason(reason)}]
+    message = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:  # the model called functions (gateway/api/tools.py)
+        message["tool_calls"], reason = tool_calls, "tool_calls"
+    body["choices"] = [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(reason)}]
     body["usage"] = usage(prompt_tokens, completion_tokens)
     return body
 

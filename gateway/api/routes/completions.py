@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from functools import partial
 
 import anyio
@@ -12,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api import generation as gen
 from gateway.api import openai_format as fmt
+from gateway.api import tools
 from gateway.api.auth import AuthContext
 from gateway.api.deps import CurrentKey, StateDep
 from gateway.api.errors import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, GatewayError, InvalidRequest
@@ -54,7 +56,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()  # refuse unsupported options before tokenizing
-    messages = [m.as_template_input() for m in body.messages]
+    tool_plan = tools.plan(body.tools, body.tool_choice)
+    messages = [tools.render_history(m.as_template_input(), (m.model_extra or {}).get("tool_calls"))
+                for m in body.messages]
+    if tool_plan is not None:
+        messages = tool_plan.render(messages)
+        if tool_plan.forced:  # required / a named function: one call, constrained by its schema
+            if options["structured"] is not None:
+                raise InvalidRequest("A required or named tool_choice cannot be combined with an output constraint.",
+                                     param="tool_choice")
+            options["structured"] = tool_plan.structured()
     chars = sum(len(m["content"]) for m in messages)
     try:
         prompt_ids = await _tokenize(state, state.tokenizer.encode_chat, messages, chars, "messages")
@@ -67,7 +78,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_options=options, traceparent=request.headers.get("traceparent"),
                                  adapter=adapter)
-    return await _respond(generation, body, request, chat=True)
+    return await _respond(generation, body, request, chat=True, tool_plan=tool_plan)
 
 
 @router.post("/completions")
@@ -94,12 +105,12 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
     return await _respond(generation, body, request, chat=False)
 
 
-async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool):
+async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool, tool_plan=None):
     headers = generation.admission.headers
     ids = dict(request_id=generation.request_id, created=generation.created, model=generation.model,
                tier=openai_tier(generation.tier, generation.state.settings.tiers))
     if body.stream:
-        return StreamingResponse(_stream(generation, body, chat, ids), media_type="text/event-stream",
+        return StreamingResponse(_stream(generation, body, chat, ids, tool_plan), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     parts: list[str] = []
     failure: list[BaseException] = []
@@ -128,13 +139,16 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
         raise failure[0]
     if not generation.done:
         return JSONResponse({}, status_code=CLIENT_CLOSED_REQUEST)  # nobody is listening any more
+    text, extra = "".join(parts), {}
+    if tool_plan is not None:
+        text, extra["tool_calls"] = tool_plan.parse(text)
     build = fmt.chat_completion if chat else fmt.text_completion
-    return JSONResponse(build(**ids, text="".join(parts), reason=generation.finish_reason,
+    return JSONResponse(build(**ids, text=text, reason=generation.finish_reason,
                               prompt_tokens=generation.prompt_tokens,
-                              completion_tokens=generation.completion_tokens), headers=headers)
+                              completion_tokens=generation.completion_tokens, **extra), headers=headers)
 
 
-async def _stream(generation: gen.Generation, body, chat: bool, ids: dict) -> AsyncIterator[bytes]:
+async def _stream(generation: gen.Generation, body, chat: bool, ids: dict, tool_plan=None) -> AsyncIterator[bytes]:
     chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
 
     def usage_now():
@@ -143,10 +157,17 @@ async def _stream(generation: gen.Generation, body, chat: bool, ids: dict) -> As
     try:
         if chat:
             yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}))
+        held: list[str] = []  # with tools: the whole output, sent as one piece at the end
         async for result in generation:
             if result is None:
                 yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
                 continue
+            if tool_plan is not None:
+                held.append(result.text)
+                if not result.finished:
+                    continue
+                yield fmt.sse(chunk(delta=tools.stream_delta(tool_plan, "".join(held))))
+                result = replace(result, text="", finish_reason="tool_calls" if tool_plan.called else result.finish_reason)
             if not result.text and not result.finished:
                 continue  # e.g. a token that completes no character yet
             reason = result.finish_reason if result.finished else None

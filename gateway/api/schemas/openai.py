@@ -85,7 +85,9 @@ class _GenerationRequest(BaseModel):
     logprobs: bool | Int | None = None
     presence_penalty: Float | None = None
     frequency_penalty: Float | None = None
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # chat only (gateway/api/tools.py); a 400 on completions
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None  # text | json_object | json_schema (gateway/api/structured.py)
     guided_json: dict[str, Any] | Text | None = None  # vLLM's extensions: a JSON schema, a regex, an EBNF grammar
     guided_regex: Text | None = None
@@ -99,7 +101,7 @@ class _GenerationRequest(BaseModel):
             "logprobs": bool(self.logprobs),
             "presence_penalty": bool(self.presence_penalty),
             "frequency_penalty": bool(self.frequency_penalty),
-            "tools": bool(self.tools),
+            "tools": bool(self.tools) and not isinstance(self, ChatCompletionRequest),
         }
         for name, used in unsupported.items():
             if used:

@@ -122,6 +122,46 @@ def test_a_schema_xgrammar_refuses_is_a_400_and_charges_nothing(server, client):
             "type": "json_schema", "json_schema": {"name": "bad", "schema": "integer"}})
     assert err.value.param == "response_format.json_schema.schema"
     assert _records(server, err.value.response.headers["x-request-id"]) == []  # refused before the quota
+
+
+WEATHER_ARGS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                 "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER_ARGS}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a city", "parameters": {
+             "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+             "additionalProperties": False}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_named_tool_choice_calls_it_with_valid_arguments(client):
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=NAMED, max_tokens=48,
+                                           temperature=1.0, seed=3)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_ARGS)
+    # the call and its result go back in the next request: role "tool" is accepted
+    follow = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0, tools=TOOLS, messages=[
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "unit": "celsius"}'}])
+    assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_required_tool_choice_streams_delta_tool_calls(client):
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                            max_tokens=48, temperature=0, stream=True)
+    chunks = [c for c in stream if c.choices]
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name in ("get_weather", "get_time")
+    schema = TOOLS[0 if calls[0].function.name == "get_weather" else 1]["function"]["parameters"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), schema)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tools_on_completions_stay_a_400(client):
     with pytest.raises(openai.BadRequestError, match="tools"):
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body={"tools": TOOLS})

@@ -53,7 +53,7 @@ def test_malformed_is_a_400_naming_the_field(fields, param):
     assert err.value.param == param and err.value.message
 
 
-def test_tools_stay_a_clear_400():
+def test_tools_on_completions_stay_a_clear_400():
     with pytest.raises(InvalidRequest) as err:
-        _spec(tools=[{"type": "function", "function": {"name": "f"}}])
+        CompletionRequest(model="m", prompt="p", tools=[{"type": "function", "function": {"name": "f"}}]).sampling_options()
     assert err.value.param == "tools"
