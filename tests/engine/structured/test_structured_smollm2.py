@@ -66,15 +66,16 @@ def test_mixed_batch_every_constrained_row_valid_and_greedy_row_as_alone(smollm2
     assert len({c.text for c in out[:6]}) > 1  # sampled rows differ
 
 
-def test_valid_and_unchanged_across_preemption(smollm2, greedy_alone):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_valid_and_unchanged_across_preemption(smollm2, greedy_alone, mode):
     prompt = smollm2.encode(CHAT)
-    # Two prompts fit at admission, not their growth: one of the running two is preempted (recompute).
+    # Two prompts fit at admission, not their growth: one of the running two is preempted.
     blocks = 2 * -(-len(prompt) // 16) + 2
     llm = LLM(model="smollm2", dtype="float32", num_threads=2, num_kv_blocks=blocks, max_num_batched_tokens=64,
-              preemption_mode="recompute", enable_prefix_caching=False)
+              preemption_mode=mode, enable_prefix_caching=False)
     params = [schema_params(PERSON, temperature=0), schema_params(COLOR, seed=7), schema_params(POINTS, seed=8)]
     out = llm.generate([CHAT] * 3, params)
-    assert llm.engine.stats.preemptions > 0
+    assert llm.engine.stats.preemptions > 0 and (llm.engine.stats.swaps > 0) == (mode == "swap")
     for completion, schema in zip(out, [PERSON, COLOR, POINTS]):
         assert_valid(completion, schema)
     assert out[0].token_ids == greedy_alone.token_ids
