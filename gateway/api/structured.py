@@ -1,5 +1,6 @@
 """A request's structured-output constraint: OpenAI's ``response_format`` or one of vLLM's
-extensions (``guided_json``, ``guided_regex``, ``guided_grammar``), as the engine's StructuredSpec.
+extensions (``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``), as the
+engine's StructuredSpec (a choice is a grammar of its literal strings).
 
 Checked here, before tokenizing and before the quota: the fields' shapes (OpenAI's
 ``json_schema.name`` rule, a schema that is a JSON object). Whether the grammar library accepts the
@@ -22,7 +23,7 @@ FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
 def structured_spec(*, response_format: dict[str, Any] | None, guided_json: Any = None, guided_regex: str | None = None,
-                    guided_grammar: str | None = None) -> StructuredSpec | None:
+                    guided_grammar: str | None = None, guided_choice: list[str] | None = None) -> StructuredSpec | None:
     """The one constraint a request sets, or None; a 400 naming the field for a malformed one."""
     given = []
     if response_format is not None:
@@ -35,6 +36,8 @@ def structured_spec(*, response_format: dict[str, Any] | None, guided_json: Any 
         given.append(("guided_regex", _spec("guided_regex", "regex", guided_regex)))
     if guided_grammar is not None:
         given.append(("guided_grammar", _spec("guided_grammar", "grammar", guided_grammar)))
+    if guided_choice is not None:
+        given.append(("guided_choice", _choice(guided_choice)))
     if len(given) > 1:
         names = ", ".join(name for name, _ in given)
         raise InvalidRequest(f"Only one output constraint per request: {names} were given.", param=given[1][0])
@@ -65,6 +68,13 @@ def _response_format(rf: dict[str, Any]) -> StructuredSpec | None:
         raise InvalidRequest("response_format.json_schema.schema is required.", param="response_format.json_schema.schema")
     text = _schema_text(js["schema"], "response_format.json_schema.schema")
     return _spec("response_format.json_schema.schema", "json_schema", text)
+
+
+def _choice(choices: list[str]) -> StructuredSpec:
+    if not choices or any(not c for c in choices):
+        raise InvalidRequest("guided_choice must be a list of non-empty strings.", param="guided_choice")
+    # JSON string literals are GBNF string literals (the same escapes), so any text is quoted exactly.
+    return StructuredSpec("grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))
 
 
 def _schema_text(schema: Any, param: str, *, text_ok: bool = False) -> str:

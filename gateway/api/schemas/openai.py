@@ -92,6 +92,7 @@ class _GenerationRequest(BaseModel):
     guided_json: dict[str, Any] | Text | None = None  # vLLM's extensions: a JSON schema, a regex, an EBNF grammar
     guided_regex: Text | None = None
     guided_grammar: Text | None = None
+    guided_choice: list[Text] | None = Field(None, max_length=1024)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -124,7 +125,8 @@ class _GenerationRequest(BaseModel):
                 "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0, "seed": self.seed,
                 "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos),
                 "structured": structured_spec(response_format=self.response_format, guided_json=self.guided_json,
-                                              guided_regex=self.guided_regex, guided_grammar=self.guided_grammar)}
+                                              guided_regex=self.guided_regex, guided_grammar=self.guided_grammar,
+                                              guided_choice=self.guided_choice)}
 
     @property
     def include_usage(self) -> bool:

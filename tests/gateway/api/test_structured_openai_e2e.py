@@ -108,6 +108,9 @@ def test_guided_regex_and_completions(client):
     completion = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=8, temperature=0,
                                            extra_body={"guided_grammar": 'root ::= " " ("yes" | "no")'})
     assert completion.choices[0].text in (" yes", " no") and completion.choices[0].finish_reason == "stop"
+    picked = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=1.0, seed=2,
+                                            extra_body={"guided_choice": ["red", "green", "blue"]})
+    assert picked.choices[0].message.content in ("red", "green", "blue")
 
 
 def test_a_schema_xgrammar_refuses_is_a_400_and_charges_nothing(server, client):

@@ -27,6 +27,11 @@ def test_the_ways_to_ask():
     assert _spec(guided_json=SCHEMA) == by_format == _spec(guided_json=json.dumps(SCHEMA))
     assert _spec(guided_regex="[0-9]+") == StructuredSpec("regex", "[0-9]+")
     assert _spec(guided_grammar='root ::= "a"') == StructuredSpec("grammar", 'root ::= "a"')
+    choice = _spec(guided_choice=["yes", 'he said "no"', "café\n"])
+    assert choice == StructuredSpec("grammar", 'root ::= "yes" | "he said \\"no\\"" | "café\\n"')
+    from engine.structured import check
+
+    check(choice)  # a grammar xgrammar takes
     completion = CompletionRequest(model="m", prompt="p", guided_regex="a|b").sampling_options()["structured"]
     assert completion == StructuredSpec("regex", "a|b")
 
@@ -45,6 +50,8 @@ def test_the_ways_to_ask():
     ({"guided_json": "{not json"}, "guided_json"),
     ({"guided_regex": ""}, "guided_regex"),
     ({"guided_grammar": "   "}, "guided_grammar"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": ["a", ""]}, "guided_choice"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
 ])
 def test_malformed_is_a_400_naming_the_field(fields, param):
