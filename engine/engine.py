@@ -253,6 +253,7 @@ class Engine:
                     outputs.append(self._refused(seq, exc))
                     continue
             seq.finish_reason = FinishReason.ABORT
+            seq.status = SequenceStatus.FINISHED  # never in the scheduler
             self._release(seq)
             outputs.append(RequestOutput(request_id=seq.request_id, new_token_ids=[], new_text="", finished=True,
                                          finish_reason=seq.finish_reason.value, num_prompt_tokens=seq.num_prompt_tokens,

@@ -93,6 +93,24 @@ def test_resumed_from_tokens_generated_elsewhere(smollm2, greedy_alone):
     assert done[:5] + tokens == done
 
 
+def test_resumed_tokens_the_grammar_refuses_end_the_request_with_an_error(smollm2):
+    eng = smollm2.engine
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+    not_json = smollm2.tokenizer.encode("hello", add_special_tokens=False)
+    for cached in (False, True):  # compiled after add (held, then refused at a step), or cached (refused at add)
+        if not cached:
+            eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
+            outs = []
+            while eng.has_unfinished():
+                outs += eng.step()
+            (out,) = outs
+            assert out.finished and isinstance(out.error, InvalidRequestError) and out.error.param == "resume_token_ids"
+        else:
+            with pytest.raises(InvalidRequestError, match="resumed output"):
+                eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
+        assert "r" not in eng.seqs and not eng.structured.matchers and eng.num_free_blocks == eng.num_total_blocks
+
+
 def test_a_cold_grammar_is_held_and_the_cache_hits_after():
     llm = LLM(model="smollm2", dtype="float32", num_threads=2)
     eng = llm.engine
