@@ -78,6 +78,7 @@ class ToolPlan:
     functions: list[Function]
     choice: str  # auto | required | the function's name
     fmt: ToolCallFormat
+    parallel: bool = True  # parallel_tool_calls: false keeps the first call of an auto answer
     called: bool = False  # set by stream_delta: the output was a call
 
     @property
@@ -109,6 +110,7 @@ class ToolPlan:
             content = None if calls else text
         else:
             content, calls = self.fmt.parse(text, names)
+            calls = calls if self.parallel else calls[:1]
             content = content or None if calls else text
         return content, [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
                           "function": {"name": name, "arguments": arguments}} for name, arguments in calls]
@@ -127,7 +129,7 @@ def _call(text: str, names: set[str]) -> tuple[str, str] | None:
     return obj["name"], json.dumps(arguments, ensure_ascii=False)
 
 
-def plan(tools: list[Any] | None, tool_choice: Any, fmt: str = "hermes") -> ToolPlan | None:
+def plan(tools: list[Any] | None, tool_choice: Any, fmt: str = "hermes", *, parallel: bool | None = None) -> ToolPlan | None:
     """The request's ToolPlan, or None (no tools, or tool_choice none); a 400 naming the field for
     a malformed tool or choice."""
     if tool_choice is not None and not tools:
@@ -150,7 +152,7 @@ def plan(tools: list[Any] | None, tool_choice: Any, fmt: str = "hermes") -> Tool
         return None
     elif choice not in ("auto", "required"):
         raise InvalidRequest("tool_choice must be none, auto, required or a named function.", param="tool_choice")
-    return ToolPlan(functions, choice, FORMATS[fmt])
+    return ToolPlan(functions, choice, FORMATS[fmt], parallel=parallel is not False)
 
 
 def _function(i: int, tool: Any) -> Function:

@@ -56,7 +56,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()  # refuse unsupported options before tokenizing
-    tool_plan = tools.plan(body.tools, body.tool_choice)
+    tool_plan = tools.plan(body.tools, body.tool_choice, parallel=body.parallel_tool_calls)
     messages = [tools.render_history(m.as_template_input(), (m.model_extra or {}).get("tool_calls"))
                 for m in body.messages]
     if tool_plan is not None:

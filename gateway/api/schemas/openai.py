@@ -102,7 +102,9 @@ class _GenerationRequest(BaseModel):
             "logprobs": bool(self.logprobs),
             "presence_penalty": bool(self.presence_penalty),
             "frequency_penalty": bool(self.frequency_penalty),
-            "tools": bool(self.tools) and not isinstance(self, ChatCompletionRequest),
+            "tools": bool(self.tools) and not isinstance(self, ChatCompletionRequest),  # chat: gateway/api/tools.py
+            "tool_choice": self.tool_choice is not None and not isinstance(self, ChatCompletionRequest),
+            "parallel_tool_calls": self.parallel_tool_calls is not None and not isinstance(self, ChatCompletionRequest),
         }
         for name, used in unsupported.items():
             if used:

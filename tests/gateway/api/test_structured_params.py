@@ -60,7 +60,9 @@ def test_malformed_is_a_400_naming_the_field(fields, param):
     assert err.value.param == param and err.value.message
 
 
-def test_tools_on_completions_stay_a_clear_400():
+@pytest.mark.parametrize("field, value", [("tools", [{"type": "function", "function": {"name": "f"}}]),
+                                          ("tool_choice", "required"), ("parallel_tool_calls", False)])
+def test_tools_on_completions_stay_a_clear_400(field, value):
     with pytest.raises(InvalidRequest) as err:
-        CompletionRequest(model="m", prompt="p", tools=[{"type": "function", "function": {"name": "f"}}]).sampling_options()
-    assert err.value.param == "tools"
+        CompletionRequest(model="m", prompt="p", **{field: value}).sampling_options()
+    assert err.value.param == field

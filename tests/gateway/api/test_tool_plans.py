@@ -42,6 +42,8 @@ def test_required_allows_any_function_and_auto_is_unconstrained():
     content, calls = auto.parse(text)
     assert content == "Let me check." and json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
     assert auto.parse("Just text.") == ("Just text.", [])
+    two = text + '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+    assert len(auto.parse(two)[1]) == 2 and len(tools.plan([WEATHER], None, parallel=False).parse(two)[1]) == 1
     assert auto.parse('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>')[1] == []  # unknown: text
 
 
