@@ -1,7 +1,7 @@
 """fairlane's inference engine: paged KV cache, continuous batching, our own Llama forward.
 
 Public API (other packages import only these names):
-    Engine, EngineConfig, LLM, SamplingParams, TokenLogprob, RequestOutput, SLOLoad, LoRARequest, errors
+    Engine, EngineConfig, LLM, SamplingParams, TokenLogprob, StructuredSpec, RequestOutput, SLOLoad, LoRARequest, errors
     (AdapterError and its subclasses in engine.lora).
 
 Names are resolved lazily (PEP 562): ``from engine import SamplingParams`` loads only the
@@ -28,6 +28,7 @@ _EXPORTS = {
     "RequestOutput": "engine.request",
     "SamplingParams": "engine.request",
     "TokenLogprob": "engine.request",
+    "StructuredSpec": "engine.structured.spec",
     "SLOLoad": "engine.scheduler.load",
     "predict_ttft": "engine.scheduler.load",
     "POLICY_PARTS": "engine.scheduler.registry",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from engine.request import FinishReason, RequestOutput, SamplingParams, TokenLogprob
     from engine.scheduler.load import SLOLoad, predict_ttft
     from engine.scheduler.registry import POLICY_PARTS, parse_policy
+    from engine.structured.spec import StructuredSpec
 
 
 def __getattr__(name: str) -> Any:

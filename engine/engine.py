@@ -63,6 +63,16 @@ class Engine:
         self._choices: dict[str, list[str]] = {}
         self._open: dict[str, int] = {}
         self.stats = EngineStats()
+        self._structured = None  # StructuredOutputs, made on the first structured request
+
+    @property
+    def structured(self):
+        """Grammar-constrained decoding (engine/structured): made on first use (it loads xgrammar)."""
+        if self._structured is None:
+            from engine.structured.manager import for_engine
+
+            self._structured = for_engine(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._structured
 
     # ---- requests --------------------------------------------------------------------------
     def validate(self, prompt_token_ids, params: SamplingParams, resume_token_ids=()) -> None:
@@ -96,6 +106,13 @@ class Engine:
                                       f"[0, {self.vocab_size})", param="logit_bias")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a model with a tokenizer", param="stop")
+        if params.structured is not None:
+            if self.tokenizer is None:
+                raise InvalidRequestError("structured outputs need a model with a tokenizer", param="structured")
+            if self._structured is None or params.structured not in self._structured.cache:
+                from engine.structured.grammar import check
+
+                check(params.structured)  # what xgrammar refuses, refused here (a few ms, no compile)
 
     def _check_ids(self, ids, name: str) -> None:
         if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -127,8 +144,12 @@ class Engine:
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         try:
-            self.scheduler.add(seq)  # an SLO policy may refuse here (SLOUnattainableError): nothing is kept
+            # A structured request whose grammar is compiling is held out of the scheduler until it is ready.
+            if params.structured is None or self.structured.add(seq):
+                self.scheduler.add(seq)  # an SLO policy may refuse here (SLOUnattainableError): nothing is kept
         except Exception as exc:
+            if params.structured is not None:
+                self.structured.release(seq)
             if lora is not None:
                 self.lora.release(lora)
             if isinstance(exc, SLOUnattainableError):
@@ -217,6 +238,7 @@ class Engine:
     # ---- stepping --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once over every scheduled token, sample, and report."""
+        compiled = self._admit_compiled() if self._structured is not None and self._structured.held else []
         plan = self.scheduler.schedule()
         self.stats.preemptions += len(plan.preempted)
         if self.lora is not None:  # the adapters of every running sequence into device slots
@@ -230,11 +252,13 @@ class Engine:
             self.stats.swaps += sum(self.block_manager.is_swapped(s) for s in plan.preempted)
             self.stats.swapped_blocks += len(plan.swap_out) + len(plan.swap_in)
         self.stats.slo_refusals += len(plan.refused)
-        refused = [self._refused(seq, error) for seq, error in plan.refused]
+        refused = compiled + [self._refused(seq, error) for seq, error in plan.refused]
         if plan.is_empty:
             return refused
         t0 = time.perf_counter()
-        sampled = self.runner.run(plan, self._generators)
+        if self._structured is not None:
+            self._structured.prepare(plan)  # grammar bitmasks, on a thread, while the forward runs
+        sampled = self.runner.run(plan, self._generators, self._structured)
         elapsed = time.perf_counter() - t0
         self.stats.forward_seconds += elapsed
         self.scheduler.observe_step(plan, elapsed)  # feeds an SLO policy's step-cost model
@@ -268,6 +292,29 @@ class Engine:
                              finish_reason=seq.finish_reason.value, num_prompt_tokens=seq.num_prompt_tokens,
                              num_output_tokens=seq.num_output_tokens, error=error, events=seq.take_events())
 
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Held structured requests whose grammar has compiled join the scheduler; one whose grammar
+        failed, or that an SLO policy refuses now, finishes with its error."""
+        if not self.scheduler.has_unfinished():
+            self._structured.wait(0.01)  # nothing else to run: no busy loop while a grammar compiles
+        outputs = []
+        for seq, error in self._structured.take_ready():
+            if error is None:
+                try:
+                    self.scheduler.add(seq)
+                    continue
+                except SLOUnattainableError as exc:
+                    self.stats.slo_refusals += 1
+                    outputs.append(self._refused(seq, exc))
+                    continue
+            seq.finish_reason = FinishReason.ABORT
+            seq.status = SequenceStatus.FINISHED  # never in the scheduler
+            self._release(seq)
+            outputs.append(RequestOutput(request_id=seq.request_id, new_token_ids=[], new_text="", finished=True,
+                                         finish_reason=seq.finish_reason.value, num_prompt_tokens=seq.num_prompt_tokens,
+                                         num_output_tokens=seq.num_output_tokens, error=error, events=seq.take_events()))
+        return outputs
+
     def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
         """Predicted seconds to the first token of a request added now; None unless the policy is
         SLO-aware. The gateway refuses at the door with it."""
@@ -287,7 +334,8 @@ class Engine:
             new, logprobs = [token], [logprob] if logprob is not None else None
             seq.token_ids.append(token)
             self.stats.output_tokens += 1
-            if not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
+            complete = p.structured is not None and self._structured.accept(seq.request_id, token)  # grammar done
+            if complete or not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
                 seq.finish_reason = FinishReason.STOP
             elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
                 seq.finish_reason = FinishReason.LENGTH
@@ -340,7 +388,10 @@ class Engine:
         return chunk
 
     def _release(self, seq: Sequence) -> None:
-        self.scheduler.finish(seq)
+        if seq.params.structured is not None and self._structured is not None and self._structured.release(seq):
+            seq.status = SequenceStatus.FINISHED  # held while its grammar compiled: never in the scheduler
+        else:
+            self.scheduler.finish(seq)
         if self.seqs.pop(seq.request_id, None) is not None and seq.lora is not None:
             self.lora.release(seq.lora)  # unpin the adapter in host memory
         self._detok.pop(seq.request_id, None)
@@ -348,7 +399,7 @@ class Engine:
 
     # ---- state -----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._structured is not None and self._structured.held)
 
     def has_room(self) -> bool:
         """Would one more request start at the next step? (See Scheduler.has_room.)"""

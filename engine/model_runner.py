@@ -71,11 +71,12 @@ class ModelRunner:
             self.swap_space.swap_in(plan.swap_in)
 
     @torch.inference_mode()
-    def run(self, plan: StepPlan, generators: dict[str, torch.Generator]
+    def run(self, plan: StepPlan, generators: dict[str, torch.Generator], structured=None
             ) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
         """Run one step; returns (item, sampled token, its logprob if asked) for every item that
         reached its sequence's end. Prefill chunks of sequences that asked for prompt logprobs
-        append them to seq.prompt_logprobs (from this forward's hidden states: no second forward)."""
+        append them to seq.prompt_logprobs (from this forward's hidden states: no second forward).
+        `structured`: the engine's StructuredOutputs (engine/structured), which masks constrained rows."""
         items, hidden, sample_rows = self.forward(plan)
         self._prompt_logprobs(items, hidden)
         samplers = [it for it in items if it.samples]
@@ -86,6 +87,12 @@ class ModelRunner:
         want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw = torch.log_softmax(logits[want], dim=-1) if want else None  # the model's own distribution
         logits = process_logits(logits, seqs, self.eos_token_ids)
+        if structured is not None:  # after the penalties and biases: nothing the grammar forbids comes back
+            structured.apply(logits, samplers)  # grammar-forbidden tokens to -inf, in place
+            dead = torch.isinf(logits).all(dim=-1)
+            if bool(dead.any()):  # min_tokens banned EOS where the grammar allows nothing else: EOS wins
+                eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
+                logits[dead.nonzero()[:, 0][:, None], eos[None, :]] = 0.0
         params = [s.params for s in seqs]
         gens = [generators.get(s.request_id) for s in seqs]
         tokens = sample_ids(logits, params, gens)  # [S] on the device

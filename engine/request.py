@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
+from engine.structured.spec import StructuredSpec
 
 
 class FinishReason(str, enum.Enum):
@@ -108,8 +109,10 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured: StructuredSpec | None = None  # a JSON schema, regex or grammar the output must match
 
     def __post_init__(self):
+        object.__setattr__(self, "structured", StructuredSpec.coerce(self.structured))
         object.__setattr__(self, "stop", _seq(self.stop, "stop", str))
         object.__setattr__(self, "stop_token_ids", _seq(self.stop_token_ids, "stop_token_ids", int))
         object.__setattr__(self, "logit_bias", _bias(self.logit_bias))
@@ -140,6 +143,9 @@ class SamplingParams:
             raise InvalidRequestError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}", param="n")
         if self.n > 1 and self.max_tokens == 0:
             raise InvalidRequestError("n > 1 needs max_tokens > 0: scoring a prompt has one answer", param="n")
+        if self.n > 1 and self.structured is not None:
+            raise InvalidRequestError("n > 1 (or best_of) with a structured output constraint is not supported: "
+                                      "send n requests", param="n")
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
 

@@ -10,7 +10,7 @@ from gateway.api.errors import GatewayError, error_body
 
 SYSTEM_FINGERPRINT = "fp_fairlane_0.1.0"  # the engine build (OpenAI: a string naming the backend config)
 # The engine finishes with stop | length | abort; OpenAI clients know stop and length.
-_FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+_FINISH = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
 
 
 def finish_reason(reason: str | None) -> str | None:
@@ -34,18 +34,25 @@ def _envelope(kind: str, request_id: str, created: int, model: str, tier: str) -
 
 @dataclass
 class Choice:
-    """One choice of a response: its text, why it ended, its logprobs object (or None)."""
+    """One choice of a response: its text, why it ended, its logprobs object (or None), and the
+    functions it called (chat with tools, gateway/api/tools.py)."""
 
-    text: str
+    text: str | None
     reason: str | None
     logprobs: dict[str, Any] | None = None
+    tool_calls: list | None = None
 
 
 def chat_completion(*, request_id: str, created: int, model: str, tier: str, choices: list[Choice],
                     prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     body = _envelope("chat.completion", request_id, created, model, tier)
-    body["choices"] = [{"index": i, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                        "logprobs": c.logprobs, "finish_reason": finish_reason(c.reason)} for i, c in enumerate(choices)]
+    body["choices"] = []
+    for i, c in enumerate(choices):
+        message, reason = {"role": "assistant", "content": c.text, "refusal": None}, c.reason
+        if c.tool_calls:  # the model called functions
+            message["tool_calls"], reason = c.tool_calls, "tool_calls"
+        body["choices"].append({"index": i, "message": message, "logprobs": c.logprobs,
+                                "finish_reason": finish_reason(reason)})
     body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     return body
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from functools import partial
 
 import anyio
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from gateway.api import generation as gen
 from gateway.api import logprobs_format as lp_fmt
 from gateway.api import openai_format as fmt
+from gateway.api import tools
 from gateway.api.auth import AuthContext
 from gateway.api.deps import CurrentKey, StateDep
 from gateway.api.errors import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, GatewayError, InvalidRequest
@@ -64,7 +66,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()  # refuse unsupported options before tokenizing
     _check_token_ids(state, body)
-    messages = [m.as_template_input() for m in body.messages]
+    tool_plan = tools.plan(body.tools, body.tool_choice, parallel=body.parallel_tool_calls)
+    if tool_plan is not None and (body.n or 1) > 1:
+        raise InvalidRequest("n > 1 cannot be combined with tools: send n requests.", param="n")
+    messages = [tools.render_history(m.as_template_input(), (m.model_extra or {}).get("tool_calls"))
+                for m in body.messages]
+    if tool_plan is not None:
+        messages = tool_plan.render(messages)
+        if tool_plan.forced:  # required / a named function: one call, constrained by its schema
+            if options["structured"] is not None:
+                raise InvalidRequest("A required or named tool_choice cannot be combined with an output constraint.",
+                                     param="tool_choice")
+            options["structured"] = tool_plan.structured()
     chars = sum(len(m["content"]) for m in messages)
     try:
         prompt_ids = await _tokenize(state, state.tokenizer.encode_chat, messages, chars, "messages")
@@ -77,7 +90,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
                                  prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_options=options, traceparent=request.headers.get("traceparent"),
                                  adapter=adapter)
-    return await _respond(generation, body, request, chat=True)
+    return await _respond(generation, body, request, chat=True, tool_plan=tool_plan)
 
 
 @router.post("/completions")
@@ -109,13 +122,14 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
 
 
 async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool,
-                   echo: tuple[str, list[int]] | None = None):
-    """echo: (prompt text, prompt ids) of a completions request that asked for its prompt back."""
+                   echo: tuple[str, list[int]] | None = None, tool_plan: tools.ToolPlan | None = None):
+    """echo: (prompt text, prompt ids) of a completions request that asked for its prompt back;
+    tool_plan: a chat request's tools (gateway/api/tools.py), whose calls are parsed from the output."""
     headers = generation.admission.headers
     ids = dict(request_id=generation.request_id, created=generation.created, model=generation.model,
                tier=openai_tier(generation.tier, generation.state.settings.tiers))
     if body.stream:
-        return StreamingResponse(_stream(generation, body, chat, ids, echo), media_type="text/event-stream",
+        return StreamingResponse(_stream(generation, body, chat, ids, echo, tool_plan), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     parts: dict[int, list[str]] = {}  # choice index ->
     logprobs: dict[int, list] = {}
@@ -155,6 +169,8 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
         indexes = sorted(indexes, key=lambda i: -sum(lp.logprob for lp in logprobs[i]))[: body.n or 1]
     choices = [_choice(generation, body, chat, echo, "".join(parts[i]), reasons.get(i, generation.finish_reason),
                        logprobs[i]) for i in indexes]
+    if tool_plan is not None:  # one choice (n > 1 is refused with tools)
+        choices[0].text, choices[0].tool_calls = tool_plan.parse(choices[0].text)
     return JSONResponse(build(**ids, choices=choices, prompt_tokens=generation.prompt_tokens,
                               completion_tokens=generation.completion_tokens, cached_tokens=generation.cached_tokens),
                         headers=headers)
@@ -174,7 +190,7 @@ def _choice(generation: gen.Generation, body, chat: bool, echo: tuple[str, list[
 
 
 async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
-                  echo: tuple[str, list[int]] | None) -> AsyncIterator[bytes]:
+                  echo: tuple[str, list[int]] | None, tool_plan: tools.ToolPlan | None = None) -> AsyncIterator[bytes]:
     chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
     tokenizer = generation.state.tokenizer
     want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
@@ -194,10 +210,17 @@ async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
         if chat:
             for index in range(body.n or 1):
                 yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}, index=index))
+        held: list[str] = []  # with tools: the whole output, sent as one piece at the end
         async for result in generation:
             if result is None:
                 yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
                 continue
+            if tool_plan is not None:  # one choice (n > 1 is refused with tools)
+                held.append(result.text)
+                if result.finish_reason is None:
+                    continue
+                yield fmt.sse(chunk(delta=tools.stream_delta(tool_plan, "".join(held))))
+                result = replace(result, text="", finish_reason="tool_calls" if tool_plan.called else result.finish_reason)
             index = result.index
             if echo is not None and index not in echoed:  # the prompt first, as its own chunk
                 echoed.add(index)

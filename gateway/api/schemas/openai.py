@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 from gateway.api.errors import InvalidRequest
+from gateway.api.structured import structured_spec
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when the request names none
@@ -89,12 +90,17 @@ class _GenerationRequest(BaseModel):
     repetition_penalty: Float | None = None  # extension (vLLM's)
     logit_bias: dict[str, Float] | None = None
     min_tokens: Int | None = Field(None, ge=0, le=INT32_MAX)  # extension (vLLM's)
-    # Accepted so that using them is a clear 400, not silently ignored.
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # chat only (gateway/api/tools.py); a 400 on completions
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None  # text | json_object | json_schema (gateway/api/structured.py)
+    guided_json: dict[str, Any] | Text | None = None  # vLLM's extensions: a JSON schema, a regex, an EBNF grammar
+    guided_regex: Text | None = None
+    guided_grammar: Text | None = None
+    guided_choice: list[Text] | None = Field(None, max_length=1024)
+    # Accepted so that using them is a clear 400, not silently ignored.
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
     audio: Any = None
     modalities: list[Any] | None = None
     prediction: Any = None
@@ -107,11 +113,11 @@ class _GenerationRequest(BaseModel):
 
     def _refuse_unsupported(self) -> None:
         unsupported = {
-            "tools": bool(self.tools),
-            "tool_choice": self.tool_choice not in (None, "none"),
+            "tools": bool(self.tools) and not isinstance(self, ChatCompletionRequest),  # chat: gateway/api/tools.py
+            "tool_choice": self.tool_choice not in (None, "none") and not isinstance(self, ChatCompletionRequest),
+            "parallel_tool_calls": self.parallel_tool_calls is not None and not isinstance(self, ChatCompletionRequest),
             "functions": bool(self.functions),
             "function_call": self.function_call not in (None, "none"),
-            "response_format": bool(self.response_format) and self.response_format.get("type") != "text",
             "audio": self.audio is not None,
             "modalities": self.modalities not in (None, ["text"]),
             "prediction": self.prediction is not None,
@@ -136,7 +142,10 @@ class _GenerationRequest(BaseModel):
         temperature = DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
         options = {"temperature": 0.0 if temperature < GREEDY_BELOW else temperature,
                    "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0, "seed": self.seed,
-                   "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos)}
+                   "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos),
+                   "structured": structured_spec(response_format=self.response_format, guided_json=self.guided_json,
+                                                 guided_regex=self.guided_regex, guided_grammar=self.guided_grammar,
+                                                 guided_choice=self.guided_choice)}
         penalties = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                      "repetition_penalty": self.repetition_penalty, "min_tokens": self.min_tokens}
         options |= {k: v for k, v in penalties.items() if v is not None}

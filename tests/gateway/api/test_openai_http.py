@@ -117,7 +117,7 @@ async def test_tier_errors(app_client, settings, key):
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools[0]"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
      400, "stream_options"),
     ([1, 2, 3], 422, None),

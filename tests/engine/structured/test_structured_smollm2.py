@@ -1,0 +1,142 @@
+"""Structured outputs on the real SmolLM2 (fp32): every constrained output parses and validates,
+in a batch beside free rows, across preemption and when resumed from tokens generated elsewhere."""
+import json
+import re
+
+import jsonschema
+import pytest
+
+from engine import LLM, InvalidRequestError, SamplingParams, StructuredSpec
+
+pytestmark = pytest.mark.real_model
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "age"], "additionalProperties": False}
+COLOR = {"type": "object", "properties": {
+    "color": {"enum": ["red", "green", "blue"]}, "bright": {"type": "boolean"}},
+    "required": ["color", "bright"], "additionalProperties": False}
+POINTS = {"type": "array", "items": {"type": "object", "properties": {
+    "x": {"type": "integer", "minimum": -9, "maximum": 9}, "y": {"type": "integer", "minimum": -9, "maximum": 9}},
+    "required": ["x", "y"], "additionalProperties": False}, "minItems": 1, "maxItems": 2}
+SCHEMAS = [PERSON, COLOR, POINTS]
+PHONE = r"\(\d{3}\) \d{3}-\d{4}"
+YES_NO = 'root ::= ("yes" | "no") "."'
+CHAT = [{"role": "user", "content": "Give me a small JSON example about a person, a color or some points."}]
+FREE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def schema_params(schema, seed=None, temperature=1.0, max_tokens=48):
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
+                          structured=StructuredSpec.json_schema(schema))
+
+
+def assert_valid(completion, schema):
+    assert completion.finish_reason == "stop", completion.text
+    jsonschema.validate(json.loads(completion.text), schema)
+
+
+@pytest.fixture(scope="module")
+def greedy_alone(smollm2):
+    """The greedy PERSON row, run alone."""
+    return smollm2.generate(CHAT, schema_params(PERSON, temperature=0))[0]
+
+
+def test_mixed_batch_every_constrained_row_valid_and_greedy_row_as_alone(smollm2, greedy_alone):
+    rows = [(CHAT, schema_params(schema, seed=seed), schema) for schema in SCHEMAS for seed in (1, 2)]
+    rows += [(CHAT, schema_params(PERSON, temperature=0), PERSON),
+             (FREE, SamplingParams(max_tokens=12, temperature=0), None),
+             (FREE, SamplingParams(max_tokens=12, temperature=1.0, seed=5), None),
+             (CHAT, SamplingParams(max_tokens=24, temperature=0, structured=StructuredSpec("regex", PHONE)), "regex"),
+             (CHAT, SamplingParams(max_tokens=8, temperature=1.0, seed=3, structured=StructuredSpec("grammar", YES_NO)), "ebnf"),
+             (CHAT, SamplingParams(max_tokens=48, temperature=1.0, seed=4, structured=StructuredSpec("json_object")), "object")]
+    out = smollm2.generate([r[0] for r in rows], [r[1] for r in rows])
+    for (_, _, check), completion in zip(rows, out):
+        if isinstance(check, dict):
+            assert_valid(completion, check)
+        elif check == "regex":
+            assert completion.finish_reason == "stop" and re.fullmatch(PHONE, completion.text), completion.text
+        elif check == "ebnf":
+            assert completion.finish_reason == "stop" and completion.text in ("yes.", "no."), completion.text
+        elif check == "object":
+            assert completion.finish_reason == "stop" and isinstance(json.loads(completion.text), dict), completion.text
+    assert out[6].token_ids == greedy_alone.token_ids  # the greedy constrained row, as alone
+    free_alone = smollm2.generate(FREE, SamplingParams(max_tokens=12, temperature=0))[0]
+    assert out[7].token_ids == free_alone.token_ids and not out[7].text.startswith("{")  # free rows stay free
+    assert len({c.text for c in out[:6]}) > 1  # sampled rows differ
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_valid_and_unchanged_across_preemption(smollm2, greedy_alone, mode):
+    prompt = smollm2.encode(CHAT)
+    # Two prompts fit at admission, not their growth: one of the running two is preempted.
+    blocks = 2 * -(-len(prompt) // 16) + 2
+    llm = LLM(model="smollm2", dtype="float32", num_threads=2, num_kv_blocks=blocks, max_num_batched_tokens=64,
+              preemption_mode=mode, enable_prefix_caching=False)
+    params = [schema_params(PERSON, temperature=0), schema_params(COLOR, seed=7), schema_params(POINTS, seed=8)]
+    out = llm.generate([CHAT] * 3, params)
+    assert llm.engine.stats.preemptions > 0 and (llm.engine.stats.swaps > 0) == (mode == "swap")
+    for completion, schema in zip(out, [PERSON, COLOR, POINTS]):
+        assert_valid(completion, schema)
+    assert out[0].token_ids == greedy_alone.token_ids
+    assert llm.engine.num_free_blocks == blocks and not llm.engine.structured.matchers
+
+
+def test_resumed_from_tokens_generated_elsewhere(smollm2, greedy_alone):
+    """A worker that claims a dead worker's request rebuilds the matcher from the tokens already streamed."""
+    eng = smollm2.engine
+    done = greedy_alone.token_ids
+    eng.add_request("resumed", smollm2.encode(CHAT), schema_params(PERSON, temperature=0), resume_token_ids=done[:5])
+    tokens = []
+    while eng.has_unfinished():
+        tokens += [t for o in eng.step() for t in o.new_token_ids]
+    assert done[:5] + tokens == done
+
+
+def test_resumed_tokens_the_grammar_refuses_end_the_request_with_an_error(smollm2):
+    eng = smollm2.engine
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+    not_json = smollm2.tokenizer.encode("hello", add_special_tokens=False)
+    for cached in (False, True):  # compiled after add (held, then refused at a step), or cached (refused at add)
+        if not cached:
+            eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
+            outs = []
+            while eng.has_unfinished():
+                outs += eng.step()
+            (out,) = outs
+            assert out.finished and isinstance(out.error, InvalidRequestError) and out.error.param == "resume_token_ids"
+        else:
+            with pytest.raises(InvalidRequestError, match="resumed output"):
+                eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
+        assert "r" not in eng.seqs and not eng.structured.matchers and eng.num_free_blocks == eng.num_total_blocks
+
+
+def test_a_cold_grammar_is_held_and_the_cache_hits_after():
+    llm = LLM(model="smollm2", dtype="float32", num_threads=2)
+    eng = llm.engine
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    ids = llm.encode(CHAT)
+    eng.add_request("cold", ids, schema_params(schema))
+    assert "cold" in eng.structured.held and eng.has_unfinished()  # compiling on a thread
+    eng.abort("cold")  # an aborted held request leaves nothing behind
+    assert not eng.structured.held and not eng.has_unfinished()
+    out = llm.generate(CHAT, schema_params(schema, seed=1))[0]
+    assert_valid(out, schema)
+    misses = eng.structured.cache.misses
+    eng.add_request("warm", ids, schema_params(schema, seed=2))
+    assert "warm" in eng.structured.matchers and not eng.structured.held  # cached: straight to the scheduler
+    assert eng.structured.cache.misses == misses and eng.structured.cache.hits >= 1
+    eng.abort("warm")
+    assert eng.num_free_blocks == eng.num_total_blocks
+
+
+@pytest.mark.parametrize("spec", [StructuredSpec.json_schema({"type": "integer", "minimum": 3, "maximum": 1}),
+                                  StructuredSpec("regex", "[a-"), StructuredSpec("grammar", 'root ::= "a" rest')])
+def test_a_grammar_xgrammar_refuses_is_an_invalid_request(smollm2, spec):
+    eng = smollm2.engine
+    with pytest.raises(InvalidRequestError) as err:
+        eng.add_request("bad", smollm2.encode(CHAT), SamplingParams(max_tokens=8, structured=spec))
+    assert err.value.param == {"json_schema": "response_format", "regex": "guided_regex", "grammar": "guided_grammar"}[spec.kind]
+    assert not eng.has_unfinished() and "bad" not in eng.seqs and eng.num_free_blocks == eng.num_total_blocks
+    with pytest.raises(InvalidRequestError):
+        smollm2.generate(CHAT, SamplingParams(max_tokens=8, structured=spec))
