@@ -30,7 +30,7 @@ from benchmarks.throughput import run_vllm
 from engine import LLM, SamplingParams
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
-LLAMACPP_RUNNER = Path(__file__).parent / "llamacpp_runner.py"
+LLAMACPP_RUNNER = Path(__file__).parent / "external" / "llamacpp_runner.py"
 
 
 def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 5) -> float:

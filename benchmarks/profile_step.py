@@ -1,6 +1,6 @@
 """Where a decode step's time goes: the engine's step split into the scheduler, the host-side
 preparation of the batch, the linear layers, attention, RMSNorm, the rest of the forward (RoPE,
-SiLU·mul, residual adds, embedding), the LM head, sampling and the rest of the step (output
+SiLU·mul, residual adds, embedding), the LM head, sampling (with penalties and biases) and the rest of the step (output
 bookkeeping, detokenization), for fp32 and INT8 weights at batch 1 and a larger batch.
 
     python -m benchmarks.profile_step            # SmolLM2, 2 threads, batch 1 and 32, 32 steps each
@@ -63,9 +63,10 @@ def instrumented(llm: LLM, timer: Timer):
 
     engine = llm.engine
     runner, model = engine.runner, engine.runner.model
-    patches = [(runner_mod, "sample"), (llama_mod, "rms_norm"), (Linear, "__call__"), (Int8Linear, "__call__")]
+    patches = [(runner_mod, "sample_ids"), (runner_mod, "process_logits"), (llama_mod, "rms_norm"),
+               (Linear, "__call__"), (Int8Linear, "__call__")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in patches]
-    parts = {"sample": "sampling", "rms_norm": "rms_norm"}
+    parts = {"sample_ids": "sampling", "process_logits": "sampling", "rms_norm": "rms_norm"}
     for obj, name, fn in saved:
         setattr(obj, name, timer.wrap(parts.get(name, "linears"), fn))
     instance = [(engine, "step", "step_rest"), (engine.scheduler, "schedule", "scheduler"),

@@ -43,7 +43,7 @@ def run_fairlane(llm: LLM, prompts, budgets, ignore_eos: bool) -> dict:
 
 FAIRLANE = {"fairlane": {}, "fairlane_int8": {"quantization": "int8"},
             "fairlane_static": {"batching": "static"}, "fairlane_dynamic": {"batching": "dynamic"}}
-VLLM_RUNNER = Path(__file__).parent / "vllm_runner.py"
+VLLM_RUNNER = Path(__file__).parent / "external" / "vllm_runner.py"
 
 
 def run_vllm(python: str, model: str, prompts, budgets, ignore_eos: bool, dtype: str, threads: int,

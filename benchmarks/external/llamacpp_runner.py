@@ -1,5 +1,5 @@
 """Batch-1 decode time of llama.cpp, from llama-cpp-python's own environment (never a dependency
-of fairlane); benchmarks.decode_latency starts it as `PYTHON benchmarks/llamacpp_runner.py JOB.json`.
+of fairlane); benchmarks.decode_latency starts it as `PYTHON benchmarks/external/llamacpp_runner.py JOB.json`.
 JOB.json: {"gguf", "prompt": [token ids], "tokens", "threads"}. Prints one JSON line
 {"ms_per_token", "tokens"}: the time after the first token over the tokens after the first.
 Only the standard library and llama_cpp are imported here.

@@ -1,7 +1,7 @@
 """Runs a benchmark workload on vLLM, from vLLM's own Python environment (vLLM is never a
 dependency of fairlane). benchmarks.throughput and benchmarks.decode_latency start it as
 
-    VLLM_PYTHON benchmarks/vllm_runner.py JOB.json
+    VLLM_PYTHON benchmarks/external/vllm_runner.py JOB.json
 
 JOB.json: {"model": HF folder, "dtype", "threads", "mode": "throughput" | "latency",
 "prompts": [[token ids], ...], "max_tokens": [n, ...], "ignore_eos": bool}. It prints one JSON
