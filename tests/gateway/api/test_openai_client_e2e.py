@@ -90,9 +90,9 @@ def test_client_exceptions_carry_our_messages(server, client):
     assert excinfo.value.code == "tier_not_allowed" and excinfo.value.param == "service_tier"
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-9", messages=MESSAGES, max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="response_format"):
+    with pytest.raises(openai.BadRequestError, match="response_format.type must be one of"):
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
-                                       response_format={"type": "json_object"})
+                                       response_format={"type": "xml"})
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=10**6)
 

@@ -159,7 +159,8 @@ def test_cached_tokens_in_usage(client):
     (dict(logit_bias={"99999999": 1}), "logit_bias"),
     (dict(logprobs=True, top_logprobs=30), "top_logprobs"),
     (dict(n=129), "n"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(response_format={"type": "json_object"}, n=2), "n"),
+    (dict(response_format={"type": "xml"}), "response_format.type"),
 ])
 def test_bad_values_are_bad_requests(client, kwargs, param):
     with pytest.raises((openai.BadRequestError, openai.UnprocessableEntityError)) as excinfo:
