@@ -49,7 +49,7 @@ VLLM_RUNNER = Path(__file__).parent / "external" / "vllm_runner.py"
 def run_vllm(python: str, model: str, prompts, budgets, ignore_eos: bool, dtype: str, threads: int,
              mode: str = "throughput") -> dict:
     """The workload on vLLM, in a subprocess of `python` (vLLM's environment): see vllm_runner.py."""
-    job = {"model": model, "dtype": dtype, "threads": threads, "mode": mode, "prompts": prompts,
+    job = {"model": str(model), "dtype": dtype, "threads": threads, "mode": mode, "prompts": prompts,
            "max_tokens": budgets, "ignore_eos": ignore_eos}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.json"
