@@ -81,3 +81,12 @@ def cpu_name() -> str:
 def done(path: Path) -> None:
     """The last line of every benchmark: where its results are."""
     print(f"results: {path}")
+
+
+def result_line(stdout: str) -> dict:
+    """The JSON result a runner of another environment (benchmarks/external) printed after "RESULT "
+    among whatever else its libraries print to stdout."""
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"no result line in the runner's output: {stdout[-2000:]}")
+    return json.loads(lines[-1][len("RESULT "):])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
+from benchmarks.common import add_common_args, done, machine, out_dir, result_line, tiny_model
 from benchmarks.throughput import run_vllm
 from engine import LLM, SamplingParams
 
@@ -99,7 +99,7 @@ def llamacpp_ms_per_token(python: str, gguf: str, ids: list[int], tokens: int, t
                              timeout=1800)
     if run.returncode != 0:
         raise RuntimeError(f"llama.cpp failed: {run.stderr[-3000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return result_line(run.stdout)
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
+from benchmarks.common import add_common_args, done, machine, out_dir, result_line, tiny_model
 from benchmarks.workloads import chat_prompts, long_tailed_budgets, output_budgets
 from engine import LLM, SamplingParams
 
@@ -61,7 +61,7 @@ def run_vllm(python: str, model: str, prompts, budgets, ignore_eos: bool, dtype:
                                timeout=3600)
     if done_.returncode != 0:
         raise RuntimeError(f"vLLM failed: {done_.stderr[-3000:]}")
-    return json.loads(done_.stdout.strip().splitlines()[-1])
+    return result_line(done_.stdout)
 
 
 def run_hf_static(model, prompts, budgets, ignore_eos: bool, eos: int, batch_size: int) -> dict:

@@ -1,6 +1,6 @@
 """Batch-1 decode time of llama.cpp, from llama-cpp-python's own environment (never a dependency
 of fairlane); benchmarks.decode_latency starts it as `PYTHON benchmarks/external/llamacpp_runner.py JOB.json`.
-JOB.json: {"gguf", "prompt": [token ids], "tokens", "threads"}. Prints one JSON line
+JOB.json: {"gguf", "prompt": [token ids], "tokens", "threads"}. Prints one line, "RESULT " and JSON
 {"ms_per_token", "tokens"}: the time after the first token over the tokens after the first.
 Only the standard library and llama_cpp are imported here.
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+
+RESULT = "RESULT"  # the result line's prefix, told apart from what the library prints to stdout
 
 
 def main() -> None:
@@ -30,7 +32,7 @@ def main() -> None:
 
     run(4)  # warm-up
     first, total = run(1), run(n)
-    print(json.dumps({"ms_per_token": 1000 * (total - first) / (n - 1), "tokens": n}))
+    print(RESULT, json.dumps({"ms_per_token": 1000 * (total - first) / (n - 1), "tokens": n}))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ dependency of fairlane). benchmarks.throughput and benchmarks.decode_latency sta
     VLLM_PYTHON benchmarks/external/vllm_runner.py JOB.json
 
 JOB.json: {"model": HF folder, "dtype", "threads", "mode": "throughput" | "latency",
-"prompts": [[token ids], ...], "max_tokens": [n, ...], "ignore_eos": bool}. It prints one JSON
-line: throughput {"seconds", "output_tokens"}; latency {"ms_per_token", "tokens"} (one request,
+"prompts": [[token ids], ...], "max_tokens": [n, ...], "ignore_eos": bool}. It prints one "RESULT "
+line of JSON: throughput {"seconds", "output_tokens"}; latency {"ms_per_token", "tokens"} (one request,
 the time after its first token over the tokens after the first). Only the standard library and
 vLLM are imported here.
 """
@@ -15,6 +15,8 @@ import json
 import os
 import sys
 import time
+
+RESULT = "RESULT"  # the result line's prefix: vLLM logs to stdout too, even at shutdown
 
 
 def main() -> None:
@@ -42,12 +44,12 @@ def main() -> None:
         out = llm.generate(prompts[:1], params(n), use_tqdm=False)
         total = time.perf_counter() - t
         tokens = len(out[0].outputs[0].token_ids)
-        print(json.dumps({"ms_per_token": 1000 * (total - first) / max(1, tokens - 1), "tokens": tokens}))
+        print(RESULT, json.dumps({"ms_per_token": 1000 * (total - first) / max(1, tokens - 1), "tokens": tokens}))
         return
     t = time.perf_counter()
     out = llm.generate(prompts, [params(n) for n in job["max_tokens"]], use_tqdm=False)
     seconds = time.perf_counter() - t
-    print(json.dumps({"seconds": seconds, "output_tokens": sum(len(o.outputs[0].token_ids) for o in out)}))
+    print(RESULT, json.dumps({"seconds": seconds, "output_tokens": sum(len(o.outputs[0].token_ids) for o in out)}))
 
 
 if __name__ == "__main__":
