@@ -114,7 +114,10 @@ def with_lm_eval(args, folder: Path, workdir: Path) -> tuple[dict, dict, dict]:
         served.stop()
     hf = run_lm_eval(args.lm_eval_python, "hf", f"pretrained={folder},dtype=float32", workdir / "hf",
                      {"OMP_NUM_THREADS": "1"})
-    setup = {"fairlane": "lm-eval local-completions -> fairlane serve (fp32)", "reference": "lm-eval hf (fp32)"}
+    version = subprocess.run([args.lm_eval_python, "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    setup = {"fairlane": f"lm-eval {version} local-completions -> fairlane serve (fp32)",
+             "reference": f"lm-eval {version} hf (fp32)"}
     return lm_eval_side(api), lm_eval_side(hf), setup
 
 
@@ -198,11 +201,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm-eval-python", default=None,
                     help="python of an environment with lm-eval 0.4 (README): run lm-eval's local-completions and hf")
+    ap.add_argument("--replot", action="store_true", help="redraw lm_eval.png and the table from lm_eval.json")
     add_common_args(ap)
     args = ap.parse_args()
     if args.smoke and args.lm_eval_python:
         ap.error("--smoke runs without lm-eval: leave out --lm-eval-python")
     out = out_dir(args, "lm_eval")
+    name = "lm_eval" if args.lm_eval_python or args.replot else "lm_eval_openai_client"
+    if args.replot:
+        report = json.loads((out / f"{name}.json").read_text())
+        print_table(report)
+        plot(report, out / f"{name}.png")
+        return
     with tempfile.TemporaryDirectory(prefix="fairlane-lm-eval-") as tmp:
         if args.smoke:
             model = tiny_model()
@@ -217,7 +227,6 @@ def main() -> None:
     report = {"mode": mode, "model": Path(model).name, "dtype": "float32", "tolerance": TOLERANCE,
               "smoke": args.smoke, "machine": machine(), **setup_fields(setup, fairlane, reference),
               **compare(fairlane, reference)}
-    name = "lm_eval" if mode == "lm-eval" else "lm_eval_openai_client"
     (out / f"{name}.json").write_text(json.dumps(report, indent=2))
     print_table(report)
     plot(report, out / f"{name}.png")
@@ -258,7 +267,7 @@ def plot(report: dict, path: Path) -> None:
     left.axhline(report["tolerance"], color="#555", linestyle="--", label=f"tolerance {report['tolerance']:.0e}")
     left.set_yscale("log")
     left.set_xlabel("request (item x choice)")
-    left.set_ylabel("|loglikelihood fairlane - reference|")
+    left.set_ylabel("|loglikelihood fairlane - reference|\n(equal: drawn at 1e-9)")
     left.set_title(f"{report['model']} fp32, {report['mode']}: max {report['loglikelihood']['max_abs_diff']:.1e}")
     left.legend(loc="upper right")
     acc, gen = report["accuracy"], report["generate_until"]["exact_match"]
