@@ -14,6 +14,7 @@ import torch
 from serve_process import free_port, start, wait_ready
 from transformers import AutoModelForCausalLM
 
+from benchmarks import lm_eval_scoring as scoring
 from engine import assets
 from gateway.api.tokenization import HFPromptTokenizer
 
@@ -114,6 +115,30 @@ def test_echo_scores_the_prompt_like_a_direct_forward(client, tok, hf):
     chunks = [c.choices[0] for c in stream if c.choices]
     assert "".join(c.text for c in chunks) == choice.text
     assert [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs] == lp.token_logprobs
+
+
+def test_lm_eval_loglikelihoods_equal_a_direct_forward(client, tok, hf):
+    """lm-eval's loglikelihood requests (its context/continuation split, token-id prompts, echo) for
+    fairlane_mc items, one of them after a 20-question few-shot prefix (over 256 tokens: the prompt's
+    logprobs in two chunks) that a plain request has just put in the prefix cache: every
+    continuation's loglikelihood and is_greedy as a direct fp32 forward's, so the same choice wins."""
+    docs = scoring.read_jsonl(scoring.MC_FILE)
+    shots = "".join(f"Question: {d['question']}\nAnswer: {d['choices'][d['answer']]}\n\n" for d in docs[10:30])
+    requests = scoring.mc_requests(docs[:2])
+    long = [scoring.Request(2, r.choice, shots + r.context, r.continuation) for r in scoring.mc_requests(docs[2:3])]
+    client.completions.create(model=MODEL, prompt=shots + long[0].context, max_tokens=1)  # its blocks cached
+    winners: dict[int, list] = {}
+    for r in requests + long:
+        context, continuation = scoring.encode_pair(tok.tokenizer, r.context, r.continuation)
+        want, want_greedy = scoring.direct_loglikelihood(hf, context, continuation)
+        shapes = (0, 1) if r == long[0] else (0,)  # 1: local-completions' request (a token more, dropped)
+        for max_tokens in shapes:
+            got, greedy = scoring.served_loglikelihood(client, MODEL, context, continuation, max_tokens=max_tokens)
+            assert abs(got - want) < 1e-4 and greedy == want_greedy, (r, max_tokens, got, want)
+        assert len(context) > 256 or r not in long
+        winners.setdefault(r.doc_id, []).append((got, want))
+    for scores in winners.values():
+        assert max(range(4), key=lambda j: scores[j][0]) == max(range(4), key=lambda j: scores[j][1])
 
 
 def test_logit_bias_forces_and_bans_streamed_and_not(client, tok):
