@@ -1,6 +1,6 @@
 """Where a decode step's time goes: the engine's step split into the scheduler, the host-side
-preparation of the batch, the linear layers, attention, RMSNorm, the rest of the forward (RoPE,
-SiLU·mul, residual adds, embedding), the LM head, sampling (with penalties and biases) and the rest of the step (output
+preparation of the batch, the linear layers, attention, RMSNorm with the residual adds, the rest
+of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling (with penalties and biases) and the rest of the step (output
 bookkeeping, detokenization), for fp32 and INT8 weights at batch 1 and a larger batch.
 
     python -m benchmarks.profile_step            # SmolLM2, 2 threads, batch 1 and 32, 32 steps each
@@ -57,16 +57,17 @@ class Timer:
 def instrumented(llm: LLM, timer: Timer):
     """Wrap the engine's parts (this engine object's, and the module functions its forward calls)."""
     import engine.model_runner as runner_mod
-    import engine.models.llama as llama_mod
+    from engine.models.fused import CPUOps, TorchOps
     from engine.models.linear import Linear
     from engine.models.quant import Int8Linear
 
     engine = llm.engine
     runner, model = engine.runner, engine.runner.model
-    patches = [(runner_mod, "sample_ids"), (runner_mod, "process_logits"), (llama_mod, "rms_norm"),
+    patches = [(runner_mod, "sample_ids"), (runner_mod, "process_logits"), (TorchOps, "add_rms_norm"),
+               (CPUOps, "add_rms_norm"),
                (Linear, "__call__"), (Int8Linear, "__call__")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in patches]
-    parts = {"sample_ids": "sampling", "process_logits": "sampling", "rms_norm": "rms_norm"}
+    parts = {"sample_ids": "sampling", "process_logits": "sampling", "add_rms_norm": "rms_norm"}
     for obj, name, fn in saved:
         setattr(obj, name, timer.wrap(parts.get(name, "linears"), fn))
     instance = [(engine, "step", "step_rest"), (engine.scheduler, "schedule", "scheduler"),
