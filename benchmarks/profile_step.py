@@ -4,7 +4,11 @@ of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling (with penalti
 bookkeeping, detokenization), for fp32 and INT8 weights at batch 1 and a larger batch.
 
     python -m benchmarks.profile_step            # SmolLM2, 2 threads, batch 1 and 32, 32 steps each
+    python -m benchmarks.profile_step --torch-ops    # also fp32 with cpu_kernels=False (torch ops only)
     python -m benchmarks.profile_step --smoke    # a tiny random model, in seconds
+
+The configurations take turns (a few steps each, round after round), so a noisy machine slows
+them alike and their ratios hold.
 
 Each part is timed by wrapping its function (exclusive time: a part called inside another is
 subtracted from it), so the parts add up to the step. Writes profile_step.json and
@@ -105,25 +109,44 @@ def profile(llm: LLM, prompts: list[list[int]], steps: int) -> dict:
     return {"batch": len(prompts), "steps": steps, "step_ms": 1000 * total / steps, "parts_ms": ms}
 
 
+def merge(total: dict, run: dict) -> None:
+    """Adds one round's profile into the running mean of its configuration."""
+    if not total:
+        total.update(run, parts_ms=dict(run["parts_ms"]), rounds=1)
+        return
+    n = total["rounds"]
+    total["step_ms"] = (total["step_ms"] * n + run["step_ms"]) / (n + 1)
+    for part, ms in run["parts_ms"].items():
+        total["parts_ms"][part] = (total["parts_ms"][part] * n + ms) / (n + 1)
+    total["steps"] += run["steps"]
+    total["rounds"] = n + 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--torch-ops", action="store_true", help="also profile fp32 with cpu_kernels=False")
     add_common_args(ap)
     args = ap.parse_args()
     out = out_dir(args, "profile_step")
     model = tiny_model() if args.smoke else "smollm2"
     steps = 4 if args.smoke else args.steps
     torch.set_num_threads(args.threads)
+    configs = {"fp32": dict(quantization=None)}
+    if args.torch_ops:
+        configs["fp32 torch ops"] = dict(quantization=None, cpu_kernels=False)
+    configs["int8"] = dict(quantization="int8")
+    llms = {name: LLM(model=model, dtype="float32", num_threads=args.threads, **kw) for name, kw in configs.items()}
+    prompts = chat_prompts(next(iter(llms.values())).tokenizer, args.batch, max_len=128)
+    rounds = 1 if args.smoke else 4
     runs = {}
-    for quant in (None, "int8"):
-        llm = LLM(model=model, dtype="float32", num_threads=args.threads, quantization=quant)
-        prompts = chat_prompts(llm.tokenizer, args.batch, max_len=128)
-        for batch in (1, args.batch):
-            name = f"{quant or 'fp32'} batch {batch}"
-            print(f"{name} ...", flush=True)
-            runs[name] = profile(llm, prompts[:batch], steps)
+    for batch in (1, args.batch):
+        print(f"batch {batch} ...", flush=True)
+        for _ in range(rounds):
+            for name, llm in llms.items():
+                merge(runs.setdefault(f"{name} batch {batch}", {}), profile(llm, prompts[:batch], steps // rounds))
     report = {"model": "tiny-random" if args.smoke else "SmolLM2-135M-Instruct", "smoke": args.smoke,
               "threads": args.threads, "machine": machine(), "torch": torch.__version__, "runs": runs}
     (out / "profile_step.json").write_text(json.dumps(report, indent=2))
