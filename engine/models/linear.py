@@ -44,14 +44,14 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 
 class Linear:
-    """y = x @ weight.T + bias. weight: [out, in]. `native`: allow the fp32 C kernel (CPU)."""
+    """y = x @ weight.T + bias. weight: [out, in]. `cpu_kernel`: allow the fp32 C kernel (CPU)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, native: bool = True):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, cpu_kernel: bool = True):
         self.weight = weight
         self.bias = bias
         self.packed = None
         self.lib = None
-        if native and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous():
+        if cpu_kernel and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous():
             self.lib = f32_library()
             self._bias = bias.contiguous() if bias is not None else None
         if _can_pack(weight):

@@ -65,7 +65,7 @@ class LlamaModel:
         """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
         weight-only int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
         `cpu_kernels`: the own C kernels on CPU (fp32 linears at small batch, fused elementwise ops)."""
-        linear = Int8Linear if quantization == "int8" else partial(Linear, native=cpu_kernels)
+        linear = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=cpu_kernels)
         def w(name: str) -> torch.Tensor:
             return sd[name].to(dtype).contiguous()
 

@@ -23,6 +23,6 @@ def test_kernel_equals_f_linear(M, N, K):
 def test_switched_off_takes_f_linear():
     torch.manual_seed(0)
     w, x = torch.randn(24, 48), torch.randn(3, 48)
-    off = linear.Linear(w, native=False)
+    off = linear.Linear(w, cpu_kernel=False)
     assert off.lib is None and torch.equal(off(x[:3]), F.linear(x[:3], w))
     assert linear.Linear(w.to(torch.bfloat16)).lib is None  # fp32 only
