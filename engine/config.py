@@ -146,6 +146,9 @@ class EngineConfig(LoRAConfig):
     incremental_text: bool = True
     # None, or "int8": weight-only INT8 linears with per-channel scales (engine/models/quant.py).
     quantization: str | None = None
+    # The own C kernels of the CPU forward (engine/models/csrc: fp32 linears at small batch, fused
+    # RMSNorm, RoPE and SiLU·mul; docs/performance.md). False: torch ops only.
+    cpu_kernels: bool = True
 
     def __post_init__(self):
         super().__post_init__()

@@ -35,7 +35,8 @@ class ModelRunner:
             raise ValueError(f"model type {cfg.model_type!r} is not supported; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
         weights = {k: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
                    for k, t in loaded.state_dict.items()}  # no copy where the loader drew them there
-        self.model = model_cls.from_state_dict(cfg, weights, self.dtype, backend, max_model_len, config.quantization)
+        self.model = model_cls.from_state_dict(cfg, weights, self.dtype, backend, max_model_len, config.quantization,
+                                               cpu_kernels=config.cpu_kernels)
         del weights
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = frozenset(loaded.eos_token_ids)  # masked for rows below their min_tokens

@@ -33,6 +33,8 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     # Backends that read the chunks as tensors keep them here, built once a step (first layer).
     packed_prefills: object | None = None
+    # The cpu backend's int32 decode block tables and context lengths, built once a step (first layer).
+    decode_int32: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class AttentionBackend(ABC):

@@ -45,6 +45,14 @@ class CPUPagedAttention(TorchAttention):
             raise ValueError("the cpu kernel supports head_dim <= 256 and <= 16 query heads per KV head")
         self.lib = load_library()
 
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.prefills or self.KERNELS.get(q.dtype) is None or q.device.type != "cpu":
+            return super().forward(q, k, v, kv_cache, meta)
+        # A decode-only step: the K/V writes and the kernel, its output written in place.
+        kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        return self._decode(q, kv_cache, meta)
+
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         kernel = self.KERNELS.get(q.dtype)
         if kernel is None or q.device.type != "cpu":
@@ -52,8 +60,10 @@ class CPUPagedAttention(TorchAttention):
         B, H, D = q.shape
         q = q.contiguous()
         out = torch.empty_like(q)
-        tables = meta.decode_block_tables.to(torch.int32).contiguous()
-        ctx = meta.decode_context_lens.to(torch.int32).contiguous()
+        if meta.decode_int32 is None:
+            meta.decode_int32 = (meta.decode_block_tables.to(torch.int32).contiguous(),
+                                 meta.decode_context_lens.to(torch.int32).contiguous())
+        tables, ctx = meta.decode_int32
         getattr(self.lib, kernel)(
             q.data_ptr(), kv_cache.data_ptr(), tables.data_ptr(), ctx.data_ptr(), out.data_ptr(),
             B, H, self.num_kv_heads, D, kv_cache.shape[2], meta.block_size, tables.shape[1],

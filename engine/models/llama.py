@@ -8,6 +8,7 @@ step's tokens are one [T, hidden] matrix; only rows that sample go through the L
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.lora.batch import LoRABatch
+from engine.models.fused import TorchOps, make_ops
 from engine.models.linear import Linear
 from engine.models.quant import Int8Linear
 
@@ -30,23 +32,12 @@ class LayerWeights:
     down: Linear  # [hidden, intermediate]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same arithmetic as transformers' LlamaRMSNorm: normalise in fp32, scale in the model dtype.
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def swap_halves(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
-
-
 class LlamaModel:
     """Weights plus the forward. Build with `from_state_dict`."""
 
     def __init__(self, config: LlamaConfig, layers: list[LayerWeights], embed: torch.Tensor,
-                 norm: torch.Tensor, lm_head: Linear, attention: AttentionBackend, max_positions: int):
+                 norm: torch.Tensor, lm_head: Linear, attention: AttentionBackend, max_positions: int,
+                 ops: TorchOps | None = None):
         self.config = config
         self.layers = layers
         self.embed = embed  # [vocab, hidden]
@@ -58,6 +49,7 @@ class LlamaModel:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
         self.dtype = embed.dtype
+        self.ops = ops or TorchOps()  # RMSNorm (+ residual add), RoPE, SiLU·mul: engine/models/fused.py
         rotary = LlamaRotaryEmbedding(config).to(embed.device)
         positions = torch.arange(max_positions, device=embed.device)[None]
         cos, sin = rotary(embed[:1], positions)  # [1, P, D] each, model dtype, on the weights' device
@@ -68,10 +60,12 @@ class LlamaModel:
 
     @classmethod
     def from_state_dict(cls, config: LlamaConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
-                        attention: AttentionBackend, max_positions: int, quantization: str | None = None) -> LlamaModel:
+                        attention: AttentionBackend, max_positions: int, quantization: str | None = None,
+                        cpu_kernels: bool = True) -> LlamaModel:
         """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
-        weight-only int8, engine/models/quant.py; embeddings and norms stay in `dtype`)."""
-        linear = Int8Linear if quantization == "int8" else Linear
+        weight-only int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
+        `cpu_kernels`: the own C kernels on CPU (fp32 linears at small batch, fused elementwise ops)."""
+        linear = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=cpu_kernels)
         def w(name: str) -> torch.Tensor:
             return sd[name].to(dtype).contiguous()
 
@@ -96,7 +90,8 @@ class LlamaModel:
         embed = w("model.embed_tokens.weight")
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in sd
         lm_head = linear(embed if tied else w("lm_head.weight"))
-        return cls(config, layers, embed, w("model.norm.weight"), lm_head, attention, max_positions)
+        return cls(config, layers, embed, w("model.norm.weight"), lm_head, attention, max_positions,
+                   make_ops(embed.device, dtype, cpu_kernels))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -106,33 +101,29 @@ class LlamaModel:
         in place to its base output, for the rows that have an adapter. None: the base model."""
         T = input_ids.shape[0]
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
-        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        ops = self.ops
+        x = F.embedding(input_ids, self.embed)  # [T, hidden] the residual stream
+        delta = None  # the last layer's MLP output, added to x by the next norm
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            h = rms_norm(x, layer.input_norm, self.eps)
+            x, h = ops.add_rms_norm(x, delta, layer.input_norm, self.eps)
             qkv = layer.qkv(h)  # [T, (H + 2*KVH) * D]
             if lora is not None:
                 lora.apply(i, "qkv", h, qkv)
-            qk = qkv[:, : (H + KVH) * D].view(T, H + KVH, D)
-            qk = qk * cos + swap_halves(qk) * sin  # RoPE on q and k at once
+            qk = ops.rope(qkv[:, : (H + KVH) * D].view(T, H + KVH, D), self.cos, self.sin, positions)  # q and k at once
             v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
             attn = self.attention.forward(qk[:, :H], qk[:, H:], v, kv_cache, meta).reshape(T, H * D)
             o = layer.o(attn)
             if lora is not None:
                 lora.apply(i, "o", attn, o)
-            x = x + o
-            h = rms_norm(x, layer.post_norm, self.eps)
+            x, h = ops.add_rms_norm(x, o, layer.post_norm, self.eps)
             gate_up = layer.gate_up(h)  # [T, 2 * intermediate]
             if lora is not None:
                 lora.apply(i, "gate_up", h, gate_up)
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-            down = layer.down(act)
+            act = ops.silu_mul(gate_up)
+            delta = layer.down(act)
             if lora is not None:
-                lora.apply(i, "down", act, down)
-            x = x + down
-        return rms_norm(x, self.norm, self.eps)
+                lora.apply(i, "down", act, delta)
+        return ops.add_rms_norm(x, delta, self.norm, self.eps)[1]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,59 @@
+/* The Llama forward's small fp32 operators, fused: one call each instead of four to six torch ops
+ * (at batch 1 every torch op costs a few microseconds of dispatch for a few hundred floats).
+ *
+ *   add_rms_norm  x [T, C] += delta [T, C] (when delta is not NULL), then
+ *                 out [T, C] = weight * (x * 1 / sqrt(mean(x^2) + eps))   (transformers' LlamaRMSNorm)
+ *   rope          qk [T, heads, D] rotated in place at positions [T] (int64): with a = x[i],
+ *                 b = x[i + D/2]: x[i] = a cos[i] + b sin[i], x[i + D/2] = b cos[i + D/2] + a sin[i + D/2],
+ *                 where cos, sin [P, D] hold the model's tables (sin with its first half negated)
+ *   silu_mul      gate_up [T, 2I] -> out [T, I] = silu(gate) * up
+ *
+ * Rows are split over the threads only when a call has enough work (prefill); a decode row is a
+ * few hundred floats, cheaper than waking a second thread. */
+#include <math.h>
+#include <stdint.h>
+
+#define PARALLEL_MIN 65536 /* floats per call from which the threads share the rows */
+
+void add_rms_norm(float *restrict x, const float *restrict delta, const float *restrict weight,
+                  float *restrict out, int T, int C, float eps, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if ((long)T * C >= PARALLEL_MIN)
+    for (int t = 0; t < T; t++) {
+        float *xr = x + (long)t * C;
+        float *o = out + (long)t * C;
+        if (delta) {
+            const float *d = delta + (long)t * C;
+            for (int c = 0; c < C; c++) xr[c] += d[c];
+        }
+        float ss = 0.f;
+        for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
+        const float r = 1.f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++) o[c] = weight[c] * (xr[c] * r);
+    }
+}
+
+void rope(float *restrict qk, const int64_t *restrict positions, const float *restrict cos_table,
+          const float *restrict sin_table, int T, int heads, int D, long row_stride, int num_threads) {
+    const int half = D / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if ((long)T * heads * D >= PARALLEL_MIN)
+    for (int t = 0; t < T; t++) {
+        const float *c = cos_table + positions[t] * D, *s = sin_table + positions[t] * D;
+        for (int h = 0; h < heads; h++) {
+            float *v = qk + t * row_stride + (long)h * D;
+            for (int i = 0; i < half; i++) {
+                const float a = v[i], b = v[i + half];
+                v[i] = a * c[i] + b * s[i];
+                v[i + half] = b * c[i + half] + a * s[i + half];
+            }
+        }
+    }
+}
+
+void silu_mul(const float *restrict gate_up, float *restrict out, int T, int I, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if ((long)T * I >= PARALLEL_MIN)
+    for (int t = 0; t < T; t++) {
+        const float *g = gate_up + (long)t * 2 * I, *u = g + I;
+        float *o = out + (long)t * I;
+        for (int i = 0; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}

@@ -1,0 +1,108 @@
+"""The forward's elementwise operators, one object per model: fused C kernels on the CPU in fp32
+(`csrc/fused_ops.c`, one call instead of four to six torch ops each; docs/performance.md), torch
+ops everywhere else (GPU, bf16, no C compiler, EngineConfig.cpu_kernels=False)."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine import native
+
+SOURCE = Path(__file__).parent / "csrc" / "fused_ops.c"
+_LIB: ctypes.CDLL | None = None
+_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+
+
+def _library() -> ctypes.CDLL | None:
+    global _LIB
+    if _LIB is None:
+        try:
+            lib = native.load(SOURCE)
+        except RuntimeError:
+            return None
+        for name, args in (("add_rms_norm", [_P] * 4 + [_I, _I, _F, _I]),
+                           ("rope", [_P] * 4 + [_I] * 3 + [_L, _I]),
+                           ("silu_mul", [_P] * 2 + [_I] * 3)):
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = args
+        _LIB = lib
+    return _LIB
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same arithmetic as transformers' LlamaRMSNorm: normalise in fp32, scale in the model dtype.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
+
+
+class TorchOps:
+    """The operators as torch ops (any device and dtype)."""
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, rms_norm(x + delta)); x: [T, C] the residual stream, delta None: nothing added."""
+        if delta is not None:
+            x = x + delta
+        return x, rms_norm(x, weight, eps)
+
+    def rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """qk: [T, heads, D] (a view into the fused QKV output) rotated at positions [T]; returns
+        the rotated tensor. cos, sin: [P, D], sin with its first half negated."""
+        c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [T, 1, D]
+        return qk * c + swap_halves(qk) * s
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] -> [T, I] silu(gate) * up."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class CPUOps(TorchOps):
+    """The same operators in C, for contiguous fp32 CPU tensors (others take the torch path)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+
+    def add_rms_norm(self, x, delta, weight, eps):
+        if x.dtype != torch.float32 or not x.is_contiguous() or (delta is not None and not delta.is_contiguous()):
+            return super().add_rms_norm(x, delta, weight, eps)
+        T, C = x.shape
+        out = torch.empty_like(x)
+        self.lib.add_rms_norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
+                              out.data_ptr(), T, C, eps, torch.get_num_threads())
+        return x, out  # x updated in place
+
+    def rope(self, qk, cos, sin, positions):
+        T, heads, D = qk.shape
+        if qk.dtype != torch.float32 or qk.stride(2) != 1 or qk.stride(1) != D or positions.dtype != torch.int64:
+            return super().rope(qk, cos, sin, positions)
+        self.lib.rope(qk.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), T, heads, D,
+                      qk.stride(0), torch.get_num_threads())
+        return qk  # rotated in place
+
+    def silu_mul(self, gate_up):
+        if gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
+            return super().silu_mul(gate_up)
+        T, I2 = gate_up.shape
+        out = torch.empty(T, I2 // 2)
+        self.lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
+        return out
+
+
+def make_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool) -> TorchOps:
+    """CPUOps for fp32 on the CPU when allowed and a C compiler is there, else TorchOps."""
+    if cpu_kernels and device.type == "cpu" and dtype == torch.float32:
+        lib = _library()
+        if lib is not None:
+            return CPUOps(lib)
+    return TorchOps()

@@ -1,0 +1,72 @@
+"""The fused fp32 CPU operators (engine/models/csrc/fused_ops.c) against their torch definitions
+(engine/models/fused.py TorchOps), and the whole forward with cpu_kernels on and off."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.models import fused
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ops = fused.make_ops(torch.device("cpu"), torch.float32, cpu_kernels=True)
+    assert isinstance(ops, fused.CPUOps)  # a C compiler is on every machine this suite runs on
+    return ops
+
+
+def test_only_fp32_cpu_gets_the_kernels():
+    assert type(fused.make_ops(torch.device("cpu"), torch.float32, cpu_kernels=False)) is fused.TorchOps
+    assert type(fused.make_ops(torch.device("cpu"), torch.bfloat16, cpu_kernels=True)) is fused.TorchOps
+
+
+@pytest.mark.parametrize("T", [1, 3, 200])  # 200 rows: the threads share them
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm(ops, T, with_delta):
+    torch.manual_seed(T)
+    C = 576
+    x, w = torch.randn(T, C) * 3, torch.randn(C)
+    delta = torch.randn(T, C) if with_delta else None
+    ref_x, ref_h = fused.TorchOps().add_rms_norm(x.clone(), delta, w, 1e-5)
+    got_x, got_h = ops.add_rms_norm(x, delta, w, 1e-5)
+    assert got_x.data_ptr() == x.data_ptr()  # the residual stream is updated in place
+    assert torch.allclose(got_x, ref_x, rtol=0, atol=0)  # one fp32 add: bit-identical
+    assert torch.allclose(got_h, ref_h, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [1, 5, 300])
+def test_rope_in_place_on_a_strided_view(ops, T):
+    torch.manual_seed(T)
+    heads, D, P = 4, 64, 512
+    qkv = torch.randn(T, (heads + 2) * D)
+    cos, sin = torch.randn(P, D), torch.randn(P, D)
+    positions = torch.randint(0, P, (T,))
+    view = qkv[:, : heads * D].view(T, heads, D)  # rows (heads + 2) * D apart, as in the forward
+    v_before = qkv[:, heads * D :].clone()
+    expected = fused.TorchOps().rope(view.clone(), cos, sin, positions)
+    got = ops.rope(view, cos, sin, positions)
+    assert got.data_ptr() == qkv.data_ptr()
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(qkv[:, heads * D :], v_before)  # V untouched
+
+
+@pytest.mark.parametrize("T", [1, 100])
+def test_silu_mul(ops, T):
+    torch.manual_seed(T)
+    gate_up = torch.randn(T, 2 * 1536) * 4
+    assert torch.allclose(ops.silu_mul(gate_up), fused.TorchOps().silu_mul(gate_up), rtol=1e-5, atol=1e-6)
+
+
+def test_forward_with_and_without_cpu_kernels(tiny_model_dir):
+    on = LLM(model=str(tiny_model_dir), dtype="float32", num_threads=2)
+    off = LLM(model=str(tiny_model_dir), dtype="float32", num_threads=2, cpu_kernels=False)
+    assert isinstance(on.engine.runner.model.ops, fused.CPUOps) and on.engine.runner.model.layers[0].qkv.lib
+    assert type(off.engine.runner.model.ops) is fused.TorchOps and off.engine.runner.model.layers[0].qkv.lib is None
+    hidden = []
+    for llm in (on, off):  # a 37-token prefill: F.linear and the fused (or torch) operators
+        llm.engine.add_request("r", list(range(3, 40)), SamplingParams(max_tokens=2, temperature=0))
+        hidden.append(llm.engine.runner.forward(llm.engine.scheduler.schedule())[1].clone())
+        llm.engine.abort("r")
+    assert torch.allclose(hidden[0], hidden[1], rtol=1e-4, atol=1e-4)
+    prompts = [list(range(5 + i, 30 + 3 * i)) for i in range(4)]  # then batch-4 decodes: the C linears
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    assert [o.token_ids for o in on.generate(prompts, params)] == [o.token_ids for o in off.generate(prompts, params)]
