@@ -321,17 +321,20 @@ def relay_ids(request_id: str, count: int) -> list[str]:
     return [request_id] if count == 1 else [f"{request_id}-{i}" for i in range(count)]
 
 
-async def _first_results(streams: list[AsyncIterator[LaneResult | None]]) -> list[LaneResult]:
-    """The first result of each stream (keep-alives skipped), waited for together."""
-    async def first(stream: AsyncIterator[LaneResult | None]) -> LaneResult:
+async def _first_results(streams: list[AsyncIterator[LaneResult | None]],
+                         got: dict[int, LaneResult]) -> list[LaneResult]:
+    """The first result of each stream (keep-alives skipped), waited for together; each lands in
+    ``got`` (stream position → result) as it comes, so that a failure knows which prompts ran."""
+    async def first(i: int, stream: AsyncIterator[LaneResult | None]) -> LaneResult:
         result = await anext(stream)
         while result is None:  # keep-alives before the first result: a response has not started
             result = await anext(stream)
+        got[i] = result
         return result
 
     if len(streams) == 1:
-        return [await first(streams[0])]
-    tasks = [asyncio.ensure_future(first(stream)) for stream in streams]
+        return [await first(0, streams[0])]
+    tasks = [asyncio.ensure_future(first(i, stream)) for i, stream in enumerate(streams)]
     try:
         return list(await asyncio.gather(*tasks))
     finally:  # one failed, or the client left: the others stop waiting
@@ -397,6 +400,7 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
             await state.lanes.cancel(request_id)
         raise
     relay_span = None
+    got: dict[int, LaneResult] = {}  # the first results that came back
     try:
         if gate:
             with tracing.span("slo_gate"):
@@ -423,7 +427,7 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
                                        idle_timeout_s=settings.stream_idle_timeout_s,
                                        keepalive_s=settings.sse_keepalive_s, epoch=epoch).__aiter__() for rid in ids]
         try:
-            firsts = await _first_results(streams)
+            firsts = await _first_results(streams, got)
         except ResultTimeout as exc:
             raise engine_timeout(exc) from exc
         except QueueUnavailable as exc:
@@ -434,17 +438,20 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
             await _record(state, admission, request_id=request_id, model=shown, tier=tier, status=SLO_UNATTAINABLE,
                           prompt_tokens=0, completion_tokens=0, started=started)
         raise
-    except BaseException as exc:  # admitted, then no first result: refunded, recorded with 0 tokens
+    except BaseException as exc:  # admitted, then not every first result: what ran is charged, the rest refunded
         if relay_span is not None:
             relay_span.end()
         status = (INTERRUPTED if getattr(exc, "code", None) == INTERRUPTED else TIMEOUT
                   if isinstance(exc, GatewayTimeout) else "error" if isinstance(exc, Exception) else "cancelled")
+        ran = [result for result in got.values() if result.kind != "error"]  # one prompt: none
+        prompt_ran = sum(result.num_prompt_tokens for result in ran)
+        completion = sum(result.num_output_tokens for result in ran)
         with anyio.CancelScope(shield=True):
             for rid in ids:
                 state.lanes.cancel_soon(rid)
-            await quota.settle(admission, completion_tokens=0, status="error")
+            await quota.settle(admission, completion_tokens=completion, status="error", prompt_tokens=prompt_ran)
             await _record(state, admission, request_id=request_id, model=shown, tier=tier, status=status,
-                          prompt_tokens=0, completion_tokens=0, started=started)
+                          prompt_tokens=prompt_ran, completion_tokens=completion, started=started)
         raise
     n = sampling.n
     relays = [Relay(request_id=rid, offset=i * n, first=first, results=stream, prompt_tokens=len(prompt_ids))
