@@ -67,14 +67,15 @@ def _log_softmax(hf, ids: list[int]) -> torch.Tensor:
         return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)  # [len(ids), V]
 
 
-def _greedy(hf, ids: list[int], n: int, frequency_penalty: float = 0.0) -> tuple[list[int], list[float]]:
-    """HF greedy, a full forward per token; OpenAI's frequency penalty applied by hand."""
+def _greedy(hf, ids: list[int], n: int, frequency_penalty: float = 0.0,
+            presence_penalty: float = 0.0) -> tuple[list[int], list[float]]:
+    """HF greedy, a full forward per token; OpenAI's frequency and presence penalties applied by hand."""
     out, lps = [], []
     for _ in range(n):
         lp = _log_softmax(hf, ids + out)[-1]
         logits = lp.clone()  # log_softmax differs from the logits by a constant: same argmax
         for t in set(out):
-            logits[t] -= frequency_penalty * out.count(t)
+            logits[t] -= frequency_penalty * out.count(t) + presence_penalty
         token = int(logits.argmax())
         out.append(token)
         lps.append(float(lp[token]))
@@ -137,15 +138,32 @@ def test_logit_bias_forces_and_bans_streamed_and_not(client, tok):
     assert text == tok.decode([forced_id] * 4)
 
 
-def test_frequency_penalty_as_defined(client, tok, hf):
+def test_a_banned_token_never_appears_when_sampling_streamed_and_not(client, tok):
+    """-100 on the tokens a free sample uses most: sampled at temperature 1.5 none of them comes back."""
+    kwargs = dict(model=MODEL, prompt="Once upon a time, in a small village by the sea,", max_tokens=24,
+                  temperature=1.5, seed=9, n=3, logprobs=0, extra_body={"ignore_eos": True})
+    free = [t for c in client.completions.create(**kwargs).choices for t in c.logprobs.tokens]
+    ids = {t: tok.encode_prompt(t) for t in set(free)}
+    common = sorted((t for t in ids if len(ids[t]) == 1 and tok.decode(ids[t]) == t), key=free.count)[-8:]
+    assert len(common) == 8
+    ban = {str(ids[t][0]): -100 for t in common}
+    banned = client.completions.create(**kwargs, logit_bias=ban)
+    stream = client.completions.create(**kwargs, logit_bias=ban, stream=True)
+    streamed = [t for chunk in stream for c in chunk.choices if c.logprobs for t in c.logprobs.tokens]
+    for tokens in [t for c in banned.choices for t in c.logprobs.tokens], streamed:
+        assert len(tokens) == 3 * 24 and not set(tokens) & set(common)
+
+
+@pytest.mark.parametrize("penalty", [{"frequency_penalty": 1.5}, {"presence_penalty": 1.5}])
+def test_penalties_as_defined(client, tok, hf, penalty):
     ids = tok.encode_prompt(REPEAT)
-    ref, _ = _greedy(hf, ids, 8, frequency_penalty=1.5)
+    ref, _ = _greedy(hf, ids, 8, **penalty)
     plain, _ = _greedy(hf, ids, 8)
     assert ref != plain
-    got = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, frequency_penalty=1.5,
+    got = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, **penalty,
                                     logprobs=0, extra_body={"ignore_eos": True})
     assert got.choices[0].text == tok.decode(ref)
-    stream = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, frequency_penalty=1.5,
+    stream = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, **penalty,
                                        stream=True, extra_body={"ignore_eos": True})
     assert "".join(c.choices[0].text for c in stream if c.choices) == got.choices[0].text
 
