@@ -27,6 +27,9 @@ from gateway.lanes.messages import LaneAdapter
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+# With "stream": true the 200 is server-sent events (OpenAI's chunks, then "data: [DONE]").
+STREAMED = {200: {"description": "The response, or with `stream` its chunks as server-sent events",
+                  "content": {"text/event-stream": {"schema": {}}}}}
 
 
 async def _check_model(state: GatewayState, auth: AuthContext, model: str, top_k: int | None) -> LaneAdapter | None:
@@ -63,7 +66,7 @@ async def _encode(state: GatewayState, encode, arg, chars: int):
     return await anyio.to_thread.run_sync(encode, arg, limiter=state.tokenize_limiter)
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
                            quota: QuotaDep):
     """Creates a model response for the given chat conversation."""
@@ -98,7 +101,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     return await _respond(generation, body, request, chat=True, tool_plan=tool_plan)
 
 
-@router.post("/completions")
+@router.post("/completions", responses=STREAMED)
 async def completions(body: CompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
                       quota: QuotaDep):
     """Creates a completion for the provided prompt (or for each of a list of prompts)."""
