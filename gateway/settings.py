@@ -171,6 +171,8 @@ class ApiSettings(SharedSettings):
     max_prompt_chars: int = Field(262_144, ge=1)  # 32 characters a token for an 8K context: never fits
     tokenize_inline_chars: int = Field(4096, ge=0)
     tokenize_threads: int = Field(1, ge=1)  # long prompts tokenized at once; more wait (the loop keeps a core)
+    # Prompts of one /v1/completions request (a list of prompts: each its own engine request).
+    max_prompts_per_request: int = Field(64, ge=1)
     auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
 
     # Latency targets (docs/gateway.md): tier -> seconds; a tenant's own win. They need a "+slo" policy.

@@ -194,12 +194,14 @@ class QuotaSeam:
             self._start_renewer()
         return admission
 
-    async def settle(self, admission: Admission, *, completion_tokens: int, status: str) -> None:
+    async def settle(self, admission: Admission, *, completion_tokens: int, status: str,
+                     prompt_tokens: int | None = None) -> None:
         """Charge what the request used, or refund it all if it failed before running; idempotent.
 
         ``status`` is the request's outcome (a finish reason, ``cancelled``, ``error`` or
         ``slo_unattainable``); ``error`` or ``slo_unattainable`` with no completion token means it
-        never ran (refund), anything else is charged prompt + completion tokens.
+        never ran (refund), anything else is charged prompt + completion tokens. ``prompt_tokens``:
+        those of the prompts that ran, when fewer than all that were reserved (several prompts).
         """
         if admission.settled:
             return
@@ -211,7 +213,8 @@ class QuotaSeam:
         if never_ran(status, completion_tokens):
             outcome = await self.limiter.refund(reservation)
         else:
-            outcome = await self.limiter.settle(reservation, admission.prompt_tokens + completion_tokens)
+            prompt = admission.prompt_tokens if prompt_tokens is None else prompt_tokens
+            outcome = await self.limiter.settle(reservation, prompt + completion_tokens)
         if outcome not in ("settled", "not_charged"):
             log.warning("quota settlement of %s: %s", admission.request_id, outcome)
 

@@ -27,6 +27,9 @@ from gateway.lanes.messages import LaneAdapter
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+# With "stream": true the 200 is server-sent events (OpenAI's chunks, then "data: [DONE]").
+STREAMED = {200: {"description": "The response, or with `stream` its chunks as server-sent events",
+                  "content": {"text/event-stream": {"schema": {}}}}}
 
 
 async def _check_model(state: GatewayState, auth: AuthContext, model: str, top_k: int | None) -> LaneAdapter | None:
@@ -47,18 +50,23 @@ def _check_token_ids(state: GatewayState, body) -> None:
 
 
 async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) -> list[int]:
-    """Tokenize, refusing over-long prompts before any work and moving long ones off the event
-    loop (a thread), so that one client's huge prompt never delays another's request."""
+    """Tokenize, refusing over-long prompts before any work."""
     limit = state.settings.max_prompt_chars
     if chars > limit:
         raise InvalidRequest(f"The prompt has {chars} characters; this server accepts at most {limit}.",
                              param=param, code="context_length_exceeded")
+    return await _encode(state, encode, arg, chars)
+
+
+async def _encode(state: GatewayState, encode, arg, chars: int):
+    """``encode(arg)``, in a thread when ``chars`` is long, so that one client's huge prompt never
+    delays another's request."""
     if chars <= state.settings.tokenize_inline_chars:
         return encode(arg)
     return await anyio.to_thread.run_sync(encode, arg, limiter=state.tokenize_limiter)
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
                            quota: QuotaDep):
     """Creates a model response for the given chat conversation."""
@@ -87,44 +95,67 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
         raise InvalidRequest(f"These messages cannot be rendered by the model's chat template: {exc}",
                              param="messages") from exc
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
-                                 prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
+                                 prompts=[prompt_ids], requested_max_tokens=body.requested_max_tokens(),
                                  sampling_options=options, traceparent=request.headers.get("traceparent"),
                                  adapter=adapter)
     return await _respond(generation, body, request, chat=True, tool_plan=tool_plan)
 
 
-@router.post("/completions")
+@router.post("/completions", responses=STREAMED)
 async def completions(body: CompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
                       quota: QuotaDep):
-    """Creates a completion for the provided prompt."""
+    """Creates a completion for the provided prompt (or for each of a list of prompts)."""
     adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()
     _check_token_ids(state, body)
-    prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        prompt_ids = await _tokenize(state, state.tokenizer.encode_prompt, prompt, len(prompt), "prompt")
-    else:
-        prompt_ids = list(prompt)
-        vocab = state.tokenizer.vocab_size
-        if any(t >= vocab for t in prompt_ids):
-            raise InvalidRequest(f"Prompt token ids must be below the vocabulary size ({vocab}).", param="prompt")
-    if not prompt_ids:
-        raise InvalidRequest("The prompt is empty.", param="prompt")
+    prompts = body.prompts()
+    limit = state.settings.max_prompts_per_request
+    if len(prompts) > limit:
+        raise InvalidRequest(f"The request has {len(prompts)} prompts; this server accepts at most {limit} in one "
+                             "request.", param="prompt")
+    prompt_ids = await _prompt_ids(state, prompts)
     echo = None
     if body.echo:
-        echo = (prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt_ids), prompt_ids)
+        echo = [(p if isinstance(p, str) else state.tokenizer.decode(ids), ids) for p, ids in zip(prompts, prompt_ids)]
     generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
-                                 prompt_ids=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
+                                 prompts=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
                                  sampling_options=options, prompt_param="prompt",
                                  traceparent=request.headers.get("traceparent"), adapter=adapter)
     return await _respond(generation, body, request, chat=False, echo=echo)
 
 
+async def _prompt_ids(state: GatewayState, prompts: list[str | list[int]]) -> list[list[int]]:
+    """Each prompt's token ids; any bad prompt (too long, empty, a token id outside the
+    vocabulary) refuses the whole request, naming it, before anything is charged or queued."""
+    vocab = state.tokenizer.vocab_size
+    texts = [p for p in prompts if isinstance(p, str)]
+    name = (lambda i: "The prompt") if len(prompts) == 1 else (lambda i: f"Prompt {i}")
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str) and len(prompt) > state.settings.max_prompt_chars:
+            raise InvalidRequest(f"{name(i)} has {len(prompt)} characters; this server accepts at most "
+                                 f"{state.settings.max_prompt_chars}.", param="prompt", code="context_length_exceeded")
+    encoded = iter(await _encode(state, lambda ts: [state.tokenizer.encode_prompt(t) for t in ts], texts,
+                                 sum(map(len, texts))))
+    out = []
+    for i, prompt in enumerate(prompts):
+        ids = next(encoded) if isinstance(prompt, str) else list(prompt)
+        if any(t >= vocab for t in ids):
+            raise InvalidRequest(f"{name(i)}'s token ids must be below the vocabulary size ({vocab}).", param="prompt")
+        if not ids:
+            raise InvalidRequest(f"{name(i)} is empty.", param="prompt")
+        out.append(ids)
+    return out
+
+
+Echo = list[tuple[str, list[int]]]  # (text, token ids) of each prompt of a request that asked for them back
+
+
 async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool,
-                   echo: tuple[str, list[int]] | None = None, tool_plan: tools.ToolPlan | None = None):
-    """echo: (prompt text, prompt ids) of a completions request that asked for its prompt back;
-    tool_plan: a chat request's tools (gateway/api/tools.py), whose calls are parsed from the output."""
+                   echo: Echo | None = None, tool_plan: tools.ToolPlan | None = None):
+    """echo: the prompts of a completions request that asked for them back; tool_plan: a chat
+    request's tools (gateway/api/tools.py), whose calls are parsed from the output. Choice
+    ``prompt_index * n + i`` is the i-th choice of that prompt (OpenAI's order)."""
     headers = generation.admission.headers
     ids = dict(request_id=generation.request_id, created=generation.created, model=generation.model,
                tier=openai_tier(generation.tier, generation.state.settings.tiers))
@@ -165,10 +196,14 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
         return JSONResponse({}, status_code=CLIENT_CLOSED_REQUEST)  # nobody is listening any more
     build = fmt.chat_completion if chat else fmt.text_completion
     indexes = sorted(parts)
-    if not chat and body.ranks_choices:  # best_of: the n with the highest cumulative logprob
-        indexes = sorted(indexes, key=lambda i: -sum(lp.logprob for lp in logprobs[i]))[: body.n or 1]
-    choices = [_choice(generation, body, chat, echo, "".join(parts[i]), reasons.get(i, generation.finish_reason),
-                       logprobs[i]) for i in indexes]
+    if not chat and body.ranks_choices:  # best_of: each prompt's n with the highest cumulative logprob
+        by_prompt: dict[int, list[int]] = {}
+        for i in indexes:
+            by_prompt.setdefault(generation.prompt_index(i), []).append(i)
+        indexes = [i for p in sorted(by_prompt)
+                   for i in sorted(by_prompt[p], key=lambda i: -sum(lp.logprob for lp in logprobs[i]))[: body.n or 1]]
+    choices = [_choice(generation, body, chat, echo and echo[generation.prompt_index(i)], i, "".join(parts[i]),
+                       reasons.get(i, generation.finish_reason), logprobs[i]) for i in indexes]
     if tool_plan is not None:  # one choice (n > 1 is refused with tools)
         choices[0].text, choices[0].tool_calls = tool_plan.parse(choices[0].text)
     return JSONResponse(build(**ids, choices=choices, prompt_tokens=generation.prompt_tokens,
@@ -176,21 +211,21 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
                         headers=headers)
 
 
-def _choice(generation: gen.Generation, body, chat: bool, echo: tuple[str, list[int]] | None, text: str,
-            reason: str | None, logprobs: list) -> fmt.Choice:
+def _choice(generation: gen.Generation, body, chat: bool, echo: tuple[str, list[int]] | None, index: int,
+            text: str, reason: str | None, logprobs: list) -> fmt.Choice:
     tokenizer = generation.state.tokenizer
     if chat:
         return fmt.Choice(text, reason, lp_fmt.chat_logprobs(tokenizer, logprobs) if body.logprobs else None)
     choice_logprobs = None
     if body.logprobs is not None:
-        scored = list(generation.prompt_logprobs or ()) if echo is not None else []
+        scored = list(generation.prompt_logprobs(index) or ()) if echo is not None else []
         choice_logprobs = lp_fmt.completion_logprobs(tokenizer, scored + logprobs,
                                                      first_token_id=echo[1][0] if echo else None)
     return fmt.Choice(echo[0] + text if echo is not None else text, reason, choice_logprobs)
 
 
 async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
-                  echo: tuple[str, list[int]] | None, tool_plan: tools.ToolPlan | None = None) -> AsyncIterator[bytes]:
+                  echo: Echo | None, tool_plan: tools.ToolPlan | None = None) -> AsyncIterator[bytes]:
     chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
     tokenizer = generation.state.tokenizer
     want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
@@ -224,9 +259,10 @@ async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
             index = result.index
             if echo is not None and index not in echoed:  # the prompt first, as its own chunk
                 echoed.add(index)
-                scored = list(generation.prompt_logprobs or ()) if want_logprobs else None
-                yield fmt.sse(chunk(text=echo[0], index=index, logprobs=None if scored is None
-                                    else completion_logprobs(index, scored, echo[1][0])))
+                text, prompt_ids = echo[generation.prompt_index(index)]
+                scored = list(generation.prompt_logprobs(index) or ()) if want_logprobs else None
+                yield fmt.sse(chunk(text=text, index=index, logprobs=None if scored is None
+                                    else completion_logprobs(index, scored, prompt_ids[0])))
             reason = result.finish_reason  # this choice's end (the request's with its last choice)
             if not result.text and reason is None and not (want_logprobs and result.logprobs):
                 continue  # e.g. a token that completes no character yet

@@ -236,13 +236,12 @@ class CompletionRequest(_GenerationRequest):
         """Does the route pick the n best of best_of choices?"""
         return self.best_of is not None and self.best_of != (self.n or 1)
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: a string or token ids is one; a list of either, one each."""
         prompt = self.prompt
         if isinstance(prompt, list):
             if len(prompt) == 0:
                 raise InvalidRequest("prompt must not be empty.", param="prompt")
             if isinstance(prompt[0], (str, list)):
-                if len(prompt) != 1:
-                    raise InvalidRequest("Only one prompt per request is supported.", param="prompt")
-                return prompt[0]
-        return prompt
+                return list(prompt)
+        return [prompt]

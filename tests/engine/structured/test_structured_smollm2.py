@@ -42,28 +42,57 @@ def greedy_alone(smollm2):
     return smollm2.generate(CHAT, schema_params(PERSON, temperature=0))[0]
 
 
-def test_mixed_batch_every_constrained_row_valid_and_greedy_row_as_alone(smollm2, greedy_alone):
+def test_full_mix_in_one_batch_every_greedy_row_as_alone(smollm2):
+    """Constrained and free rows, greedy and sampled, with and without penalties, biases and
+    (prompt) logprobs, in one engine batch: every constrained row is valid, every greedy row's
+    tokens and logprobs are those it gets alone, free rows stay free and sampled rows differ."""
+    greedy = dict(temperature=0)
     rows = [(CHAT, schema_params(schema, seed=seed), schema) for schema in SCHEMAS for seed in (1, 2)]
-    rows += [(CHAT, schema_params(PERSON, temperature=0), PERSON),
-             (FREE, SamplingParams(max_tokens=12, temperature=0), None),
-             (FREE, SamplingParams(max_tokens=12, temperature=1.0, seed=5), None),
-             (CHAT, SamplingParams(max_tokens=24, temperature=0, structured=StructuredSpec("regex", PHONE)), "regex"),
-             (CHAT, SamplingParams(max_tokens=8, temperature=1.0, seed=3, structured=StructuredSpec("grammar", YES_NO)), "ebnf"),
-             (CHAT, SamplingParams(max_tokens=48, temperature=1.0, seed=4, structured=StructuredSpec("json_object")), "object")]
-    out = smollm2.generate([r[0] for r in rows], [r[1] for r in rows])
-    for (_, _, check), completion in zip(rows, out):
+    rows += [  # (prompt, params, check)
+        (CHAT, SamplingParams(max_tokens=48, **greedy, logprobs=3, structured=StructuredSpec.json_schema(PERSON)),
+         PERSON),
+        (CHAT, SamplingParams(max_tokens=48, **greedy, presence_penalty=0.8, frequency_penalty=0.5,
+                              structured=StructuredSpec.json_schema(COLOR)), COLOR),
+        (CHAT, SamplingParams(max_tokens=24, **greedy, logprobs=0, repetition_penalty=1.2,
+                              structured=StructuredSpec("regex", PHONE)), "regex"),
+        (CHAT, SamplingParams(max_tokens=8, **greedy, prompt_logprobs=1, structured=StructuredSpec("grammar", YES_NO)),
+         "ebnf"),
+        (FREE, SamplingParams(max_tokens=10, **greedy, frequency_penalty=1.0, logprobs=2, ignore_eos=True), "free"),
+        (FREE, SamplingParams(max_tokens=10, **greedy, repetition_penalty=1.3, logit_bias={11: 3.0, 30: -100},
+                              ignore_eos=True), "free"),
+        (FREE, SamplingParams(max_tokens=10, **greedy, ignore_eos=True), "free"),
+        (CHAT, SamplingParams(max_tokens=48, temperature=1.0, seed=3, logprobs=1, presence_penalty=0.5,
+                              structured=StructuredSpec.json_schema(POINTS)), POINTS),
+        (CHAT, SamplingParams(max_tokens=48, temperature=1.0, seed=4, structured=StructuredSpec("json_object")),
+         "object"),
+        (FREE, SamplingParams(max_tokens=10, temperature=0.9, seed=5, top_p=0.9, frequency_penalty=0.6, logprobs=1,
+                              ignore_eos=True), "free"),
+    ]
+    together = smollm2.generate([r[0] for r in rows], [r[1] for r in rows])
+    for (prompt, params, check), batched in zip(rows, together):
         if isinstance(check, dict):
-            assert_valid(completion, check)
+            assert_valid(batched, check)
         elif check == "regex":
-            assert completion.finish_reason == "stop" and re.fullmatch(PHONE, completion.text), completion.text
+            assert batched.finish_reason == "stop" and re.fullmatch(PHONE, batched.text), batched.text
         elif check == "ebnf":
-            assert completion.finish_reason == "stop" and completion.text in ("yes.", "no."), completion.text
+            assert batched.finish_reason == "stop" and batched.text in ("yes.", "no."), batched.text
         elif check == "object":
-            assert completion.finish_reason == "stop" and isinstance(json.loads(completion.text), dict), completion.text
-    assert out[6].token_ids == greedy_alone.token_ids  # the greedy constrained row, as alone
-    free_alone = smollm2.generate(FREE, SamplingParams(max_tokens=12, temperature=0))[0]
-    assert out[7].token_ids == free_alone.token_ids and not out[7].text.startswith("{")  # free rows stay free
-    assert len({c.text for c in out[:6]}) > 1  # sampled rows differ
+            assert batched.finish_reason == "stop" and isinstance(json.loads(batched.text), dict), batched.text
+        else:  # free rows stay free
+            assert len(batched.token_ids) == 10 and not batched.text.startswith("{")
+        assert (batched.logprobs is None) == (params.logprobs is None)
+        if params.temperature > 0:
+            continue
+        alone = smollm2.generate(prompt, params)[0]
+        assert batched.token_ids == alone.token_ids, (batched.text, alone.text)
+        for a, b in zip(batched.logprobs or [], alone.logprobs or []):
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert (batched.prompt_logprobs is None) == (params.prompt_logprobs is None)
+        for a, b in zip((batched.prompt_logprobs or [])[1:], (alone.prompt_logprobs or [])[1:]):
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
+    assert 30 not in together[11].token_ids  # the banned token
+    assert len({c.text for c in together[:6]}) > 1  # sampled rows differ
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

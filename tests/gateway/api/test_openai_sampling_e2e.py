@@ -1,28 +1,32 @@
 """The official openai client against a live `fairlane serve --dev` on the real SmolLM2 (fp32):
 logprobs, top_logprobs and echo held to a direct fp32 forward of the same model (Hugging Face, in
-this process), logit_bias and penalties, n choices sharing their prompt's blocks, streaming of
-each, cached_tokens, and bad values."""
+this process), logit_bias and penalties, n choices sharing their prompt's blocks, several prompts
+in one completions request, streaming of each, cached_tokens, and bad values."""
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 
 import httpx
 import openai
 import pytest
 import torch
 from serve_process import free_port, start, wait_ready
+from sqlalchemy import select
 from transformers import AutoModelForCausalLM
 
 from benchmarks import lm_eval_scoring as scoring
 from engine import assets
 from gateway.api.tokenization import HFPromptTokenizer
+from tenancy import UsageRecord, make_engine, make_session_factory
 
 pytestmark = pytest.mark.real_model
 
 MODEL = "smollm2"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 REPEAT = "one two three, one two three, one two three, one two three,"
+MAX_PROMPTS = 6  # the server's max_prompts_per_request
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +36,10 @@ def server(tmp_path_factory):
     env = {"FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}", "FAIRLANE_ENGINE__MODEL": MODEL,
            "FAIRLANE_ENGINE__DTYPE": "float32", "FAIRLANE_ENGINE__NUM_THREADS": "1",
            "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8", "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "128",
-           "FAIRLANE_CONFIG": "/nonexistent.yaml", "FAIRLANE_REDIS_URL": ""}
+           "FAIRLANE_CONFIG": "/nonexistent.yaml", "FAIRLANE_REDIS_URL": "",
+           "FAIRLANE_MAX_PROMPTS_PER_REQUEST": str(MAX_PROMPTS)}
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
+    served.extra["database_url"] = env["FAIRLANE_DATABASE_URL"]
     try:
         yield wait_ready(served, timeout_s=240)
     finally:
@@ -62,14 +68,15 @@ def _log_softmax(hf, ids: list[int]) -> torch.Tensor:
         return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)  # [len(ids), V]
 
 
-def _greedy(hf, ids: list[int], n: int, frequency_penalty: float = 0.0) -> tuple[list[int], list[float]]:
-    """HF greedy, a full forward per token; OpenAI's frequency penalty applied by hand."""
+def _greedy(hf, ids: list[int], n: int, frequency_penalty: float = 0.0,
+            presence_penalty: float = 0.0) -> tuple[list[int], list[float]]:
+    """HF greedy, a full forward per token; OpenAI's frequency and presence penalties applied by hand."""
     out, lps = [], []
     for _ in range(n):
         lp = _log_softmax(hf, ids + out)[-1]
         logits = lp.clone()  # log_softmax differs from the logits by a constant: same argmax
         for t in set(out):
-            logits[t] -= frequency_penalty * out.count(t)
+            logits[t] -= frequency_penalty * out.count(t) + presence_penalty
         token = int(logits.argmax())
         out.append(token)
         lps.append(float(lp[token]))
@@ -156,15 +163,35 @@ def test_logit_bias_forces_and_bans_streamed_and_not(client, tok):
     assert text == tok.decode([forced_id] * 4)
 
 
-def test_frequency_penalty_as_defined(client, tok, hf):
+def test_a_banned_token_never_appears_when_sampling_streamed_and_not(client, tok):
+    """-100 on the tokens a free sample uses most: sampled at temperature 1.5 none of them comes back
+    (tokens compared by their exact bytes: a token's text may be shared by two tokens)."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story about the sea."}],
+                  max_tokens=24, temperature=1.5, seed=9, n=3, logprobs=True, extra_body={"ignore_eos": True})
+    free = [bytes(e.bytes) for c in client.chat.completions.create(**kwargs).choices for e in c.logprobs.content]
+    ids = {b: tok.encode_prompt(b.decode("utf-8", "replace")) for b in set(free)}
+    single = [b for b in ids if len(ids[b]) == 1 and tok.token_bytes(ids[b][0]) == b]
+    common = sorted(single, key=free.count)[-8:]
+    assert len(common) == 8
+    ban = {str(ids[b][0]): -100 for b in common}
+    banned = [bytes(e.bytes) for c in client.chat.completions.create(**kwargs, logit_bias=ban).choices
+              for e in c.logprobs.content]
+    stream = client.chat.completions.create(**kwargs, logit_bias=ban, stream=True)
+    streamed = [bytes(e.bytes) for chunk in stream for c in chunk.choices if c.logprobs for e in c.logprobs.content]
+    for tokens in banned, streamed:
+        assert len(tokens) == 3 * 24 and not set(tokens) & set(common), set(tokens) & set(common)
+
+
+@pytest.mark.parametrize("penalty", [{"frequency_penalty": 1.5}, {"presence_penalty": 1.5}])
+def test_penalties_as_defined(client, tok, hf, penalty):
     ids = tok.encode_prompt(REPEAT)
-    ref, _ = _greedy(hf, ids, 8, frequency_penalty=1.5)
+    ref, _ = _greedy(hf, ids, 8, **penalty)
     plain, _ = _greedy(hf, ids, 8)
     assert ref != plain
-    got = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, frequency_penalty=1.5,
+    got = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, **penalty,
                                     logprobs=0, extra_body={"ignore_eos": True})
     assert got.choices[0].text == tok.decode(ref)
-    stream = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, frequency_penalty=1.5,
+    stream = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0, **penalty,
                                        stream=True, extra_body={"ignore_eos": True})
     assert "".join(c.choices[0].text for c in stream if c.choices) == got.choices[0].text
 
@@ -223,3 +250,74 @@ def test_n_choices_share_the_prompt_and_count_it_once(server, client):
     assert len(best.choices) == 2 and best.usage.completion_tokens == 16
     totals = [sum(c.logprobs.token_logprobs) for c in best.choices]
     assert totals == sorted(totals, reverse=True)
+
+
+def _streamed(stream) -> tuple[dict[int, str], dict[int, list], object]:
+    """A streamed completion's text and token logprobs per choice index, and its usage chunk's usage."""
+    texts: dict[int, str] = defaultdict(str)
+    logprobs: dict[int, list] = defaultdict(list)
+    usage = None
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            logprobs[c.index] += c.logprobs.token_logprobs if c.logprobs else []
+        usage = chunk.usage or usage
+    return texts, logprobs, usage
+
+
+def test_several_prompts_each_with_n_choices_streamed_and_not(client, tok):
+    """OpenAI's order: choice prompt_index * n + i is the i-th choice of that prompt, each what the
+    prompt gives alone (seeded); usage sums over the prompts."""
+    prompts = ["The capital of France is", "One, two, three,", "My favourite colour is"]
+    kwargs = dict(model=MODEL, max_tokens=5, temperature=1.0, seed=7, n=2, extra_body={"ignore_eos": True})
+    alone = [client.completions.create(prompt=p, **kwargs) for p in prompts]
+    batch = client.completions.create(prompt=prompts, **kwargs)
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [c.text for a in alone for c in a.choices]
+    assert len({c.text for c in batch.choices}) == 6
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == 3 * 2 * 5
+    texts, _, usage = _streamed(client.completions.create(prompt=prompts, stream=True,
+                                                          stream_options={"include_usage": True}, **kwargs))
+    assert [texts[i] for i in range(6)] == [c.text for c in batch.choices] and len(texts) == 6
+    assert (usage.prompt_tokens, usage.completion_tokens) == (batch.usage.prompt_tokens, 30)
+
+
+def test_several_token_id_prompts_scored_like_lm_eval(client, tok, hf):
+    """lm-eval's batched loglikelihood request: token-id prompts, echo, logprobs, one token more."""
+    ids = [tok.encode_prompt(t) for t in ("The sky is blue.", "Paris is the capital of France.", "Two and two")]
+    scored = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0)
+    assert len(scored.choices) == 3 and scored.usage.prompt_tokens == sum(map(len, ids))
+    for prompt, choice in zip(ids, scored.choices):
+        raw = _log_softmax(hf, prompt)
+        assert choice.text.startswith(tok.decode(prompt))
+        got = choice.logprobs.token_logprobs
+        assert got[0] is None and len(got) == len(prompt) + 1
+        want = [float(raw[j - 1, prompt[j]]) for j in range(1, len(prompt))] + [float(raw[-1].max())]
+        assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4
+    texts, logprobs, _ = _streamed(client.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True,
+                                                             logprobs=1, temperature=0, stream=True))
+    assert [texts[i] for i in range(3)] == [c.text for c in scored.choices]
+    assert [logprobs[i] for i in range(3)] == [c.logprobs.token_logprobs for c in scored.choices]
+
+
+def _records(server, request_id: str) -> list[UsageRecord]:
+    engine = make_engine(server.extra["database_url"])
+    with make_session_factory(engine)() as session:
+        rows = session.scalars(select(UsageRecord).where(UsageRecord.request_id == request_id)).all()
+    engine.dispose()
+    return list(rows)
+
+
+@pytest.mark.parametrize("prompt, kwargs, param, message", [
+    ([[1, 2, 3], [5, 99_999_999]], {}, "prompt", "Prompt 1's token ids"),
+    (["Hello", ""], {}, "prompt", "Prompt 1 is empty"),
+    (["Hello", "x" * 300_000], {}, "prompt", "Prompt 1 has 300000 characters"),
+    ([[7] * 20, [7] * 9000], {}, "prompt", "Prompt 1: This model's maximum context length"),
+    (["a"] * (MAX_PROMPTS + 1), {}, "prompt", f"at most {MAX_PROMPTS}"),
+])
+def test_one_bad_prompt_refuses_the_whole_request_uncharged(server, client, prompt, kwargs, param, message):
+    with pytest.raises(openai.BadRequestError, match=re.escape(message)) as err:
+        client.completions.create(model=MODEL, prompt=prompt, **{"max_tokens": 2, **kwargs})
+    assert err.value.param == param
+    assert _records(server, err.value.response.headers["x-request-id"]) == []  # refused before the quota

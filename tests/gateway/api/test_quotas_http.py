@@ -316,3 +316,80 @@ async def test_open_request_keeps_its_lease_and_is_refunded_when_the_client_leav
         for pattern in (f"lanes:{model}:*", f"workers:{model}"):
             for name in redis.scan_iter(match=pattern, count=1000):
                 redis.delete(name)
+
+
+async def test_several_prompts_share_one_admission_and_a_disconnect_aborts_them_all(gw, module_worker):
+    """Three prompts × n=2: the quota's max_tokens cap applies to all six choices, one usage record
+    and one settlement cover them; a client leaving mid-stream aborts every prompt's engine request."""
+    import uvicorn
+
+    tenant, key, _ = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10, max_tokens_per_request=24)
+    prompts = ["abc", "de", "fghi"]  # 9 tokens (the tiny model has no tokenizer: one token a byte)
+    done = await gw.complete(key, prompts, n=2, max_tokens=None)  # the default: the cap / 6 choices
+    assert done.status_code == 200, done.text
+    body = done.json()
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]) == (9, 24)
+    assert_openai_error(await gw.complete(key, prompts, n=2, max_tokens=5), 400, param="max_tokens")  # 30 > 24
+    (record,) = gw.records(tenant["id"])
+    assert (record.prompt_tokens, record.completion_tokens) == (9, 24)
+    assert (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 33
+
+    from serve_process import free_port
+
+    tenant, key, _ = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(gw.app, port=port, lifespan="off", log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    body = {"model": gw.settings.model_name, "prompt": prompts, "max_tokens": 240, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        async with client.stream("POST", "/v1/completions", json=body,
+                                 headers={"Authorization": f"Bearer {key}"}) as response:
+            assert response.status_code == 200
+            async for _line in response.aiter_lines():
+                break
+    for _ in range(100):  # the server notices the disconnect, cancels and settles
+        if gw.records(tenant["id"]) and (await gw.quota_usage(tenant["id"]))["in_flight"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    server.should_exit = True
+    await serving
+    (record,) = gw.records(tenant["id"])
+    assert record.status == "cancelled" and record.prompt_tokens == 9 and record.completion_tokens < 3 * 240
+    assert (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 9 + record.completion_tokens
+    for _ in range(50):  # every prompt's engine request was aborted (within a step or two)
+        if not module_worker.engine.has_unfinished():
+            break
+        await asyncio.sleep(0.1)
+    assert not module_worker.engine.has_unfinished()
+
+
+async def test_several_prompts_reserve_for_all_and_are_refunded_when_none_ran(module_settings, redis):
+    """Prompts waiting in a lane that no worker reads: the admission reserved every prompt and every
+    choice's max_tokens; the client leaving refunds all of it."""
+    model = f"test-{uuid.uuid4().hex[:10]}"
+    redis.zadd(f"workers:{model}", {"announced-only": time.time()})  # nobody consumes the lane
+    settings = module_settings.model_copy(update={"served_model_name": model})
+    try:
+        async with inproc_gateway(settings, Gateway) as gw:
+            tenant, key, _ = await gw.tenant(max_concurrency=1, daily_token_budget=10**6)
+            waiting = asyncio.create_task(gw.complete(key, ["abc", "de", "fghi"], n=2, max_tokens=4))
+            for _ in range(100):  # every prompt queued: an entry each
+                if sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*")) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*")) == 3
+            usage = await gw.quota_usage(tenant["id"])
+            assert usage["in_flight"] == 1 and usage["daily"]["used"] == 9 + 3 * 2 * 4  # one admission for all
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            usage = await gw.quota_usage(tenant["id"])
+            assert usage["in_flight"] == 0 and usage["daily"]["used"] == 0
+            (record,) = usage_records(settings, tenant["id"])
+            assert record.status == "cancelled" and record.prompt_tokens == record.completion_tokens == 0
+    finally:
+        for pattern in (f"lanes:{model}:*", f"workers:{model}"):
+            for name in redis.scan_iter(match=pattern, count=1000):
+                redis.delete(name)

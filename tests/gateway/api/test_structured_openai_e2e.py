@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -21,29 +22,71 @@ pytestmark = pytest.mark.real_model
 
 MODEL = "smollm2"
 MESSAGES = [{"role": "user", "content": "Give a small JSON example about a person, a color or a point."}]
+
+
+def _obj(required: dict, optional: dict | None = None) -> dict:
+    return {"type": "object", "properties": {**required, **(optional or {})}, "required": list(required),
+            "additionalProperties": False}
+
+
+def _str(n: int) -> dict:
+    return {"type": "string", "maxLength": n}
+
+
+def _int(lo: int, hi: int) -> dict:
+    return {"type": "integer", "minimum": lo, "maximum": hi}
+
+
+POINT = _obj({"x": _int(-9, 9), "y": _int(-9, 9)})
+# Twenty bounded schemas (short strings, enums, integer ranges, few items), so that every output
+# ends within max_tokens: nested objects, arrays, enums, booleans, numbers, optional fields, anyOf.
 SCHEMAS = {
-    "person": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                                "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-               "required": ["name", "age"], "additionalProperties": False},
-    "color": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "bright": {"type": "boolean"}},
-              "required": ["color", "bright"], "additionalProperties": False},
-    "point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9},
-                                               "y": {"type": "integer", "minimum": -9, "maximum": 9}},
-              "required": ["x", "y"], "additionalProperties": False},
+    "person": _obj({"name": _str(12), "age": _int(0, 120)}),
+    "color": _obj({"color": {"enum": ["red", "green", "blue"]}, "bright": {"type": "boolean"}}),
+    "point": POINT,
+    "polyline": {"type": "array", "items": POINT, "minItems": 1, "maxItems": 3},
+    "address": _obj({"street": _str(16), "city": _str(12), "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}),
+    "book": _obj({"title": _str(20), "year": _int(1900, 2025),
+                  "genres": {"type": "array", "items": {"enum": ["novel", "poetry", "essay"]}, "maxItems": 2}}),
+    "flags": _obj({"read": {"type": "boolean"}, "write": {"type": "boolean"}, "admin": {"type": "boolean"}}),
+    "measure": _obj({"value": {"type": "number", "minimum": 0, "maximum": 100}, "unit": {"enum": ["cm", "m", "km"]}}),
+    "profile": _obj({"name": _str(10)}, {"nickname": _str(8), "age": _int(0, 99)}),
+    "ident": _obj({"id": {"anyOf": [_int(0, 999), _str(6)]}}),
+    "account": _obj({"user": _obj({"name": _str(10), "email": _str(16)}), "active": {"type": "boolean"}}),
+    "grid": {"type": "array", "items": {"type": "array", "items": _int(0, 9), "minItems": 1, "maxItems": 3},
+             "minItems": 1, "maxItems": 2},
+    "order": _obj({"item": {"enum": ["tea", "coffee", "cake"]}, "quantity": _int(1, 10),
+                   "express": {"type": "boolean"}}),
+    "weather": _obj({"city": _str(12), "celsius": _int(-40, 50), "sky": {"enum": ["clear", "cloudy", "rain"]}}),
+    "tags": _obj({"tags": {"type": "array", "items": _str(8), "minItems": 1, "maxItems": 3}}),
+    "rgb": _obj({"r": _int(0, 255), "g": _int(0, 255), "b": _int(0, 255)}),
+    "event": _obj({"name": _str(14), "day": {"enum": ["mon", "tue", "wed", "thu", "fri"]}, "hour": _int(0, 23),
+                   "online": {"type": "boolean"}}),
+    "letters": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 4},
+    "note": _obj({"title": _str(10), "body": {"anyOf": [_str(12), {"type": "null"}]}}),
+    "shape": _obj({"shape": {"anyOf": [_obj({"kind": {"const": "circle"}, "radius": _int(1, 9)}),
+                                       _obj({"kind": {"const": "square"}, "side": _int(1, 9)})]}}),
 }
+SEEDS = (1, 2, 3, 4, 5)
 
 
 def _format(name: str) -> dict:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}}
 
 
+def _preemptions(server) -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r"^fairlane_engine_preemptions_total\{[^}]*\} (\S+)$", text, re.M))
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-structured")
     port = free_port()
+    # 22 blocks of 16 tokens for up to 16 sequences: the concurrent sweep below runs out and preempts
     env = {"FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}", "FAIRLANE_ENGINE__MODEL": MODEL,
-           "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
-           "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "128", "FAIRLANE_CONFIG": "/nonexistent.yaml", "FAIRLANE_REDIS_URL": ""}
+           "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "16",
+           "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "22", "FAIRLANE_CONFIG": "/nonexistent.yaml", "FAIRLANE_REDIS_URL": ""}
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
     served.extra["database_url"] = env["FAIRLANE_DATABASE_URL"]
     try:
@@ -65,17 +108,39 @@ def _records(server, request_id: str) -> list[UsageRecord]:
     return list(rows)
 
 
-async def test_json_schema_outputs_validate_sampled_together(server):
-    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0)
-    jobs = [(name, seed) for name in SCHEMAS for seed in (1, 2)]
-    replies = await asyncio.gather(*[
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=48, temperature=1.0, seed=seed,
-                                       response_format=_format(name)) for name, seed in jobs])
+async def test_twenty_schemas_five_seeds_sampled_together_under_preemption(server):
+    """100 requests at temperature 1, sent at once so that the worker batches them and, with its
+    small KV cache, preempts some: every output parses and validates; each schema's fifth seed is
+    streamed."""
+    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0,
+                                timeout=600)
+
+    async def ask(name: str, seed: int) -> tuple[str, str | None]:
+        messages = [{"role": "user", "content": f"Reply with JSON example number {seed} of a {name}."}]
+        kwargs = dict(model=MODEL, messages=messages, max_tokens=128, temperature=1.0, seed=seed,
+                      response_format=_format(name))
+        if seed != SEEDS[-1]:
+            choice = (await client.chat.completions.create(**kwargs)).choices[0]
+            return choice.message.content, choice.finish_reason
+        stream = await client.chat.completions.create(**kwargs, stream=True)
+        text, reason = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                reason = chunk.choices[0].finish_reason or reason
+        return text, reason
+
+    before = _preemptions(server)
+    jobs = [(name, seed) for name in SCHEMAS for seed in SEEDS]
+    replies = await asyncio.gather(*[ask(name, seed) for name, seed in jobs])
     await client.close()
-    for (name, _), reply in zip(jobs, replies):
-        choice = reply.choices[0]
-        assert choice.finish_reason == "stop", choice.message.content
-        jsonschema.validate(json.loads(choice.message.content), SCHEMAS[name])
+    metrics = httpx.get(server.base_url + "/metrics", timeout=10).text
+    assert _preemptions(server) > before, [line for line in metrics.splitlines() if "preempt" in line]
+    for (name, seed), (text, reason) in zip(jobs, replies):
+        assert reason == "stop", (name, seed, text)
+        jsonschema.validate(json.loads(text), SCHEMAS[name])
+    varied = [name for name in SCHEMAS if len({text for (n, _), (text, _) in zip(jobs, replies) if n == name}) > 1]
+    assert len(varied) >= 15, varied  # seeds differ, so outputs do (a schema of few values may repeat one)
 
 
 def test_streamed_json_schema_equals_the_whole_answer(client):
@@ -168,3 +233,14 @@ def test_required_tool_choice_streams_delta_tool_calls(client):
 def test_tools_on_completions_stay_a_400(client):
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body={"tools": TOOLS})
+
+
+def test_named_tool_choice_streamed_calls_it_with_valid_arguments(client):
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=NAMED, max_tokens=48,
+                                            temperature=1.0, seed=4, stream=True)
+    chunks = [c for c in stream if c.choices]
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather" and calls[0].id.startswith("call_")
+    jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER_ARGS)
+    assert not any(c.choices[0].delta.content for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
