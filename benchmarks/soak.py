@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     out = out_dir(args, "soak")
     with tempfile.TemporaryDirectory(prefix="fairlane-soak-") as workdir:
         env = {"FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY), "FAIRLANE_ENGINE__NUM_KV_BLOCKS": str(KV_BLOCKS),
-               "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_MAX_TOKENS_DEFAULT": "16"}
+               "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_MAX_TOKENS_DEFAULT": "16",
+               "FAIRLANE_ENGINE__DTYPE": "float32"}
         served = serve(MODEL, Path(workdir), env=env)
         try:
             banner = served.log_path.read_text()

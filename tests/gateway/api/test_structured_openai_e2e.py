@@ -85,7 +85,7 @@ def server(tmp_path_factory):
     port = free_port()
     # 22 blocks of 16 tokens for up to 16 sequences: the concurrent sweep below runs out and preempts
     env = {"FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}", "FAIRLANE_ENGINE__MODEL": MODEL,
-           "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "16",
+           "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "16", "FAIRLANE_ENGINE__DTYPE": "float32",
            "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "22", "FAIRLANE_CONFIG": "/nonexistent.yaml", "FAIRLANE_REDIS_URL": ""}
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
     served.extra["database_url"] = env["FAIRLANE_DATABASE_URL"]

@@ -38,7 +38,7 @@ def cluster(tmp_path_factory, redis_url):
     database_url = f"sqlite:///{tmp / 'fairlane.db'}"
     env = {"FAIRLANE_REDIS_URL": redis_url, "FAIRLANE_DATABASE_URL": database_url, "FAIRLANE_ENGINE__MODEL": "dummy",
            "FAIRLANE_SERVED_MODEL_NAME": model, "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(MODEL_CONFIG),
-           "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN, "FAIRLANE_ENGINE__NUM_THREADS": "1",
+           "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN, "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__DTYPE": "float32",
            "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "256", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "48",
            "FAIRLANE_WORKER_CLAIM_IDLE_MS": "1500", "FAIRLANE_CONFIG": "/nonexistent",
            "FAIRLANE_QUOTA_KEY_PREFIX": f"fairlane:quota:{model}"}  # tenant ids repeat across test databases

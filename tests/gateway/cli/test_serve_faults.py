@@ -31,6 +31,7 @@ MAX_TOKENS = 400
 def _env(tmp) -> dict[str, str]:
     return {"FAIRLANE_ENGINE__MODEL": "dummy", "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
             "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "512", "FAIRLANE_ENGINE__NUM_THREADS": "1",
+            "FAIRLANE_ENGINE__DTYPE": "float32",
             "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}"}
 
 
