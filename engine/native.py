@@ -1,7 +1,7 @@
 """Small C kernels for the CPU, compiled with the system C compiler on first use (about a second),
 cached per source version, flags and machine under the fairlane cache (``kernels/``) and loaded
-through ctypes. Used by the `cpu` attention backend (engine/attention/csrc) and INT8 weights
-(engine/models/csrc)."""
+through ctypes. Used by the `cpu` attention backend (engine/attention/csrc) and by the fp32 and
+INT8 linears and the fused elementwise ops (engine/models/csrc)."""
 from __future__ import annotations
 
 import ctypes
@@ -19,6 +19,7 @@ FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
 # zero for the whole process when the library loads (Python floats below 2.2e-308 would become 0).
 LINK_FLAGS = ["-fopenmp", "-shared"]
 _LIBS: dict[Path, ctypes.CDLL] = {}
+_TYPED: dict[Path, ctypes.CDLL | None] = {}
 
 
 def kernel_cache_dir() -> Path:
@@ -53,3 +54,19 @@ def load(source: Path) -> ctypes.CDLL:
     # torch's own libgomp (same soname) is already loaded: the kernels share its OpenMP threads.
     _LIBS[source] = lib = ctypes.CDLL(str(lib_path))
     return lib
+
+
+def library(source: Path, signatures: dict[str, list]) -> ctypes.CDLL | None:
+    """`load(source)` with each named function's argument types set (no return values), or None
+    without a C compiler or when the build fails (callers then take their torch path). Once per
+    process, the outcome included."""
+    if source not in _TYPED:
+        try:
+            lib = load(source)
+        except RuntimeError:
+            lib = None
+        for name, argtypes in signatures.items() if lib is not None else ():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = None, argtypes
+        _TYPED[source] = lib
+    return _TYPED[source]

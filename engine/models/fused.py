@@ -12,25 +12,13 @@ import torch.nn.functional as F
 from engine import native
 
 SOURCE = Path(__file__).parent / "csrc" / "fused_ops.c"
-_LIB: ctypes.CDLL | None = None
 _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 
 def _library() -> ctypes.CDLL | None:
-    global _LIB
-    if _LIB is None:
-        try:
-            lib = native.load(SOURCE)
-        except RuntimeError:
-            return None
-        for name, args in (("add_rms_norm", [_P] * 4 + [_I, _I, _F, _I]),
-                           ("rope", [_P] * 4 + [_I] * 3 + [_L, _I]),
-                           ("silu_mul", [_P] * 2 + [_I] * 3)):
-            fn = getattr(lib, name)
-            fn.restype = None
-            fn.argtypes = args
-        _LIB = lib
-    return _LIB
+    return native.library(SOURCE, {"add_rms_norm": [_P] * 4 + [_I, _I, _F, _I],
+                                   "rope": [_P] * 4 + [_I] * 3 + [_L, _I],
+                                   "silu_mul": [_P] * 2 + [_I] * 3})
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

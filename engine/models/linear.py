@@ -21,21 +21,11 @@ from engine import native
 
 PACK_BATCH_HINT = 64  # oneDNN picks its blocking for about this many rows; any row count works
 SOURCE = Path(__file__).parent / "csrc" / "f32_linear.c"
-_LIB: ctypes.CDLL | None = None
 
 
 def f32_library() -> ctypes.CDLL | None:
     """The fp32 C kernel, or None without a C compiler."""
-    global _LIB
-    if _LIB is None:
-        try:
-            lib = native.load(SOURCE)
-        except RuntimeError:
-            return None
-        lib.f32_linear.restype = None
-        lib.f32_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-        _LIB = lib
-    return _LIB
+    return native.library(SOURCE, {"f32_linear": [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4})
 
 
 def _can_pack(weight: torch.Tensor) -> bool:

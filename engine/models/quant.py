@@ -19,21 +19,11 @@ from engine import native
 
 QUANTIZATIONS = (None, "int8")
 SOURCE = Path(__file__).parent / "csrc" / "int8_linear.c"
-_LIB: ctypes.CDLL | None = None
 
 
 def _library() -> ctypes.CDLL | None:
     """The C kernel, or None without a C compiler (the dequantizing path then serves every call)."""
-    global _LIB
-    if _LIB is None:
-        try:
-            lib = native.load(SOURCE)
-        except RuntimeError:
-            return None
-        lib.int8_linear_f32.restype = None
-        lib.int8_linear_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-        _LIB = lib
-    return _LIB
+    return native.library(SOURCE, {"int8_linear_f32": [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4})
 
 
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
