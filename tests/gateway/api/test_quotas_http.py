@@ -216,7 +216,6 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
 async def test_settlement_charges_exactly_the_usage_records(gw):
     """Completed (JSON, SSE), refused, failed-after-admission and disconnected-mid-stream requests:
     the tokens charged to the budget equal the tokens of the usage records of requests that ran."""
-    import uvicorn
 
     tenant, key, key_id = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10,
                                           max_tokens_per_request=200)
@@ -229,26 +228,7 @@ async def test_settlement_charges_exactly_the_usage_records(gw):
     assert (await gw.complete(key, "abc", stop=["x"])).status_code == 400  # the worker refuses (no tokenizer): refunded
 
     # A client that leaves mid-stream over a real socket: settled with the tokens produced.
-    from serve_process import free_port
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(gw.app, port=port, lifespan="off", log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.05)
-    body = {"model": gw.settings.model_name, "prompt": "abc", "max_tokens": 200, "ignore_eos": True, "stream": True}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        async with client.stream("POST", "/v1/completions", json=body,
-                                 headers={"Authorization": f"Bearer {key}"}) as response:
-            assert response.status_code == 200
-            async for _line in response.aiter_lines():
-                break
-    for _ in range(100):  # the server notices the disconnect, cancels and settles
-        if len(gw.records(tid)) == 4 and (await gw.quota_usage(tid))["in_flight"] == 0:
-            break
-        await asyncio.sleep(0.1)
-    server.should_exit = True
-    await serving
+    await _leave_a_stream(gw, key, "abc", 200, settled=lambda records: len(records) == 4, tenant_id=tid)
 
     records = gw.records(tid)
     statuses = sorted(r.status for r in records)
@@ -321,7 +301,6 @@ async def test_open_request_keeps_its_lease_and_is_refunded_when_the_client_leav
 async def test_several_prompts_share_one_admission_and_a_disconnect_aborts_them_all(gw, module_worker):
     """Three prompts × n=2: the quota's max_tokens cap applies to all six choices, one usage record
     and one settlement cover them; a client leaving mid-stream aborts every prompt's engine request."""
-    import uvicorn
 
     tenant, key, _ = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10, max_tokens_per_request=24)
     prompts = ["abc", "de", "fghi"]  # 9 tokens (the tiny model has no tokenizer: one token a byte)
@@ -335,27 +314,8 @@ async def test_several_prompts_share_one_admission_and_a_disconnect_aborts_them_
     assert (record.prompt_tokens, record.completion_tokens) == (9, 24)
     assert (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 33
 
-    from serve_process import free_port
-
     tenant, key, _ = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(gw.app, port=port, lifespan="off", log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.05)
-    body = {"model": gw.settings.model_name, "prompt": prompts, "max_tokens": 240, "ignore_eos": True, "stream": True}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        async with client.stream("POST", "/v1/completions", json=body,
-                                 headers={"Authorization": f"Bearer {key}"}) as response:
-            assert response.status_code == 200
-            async for _line in response.aiter_lines():
-                break
-    for _ in range(100):  # the server notices the disconnect, cancels and settles
-        if gw.records(tenant["id"]) and (await gw.quota_usage(tenant["id"]))["in_flight"] == 0:
-            break
-        await asyncio.sleep(0.1)
-    server.should_exit = True
-    await serving
+    await _leave_a_stream(gw, key, prompts, 240, settled=bool, tenant_id=tenant["id"])
     (record,) = gw.records(tenant["id"])
     assert record.status == "cancelled" and record.prompt_tokens == 9 and record.completion_tokens < 3 * 240
     assert (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 9 + record.completion_tokens
@@ -393,3 +353,31 @@ async def test_several_prompts_reserve_for_all_and_are_refunded_when_none_ran(mo
         for pattern in (f"lanes:{model}:*", f"workers:{model}"):
             for name in redis.scan_iter(match=pattern, count=1000):
                 redis.delete(name)
+
+
+async def _leave_a_stream(gw, key: str, prompt, max_tokens: int, *, settled, tenant_id) -> None:
+    """Over a real socket: start a streamed completion, read its first line and leave; then wait
+    until the server has noticed, cancelled and settled (`settled(records)` holds and nothing of
+    the tenant is in flight)."""
+    import uvicorn
+    from serve_process import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(gw.app, port=port, lifespan="off", log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    body = {"model": gw.settings.model_name, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        async with client.stream("POST", "/v1/completions", json=body,
+                                 headers={"Authorization": f"Bearer {key}"}) as response:
+            assert response.status_code == 200
+            async for _line in response.aiter_lines():
+                break
+    for _ in range(100):
+        if settled(gw.records(tenant_id)) and (await gw.quota_usage(tenant_id))["in_flight"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    server.should_exit = True
+    await serving
