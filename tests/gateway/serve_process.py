@@ -92,3 +92,17 @@ def wait_ready(served: Served, timeout_s: float = 180.0) -> Served:
     if match := re.search(r"redis:\s+(\S+)", banner):
         served.extra["redis_url"] = match.group(1)
     return served
+
+
+def request_usage_records(served: Served, request_id: str) -> list:
+    """The usage records of one request in the database of a server started with its URL in
+    ``served.extra["database_url"]``."""
+    from sqlalchemy import select
+
+    from tenancy import UsageRecord, make_engine, make_session_factory
+
+    engine = make_engine(served.extra["database_url"])
+    with make_session_factory(engine)() as session:
+        rows = session.scalars(select(UsageRecord).where(UsageRecord.request_id == request_id)).all()
+    engine.dispose()
+    return list(rows)

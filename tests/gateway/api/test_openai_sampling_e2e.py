@@ -12,14 +12,12 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_process import free_port, start, wait_ready
-from sqlalchemy import select
+from serve_process import free_port, request_usage_records, start, wait_ready
 from transformers import AutoModelForCausalLM
 
 from benchmarks import lm_eval_scoring as scoring
 from engine import assets
 from gateway.api.tokenization import HFPromptTokenizer
-from tenancy import UsageRecord, make_engine, make_session_factory
 
 pytestmark = pytest.mark.real_model
 
@@ -301,14 +299,6 @@ def test_several_token_id_prompts_scored_like_lm_eval(client, tok, hf):
     assert [logprobs[i] for i in range(3)] == [c.logprobs.token_logprobs for c in scored.choices]
 
 
-def _records(server, request_id: str) -> list[UsageRecord]:
-    engine = make_engine(server.extra["database_url"])
-    with make_session_factory(engine)() as session:
-        rows = session.scalars(select(UsageRecord).where(UsageRecord.request_id == request_id)).all()
-    engine.dispose()
-    return list(rows)
-
-
 @pytest.mark.parametrize("prompt, kwargs, param, message", [
     ([[1, 2, 3], [5, 99_999_999]], {}, "prompt", "Prompt 1's token ids"),
     (["Hello", ""], {}, "prompt", "Prompt 1 is empty"),
@@ -320,4 +310,4 @@ def test_one_bad_prompt_refuses_the_whole_request_uncharged(server, client, prom
     with pytest.raises(openai.BadRequestError, match=re.escape(message)) as err:
         client.completions.create(model=MODEL, prompt=prompt, **{"max_tokens": 2, **kwargs})
     assert err.value.param == param
-    assert _records(server, err.value.response.headers["x-request-id"]) == []  # refused before the quota
+    assert request_usage_records(server, err.value.response.headers["x-request-id"]) == []  # refused before the quota

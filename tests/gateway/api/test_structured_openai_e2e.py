@@ -13,10 +13,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel
-from serve_process import free_port, start, wait_ready
-from sqlalchemy import select
-
-from tenancy import UsageRecord, make_engine, make_session_factory
+from serve_process import free_port, request_usage_records, start, wait_ready
 
 pytestmark = pytest.mark.real_model
 
@@ -100,14 +97,6 @@ def client(server):
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0)
 
 
-def _records(server, request_id: str) -> list[UsageRecord]:
-    engine = make_engine(server.extra["database_url"])
-    with make_session_factory(engine)() as session:
-        rows = session.scalars(select(UsageRecord).where(UsageRecord.request_id == request_id)).all()
-    engine.dispose()
-    return list(rows)
-
-
 async def test_twenty_schemas_five_seeds_sampled_together_under_preemption(server):
     """100 requests at temperature 1, sent at once so that the worker batches them and, with its
     small KV cache, preempts some: every output parses and validates; each schema's fifth seed is
@@ -183,13 +172,13 @@ def test_a_schema_xgrammar_refuses_is_a_400_and_charges_nothing(server, client):
     with pytest.raises(openai.BadRequestError, match="minimum greater than maximum") as err:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, response_format=bad)
     assert err.value.param == "response_format"
-    records = _records(server, err.value.response.headers["x-request-id"])
+    records = request_usage_records(server, err.value.response.headers["x-request-id"])
     assert [(r.prompt_tokens, r.completion_tokens) for r in records] == [(0, 0)]  # refunded in full
     with pytest.raises(openai.BadRequestError, match="must be a JSON Schema object") as err:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, response_format={
             "type": "json_schema", "json_schema": {"name": "bad", "schema": "integer"}})
     assert err.value.param == "response_format.json_schema.schema"
-    assert _records(server, err.value.response.headers["x-request-id"]) == []  # refused before the quota
+    assert request_usage_records(server, err.value.response.headers["x-request-id"]) == []  # refused before the quota
 
 
 WEATHER_ARGS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
