@@ -6,8 +6,10 @@
 1. Throughput: a batch of `--requests` chat requests, each with a JSON schema (a few schemas in
    turn, sampled at temperature 1 with a seed each), against the same requests unconstrained, each
    asked for exactly as many tokens as its constrained twin produced (ignore_eos), so both runs
-   decode the same number of tokens. The schemas are compiled before the timed run (the grammar
-   cache is warm). Output tokens per second of each, and their ratio.
+   decode the same number of tokens. The schemas are compiled before the timed runs (the grammar
+   cache is warm), and one unrecorded round runs first (every batch shape seen once). Then
+   `--rounds` rounds alternate the constrained batch and its unconstrained twin; output tokens per
+   second of each (the median over the rounds, every round's value kept in the JSON), and their ratio.
 2. Time to first token of one request on an idle engine with a schema never seen (cold: compiled on
    the grammar thread while the request waits) against the same schema again (cached), medians of
    `--ttft-repeats` fresh schemas; and the same request unconstrained.
@@ -65,20 +67,34 @@ def run_batch(eng: Engine, ids: list[list[int]], params: list[SamplingParams]) -
     return time.perf_counter() - t0, [counts[str(i)] for i in range(len(ids))]
 
 
-def throughput(eng: Engine, n: int, max_tokens: int) -> dict:
+def throughput(eng: Engine, n: int, max_tokens: int, rounds: int) -> dict:
+    """One unrecorded warm-up round (every batch shape seen once), then `rounds` rounds of the
+    constrained batch followed by its unconstrained twin; medians of each, every round's values kept."""
     ids = prompts(eng, n)
     specs = [StructuredSpec.json_schema(s) for s in SCHEMAS]
     for spec in specs:  # compile every schema first: the timed run measures decoding, not compiling
         eng.structured.cache.get(spec).result()
     constrained = [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, structured=specs[i % len(specs)])
                    for i in range(n)]
-    c_wall, counts = run_batch(eng, ids, constrained)
-    free = [SamplingParams(max_tokens=c, temperature=1.0, seed=i, ignore_eos=True) for i, c in enumerate(counts)]
-    f_wall, free_counts = run_batch(eng, ids, free)
-    tokens = sum(counts)
-    return {"requests": n, "output_tokens": tokens, "constrained_s": c_wall, "unconstrained_s": f_wall,
-            "constrained_tokens_per_s": tokens / c_wall, "unconstrained_tokens_per_s": sum(free_counts) / f_wall,
-            "ratio": (tokens / c_wall) / (sum(free_counts) / f_wall)}
+    runs: dict[str, list[float]] = {"constrained_tokens_per_s": [], "unconstrained_tokens_per_s": [],
+                                    "constrained_s": [], "unconstrained_s": [], "output_tokens": []}
+    for r in range(rounds + 1):  # round 0: the warm-up
+        c_wall, counts = run_batch(eng, ids, constrained)
+        free = [SamplingParams(max_tokens=c, temperature=1.0, seed=i, ignore_eos=True) for i, c in enumerate(counts)]
+        f_wall, free_counts = run_batch(eng, ids, free)
+        if r > 0:
+            runs["constrained_s"].append(c_wall)
+            runs["unconstrained_s"].append(f_wall)
+            runs["output_tokens"].append(sum(counts))
+            runs["constrained_tokens_per_s"].append(sum(counts) / c_wall)
+            runs["unconstrained_tokens_per_s"].append(sum(free_counts) / f_wall)
+    c_tps = statistics.median(runs["constrained_tokens_per_s"])
+    f_tps = statistics.median(runs["unconstrained_tokens_per_s"])
+    return {"requests": n, "rounds": rounds, "output_tokens": statistics.median(runs["output_tokens"]),
+            "constrained_tokens_per_s": c_tps, "unconstrained_tokens_per_s": f_tps, "ratio": c_tps / f_tps,
+            "round_ratios": [c / f for c, f in zip(runs["constrained_tokens_per_s"],
+                                                   runs["unconstrained_tokens_per_s"])],
+            "all": runs}
 
 
 def first_token_s(eng: Engine, ids: list[int], params: SamplingParams) -> float:
@@ -110,6 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3, help="timed constrained/unconstrained rounds after a warm-up")
     ap.add_argument("--ttft-repeats", type=int, default=5)
     ap.add_argument("--dtype", default=ENGINE["dtype"])
     add_common_args(ap)
@@ -118,11 +135,11 @@ def main() -> None:
     ENGINE["dtype"] = args.dtype
     if args.smoke:
         ENGINE.update(model=tiny_model(), dtype="float32")
-        args.requests, args.max_tokens, args.ttft_repeats = 4, 24, 2
+        args.requests, args.max_tokens, args.ttft_repeats, args.rounds = 4, 24, 2, 1
     torch.set_num_threads(ENGINE["num_threads"])
     eng = Engine(**ENGINE)
     print("throughput ...", flush=True)
-    tput = throughput(eng, args.requests, args.max_tokens)
+    tput = throughput(eng, args.requests, args.max_tokens, args.rounds)
     print("time to first token ...", flush=True)
     first = ttft(eng, args.ttft_repeats)
     report = {**ENGINE, "smoke": args.smoke, "machine": machine(), "torch": torch.__version__,
