@@ -90,10 +90,15 @@ class ModelRunner:
         logits = process_logits(logits, seqs, self.eos_token_ids)
         if structured is not None:  # after the penalties and biases: nothing the grammar forbids comes back
             structured.apply(logits, samplers)  # grammar-forbidden tokens to -inf, in place
-            dead = torch.isinf(logits).all(dim=-1)
-            if bool(dead.any()):  # min_tokens banned EOS where the grammar allows nothing else: EOS wins
-                eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
-                logits[dead.nonzero()[:, 0][:, None], eos[None, :]] = 0.0
+            # a grammar always allows some token; a row has none left only where min_tokens banned EOS
+            banned = [i for i, s in enumerate(seqs) if s.params.structured is not None
+                      and s.num_output_tokens < s.params.min_tokens]
+            if banned:
+                rows = host_to_device(torch.tensor(banned), self.device)
+                dead = rows[torch.isinf(logits[rows]).all(dim=-1)]
+                if len(dead):  # the grammar allows nothing but EOS there: EOS wins
+                    eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
+                    logits[dead[:, None], eos[None, :]] = 0.0
         params = [s.params for s in seqs]
         gens = [generators.get(s.request_id) for s in seqs]
         tokens = sample_ids(logits, params, gens)  # [S] on the device

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -132,10 +134,13 @@ class StructuredOutputs:
         index = [(i, rows[it.seq.request_id]) for i, it in enumerate(samplers) if it.seq.request_id in rows]
         if not index:
             return
-        dst, src = zip(*index)
+        dst, src = (list(x) for x in zip(*index))
+        if logits.device.type == "cpu" and sys.byteorder == "little":
+            _mask_cpu(logits, bitmask, dst, src)
+            return
         full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=torch.int32)  # -1: all allowed
-        full[list(dst)] = bitmask[list(src)]
-        xgr.apply_token_bitmask_inplace(logits, full.to(logits.device), vocab_size=self.vocab_size, indices=list(dst))
+        full[dst] = bitmask[src]
+        xgr.apply_token_bitmask_inplace(logits, full.to(logits.device), vocab_size=self.vocab_size, indices=dst)
 
     def accept(self, request_id: str, token: int) -> bool:
         """Advance the sequence's matcher by its sampled token; True when the output is complete
@@ -151,6 +156,21 @@ class StructuredOutputs:
     def close(self) -> None:
         self.cache.shutdown()
         self._filler.shutdown(wait=False, cancel_futures=True)
+
+
+def _mask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, dst: list[int], src: list[int]) -> None:
+    """logits[dst[i]] = -inf where bitmask row src[i] has a 0 bit. The bits are unpacked by numpy
+    (bit j of int32 word w is token 32 * w + j: little-endian bytes, little bit order) and the fill
+    is one masked_fill_ on torch's threads: several times faster on CPU than xgrammar's
+    one-thread kernel at 32 rows x 49,152 tokens."""
+    vocab = logits.shape[1]
+    words = (~bitmask[src]).numpy()  # [R, ceil(V / 32)] int32, 1 bits: forbidden
+    forbidden = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")[:, :vocab].view(np.bool_)  # [R, V]
+    if dst != list(range(logits.shape[0])):  # some rows unconstrained: they stay as they are
+        rows = np.zeros((logits.shape[0], vocab), dtype=np.bool_)
+        rows[dst] = forbidden
+        forbidden = rows
+    logits.masked_fill_(torch.from_numpy(forbidden), float("-inf"))
 
 
 def for_engine(tokenizer, vocab_size: int, eos_token_ids) -> StructuredOutputs:

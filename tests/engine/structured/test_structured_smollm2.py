@@ -169,3 +169,15 @@ def test_a_grammar_xgrammar_refuses_is_an_invalid_request(smollm2, spec):
     assert not eng.has_unfinished() and "bad" not in eng.seqs and eng.num_free_blocks == eng.num_total_blocks
     with pytest.raises(InvalidRequestError):
         smollm2.generate(CHAT, SamplingParams(max_tokens=8, structured=spec))
+
+
+def test_min_tokens_past_the_grammar_end_lets_eos_win(smollm2, caplog):
+    """A grammar that is complete before min_tokens leaves its row nothing but the banned EOS: EOS
+    is sampled, the output is the grammar's, and the row beside it is untouched."""
+    late = SamplingParams(max_tokens=16, temperature=1.0, seed=7, min_tokens=12, structured=StructuredSpec("grammar", YES_NO))
+    beside = schema_params(COLOR, seed=8)
+    with caplog.at_level("ERROR", logger="engine.structured.manager"):
+        short, colour = smollm2.generate([CHAT, CHAT], [late, beside])
+    assert not caplog.records  # never a token the grammar rejects
+    assert short.finish_reason == "stop" and short.text in ("yes.", "no."), short.text
+    assert_valid(colour, COLOR)
