@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +27,31 @@ def kernel_cache_dir() -> Path:
     return assets.cache_dir() / "kernels"
 
 
+def _sources(source: Path, seen: set[Path] | None = None) -> bytes:
+    """The source's bytes and those of the local files it includes (`#include "..."`), recursively:
+    a kernel built from several files is rebuilt when any of them changes."""
+    seen = set() if seen is None else seen
+    source = source.resolve()
+    if source in seen:
+        return b""
+    seen.add(source)
+    data = source.read_bytes()
+    for name in re.findall(rb'^\s*#\s*include\s+"([^"]+)"', data, flags=re.M):
+        data += _sources(source.parent / name.decode(), seen)
+    return data
+
+
+def _machine() -> bytes:
+    """What -march=native compiles for: the architecture and the CPU's feature flags."""
+    flags = b""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            flags = next((line for line in f if line.startswith((b"flags", b"Features"))), b"")
+    except OSError:
+        pass
+    return os.uname().machine.encode() + flags
+
+
 def load(source: Path) -> ctypes.CDLL:
     """Compile `source` (once per source version and machine) and load it; cached per process.
     Raises RuntimeError without a C compiler or when the build fails."""
@@ -34,8 +60,7 @@ def load(source: Path) -> ctypes.CDLL:
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if cc is None:
         raise RuntimeError(f"{source.name} needs a C compiler (gcc or cc)")
-    src = source.read_bytes()
-    key = hashlib.sha256(src + " ".join(FLAGS + LINK_FLAGS).encode() + os.uname().machine.encode()).hexdigest()[:16]
+    key = hashlib.sha256(_sources(source) + " ".join(FLAGS + LINK_FLAGS).encode() + _machine()).hexdigest()[:16]
     lib_path = kernel_cache_dir() / f"{source.stem}-{key}.so"
     if not lib_path.exists():
         lib_path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.lora.batch import LoRABatch
+from engine.models.decode import DecodeForward
 from engine.models.fused import TorchOps, make_ops
 from engine.models.linear import Linear
 from engine.models.quant import Int8Linear
@@ -50,6 +51,7 @@ class LlamaModel:
         self.eps = config.rms_norm_eps
         self.dtype = embed.dtype
         self.ops = ops or TorchOps()  # RMSNorm (+ residual add), RoPE, SiLU·mul: engine/models/fused.py
+        self.decode: DecodeForward | None = None  # decode-only steps in one C call (engine/models/decode.py)
         rotary = LlamaRotaryEmbedding(config).to(embed.device)
         positions = torch.arange(max_positions, device=embed.device)[None]
         cos, sin = rotary(embed[:1], positions)  # [1, P, D] each, model dtype, on the weights' device
@@ -64,7 +66,8 @@ class LlamaModel:
                         cpu_kernels: bool = True) -> LlamaModel:
         """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
         weight-only int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
-        `cpu_kernels`: the own C kernels on CPU (fp32 linears at small batch, fused elementwise ops)."""
+        `cpu_kernels`: the own C kernels on CPU (fp32 linears, fused elementwise ops, decode-only steps
+        in one C call)."""
         linear = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=cpu_kernels)
         def w(name: str) -> torch.Tensor:
             return sd[name].to(dtype).contiguous()
@@ -90,8 +93,11 @@ class LlamaModel:
         embed = w("model.embed_tokens.weight")
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in sd
         lm_head = linear(embed if tied else w("lm_head.weight"))
-        return cls(config, layers, embed, w("model.norm.weight"), lm_head, attention, max_positions,
-                   make_ops(embed.device, dtype, cpu_kernels))
+        model = cls(config, layers, embed, w("model.norm.weight"), lm_head, attention, max_positions,
+                    make_ops(embed.device, dtype, cpu_kernels))
+        if cpu_kernels:
+            model.decode = DecodeForward.make(model)
+        return model
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -99,6 +105,8 @@ class LlamaModel:
         """input_ids, positions: [T]. Returns the final normed hidden states [T, hidden].
         `lora`: the step's adapters per row (engine/lora); each projection's LoRA delta is added
         in place to its base output, for the rows that have an adapter. None: the base model."""
+        if lora is None and self.decode is not None and self.decode.applies(meta, kv_caches):
+            return self.decode(input_ids, positions, meta, kv_caches)
         T = input_ids.shape[0]
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         ops = self.ops

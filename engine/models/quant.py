@@ -1,11 +1,13 @@
-"""Weight-only INT8 quantization (EngineConfig.quantization = "int8").
+"""INT8 weight quantization (EngineConfig.quantization = "int8").
 
 Each linear layer's weight is stored as int8 with one fp32 scale per output channel (symmetric:
-scale = max |w| / 127 over the row), a quarter of fp32's bytes. Activations stay in the model's
-dtype. On CPU every call runs `csrc/int8_linear.c`, which reads the int8 rows and converts them in
-registers (a bandwidth-bound decode reads a quarter of the bytes; a weight is never stored
-dequantized). On other devices, and without a C compiler, the weight is dequantized for the call
-and the dense matmul runs.
+scale = max |w| / 127 over the row), a quarter of fp32's bytes. On CPU every call runs
+`csrc/int8_linear.c`: it quantizes the activations dynamically to int8 in blocks of 32 along the
+input dimension (scale = max |x| / 127 per block, as llama.cpp does for its quantized dot products)
+and multiplies 8-bit integers, so a decode step is bound by reading the int8 weights rather than by
+converting them to fp32. `reference` is the same arithmetic in torch. On other devices, without a C
+compiler, or when the input dimension is not a multiple of 32, the weight is dequantized for the
+call and the dense matmul runs on unquantized activations.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from engine import native
 
 QUANTIZATIONS = (None, "int8")
+BLOCK = 32  # activation quantization block along the input dimension (the C kernel's QK)
 SOURCE = Path(__file__).parent / "csrc" / "int8_linear.c"
 
 
@@ -34,15 +37,34 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale.contiguous()
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] float (K % BLOCK == 0) -> (int8 values [M, K], fp32 block scales [M, K / BLOCK])."""
+    blocks = x.float().reshape(x.shape[0], -1, BLOCK)
+    d = blocks.abs().amax(dim=-1) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.reshape(x.shape), d
+
+
+def reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the C kernel computes, in torch: y[m, n] = scale[n] * sum_b d[m, b] * (xq[m, b] . q[n, b]) + bias."""
+    xq, d = quantize_activations(x)
+    M, K = x.shape
+    prods = torch.einsum("mbk,nbk->mnb", xq.reshape(M, -1, BLOCK).double(), q.reshape(q.shape[0], -1, BLOCK).double())
+    y = (prods * d.double()[:, None, :]).sum(-1) * scale.double()
+    return (y + bias.double() if bias is not None else y).float()
+
+
 class Int8Linear:
-    """y = x @ (q * scale).T + bias, with the Linear interface (engine/models/linear.py)."""
+    """y = x @ (q * scale).T + bias, with the Linear interface (engine/models/linear.py); on CPU with
+    the activations quantized per block (`reference`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.dtype = weight.dtype
         self.qweight, self.scale = quantize(weight)
         self.bias = bias
         self._bias32 = bias.float().contiguous() if bias is not None else None
-        self.lib = _library() if weight.device.type == "cpu" else None
+        self.lib = _library() if weight.device.type == "cpu" and weight.shape[1] % BLOCK == 0 else None
 
     @property
     def weight(self) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""Weight-only INT8 (EngineConfig.quantization="int8"): the C kernel computes exactly the
-dequantized matmul, and on the real model the quality loss stays within stated tolerances:
-perplexity on a fixed text within 3% of fp32's, and greedy outputs that mostly agree."""
+"""INT8 (EngineConfig.quantization="int8"): the C kernel computes exactly the reference arithmetic
+(int8 weights, activations quantized per block of 32), and on the real model the quality loss stays
+within stated tolerances: perplexity on a fixed text within 3% of fp32's, and greedy outputs that
+mostly agree."""
 import math
 
 import pytest
@@ -20,15 +21,36 @@ CHATS = [[{"role": "user", "content": c}] for c in (
 
 
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 17, 32])
-@pytest.mark.parametrize("N,K", [(12, 40), (7, 33), (64, 576)])
-def test_kernel_equals_the_dequantized_matmul(M, N, K):
+@pytest.mark.parametrize("N,K", [(12, 64), (7, 96), (64, 576)])
+def test_kernel_equals_the_reference_arithmetic(M, N, K):
     torch.manual_seed(M * 1000 + N + K)
     w, x, bias = torch.randn(N, K), torch.randn(M, K), torch.randn(N)
     layer = quant.Int8Linear(w, bias)
     assert layer.lib is not None  # a C compiler is on every machine this suite runs on
-    expected = x @ layer.weight.T + bias
+    expected = quant.reference(x, layer.qweight, layer.scale, bias)
     assert torch.allclose(layer(x), expected, rtol=1e-5, atol=1e-4)
-    assert torch.allclose(quant.Int8Linear(w)(x), x @ layer.weight.T, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(quant.Int8Linear(w)(x), expected - bias, rtol=1e-5, atol=1e-4)
+    # the activation quantization costs little next to the weights' own: within 2% of the norm
+    dense = x @ layer.weight.T + bias
+    assert (layer(x) - dense).norm() <= 0.02 * dense.norm()
+
+
+def test_activation_blocks_quantize_within_half_a_step():
+    torch.manual_seed(1)
+    x = torch.randn(3, 96) * torch.tensor([1e-3, 1.0, 50.0])[:, None]
+    x[1, 32:64] = 0  # an all-zero block: scale 0, values 0
+    q, d = quant.quantize_activations(x)
+    assert d.shape == (3, 3) and d[1, 1] == 0 and (q[1, 32:64] == 0).all()
+    err = (q.float().reshape(3, 3, 32) * d[..., None] - x.reshape(3, 3, 32)).abs()
+    assert (err <= d[..., None] / 2 + 1e-7).all()
+
+
+def test_input_dimension_off_the_block_takes_the_dense_path():
+    torch.manual_seed(2)
+    w, x = torch.randn(5, 40), torch.randn(3, 40)
+    layer = quant.Int8Linear(w)
+    assert layer.lib is None
+    assert torch.allclose(layer(x), x @ layer.weight.T, rtol=1e-5, atol=1e-5)
 
 
 def test_quantization_error_is_within_half_a_step_per_channel():
