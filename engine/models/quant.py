@@ -6,8 +6,10 @@ scale = max |w| / 127 over the row), a quarter of fp32's bytes. On CPU every cal
 input dimension (scale = max |x| / 127 per block, as llama.cpp does for its quantized dot products)
 and multiplies 8-bit integers, so a decode step is bound by reading the int8 weights rather than by
 converting them to fp32. `reference` is the same arithmetic in torch. On other devices, without a C
-compiler, or when the input dimension is not a multiple of 32, the weight is dequantized for the
-call and the dense matmul runs on unquantized activations.
+compiler, or when the input dimension is not a multiple of 32 or the output dimension not one of 4,
+the weight is dequantized for the call and the dense matmul runs on unquantized activations. For the
+kernel the int8 rows are stored interleaved in groups of four (`pack`): a tile of four output
+channels then reads one sequential stream, which the hardware prefetcher follows.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from engine import native
 
 QUANTIZATIONS = (None, "int8")
 BLOCK = 32  # activation quantization block along the input dimension (the C kernel's QK)
+GROUP = 4  # output channels the C kernel's weight layout interleaves (its GROUP)
 SOURCE = Path(__file__).parent / "csrc" / "int8_linear.c"
 
 
@@ -55,21 +58,42 @@ def reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch
     return (y + bias.double() if bias is not None else y).float()
 
 
+def pack(q: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] rows -> the C kernel's layout: groups of GROUP rows interleaved block by block,
+    [N / GROUP, K / BLOCK, GROUP, BLOCK] (a tile of GROUP rows reads one sequential stream)."""
+    N, K = q.shape
+    return q.reshape(N // GROUP, GROUP, K // BLOCK, BLOCK).transpose(1, 2).contiguous()
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """`pack`'s inverse: [N, K] rows."""
+    groups, blocks, group, block = packed.shape
+    return packed.transpose(1, 2).reshape(groups * group, blocks * block)
+
+
 class Int8Linear:
     """y = x @ (q * scale).T + bias, with the Linear interface (engine/models/linear.py); on CPU with
     the activations quantized per block (`reference`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.dtype = weight.dtype
-        self.qweight, self.scale = quantize(weight)
+        q, self.scale = quantize(weight)
+        N, K = q.shape
         self.bias = bias
         self._bias32 = bias.float().contiguous() if bias is not None else None
-        self.lib = _library() if weight.device.type == "cpu" and weight.shape[1] % BLOCK == 0 else None
+        fits = weight.device.type == "cpu" and N % GROUP == 0 and K % BLOCK == 0
+        self.lib = _library() if fits else None
+        self.qweight = pack(q) if self.lib is not None else q  # what the C kernel reads / int8 rows
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The int8 weight as [N, K] rows."""
+        return unpack(self.qweight) if self.qweight.dim() == 4 else self.qweight
 
     @property
     def weight(self) -> torch.Tensor:
-        """The dequantized weight (model dtype): what every row is multiplied by."""
-        return (self.qweight.float() * self.scale[:, None]).to(self.dtype)
+        """The dequantized weight (model dtype)."""
+        return (self.rows.float() * self.scale[:, None]).to(self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -79,10 +103,10 @@ class Int8Linear:
         M = x.shape[0]
         if self.lib is not None and x.dim() == 2 and M > 0 and x.device.type == "cpu":
             x32 = x.float().contiguous()
-            N, K = self.qweight.shape
+            N = self.scale.shape[0]
             y = torch.empty(M, N, dtype=torch.float32)
             self.lib.int8_linear_f32(x32.data_ptr(), self.qweight.data_ptr(), self.scale.data_ptr(),
                                      self._bias32.data_ptr() if self._bias32 is not None else None,
-                                     y.data_ptr(), M, N, K, torch.get_num_threads())
+                                     y.data_ptr(), M, N, x32.shape[1], torch.get_num_threads())
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         return F.linear(x, self.weight, self.bias)
