@@ -57,7 +57,7 @@ class DecodeForward:
 
         def weights(name):
             lins = [getattr(layer, name) for layer in layers]
-            return _ptrs([lin.qweight if int8 else lin.weight for lin in lins])
+            return _ptrs([lin.qweight if int8 else lin.panels for lin in lins])
 
         def scales(name):
             return _ptrs([getattr(layer, name).scale for layer in layers]) if int8 else None

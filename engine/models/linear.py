@@ -1,9 +1,11 @@
-"""Linear layers: fp32 on the CPU through an own C kernel at small batch, bf16 prepacked for oneDNN.
+"""Linear layers: fp32 on the CPU through an own C kernel, bf16 prepacked for oneDNN.
 
-fp32 on CPU: `csrc/f32_linear.c` (AVX-512 or AVX2 FMA register tiles over the checkpoint's
-[out, in] rows, both threads): a decode step reads each weight once at close to the memory
-bandwidth, where torch's sgemv reached about a third of it on the 2-core EPYC, and batches of 32 to
-2048 rows ran 1.4x to 2.5x faster than torch's sgemm there (docs/performance.md).
+fp32 on CPU: `csrc/f32_linear.c`. The weight is packed once into panels of 16 (AVX2) or 32
+(AVX-512) output channels, [ceil(N / NR), K, NR], and the kernel keeps a tile of up to 6 (8) rows
+x NR channels in vector registers, one FMA chain per output over k: every panel is one sequential
+stream (a decode step reads each weight once), no horizontal sums, and a row's result does not
+depend on its batch. The panels are the only copy of the weight (`Linear.weight` unpacks one).
+Measurements in docs/performance.md.
 bf16 on CPU: oneDNN's blocked weight layout lets its AMX / AVX-512 kernels skip the per-call
 reorder that `F.linear` pays; on the 2-core Xeon we measured 1.4x (batch 64) to 1.9x (LM head)
 faster matmuls with bit-identical results. Everywhere else (GPU, no oneDNN, no C compiler) it is
@@ -25,7 +27,26 @@ SOURCE = Path(__file__).parent / "csrc" / "f32_linear.c"
 
 def f32_library() -> ctypes.CDLL | None:
     """The fp32 C kernel, or None without a C compiler."""
-    return native.library(SOURCE, {"f32_linear": [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4})
+    lib = native.library(SOURCE, {"f32_linear": [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4,
+                                  "f32_pack": [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2, "f32_panel_width": []})
+    if lib is not None:
+        lib.f32_panel_width.restype = ctypes.c_int
+    return lib
+
+
+def pack(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] fp32 rows -> the kernel's panels [ceil(N / NR), K, NR] (NR channels a panel, zero-padded)."""
+    N, K = weight.shape
+    nr = lib.f32_panel_width()
+    packed = torch.empty(-(-N // nr), K, nr)
+    lib.f32_pack(weight.data_ptr(), packed.data_ptr(), N, K)
+    return packed
+
+
+def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """`pack`'s inverse: the first n channels as [n, K] rows."""
+    panels, K, nr = packed.shape
+    return packed.transpose(1, 2).reshape(panels * nr, K)[:n]
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -34,16 +55,22 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 
 class Linear:
-    """y = x @ weight.T + bias. weight: [out, in]. `cpu_kernel`: allow the fp32 C kernel (CPU)."""
+    """y = x @ weight.T + bias. weight: [out, in]. `cpu_kernel`: allow the fp32 C kernel (CPU), which
+    keeps the weight only in its panels (`weight` then unpacks a copy)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, cpu_kernel: bool = True):
-        self.weight = weight
+        self._weight = weight
         self.bias = bias
         self.packed = None
         self.lib = None
-        if cpu_kernel and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.is_contiguous():
+        self.panels = None
+        self.out_features = weight.shape[0]
+        if cpu_kernel and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2:
             self.lib = f32_library()
-            self._bias = bias.contiguous() if bias is not None else None
+            if self.lib is not None:
+                self.panels = pack(self.lib, weight.contiguous())
+                self._weight = None  # the panels are the only copy
+                self._bias = bias.contiguous() if bias is not None else None
         if _can_pack(weight):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
@@ -53,14 +80,19 @@ class Linear:
             except RuntimeError:
                 self.packed = None
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """[out, in]; with the C kernel, a copy unpacked from its panels."""
+        return self._weight if self._weight is not None else unpack(self.panels, self.out_features)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.lib is not None and x.dim() == 2 and x.shape[0] > 0 and x.dtype == torch.float32:
             x = x.contiguous()
-            M, (N, K) = x.shape[0], self.weight.shape
-            y = torch.empty(M, N)
-            self.lib.f32_linear(x.data_ptr(), self.weight.data_ptr(),
+            M, K = x.shape
+            y = torch.empty(M, self.out_features)
+            self.lib.f32_linear(x.data_ptr(), self.panels.data_ptr(),
                                 self._bias.data_ptr() if self._bias is not None else None,
-                                y.data_ptr(), M, N, K, torch.get_num_threads())
+                                y.data_ptr(), M, self.out_features, K, torch.get_num_threads())
             return y
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -43,7 +43,7 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] float (K % BLOCK == 0) -> (int8 values [M, K], fp32 block scales [M, K / BLOCK])."""
     blocks = x.float().reshape(x.shape[0], -1, BLOCK)
-    d = blocks.abs().amax(dim=-1) / 127.0
+    d = blocks.abs().amax(dim=-1) * (1.0 / 127.0)  # the C kernel's arithmetic, to the bit
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     q = torch.round(blocks * inv[..., None]).clamp(-127, 127).to(torch.int8)
     return q.reshape(x.shape), d

@@ -1,107 +1,117 @@
-/* fp32 linear layer for the CPU at small batch: y = x @ w^T + bias.
+/* fp32 linear layer for the CPU: y = x @ w^T + bias, over weights packed in panels.
  *
- * Layouts: x [M, K] fp32 (row-major), w [N, K] fp32 (one row per output channel, the checkpoint's
- * layout: no repacking), bias [N] fp32 or NULL, y [M, N] fp32.
- * A decode step is bound by reading the weights once: threads split the output channels in blocks
- * of NB rows; inside a block, groups of four weight rows (kept in L1) meet the rows of x MR at a
- * time (an MR x 4 tile of vector accumulators: each weight vector is loaded once for MR rows, each
- * x vector once for four weight rows), and at batch 1 one row of x meets eight weight rows at a
- * time (eight independent sums hide the FMA latency). Each sum runs over K in vector lanes (16
- * with AVX-512, 8 with AVX2), then the lanes are added up. Without AVX2 + FMA the same tiles run
- * in plain C. */
+ * Layouts: x [M, K] fp32 (row-major); the weight w [N, K] packed once by `f32_pack` into panels of
+ * NR output channels, [ceil(N / NR)][K][NR] (channel n is panel n / NR, lane n % NR; the last
+ * panel is padded with zero channels); bias [N] fp32 or NULL; y [M, N] fp32.
+ *
+ * The micro-kernel keeps an R x NR tile of y in vector registers (R <= MR rows of x, NR = two
+ * vectors of channels) and walks k: per k it loads the panel's NR weights (contiguous: one
+ * sequential stream per panel) and broadcasts x[i, k] for each of the R rows, 2R FMAs. Each lane
+ * is one output channel, so every output is one fused multiply-add chain over k in order: no
+ * horizontal sums, and a row's result does not depend on the batch it is in. Threads split the
+ * panels (and, for long inputs, blocks of MB rows of x).
+ * MR x NR: 6 x 16 with AVX2 (12 accumulators of the 16 registers), 8 x 32 with AVX-512 (16 of 32).
+ * Without AVX2 + FMA the same loops run in plain C. */
 #include <stdint.h>
+#include <string.h>
 
-#define NB 16 /* output channels per work item */
-#define MB 64 /* rows of x per pass over a work item's weights */
+#define MB 96 /* rows of x per block (prefill): kept in L2 across the panels of a work item */
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 typedef __m512 vec;
 #define LANES 16
-#define MR 4 /* 4 x 4 accumulators + 4 weight vectors + 1 x vector of the 32 registers */
+#define MR 8
 #define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
 #define vfma _mm512_fmadd_ps
 #define vzero _mm512_setzero_ps
-#define vsum _mm512_reduce_add_ps
-#define VREG(v) __asm__("" : "+v"(v))
+#define vset1 _mm512_set1_ps
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 typedef __m256 vec;
 #define LANES 8
-#define MR 2 /* 2 x 4 accumulators + 4 weight vectors + 1 x vector of the 16 registers */
+#define MR 6
 #define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
 #define vfma _mm256_fmadd_ps
 #define vzero _mm256_setzero_ps
-#define VREG(v) __asm__("" : "+x"(v))
-static inline float vsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define vset1 _mm256_set1_ps
 #else
 typedef float vec;
 #define LANES 1
-#define MR 2
+#define MR 4
 #define vload(p) (*(p))
+#define vstore(p, v) (*(p) = (v))
 #define vfma(a, b, c) ((a) * (b) + (c))
 #define vzero() 0.0f
-#define vsum(v) (v)
-#define VREG(v) (void)(v)
+#define vset1(v) (v)
 #endif
+#define NR (2 * LANES)
 
-/* R rows of x (K apart) against C weight rows (K apart): y[i * ldy + j] = x_i . w_j + bias[j] */
-static inline __attribute__((always_inline)) void tile(const float *restrict x, const float *restrict w,
-                                                       const float *restrict bias, float *restrict y,
-                                                       long ldy, int K, const int R, const int C) {
-    vec acc[MR][8];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < C; j++) acc[i][j] = vzero();
-    int k = 0;
-    for (; k + LANES <= K; k += LANES) {
-        vec wv[8];
-        for (int j = 0; j < C; j++) {
-            wv[j] = vload(w + (long)j * K + k);
-            VREG(wv[j]); /* kept in a register: gcc would otherwise reload it for every FMA */
-        }
-        for (int i = 0; i < R; i++) {
-            vec xv = vload(x + (long)i * K + k);
-            VREG(xv);
-            for (int j = 0; j < C; j++) acc[i][j] = vfma(wv[j], xv, acc[i][j]);
-        }
-    }
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < C; j++) {
-            float s = vsum(acc[i][j]);
-            for (int t = k; t < K; t++) s += x[(long)i * K + t] * w[(long)j * K + t];
-            y[i * ldy + j] = s + (bias ? bias[j] : 0.0f);
-        }
+/* w [N, K] -> panels [ceil(N / NR)][K][NR] (`packed` holds ceil(N / NR) * NR * K floats) */
+void f32_pack(const float *restrict w, float *restrict packed, int N, int K) {
+    const int panels = (N + NR - 1) / NR;
+    for (int p = 0; p < panels; p++)
+        for (int k = 0; k < K; k++)
+            for (int r = 0; r < NR; r++) {
+                const int n = p * NR + r;
+                packed[((long)p * K + k) * NR + r] = n < N ? w[(long)n * K + k] : 0.f;
+            }
 }
 
-void f32_linear(const float *restrict x, const float *restrict w, const float *restrict bias,
-                float *restrict y, int M, int N, int K, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int n0 = 0; n0 < N; n0 += NB) {
-        const int n1 = N - n0 < NB ? N : n0 + NB;
-        if (M == 1) {
-            int n = n0;
-            for (; n + 8 <= n1; n += 8) tile(x, w + (long)n * K, bias ? bias + n : 0, y + n, N, K, 1, 8);
-            for (; n < n1; n++) tile(x, w + (long)n * K, bias ? bias + n : 0, y + n, N, K, 1, 1);
-            continue;
-        }
-        for (int m0 = 0; m0 < M; m0 += MB) { /* MB rows of x stay in L2 across the block's weights */
-            const int m1 = M - m0 < MB ? M : m0 + MB;
-            int n = n0;
-            for (; n + 4 <= n1; n += 4) { /* four weight rows, kept in L1 across the rows of x */
-                const float *wn = w + (long)n * K, *bn = bias ? bias + n : 0;
-                int m = m0;
-                for (; m + MR <= m1; m += MR) tile(x + (long)m * K, wn, bn, y + (long)m * N + n, N, K, MR, 4);
-                for (; m + 2 <= m1; m += 2) tile(x + (long)m * K, wn, bn, y + (long)m * N + n, N, K, 2, 4);
-                if (m < m1) tile(x + (long)m * K, wn, bn, y + (long)m * N + n, N, K, 1, 4);
-            }
-            for (; n < n1; n++)
-                for (int m = m0; m < m1; m++)
-                    tile(x + (long)m * K, w + (long)n * K, bias ? bias + n : 0, y + (long)m * N + n, N, K, 1, 1);
+int f32_panel_width(void) { return NR; }
+
+/* R rows of x (ldx apart) against one panel: y[i * ldy + j] = x_i . w_j + bias[j], j < nvalid */
+static inline __attribute__((always_inline)) void ukernel(const float *restrict x, long ldx,
+                                                          const float *restrict panel, const float *restrict bias,
+                                                          float *restrict y, long ldy, int K, int nvalid,
+                                                          const int R) {
+    vec acc[MR][2];
+    for (int i = 0; i < R; i++) acc[i][0] = vzero(), acc[i][1] = vzero();
+    for (int k = 0; k < K; k++) {
+        const vec w0 = vload(panel + (long)k * NR), w1 = vload(panel + (long)k * NR + LANES);
+        for (int i = 0; i < R; i++) {
+            const vec xb = vset1(x[i * ldx + k]);
+            acc[i][0] = vfma(w0, xb, acc[i][0]);
+            acc[i][1] = vfma(w1, xb, acc[i][1]);
         }
     }
+    for (int i = 0; i < R; i++) {
+        float out[NR];
+        vstore(out, acc[i][0]);
+        vstore(out + LANES, acc[i][1]);
+        float *yi = y + i * ldy;
+        for (int j = 0; j < nvalid; j++) yi[j] = out[j] + (bias ? bias[j] : 0.f);
+    }
+}
+
+#define ROWS(R) ukernel(x + (long)m * K, K, panel, b, y + (long)m * N + n, N, K, nvalid, R)
+
+void f32_linear(const float *restrict x, const float *restrict packed, const float *restrict bias,
+                float *restrict y, int M, int N, int K, int num_threads) {
+    const int panels = (N + NR - 1) / NR, mblocks = (M + MB - 1) / MB;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
+    for (int mb = 0; mb < mblocks; mb++)
+        for (int p = 0; p < panels; p++) {
+            const int n = p * NR, nvalid = N - n < NR ? N - n : NR;
+            const float *panel = packed + (long)p * K * NR, *b = bias ? bias + n : 0;
+            const int m1 = (mb + 1) * MB < M ? (mb + 1) * MB : M;
+            int m = mb * MB;
+            for (; m + MR <= m1; m += MR) ROWS(MR);
+            switch (m1 - m) {
+#if MR > 7
+            case 7: ROWS(7); break;
+            case 6: ROWS(6); break;
+#endif
+#if MR > 5
+            case 5: ROWS(5); break;
+            case 4: ROWS(4); break;
+#endif
+            case 3: ROWS(3); break;
+            case 2: ROWS(2); break;
+            case 1: ROWS(1); break;
+            default: break;
+            }
+        }
 }

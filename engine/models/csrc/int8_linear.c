@@ -35,7 +35,7 @@ static void quantize_rows(const float *restrict x, int8_t *restrict xq, float *r
         const float *v = x + r * QK;
         float amax = 0.f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(v[i]));
-        const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+        const float d = amax * (1.f / 127.f), inv = d > 0.f ? 1.f / d : 0.f; /* as `reference` rounds */
         xd[r] = d;
         for (int i = 0; i < QK; i++) xq[r * QK + i] = (int8_t)lrintf(v[i] * inv);
     }

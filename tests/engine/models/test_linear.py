@@ -1,6 +1,7 @@
 """The fp32 CPU linear kernel (engine/models/csrc/f32_linear.c) computes F.linear to fp32 rounding
-at any batch (tiles of 1 to 4 rows, passes of 64 rows), with and without bias, at any K (tails of
-fewer than a vector included); cpu_kernels=False and other dtypes take F.linear itself."""
+at any batch (tiles of 1 to MR rows, blocks of rows for long inputs), with and without bias, at any
+N (a last panel padded) and K; a row's result does not depend on the batch it is in; the weight is
+kept only in the kernel's panels; cpu_kernels=False and other dtypes take F.linear itself."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,24 @@ def test_kernel_equals_f_linear(M, N, K):
     assert torch.allclose(layer(x), F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
     assert torch.allclose(linear.Linear(w)(x), F.linear(x, w), rtol=1e-5, atol=1e-4)
     assert torch.allclose(layer(x.t().contiguous().t()), F.linear(x, w, bias), rtol=1e-5, atol=1e-4)  # strided x
+
+
+def test_a_row_does_not_depend_on_its_batch():
+    torch.manual_seed(3)
+    w, x = torch.randn(50, 96), torch.randn(200, 96)
+    layer = linear.Linear(w)
+    full = layer(x)
+    for m in (1, 2, 5, 7, 13):
+        assert torch.equal(layer(x[:m]), full[:m])
+    assert torch.equal(layer(x[150:151]), full[150:151])
+
+
+def test_the_panels_are_the_only_copy():
+    torch.manual_seed(4)
+    w = torch.randn(37, 64)
+    layer = linear.Linear(w)
+    assert layer.panels.shape[0] * layer.panels.shape[2] >= 37 and layer._weight is None
+    assert torch.equal(layer.weight, w)  # unpacked on demand
 
 
 def test_switched_off_takes_f_linear():

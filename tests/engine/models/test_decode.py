@@ -1,0 +1,56 @@
+"""The one-call decode forward (engine/models/decode.py) against the per-operator forward: the same
+kernels in the same order, so the hidden states and the KV cache it writes are bit-identical."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+
+
+def _decode_plan(llm: LLM, prompts: list[list[int]]):
+    """Prefill `prompts`, then the next step's plan: every sequence decodes one token."""
+    engine = llm.engine
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"r{i}", ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    while engine.scheduler.num_waiting or any(s.num_computed_tokens < s.num_prompt_tokens
+                                              for s in engine.scheduler.running):
+        engine.step()
+    engine.step()  # one decode step through the engine
+    plan = engine.scheduler.schedule()
+    assert plan.scheduled and all(it.is_decode for it in plan.scheduled)
+    return plan
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_one_call_equals_the_per_operator_forward(tiny_model_dir, quantization, batch):
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", num_threads=2, quantization=quantization)
+    runner, model = llm.engine.runner, llm.engine.runner.model
+    assert model.decode is not None and model.decode.int8 == (quantization == "int8")
+    plan = _decode_plan(llm, [list(range(3 + i, 20 + 7 * i)) for i in range(batch)])
+    results = []
+    for decode in (model.decode, None):
+        for cache in runner.kv_caches:
+            cache.zero_()  # each forward rewrites the step's K/V rows: compare what each one wrote
+        model.decode = decode
+        items, hidden, _ = runner.forward(plan)
+        results.append((hidden.clone(), [c.clone() for c in runner.kv_caches]))
+    (one_call, caches), (per_op, per_op_caches) = results
+    assert one_call.shape == (batch, model.config.hidden_size)
+    assert torch.equal(one_call, per_op)
+    assert all(torch.equal(a, b) for a, b in zip(caches, per_op_caches))
+    assert any(c.abs().sum() > 0 for c in caches)
+
+
+def test_where_it_applies(tiny_model_dir):
+    fp32 = LLM(model=str(tiny_model_dir), dtype="float32", num_threads=2)
+    decode = fp32.engine.runner.model.decode
+    assert decode is not None
+    # a step with a prefill takes the per-operator forward
+    fp32.engine.add_request("p", list(range(3, 30)), SamplingParams(max_tokens=2))
+    plan = fp32.engine.scheduler.schedule()
+    meta = fp32.engine.runner._prepare(plan.scheduled)[2]
+    assert meta.prefills and not decode.applies(meta, fp32.engine.runner.kv_caches)
+    fp32.engine.abort("p")
+    for kw in ({"cpu_kernels": False}, {"dtype": "bfloat16"}, {"attention_backend": "torch"}):
+        llm = LLM(model=str(tiny_model_dir), num_threads=2, **{"dtype": "float32", **kw})
+        assert llm.engine.runner.model.decode is None, kw
