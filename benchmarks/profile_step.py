@@ -1,7 +1,10 @@
 """Where a decode step's time goes: the engine's step split into the scheduler, the host-side
 preparation of the batch, the linear layers, attention, RMSNorm with the residual adds, the rest
 of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling (with penalties and biases) and the rest of the step (output
-bookkeeping, detokenization), for fp32 and INT8 weights at batch 1 and a larger batch.
+bookkeeping, detokenization), for fp32 and INT8 weights at batch 1 and a larger batch. Each
+precision runs twice: as the engine runs it (a decode-only step's layers in one C call,
+`one_call_forward`, engine/models/decode.py) and "per-op" (the same kernels called one by one from
+Python, each part timed).
 
     python -m benchmarks.profile_step            # SmolLM2, 2 threads, batch 1 and 32, 32 steps each
     python -m benchmarks.profile_step --torch-ops    # also fp32 with cpu_kernels=False (torch ops only)
@@ -29,8 +32,19 @@ from benchmarks.common import add_common_args, done, machine, out_dir, tiny_mode
 from benchmarks.workloads import chat_prompts
 from engine import LLM, SamplingParams
 
-PARTS = ("scheduler", "prepare", "linears", "attention", "rms_norm", "forward_rest", "lm_head", "sampling",
-         "step_rest")
+PARTS = ("scheduler", "prepare", "linears", "attention", "rms_norm", "forward_rest", "one_call_forward", "lm_head",
+         "sampling", "step_rest")
+
+
+class _TimedDecode:
+    """The model's one-call decode forward (engine/models/decode.py), timed as one part."""
+
+    def __init__(self, decode, timer: Timer):
+        self.decode, self.applies = decode, decode.applies
+        self.call = timer.wrap("one_call_forward", decode.__call__)
+
+    def __call__(self, *args):
+        return self.call(*args)
 
 
 class Timer:
@@ -79,9 +93,13 @@ def instrumented(llm: LLM, timer: Timer):
                 (model.attention, "forward", "attention"), (model, "logits", "lm_head")]
     for obj, name, part in instance:
         setattr(obj, name, timer.wrap(part, getattr(obj, name)))
+    decode = model.decode
+    if decode is not None:
+        model.decode = _TimedDecode(decode, timer)
     try:
         yield
     finally:
+        model.decode = decode
         for obj, name, _ in instance:
             delattr(obj, name)  # back to the class's method
         for obj, name, fn in saved:
@@ -134,11 +152,15 @@ def main() -> None:
     model = tiny_model() if args.smoke else "smollm2"
     steps = 4 if args.smoke else args.steps
     torch.set_num_threads(args.threads)
-    configs = {"fp32": dict(quantization=None)}
+    configs = {"fp32": dict(quantization=None), "fp32 per-op": dict(quantization=None)}
     if args.torch_ops:
         configs["fp32 torch ops"] = dict(quantization=None, cpu_kernels=False)
     configs["int8"] = dict(quantization="int8")
+    configs["int8 per-op"] = dict(quantization="int8")
     llms = {name: LLM(model=model, dtype="float32", num_threads=args.threads, **kw) for name, kw in configs.items()}
+    for name, llm in llms.items():
+        if name.endswith("per-op"):  # the same kernels called one by one from Python
+            llm.engine.runner.model.decode = None
     prompts = chat_prompts(next(iter(llms.values())).tokenizer, args.batch, max_len=128)
     rounds = 1 if args.smoke else 4
     runs = {}

@@ -11,7 +11,9 @@ Workloads: `long_tailed` (default: 48 chat requests, 80% with 8-48 output tokens
 160-256, all submitted at once) and `mixed` (64 requests, prompts of 16-512 tokens, max_tokens of
 16-512). Two passes: `ignore_eos` (every system does exactly each request's max_tokens) and `eos`
 (stop at EOS; only useful tokens are counted: a static batch's padding after EOS or past a
-request's own max_tokens is not). Writes throughput.json and throughput.png under --out
+request's own max_tokens is not). With fairlane_int8 among the systems, INT8's quality against
+fp32 goes beside its speed (benchmarks/quality.py: perplexity on a fixed text, greedy agreement
+over 16 of the prompts). Writes throughput.json and throughput.png under --out
 (benchmarks/results).
 """
 from __future__ import annotations
@@ -172,16 +174,27 @@ def main() -> None:
             for name in res:
                 res[name]["fairlane_speedup"] = res["fairlane"]["tokens_per_s"] / res[name]["tokens_per_s"]
         runs[mode] = res
+    quality = None
+    if "fairlane_int8" in engines:
+        from benchmarks.quality import int8_quality
+
+        print("int8 quality ...", flush=True)
+        quality = int8_quality(engines["fairlane"], engines["fairlane_int8"], prompts[:16])
     report = {
         "model": llm.engine.model_name, "smoke": args.smoke, "workload": args.workload, "dtype": args.dtype,
         "threads": args.threads, "requests": n,
         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts)), sum(map(len, prompts))],
         "max_tokens": [min(budgets), max(budgets), sum(budgets)], "hf_static_batch": args.batch_size,
         "fairlane_max_num_seqs": args.max_num_seqs, "machine": machine(),
-        "torch": torch.__version__, "runs": runs,
+        "torch": torch.__version__, "runs": runs, "int8_quality": quality,
     }
     (out / "throughput.json").write_text(json.dumps(report, indent=2))
     print_table(runs)
+    if quality:
+        print(f"int8 quality: perplexity {quality['perplexity_int8']:.3f} vs fp32 {quality['perplexity_fp32']:.3f} "
+              f"({quality['perplexity_ratio']:.4f}x); greedy agreement {quality['greedy_share_before_divergence']:.1%} "
+              f"of tokens before the first divergence, {quality['greedy_identical']}/{quality['greedy_prompts']} "
+              f"outputs identical ({quality['greedy_tokens']} tokens)")
     plot(runs, out / "throughput.png", n, f"{report['model']} {args.dtype}, {args.threads} threads")
     done(out)
 
