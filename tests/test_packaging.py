@@ -99,6 +99,7 @@ KERNEL_CHECK = """
 import json, os
 from engine import Engine, SamplingParams
 from engine.attention import cpu_paged
+from engine.models import decode as one_call
 import gateway.settings
 
 tiny = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -106,6 +107,8 @@ tiny = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
 tokens, kernel_calls = {}, []
 decode = cpu_paged.CPUPagedAttention._decode
 cpu_paged.CPUPagedAttention._decode = lambda self, *a: kernel_calls.append(1) or decode(self, *a)
+one_call_steps, step = [], one_call.DecodeForward.__call__
+one_call.DecodeForward.__call__ = lambda self, *a: one_call_steps.append(1) or step(self, *a)
 for backend in ("cpu", "torch"):
     engine = Engine(model="dummy", dtype="float32", num_threads=1, dummy_config=tiny, num_kv_blocks=16,
                     attention_backend=backend)
@@ -113,7 +116,8 @@ for backend in ("cpu", "torch"):
     tokens[backend] = [t for _ in iter(engine.has_unfinished, False) for out in engine.step()
                        for t in out.new_token_ids]
 print(json.dumps({"source": str(cpu_paged.SOURCE), "library": cpu_paged.load_library()._name,
-                  "kernel_calls": len(kernel_calls),
+                  "kernel_calls": len(kernel_calls), "one_call_steps": len(one_call_steps),
+                  "one_call_library": one_call._library()._name,
                   "config": str(gateway.settings.config_file()), "tokens": tokens}))
 """
 
@@ -128,5 +132,8 @@ def test_installed_package_compiles_and_runs_the_kernel(wheel, tmp_path):
     assert report["source"].startswith(site) and report["source"].endswith("csrc/paged_decode.c")
     assert report["library"].startswith(str(tmp_path / "cache" / "kernels"))
     assert report["config"].startswith(site) and report["config"].endswith("configs/fairlane.yaml")
-    assert report["kernel_calls"] >= 11 * 2  # every decode step of the cpu engine, in each of its 2 layers
+    assert report["one_call_library"].startswith(str(tmp_path / "cache" / "kernels"))
+    # every decode step of the cpu engine runs its layers in one C call (decode_forward.c, which
+    # includes the attention kernel's source); nothing calls the attention kernel from Python
+    assert report["one_call_steps"] >= 11 and report["kernel_calls"] == 0
     assert len(report["tokens"]["cpu"]) == 12 and report["tokens"]["cpu"] == report["tokens"]["torch"]

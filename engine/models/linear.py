@@ -27,8 +27,7 @@ SOURCE = Path(__file__).parent / "csrc" / "f32_linear.c"
 
 def f32_library() -> ctypes.CDLL | None:
     """The fp32 C kernel, or None without a C compiler."""
-    lib = native.library(SOURCE, {"f32_linear": [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4,
-                                  "f32_pack": [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2, "f32_panel_width": []})
+    lib = native.library(SOURCE, {"f32_linear": [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, "f32_panel_width": []})
     if lib is not None:
         lib.f32_panel_width.restype = ctypes.c_int
     return lib
@@ -38,9 +37,10 @@ def pack(lib: ctypes.CDLL, weight: torch.Tensor) -> torch.Tensor:
     """[N, K] fp32 rows -> the kernel's panels [ceil(N / NR), K, NR] (NR channels a panel, zero-padded)."""
     N, K = weight.shape
     nr = lib.f32_panel_width()
-    packed = torch.empty(-(-N // nr), K, nr)
-    lib.f32_pack(weight.data_ptr(), packed.data_ptr(), N, K)
-    return packed
+    panels = -(-N // nr)
+    if panels * nr != N:
+        weight = torch.cat([weight, weight.new_zeros(panels * nr - N, K)])
+    return weight.view(panels, nr, K).transpose(1, 2).contiguous()
 
 
 def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:

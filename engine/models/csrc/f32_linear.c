@@ -1,6 +1,6 @@
 /* fp32 linear layer for the CPU: y = x @ w^T + bias, over weights packed in panels.
  *
- * Layouts: x [M, K] fp32 (row-major); the weight w [N, K] packed once by `f32_pack` into panels of
+ * Layouts: x [M, K] fp32 (row-major); the weight w [N, K] packed once (engine/models/linear.py) into panels of
  * NR output channels, [ceil(N / NR)][K][NR] (channel n is panel n / NR, lane n % NR; the last
  * panel is padded with zero channels); bias [N] fp32 or NULL; y [M, N] fp32.
  *
@@ -13,7 +13,6 @@
  * MR x NR: 6 x 16 with AVX2 (12 accumulators of the 16 registers), 8 x 32 with AVX-512 (16 of 32).
  * Without AVX2 + FMA the same loops run in plain C. */
 #include <stdint.h>
-#include <string.h>
 
 #define MB 96 /* rows of x per block (prefill): kept in L2 across the panels of a work item */
 
@@ -49,17 +48,7 @@ typedef float vec;
 #endif
 #define NR (2 * LANES)
 
-/* w [N, K] -> panels [ceil(N / NR)][K][NR] (`packed` holds ceil(N / NR) * NR * K floats) */
-void f32_pack(const float *restrict w, float *restrict packed, int N, int K) {
-    const int panels = (N + NR - 1) / NR;
-    for (int p = 0; p < panels; p++)
-        for (int k = 0; k < K; k++)
-            for (int r = 0; r < NR; r++) {
-                const int n = p * NR + r;
-                packed[((long)p * K + k) * NR + r] = n < N ? w[(long)n * K + k] : 0.f;
-            }
-}
-
+/* NR: the panel width `Linear` packs the weights with (engine/models/linear.py) */
 int f32_panel_width(void) { return NR; }
 
 /* R rows of x (ldx apart) against one panel: y[i * ldy + j] = x_i . w_j + bias[j], j < nvalid */
