@@ -144,7 +144,8 @@ class EngineConfig(LoRAConfig):
     cache_dir: str | None = None  # where converted GGUF models are kept; None: ~/.cache/fairlane
     # Detokenize every step (servers stream text); offline generation decodes once at the end.
     incremental_text: bool = True
-    # None, or "int8": weight-only INT8 linears with per-channel scales (engine/models/quant.py).
+    # None, or "int8": INT8 linears with per-channel weight scales; on CPU the activations are
+    # quantized per block of 32 for integer dot products (engine/models/quant.py).
     quantization: str | None = None
     # The own C kernels of the CPU forward (engine/models/csrc: fp32 linears at small batch, fused
     # RMSNorm, RoPE and SiLU·mul; docs/performance.md). False: torch ops only.

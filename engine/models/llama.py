@@ -65,7 +65,7 @@ class LlamaModel:
                         attention: AttentionBackend, max_positions: int, quantization: str | None = None,
                         cpu_kernels: bool = True) -> LlamaModel:
         """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
-        weight-only int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
+        int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
         `cpu_kernels`: the own C kernels on CPU (fp32 linears, fused elementwise ops, decode-only steps
         in one C call)."""
         linear = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=cpu_kernels)

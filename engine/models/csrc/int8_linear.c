@@ -1,4 +1,4 @@
-/* Weight-only INT8 linear layer for the CPU: y = x @ (q * scale)^T + bias, with integer dot products.
+/* INT8 linear layer for the CPU: y = x @ (q * scale)^T + bias, with integer dot products.
  *
  * Layouts: x [M, K] fp32 (row-major); q: the int8 weights [N, K] in [-127, 127], interleaved in
  * groups of four output channels: [N / 4][K / 32][4][32] (each group's rows block by block, so a
