@@ -147,8 +147,8 @@ class EngineConfig(LoRAConfig):
     # None, or "int8": INT8 linears with per-channel weight scales; on CPU the activations are
     # quantized per block of 32 for integer dot products (engine/models/quant.py).
     quantization: str | None = None
-    # The own C kernels of the CPU forward (engine/models/csrc: fp32 linears at small batch, fused
-    # RMSNorm, RoPE and SiLU·mul; docs/performance.md). False: torch ops only.
+    # The own C kernels of the CPU forward (engine/models/csrc: fp32 linears, fused RMSNorm, RoPE and
+    # SiLU·mul, a decode-only step's layers in one call; docs/performance.md). False: torch ops only.
     cpu_kernels: bool = True
 
     def __post_init__(self):
