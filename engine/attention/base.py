@@ -36,6 +36,13 @@ class AttentionMetadata:
     # The cpu backend's int32 decode block tables and context lengths, built once a step (first layer).
     decode_int32: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def decode_tables_int32(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block tables, context lengths) of the decodes as contiguous int32, built once a step."""
+        if self.decode_int32 is None:
+            self.decode_int32 = (self.decode_block_tables.to(torch.int32).contiguous(),
+                                 self.decode_context_lens.to(torch.int32).contiguous())
+        return self.decode_int32
+
 
 class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache and computes attention for every packed token."""

@@ -60,10 +60,7 @@ class CPUPagedAttention(TorchAttention):
         B, H, D = q.shape
         q = q.contiguous()
         out = torch.empty_like(q)
-        if meta.decode_int32 is None:
-            meta.decode_int32 = (meta.decode_block_tables.to(torch.int32).contiguous(),
-                                 meta.decode_context_lens.to(torch.int32).contiguous())
-        tables, ctx = meta.decode_int32
+        tables, ctx = meta.decode_tables_int32()
         getattr(self.lib, kernel)(
             q.data_ptr(), kv_cache.data_ptr(), tables.data_ptr(), ctx.data_ptr(), out.data_ptr(),
             B, H, self.num_kv_heads, D, kv_cache.shape[2], meta.block_size, tables.shape[1],

@@ -121,10 +121,7 @@ class DecodeForward:
         self.struct.block_size = meta.block_size
         x = torch.nn.functional.embedding(input_ids, model.embed)  # [B, hidden], the residual stream
         out = torch.empty_like(x)
-        if meta.decode_int32 is None:
-            meta.decode_int32 = (meta.decode_block_tables.to(torch.int32).contiguous(),
-                                 meta.decode_context_lens.to(torch.int32).contiguous())
-        tables, ctx = meta.decode_int32
+        tables, ctx = meta.decode_tables_int32()
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         self.lib.decode_forward(ctypes.byref(self.struct), x.data_ptr(), out.data_ptr(), positions.data_ptr(),
