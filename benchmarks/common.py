@@ -5,6 +5,7 @@ Every benchmark runs as ``python -m benchmarks.NAME``. ``--smoke`` runs the whol
 seconds on a tiny random-weight model (results in a fresh temporary folder, never in
 benchmarks/results/): the test suite runs every benchmark that way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,17 +22,33 @@ RESULTS = Path(__file__).parent / "results"
 
 # A tiny Llama with SmolLM2's vocabulary: SmolLM2's real tokenizer fits it, and a forward costs
 # almost nothing, so what is measured around the engine is not hidden by the model.
-TINY_CONFIG = {"vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-               "max_position_embeddings": 2048, "eos_token_id": 2, "bos_token_id": 1}
+TINY_CONFIG = {
+    "vocab_size": 49152,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 2048,
+    "eos_token_id": 2,
+    "bos_token_id": 1,
+}
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--smoke", action="store_true",
-                        help="run everything in seconds on a tiny random model; results go to a temporary folder")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for the JSON and PNG results (default: benchmarks/results, or a "
-                             "temporary folder with --smoke)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="run everything in seconds on a tiny random model; results go to a temporary folder",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the JSON and PNG results (default: benchmarks/results, or a "
+        "temporary folder with --smoke)",
+    )
 
 
 def out_dir(args: argparse.Namespace, name: str) -> Path:
@@ -57,14 +74,20 @@ def tiny_model() -> str:
         from engine.loader import load_dummy, save_model
 
         tokenizer = assets.load_tokenizer("smollm2")
-        assets.save_atomically(folder, lambda tmp: save_model(load_dummy(TINY_CONFIG), tmp, tokenizer=tokenizer))
+        assets.save_atomically(
+            folder, lambda tmp: save_model(load_dummy(TINY_CONFIG), tmp, tokenizer=tokenizer)
+        )
     return str(folder)
 
 
 def machine() -> dict:
     """The CPU model (lscpu), cores, Python and the date of the run."""
-    return {"cpu": cpu_name(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "date": datetime.date.today().isoformat()}
+    return {
+        "cpu": cpu_name(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
 
 
 def cpu_name() -> str:
@@ -89,4 +112,4 @@ def result_line(stdout: str) -> dict:
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"no result line in the runner's output: {stdout[-2000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])

@@ -12,6 +12,7 @@ The bound: weight bytes / the read bandwidth `torch.sum` reaches over a 1 GiB bu
 same threads (measured in the same run). Writes decode_latency.json and decode_latency.png
 under --out (benchmarks/results).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,11 @@ def fairlane_ms_per_token(llm: LLM, tokens: int) -> dict:
         engine.step()
         steps.append(time.perf_counter() - t)
     decode = steps[1:]  # the first step is the prefill (and the first token)
-    return {"ms_per_token": 1000 * statistics.fmean(decode), "median_ms": 1000 * statistics.median(decode),
-            "tokens": len(steps)}
+    return {
+        "ms_per_token": 1000 * statistics.fmean(decode),
+        "median_ms": 1000 * statistics.median(decode),
+        "tokens": len(steps),
+    }
 
 
 def hf_ms_per_token(model, ids: list[int], tokens: int) -> dict:
@@ -96,8 +100,9 @@ def llamacpp_ms_per_token(python: str, gguf: str, ids: list[int], tokens: int, t
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"gguf": gguf, "prompt": ids, "tokens": tokens, "threads": threads}))
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        run = subprocess.run([python, str(LLAMACPP_RUNNER), str(job)], capture_output=True, text=True, env=env,
-                             timeout=1800)
+        run = subprocess.run(
+            [python, str(LLAMACPP_RUNNER), str(job)], capture_output=True, text=True, env=env, timeout=1800
+        )
     if run.returncode != 0:
         raise RuntimeError(f"llama.cpp failed: {run.stderr[-3000:]}")
     return result_line(run.stdout)
@@ -120,9 +125,10 @@ def main() -> None:
     runs: dict = {}
     fp32 = LLM(model=model, dtype="float32", num_threads=args.threads)
     ids = fp32.encode(PROMPT)
-    for name, llm in (("fairlane", fp32),
-                      ("fairlane_int8", LLM(model=model, dtype="float32", num_threads=args.threads,
-                                            quantization="int8"))):
+    for name, llm in (
+        ("fairlane", fp32),
+        ("fairlane_int8", LLM(model=model, dtype="float32", num_threads=args.threads, quantization="int8")),
+    ):
         print(f"{name} ...", flush=True)
         runs[name] = {**fairlane_ms_per_token(llm, tokens), "weight_bytes": weight_bytes(llm)}
     dense_bytes = runs["fairlane"]["weight_bytes"]
@@ -133,27 +139,47 @@ def main() -> None:
     runs["hf"] = {**hf_ms_per_token(hf, ids, tokens), "weight_bytes": dense_bytes}
     if args.vllm_python:
         print("vllm ...", flush=True)
-        r = run_vllm(args.vllm_python, fp32.engine.model_path, [ids], [tokens], True, "float32", args.threads,
-                     mode="latency")
+        r = run_vllm(
+            args.vllm_python,
+            fp32.engine.model_path,
+            [ids],
+            [tokens],
+            True,
+            "float32",
+            args.threads,
+            mode="latency",
+        )
         runs["vllm"] = {**r, "weight_bytes": dense_bytes}
     for gguf in args.gguf:
         if not args.llamacpp_python:
             raise SystemExit("--gguf needs --llamacpp-python")
         name = f"llama.cpp {Path(gguf).name}"
         print(f"{name} ...", flush=True)
-        runs[name] = {**llamacpp_ms_per_token(args.llamacpp_python, gguf, ids, tokens, args.threads),
-                      "weight_bytes": os.path.getsize(gguf)}
+        runs[name] = {
+            **llamacpp_ms_per_token(args.llamacpp_python, gguf, ids, tokens, args.threads),
+            "weight_bytes": os.path.getsize(gguf),
+        }
     for r in runs.values():
         r["bound_ms"] = 1000 * r["weight_bytes"] / bandwidth
         r["fraction_of_bound"] = r["bound_ms"] / r["ms_per_token"]
-    report = {"model": fp32.engine.model_name, "smoke": args.smoke, "threads": args.threads, "tokens": tokens,
-              "read_bandwidth_gb_s": bandwidth / 1e9, "machine": machine(), "torch": torch.__version__, "runs": runs}
+    report = {
+        "model": fp32.engine.model_name,
+        "smoke": args.smoke,
+        "threads": args.threads,
+        "tokens": tokens,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "machine": machine(),
+        "torch": torch.__version__,
+        "runs": runs,
+    }
     (out / "decode_latency.json").write_text(json.dumps(report, indent=2))
     print("\n| system | ms/token | weight MB | bound ms/token | fraction of bound |")
     print("|---|---:|---:|---:|---:|")
     for name, r in runs.items():
-        print(f"| {name} | {r['ms_per_token']:.1f} | {r['weight_bytes'] / 1e6:.0f} | {r['bound_ms']:.1f} | "
-              f"{r['fraction_of_bound']:.2f} |")
+        print(
+            f"| {name} | {r['ms_per_token']:.1f} | {r['weight_bytes'] / 1e6:.0f} | {r['bound_ms']:.1f} | "
+            f"{r['fraction_of_bound']:.2f} |"
+        )
     print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s")
     plot(runs, out / "decode_latency.png", f"{report['model']}, batch 1, {args.threads} threads")
     done(out)
@@ -169,8 +195,15 @@ def plot(runs: dict, path: Path, what: str) -> None:
     names = list(runs)
     bars = ax.bar(names, [runs[k]["ms_per_token"] for k in names], color="#e63", label="measured")
     ax.bar_label(bars, fmt="%.1f")
-    ax.scatter(names, [runs[k]["bound_ms"] for k in names], color="k", marker="_", s=600, zorder=3,
-               label="memory-bandwidth bound")
+    ax.scatter(
+        names,
+        [runs[k]["bound_ms"] for k in names],
+        color="k",
+        marker="_",
+        s=600,
+        zorder=3,
+        label="memory-bandwidth bound",
+    )
     ax.set(ylabel="ms per output token", title=what)
     ax.tick_params(axis="x", labelrotation=20)
     ax.legend()

@@ -57,9 +57,12 @@ def round_trips(args, workdir: Path) -> dict:
         body = {"model": Path(model).name, "messages": CHAT, "max_tokens": 1}
         for concurrency in (1, args.concurrency):
             n = args.requests * (1 if concurrency == 1 else 2)
-            asyncio.run(http_closed_loop(served, body, requests=concurrency * 2, concurrency=concurrency))  # warm-up
-            runs[f"http_c{concurrency}"] = asyncio.run(http_closed_loop(served, body, requests=n,
-                                                                        concurrency=concurrency))
+            asyncio.run(
+                http_closed_loop(served, body, requests=concurrency * 2, concurrency=concurrency)
+            )  # warm-up
+            runs[f"http_c{concurrency}"] = asyncio.run(
+                http_closed_loop(served, body, requests=n, concurrency=concurrency)
+            )
     finally:
         served.stop()
     llm = LLM(model=model, incremental_text=True, **engine)  # text every step, as the worker's engine
@@ -67,12 +70,25 @@ def round_trips(args, workdir: Path) -> dict:
     for concurrency in (1, args.concurrency):
         n = args.requests * (1 if concurrency == 1 else 2)
         engine_closed_loop(llm, CHAT, params, requests=concurrency * 2, concurrency=concurrency)  # warm-up
-        runs[f"engine_c{concurrency}"] = engine_closed_loop(llm, CHAT, params, requests=n, concurrency=concurrency)
-    return {"model": "tiny random Llama (2 layers, hidden 64) with SmolLM2's tokenizer", "max_tokens": 1,
-            "messages": CHAT, "requests_c1": args.requests,
-            "latency": {name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99), "mean_ms": 1000 * statistics.fmean(v),
-                               "requests": len(v)} for name, v in runs.items()},
-            "samples_ms": {name: [1000 * x for x in v] for name, v in runs.items()}}
+        runs[f"engine_c{concurrency}"] = engine_closed_loop(
+            llm, CHAT, params, requests=n, concurrency=concurrency
+        )
+    return {
+        "model": "tiny random Llama (2 layers, hidden 64) with SmolLM2's tokenizer",
+        "max_tokens": 1,
+        "messages": CHAT,
+        "requests_c1": args.requests,
+        "latency": {
+            name: {
+                "p50_ms": pct(v, 0.50),
+                "p99_ms": pct(v, 0.99),
+                "mean_ms": 1000 * statistics.fmean(v),
+                "requests": len(v),
+            }
+            for name, v in runs.items()
+        },
+        "samples_ms": {name: [1000 * x for x in v] for name, v in runs.items()},
+    }
 
 
 def plot(result: dict, path: Path) -> None:
@@ -86,8 +102,13 @@ def plot(result: dict, path: Path) -> None:
     groups = ["concurrency 1\np50", "concurrency 1\np99", f"concurrency {c}\np50", f"concurrency {c}\np99"]
     for offset, (system, color) in enumerate((("http", "#e63"), ("engine", "#69c"))):
         values = [trips[f"{system}_c{n}"][q] for n in (1, c) for q in ("p50_ms", "p99_ms")]
-        bars = left.bar([i + 0.4 * offset for i in range(4)], values, width=0.4, color=color,
-                        label="HTTP through fairlane serve" if system == "http" else "in process, engine")
+        bars = left.bar(
+            [i + 0.4 * offset for i in range(4)],
+            values,
+            width=0.4,
+            color=color,
+            label="HTTP through fairlane serve" if system == "http" else "in process, engine",
+        )
         left.bar_label(bars, fmt="%.1f", fontsize=8)
     left.set_xticks([i + 0.2 for i in range(4)], groups)
     left.set(ylabel="ms", title="one chat, max_tokens=1, tiny model (what a client waits for)")
@@ -103,9 +124,13 @@ def plot(result: dict, path: Path) -> None:
         right.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], ls="--", label="overhead, tracing off")
     right.axvline(1.0, ls="--", c="grey", lw=0.8)
     right.axvline(5.0, ls=":", c="grey", lw=0.8)
-    right.set(xscale="log", xlabel="latency (ms)", ylabel="fraction of requests",
-              title=f"gateway stages at {staged['rate_rps']:.0f} req/s "
-                    f"(closed loop: {staged['closed_loop']['admitted_rps']:.0f} req/s)")
+    right.set(
+        xscale="log",
+        xlabel="latency (ms)",
+        ylabel="fraction of requests",
+        title=f"gateway stages at {staged['rate_rps']:.0f} req/s "
+        f"(closed loop: {staged['closed_loop']['admitted_rps']:.0f} req/s)",
+    )
     right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -113,11 +138,15 @@ def plot(result: dict, path: Path) -> None:
 
 def table(result: dict) -> str:
     trips, c = result["round_trip"]["latency"], result["concurrency"]
-    rows = ["| concurrency | HTTP p50 (ms) | HTTP p99 (ms) | in process p50 (ms) | in process p99 (ms) |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = [
+        "| concurrency | HTTP p50 (ms) | HTTP p99 (ms) | in process p50 (ms) | in process p99 (ms) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for n in (1, c):
         h, e = trips[f"http_c{n}"], trips[f"engine_c{n}"]
-        rows.append(f"| {n} | {h['p50_ms']:.1f} | {h['p99_ms']:.1f} | {e['p50_ms']:.1f} | {e['p99_ms']:.1f} |")
+        rows.append(
+            f"| {n} | {h['p50_ms']:.1f} | {h['p99_ms']:.1f} | {e['p50_ms']:.1f} | {e['p99_ms']:.1f} |"
+        )
     rows += ["", "| stage | p50 (ms) | p99 (ms) |", "| --- | --- | --- |"]
     staged = result["stages"]
     for name in (*STAGES, "overhead", "settle", "end_to_end"):
@@ -127,24 +156,40 @@ def table(result: dict) -> str:
         off, cost = staged["stages_tracing_off"]["overhead"], staged["tracing_cost_ms"]
         rows.append(f"| overhead, tracing off (same run) | {off['p50_ms']:.3f} | {off['p99_ms']:.3f} |")
         rows.append(f"| what tracing adds to the overhead | {cost['p50_ms']:+.3f} | {cost['p99_ms']:+.3f} |")
-    rows.append(f"\nadmitted requests/s (closed loop, {staged['closed_loop']['concurrency']} callers,"
-                f" null engine): {staged['closed_loop']['admitted_rps']:.0f}")
+    rows.append(
+        f"\nadmitted requests/s (closed loop, {staged['closed_loop']['concurrency']} callers,"
+        f" null engine): {staged['closed_loop']['admitted_rps']:.0f}"
+    )
     return "\n".join(rows)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=200,
-                        help="round trips at concurrency 1 (twice as many at --concurrency)")
-    parser.add_argument("--redis-url", help="Redis of the stages measure (default: an embedded Valkey server)")
-    parser.add_argument("--rate", type=float, default=200.0, help="open-loop requests/s of the stages measure")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=200,
+        help="round trips at concurrency 1 (twice as many at --concurrency)",
+    )
+    parser.add_argument(
+        "--redis-url", help="Redis of the stages measure (default: an embedded Valkey server)"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=200.0, help="open-loop requests/s of the stages measure"
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each stages loop")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--trace", action="store_true",
-                        help="tracing in the stages measure, off and on in alternating segments of one run: the gateway's "
-                             "spans exported over OTLP/HTTP to a local receiver (results as gateway_overhead_traced.*)")
-    parser.add_argument("--separate-enqueue", action="store_true",
-                        help="XADD after admission (as with a quota Redis of its own), not in the admission call")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="tracing in the stages measure, off and on in alternating segments of one run: the gateway's "
+        "spans exported over OTLP/HTTP to a local receiver (results as gateway_overhead_traced.*)",
+    )
+    parser.add_argument(
+        "--separate-enqueue",
+        action="store_true",
+        help="XADD after admission (as with a quota Redis of its own), not in the admission call",
+    )
     add_common_args(parser)
     args = parser.parse_args()
     if args.smoke:
@@ -158,14 +203,21 @@ def main() -> int:
         server.start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            staged = asyncio.run(stages(args, args.redis_url or server.connection_url, f"sqlite:///{tmp}/bench.db"))
+            staged = asyncio.run(
+                stages(args, args.redis_url or server.connection_url, f"sqlite:///{tmp}/bench.db")
+            )
     finally:
         if server is not None:
             server.stop()
     with tempfile.TemporaryDirectory() as tmp:
         trips = round_trips(args, Path(tmp))
-    result = {"concurrency": args.concurrency, "smoke": args.smoke, "round_trip": trips, "stages": staged,
-              "machine": {**machine(), "stages_redis": args.redis_url or "embedded valkey"}}
+    result = {
+        "concurrency": args.concurrency,
+        "smoke": args.smoke,
+        "round_trip": trips,
+        "stages": staged,
+        "machine": {**machine(), "stages_redis": args.redis_url or "embedded valkey"},
+    }
     name = "gateway_overhead_traced" if args.trace else "gateway_overhead"
     plot(result, out / f"{name}.png")
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))

@@ -50,9 +50,15 @@ def null_engine(redis_url: str, model: str, ready, stop) -> None:
             last = entry_id
             req = LaneRequest.decode(fields)
             out = req.prompt_token_ids[: req.sampling.max_tokens]
-            result = LaneResult(request_id=req.request_id, token_ids=out, finished=True,
-                                finish_reason="length", num_prompt_tokens=len(req.prompt_token_ids),
-                                num_output_tokens=len(out), worker="null")
+            result = LaneResult(
+                request_id=req.request_id,
+                token_ids=out,
+                finished=True,
+                finish_reason="length",
+                num_prompt_tokens=len(req.prompt_token_ids),
+                num_output_tokens=len(out),
+                worker="null",
+            )
             pipe.xadd(out_key(req.request_id), result.encode())
             pipe.expire(out_key(req.request_id), 60)
             pipe.xdel(lane, entry_id)
@@ -69,7 +75,9 @@ def _otlp_sink(port, spans, stop) -> None:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
-            request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+            request = ExportTraceServiceRequest.FromString(
+                self.rfile.read(int(self.headers["content-length"]))
+            )
             with spans.get_lock():
                 spans.value += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
             self.send_response(200)
@@ -93,7 +101,9 @@ class OTLPSink:
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._port, self._spans, self._stop = ctx.Value("i", 0), ctx.Value("q", 0), ctx.Event()
-        self._process = ctx.Process(target=_otlp_sink, args=(self._port, self._spans, self._stop), daemon=True)
+        self._process = ctx.Process(
+            target=_otlp_sink, args=(self._port, self._spans, self._stop), daemon=True
+        )
         self._process.start()
         deadline = time.monotonic() + 30
         while not self._port.value and time.monotonic() < deadline:
@@ -132,12 +142,27 @@ class StagedPath:
         assert await state.lanes.has_worker(self.model)
         assert len(PROMPT) < (await state.max_model_len() or MAX_MODEL_LEN)
         t2 = time.perf_counter()
-        tracing.set_attributes(request_attributes(auth=auth, tier=TIER, model=self.model, max_tokens=MAX_TOKENS))
-        lane_request = LaneRequest(request_id=rid, model=self.model, tier=TIER, tenant=str(auth.tenant_id),
-                                   prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=MAX_TOKENS),
-                                   weight=auth.weight, traceparent=tracing.inject() if tracing.enabled() else None)
-        admission = await self.quota.admit(auth=auth, request_id=rid, tier=TIER, prompt_tokens=len(PROMPT),
-                                           max_tokens=MAX_TOKENS, lane_entry=state.lanes.entry(lane_request))
+        tracing.set_attributes(
+            request_attributes(auth=auth, tier=TIER, model=self.model, max_tokens=MAX_TOKENS)
+        )
+        lane_request = LaneRequest(
+            request_id=rid,
+            model=self.model,
+            tier=TIER,
+            tenant=str(auth.tenant_id),
+            prompt_token_ids=PROMPT,
+            sampling=SamplingParams(max_tokens=MAX_TOKENS),
+            weight=auth.weight,
+            traceparent=tracing.inject() if tracing.enabled() else None,
+        )
+        admission = await self.quota.admit(
+            auth=auth,
+            request_id=rid,
+            tier=TIER,
+            prompt_tokens=len(PROMPT),
+            max_tokens=MAX_TOKENS,
+            lane_entry=state.lanes.entry(lane_request),
+        )
         t3 = time.perf_counter()
         if not admission.queued:
             await state.lanes.submit(lane_request)
@@ -149,8 +174,15 @@ class StagedPath:
         await self.quota.settle(admission, completion_tokens=completion, status="length")
         t6 = time.perf_counter()
         await state.lanes.discard(rid)
-        return {"auth": t1 - t0, "checks": t2 - t1, "quotas": t3 - t2, "enqueue": t4 - t3,
-                "overhead": t4 - t0, "end_to_end": t5 - t0, "settle": t6 - t5}
+        return {
+            "auth": t1 - t0,
+            "checks": t2 - t1,
+            "quotas": t3 - t2,
+            "enqueue": t4 - t3,
+            "overhead": t4 - t0,
+            "end_to_end": t5 - t0,
+            "settle": t6 - t5,
+        }
 
 
 def make_tenant(db_url: str) -> tuple[str, object]:
@@ -160,9 +192,15 @@ def make_tenant(db_url: str) -> tuple[str, object]:
     with sessions() as s:
         tenant = tenancy.create_tenant(s, name="bench", default_tier=TIER, allowed_tiers=[TIER])
         key = tenancy.create_api_key(s, tenant_id=tenant.id).key
-        tenancy.set_quota(s, tenant_id=tenant.id, requests_per_minute=10_000_000,
-                          tokens_per_minute=100_000_000, max_concurrency=100_000,
-                          daily_token_budget=10**12, monthly_token_budget=10**13)
+        tenancy.set_quota(
+            s,
+            tenant_id=tenant.id,
+            requests_per_minute=10_000_000,
+            tokens_per_minute=100_000_000,
+            max_concurrency=100_000,
+            daily_token_budget=10**12,
+            monthly_token_budget=10**13,
+        )
     return key, sessions
 
 
@@ -209,14 +247,22 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
     echo.start()
     ready.wait(30)
     # The gateway's own parts, as a replica opens them ("dummy": no weights, prompts are ids).
-    settings = ApiSettings(dev=True, engine={"model": "dummy"}, served_model_name=model, redis_url=redis_url,
-                           database_url=db_url, quota_key_prefix=f"bench:{model}")
+    settings = ApiSettings(
+        dev=True,
+        engine={"model": "dummy"},
+        served_model_name=model,
+        redis_url=redis_url,
+        database_url=db_url,
+        quota_key_prefix=f"bench:{model}",
+    )
     state = GatewayState.open(settings)
     state.quota_seam.queues_lanes = not args.separate_enqueue  # separate: as with a quota Redis of its own
     receiver = None
     if args.trace:  # spans exported over OTLP/HTTP to a local receiver that decodes them (a collector's cost)
         receiver = OTLPSink()
-        tracing.setup_tracing(settings.model_copy(update={"otel_endpoint": receiver.endpoint}), "bench-gateway")
+        tracing.setup_tracing(
+            settings.model_copy(update={"otel_endpoint": receiver.endpoint}), "bench-gateway"
+        )
     path = StagedPath(state)
     samples_off: dict[str, list[float]] = {}
     try:
@@ -228,7 +274,9 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
             for _ in range(SEGMENTS):
                 for on, into in ((False, samples_off), (True, samples)):
                     tracing.use_provider(provider if on else None)
-                    for name, values in (await open_loop(path, key, args.rate, args.seconds / SEGMENTS)).items():
+                    for name, values in (
+                        await open_loop(path, key, args.rate, args.seconds / SEGMENTS)
+                    ).items():
                         into.setdefault(name, []).extend(values)
             tracing.use_provider(provider)
         throughput = await closed_loop(path, key, args.concurrency, args.seconds)
@@ -240,21 +288,32 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         echo.join(5)
         await state.redis.delete(lane_key(model, TIER))
         await state.close()
+
     def summary(of: dict[str, list[float]]) -> dict:
-        return {name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99), "mean_ms": 1000 * statistics.fmean(v)}
-                for name, v in of.items()}
+        return {
+            name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99), "mean_ms": 1000 * statistics.fmean(v)}
+            for name, v in of.items()
+        }
 
     stats = summary(samples)
     extra = {}
     if samples_off:
         off = summary(samples_off)
-        extra = {"stages_tracing_off": off, "segments": SEGMENTS,
-                 "tracing_cost_ms": {q: stats["overhead"][q] - off["overhead"][q] for q in ("p50_ms", "p99_ms")},
-                 "samples_off_ms": {n: [1000 * x for x in samples_off[n]] for n in (*STAGES, "overhead")}}
-    return {**extra, "rate_rps": args.rate, "seconds": args.seconds, "requests": len(samples["overhead"]),
-            "tracing": f"on, {receiver.spans} spans exported" if receiver is not None else "off",
-            "enqueue": "separate XADD" if args.separate_enqueue else "in the admission call",
-            "stages": stats, "closed_loop": {"concurrency": args.concurrency,
-                                             "admitted_rps": throughput},
-            "target": {"p50_ms": 1.0, "p99_ms": 5.0},
-            "samples_ms": {n: [1000 * x for x in samples[n]] for n in (*STAGES, "overhead")}}
+        extra = {
+            "stages_tracing_off": off,
+            "segments": SEGMENTS,
+            "tracing_cost_ms": {q: stats["overhead"][q] - off["overhead"][q] for q in ("p50_ms", "p99_ms")},
+            "samples_off_ms": {n: [1000 * x for x in samples_off[n]] for n in (*STAGES, "overhead")},
+        }
+    return {
+        **extra,
+        "rate_rps": args.rate,
+        "seconds": args.seconds,
+        "requests": len(samples["overhead"]),
+        "tracing": f"on, {receiver.spans} spans exported" if receiver is not None else "off",
+        "enqueue": "separate XADD" if args.separate_enqueue else "in the admission call",
+        "stages": stats,
+        "closed_loop": {"concurrency": args.concurrency, "admitted_rps": throughput},
+        "target": {"p50_ms": 1.0, "p99_ms": 5.0},
+        "samples_ms": {n: [1000 * x for x in samples[n]] for n in (*STAGES, "overhead")},
+    }

@@ -12,6 +12,7 @@ outputs 16-768, ignore_eos: fairlane, HF static batches of 64, transformers' con
 and `hf_decode` (HF batch-1 decode with a static cache). Writes gpu.json after every part (and
 gpu.png when matplotlib is there) under benchmarks/results/ or --out. docs/gpu.md reads them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,21 +31,62 @@ from benchmarks.gpu_hf import build_hf, hf_continuous, hf_decode_batch1, hf_stat
 from engine import LLM, SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 SHAPES = {  # LlamaConfig kwargs of each model's published config.json
-    "135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                 num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
-                 rope_theta=100000.0, max_position_embeddings=8192),
-    "1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
-               rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072),
-    "8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
-               rope_theta=500000.0, max_position_embeddings=8192),
-    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
-                 max_position_embeddings=2048),
+    "135m": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+    ),
+    "1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        rope_scaling=LLAMA3_ROPE,
+        max_position_embeddings=131072,
+    ),
+    "8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+    ),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    ),
 }
 NAMES = {"135m": "SmolLM2-135M shape", "1b": "Llama-3.2-1B shape", "8b": "Llama-3-8B shape", "tiny": "tiny"}
 MAX_MODEL_LEN = 8192
@@ -78,7 +120,12 @@ def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 20) -> floa
 
 def sizes(shape: dict, dtype: torch.dtype) -> tuple[int, int]:
     """(weight bytes, KV bytes per token) of a Llama shape."""
-    h, v, inter, layers = shape["hidden_size"], shape["vocab_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    h, v, inter, layers = (
+        shape["hidden_size"],
+        shape["vocab_size"],
+        shape["intermediate_size"],
+        shape["num_hidden_layers"],
+    )
     hd, heads, kvh = shape["head_dim"], shape["num_attention_heads"], shape["num_key_value_heads"]
     per_layer = h * hd * (2 * heads + 2 * kvh) + 3 * h * inter + 2 * h
     params = layers * per_layer + v * h * (1 if shape["tie_word_embeddings"] else 2) + h
@@ -86,9 +133,17 @@ def sizes(shape: dict, dtype: torch.dtype) -> tuple[int, int]:
 
 
 def make_llm(shape: dict, device: torch.device, dtype: torch.dtype, kv_gib: float, max_seqs: int) -> LLM:
-    return LLM(model="dummy", dummy_config=shape, device=str(device), dtype=str(dtype).removeprefix("torch."),
-               kv_cache_gib=kv_gib, max_num_seqs=max_seqs, max_num_batched_tokens=8192,
-               max_model_len=min(MAX_MODEL_LEN, shape["max_position_embeddings"]), swap_space_gib=1.0)
+    return LLM(
+        model="dummy",
+        dummy_config=shape,
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        kv_cache_gib=kv_gib,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=8192,
+        max_model_len=min(MAX_MODEL_LEN, shape["max_position_embeddings"]),
+        swap_space_gib=1.0,
+    )
 
 
 def decode_step_ms(llm: LLM, batch: int, context: int, steps: int, vocab: int) -> float:
@@ -115,7 +170,12 @@ def fairlane_workload(llm: LLM, prompts, budgets) -> dict:
     out = llm.generate(prompts, params)
     seconds = time.perf_counter() - t
     tokens = sum(len(c.token_ids) for c in out)
-    return {"requests": len(prompts), "seconds": seconds, "output_tokens": tokens, "tokens_per_s": tokens / seconds}
+    return {
+        "requests": len(prompts),
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+    }
 
 
 def free() -> None:
@@ -124,15 +184,25 @@ def free() -> None:
         torch.cuda.empty_cache()
 
 
-def run_model(key: str, args, device: torch.device, dtype: torch.dtype, bandwidth: float, res: dict, save) -> None:
+def run_model(
+    key: str, args, device: torch.device, dtype: torch.dtype, bandwidth: float, res: dict, save
+) -> None:
     """Fill `res` with one model shape's measurements, saving after each."""
     shape = SHAPES[key]
     weight_bytes, kv_per_token = sizes(shape, dtype)
-    res.update(name=NAMES[key], shape=shape, weight_bytes=weight_bytes, kv_bytes_per_token=kv_per_token,
-               bound_batch1_ms=weight_bytes / bandwidth * 1e3, decode=[], workload={})
+    res.update(
+        name=NAMES[key],
+        shape=shape,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=kv_per_token,
+        bound_batch1_ms=weight_bytes / bandwidth * 1e3,
+        decode=[],
+        workload={},
+    )
     save()
-    prompts, budgets = workload(args.requests, shape["vocab_size"], prompts=args.prompt_range,
-                                outputs=args.output_range)
+    prompts, budgets = workload(
+        args.requests, shape["vocab_size"], prompts=args.prompt_range, outputs=args.output_range
+    )
     if args.parts & {"decode", "workload"}:
         run_fairlane(res, args, shape, device, dtype, bandwidth, prompts, budgets, save)
     if args.parts & {"workload", "hf_decode"}:
@@ -140,7 +210,9 @@ def run_model(key: str, args, device: torch.device, dtype: torch.dtype, bandwidt
         free()  # the HF model went with run_hf's frame
 
 
-def run_fairlane(res: dict, args, shape: dict, device, dtype, bandwidth: float, prompts, budgets, save) -> None:
+def run_fairlane(
+    res: dict, args, shape: dict, device, dtype, bandwidth: float, prompts, budgets, save
+) -> None:
     """fairlane's decode steps against their bound, then the workload; the engine is freed after."""
     weight_bytes, kv_per_token = res["weight_bytes"], res["kv_bytes_per_token"]
     if device.type == "cuda":
@@ -162,7 +234,12 @@ def run_fairlane(res: dict, args, shape: dict, device, dtype, bandwidth: float, 
                 else:
                     ms = decode_step_ms(llm, batch, context, args.steps, shape["vocab_size"])
                     bound = (weight_bytes + batch * context * kv_per_token) / bandwidth * 1e3
-                    row.update(step_ms=ms, bound_ms=bound, fraction_of_bound=bound / ms, tokens_per_s=batch / ms * 1e3)
+                    row.update(
+                        step_ms=ms,
+                        bound_ms=bound,
+                        fraction_of_bound=bound / ms,
+                        tokens_per_s=batch / ms * 1e3,
+                    )
                 res["decode"].append(row)
                 save()
     if "workload" in args.parts:
@@ -179,10 +256,16 @@ def run_hf(res: dict, args, shape: dict, device, dtype, bandwidth: float, prompt
     hf = build_hf(LlamaConfig(**shape), dtype, device)
     n = min(args.hf_requests, len(prompts))
     if "workload" in args.parts:
-        baseline(res["workload"], "hf_static", args, lambda: hf_static(hf, prompts[:n], budgets[:n], args.hf_batch))
+        baseline(
+            res["workload"], "hf_static", args, lambda: hf_static(hf, prompts[:n], budgets[:n], args.hf_batch)
+        )
         save()
-        baseline(res["workload"], "hf_continuous", args, lambda: hf_continuous(
-            hf, prompts[:n], budgets[:n], num_blocks=64 if args.smoke else None))
+        baseline(
+            res["workload"],
+            "hf_continuous",
+            args,
+            lambda: hf_continuous(hf, prompts[:n], budgets[:n], num_blocks=64 if args.smoke else None),
+        )
         save()
     if "hf_decode" in args.parts:
         context = args.contexts[0]
@@ -211,7 +294,9 @@ def baseline(into: dict, key: str, args, measure) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shape, a handful of requests, a temp dir")
-    ap.add_argument("--out", type=Path, help="results folder (default benchmarks/results; a temp dir with --smoke)")
+    ap.add_argument(
+        "--out", type=Path, help="results folder (default benchmarks/results; a temp dir with --smoke)"
+    )
     ap.add_argument("--models", default="1b,8b", help=f"comma-separated: {','.join(SHAPES)}")
     ap.add_argument("--parts", default="bandwidth,decode,workload,hf_decode")
     ap.add_argument("--device", default="auto")
@@ -245,8 +330,14 @@ def main(argv=None) -> dict:
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    results = {"device": name, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-               "smoke": args.smoke, "dtype": args.dtype, "models": {}}
+    results = {
+        "device": name,
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "smoke": args.smoke,
+        "dtype": args.dtype,
+        "models": {},
+    }
     try:
         import transformers
         import triton

@@ -1,6 +1,7 @@
 """The Hugging Face baselines of benchmarks/gpu.py, on the same device and workload: `generate`
 with static padded batches, transformers' continuous batching, and batch-1 decode with a static
 cache (which transformers compiles on a GPU). Random weights at the model's shape."""
+
 from __future__ import annotations
 
 import time
@@ -36,13 +37,25 @@ def hf_static(model, prompts: list[list[int]], budgets: list[int], batch_size: i
         width = max(map(len, batch))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(caps), min_new_tokens=max(caps),
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max(caps),
+            min_new_tokens=max(caps),
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         useful += sum(min(cap, out.shape[1] - width) for cap in caps)
     sync(device)
     seconds = time.perf_counter() - t
-    return {"requests": len(prompts), "batch_size": batch_size, "seconds": seconds, "output_tokens": useful,
-            "tokens_per_s": useful / seconds}
+    return {
+        "requests": len(prompts),
+        "batch_size": batch_size,
+        "seconds": seconds,
+        "output_tokens": useful,
+        "tokens_per_s": useful / seconds,
+    }
 
 
 def hf_continuous(model, prompts: list[list[int]], budgets: list[int], num_blocks: int | None = None) -> dict:
@@ -62,7 +75,9 @@ def hf_continuous(model, prompts: list[list[int]], budgets: list[int], num_block
             cfg.num_blocks = num_blocks
     sync(model.device)
     t = time.perf_counter()
-    with model.continuous_batching_context_manager(generation_config=cfg, block=True, timeout=5, **kw) as manager:
+    with model.continuous_batching_context_manager(
+        generation_config=cfg, block=True, timeout=5, **kw
+    ) as manager:
         for i, (p, n) in enumerate(zip(prompts, budgets)):
             manager.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=[-1])
         results = {}
@@ -74,7 +89,12 @@ def hf_continuous(model, prompts: list[list[int]], budgets: list[int], num_block
     useful = sum(min(n, len(results[f"r{i}"].generated_tokens)) for i, n in enumerate(budgets))
     if useful < sum(budgets):
         raise RuntimeError(f"transformers' continuous batching produced {useful} of {sum(budgets)} tokens")
-    return {"requests": len(prompts), "seconds": seconds, "output_tokens": useful, "tokens_per_s": useful / seconds}
+    return {
+        "requests": len(prompts),
+        "seconds": seconds,
+        "output_tokens": useful,
+        "tokens_per_s": useful / seconds,
+    }
 
 
 @torch.inference_mode()
@@ -87,8 +107,16 @@ def hf_decode_batch1(model, prompt_len: int, new_tokens: int, vocab: int) -> dic
     def run(n: int) -> float:
         sync(device)
         t = time.perf_counter()
-        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, eos_token_id=None, pad_token_id=0, cache_implementation="static")
+        model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            cache_implementation="static",
+        )
         sync(device)
         return time.perf_counter() - t
 

@@ -1,4 +1,5 @@
 """benchmarks/gpu.py's results as a text table and a PNG (matplotlib, where it is installed)."""
+
 from __future__ import annotations
 
 import json
@@ -8,32 +9,42 @@ from pathlib import Path
 
 def table(results: dict) -> str:
     bw = results["copy_bandwidth_Bps"]
-    lines = [f"{results['device']}, {results['date']}, torch {results['torch']}, {results.get('dtype')}, "
-             f"device copy {bw / 1e12:.2f} TB/s (read + write)"]
+    lines = [
+        f"{results['device']}, {results['date']}, torch {results['torch']}, {results.get('dtype')}, "
+        f"device copy {bw / 1e12:.2f} TB/s (read + write)"
+    ]
     for m in results["models"].values():
         if "name" not in m:
             continue
-        lines.append(f"\n{m['name']}: weights {m['weight_bytes'] / 1e9:.2f} GB, bound at batch 1 "
-                     f"{m['bound_batch1_ms']:.3f} ms/step ({1e3 / m['bound_batch1_ms']:.0f} tok/s)")
+        lines.append(
+            f"\n{m['name']}: weights {m['weight_bytes'] / 1e9:.2f} GB, bound at batch 1 "
+            f"{m['bound_batch1_ms']:.3f} ms/step ({1e3 / m['bound_batch1_ms']:.0f} tok/s)"
+        )
         lines.append("  batch context   step ms  bound ms  of bound   tok/s")
         for r in m["decode"]:
             if "skipped" in r:
                 lines.append(f"  {r['batch']:5d} {r['context']:7d}   skipped: {r['skipped']}")
             else:
-                lines.append(f"  {r['batch']:5d} {r['context']:7d} {r['step_ms']:9.3f} {r['bound_ms']:9.3f} "
-                             f"{r['fraction_of_bound']:9.2f} {r['tokens_per_s']:7.0f}")
+                lines.append(
+                    f"  {r['batch']:5d} {r['context']:7d} {r['step_ms']:9.3f} {r['bound_ms']:9.3f} "
+                    f"{r['fraction_of_bound']:9.2f} {r['tokens_per_s']:7.0f}"
+                )
         hf1 = m.get("hf_batch1_static_cache")
         if hf1 and "error" in hf1:
             lines.append(f"  HF batch-1 static cache: {hf1['error']}")
         elif hf1:
-            lines.append(f"  HF batch-1 static cache: {hf1['step_ms']:.3f} ms/token ({hf1['tokens_per_s']:.0f} tok/s, "
-                         f"{hf1['fraction_of_bound']:.2f} of the bound)")
+            lines.append(
+                f"  HF batch-1 static cache: {hf1['step_ms']:.3f} ms/token ({hf1['tokens_per_s']:.0f} tok/s, "
+                f"{hf1['fraction_of_bound']:.2f} of the bound)"
+            )
         for system, w in m["workload"].items():
             if "error" in w:
                 lines.append(f"  workload {system:14s} {w['error']}")
                 continue
-            lines.append(f"  workload {system:14s} {w['requests']:4d} requests {w['output_tokens']:7d} tokens "
-                         f"{w['seconds']:8.1f} s {w['tokens_per_s']:9.0f} tok/s")
+            lines.append(
+                f"  workload {system:14s} {w['requests']:4d} requests {w['output_tokens']:7d} tokens "
+                f"{w['seconds']:8.1f} s {w['tokens_per_s']:9.0f} tok/s"
+            )
     return "\n".join(lines)
 
 

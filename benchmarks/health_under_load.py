@@ -43,21 +43,28 @@ TARGET_P99_MS = 50.0
 
 def pct(values: list[float], q: float) -> float:
     """The q-quantile of `values` (in their unit)."""
-    return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1] if len(values) > 1 \
+    return (
+        statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
+        if len(values) > 1
         else values[0]
+    )
 
 
-def _load(base_url: str, api_key: str, model: str, clients: int, prompt_chars: int, seconds: float,
-          statuses) -> None:
+def _load(
+    base_url: str, api_key: str, model: str, clients: int, prompt_chars: int, seconds: float, statuses
+) -> None:
     """The load process: `clients` callers sending one pre-encoded huge chat body back to back."""
     filler = "The quick brown fox jumps over the lazy dog. "
     text = (filler * (prompt_chars // len(filler) + 1))[:prompt_chars]
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}).encode()
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    ).encode()
     headers = {"Authorization": f"Bearer {api_key}", "content-type": "application/json"}
 
     async def run() -> None:
         deadline = time.monotonic() + seconds
         async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as client:
+
             async def caller() -> None:
                 while time.monotonic() < deadline:
                     response = await client.post("/v1/chat/completions", content=body)
@@ -87,17 +94,33 @@ def phase(served, model: str, args, *, load: bool) -> dict:
     statuses = multiprocessing.Manager().list() if load else []
     loader = None
     if load:
-        loader = multiprocessing.Process(target=_load, args=(served.base_url, served.api_key, model, args.clients,
-                                                             args.prompt_chars, args.seconds, statuses))
+        loader = multiprocessing.Process(
+            target=_load,
+            args=(
+                served.base_url,
+                served.api_key,
+                model,
+                args.clients,
+                args.prompt_chars,
+                args.seconds,
+                statuses,
+            ),
+        )
         loader.start()
         time.sleep(0.5)  # the first huge bodies are on their way
     samples = probe(served.base_url, seconds=args.seconds, every_s=args.probe_every_ms / 1000)
     if loader is not None:
         loader.join(timeout=300)
     latencies = sorted(ms for _, ms in samples)
-    return {"probes": len(latencies), "p50_ms": pct(latencies, 0.50), "p99_ms": pct(latencies, 0.99),
-            "max_ms": latencies[-1], "load_requests": len(statuses), "load_statuses": dict(Counter(statuses)),
-            "samples": samples}
+    return {
+        "probes": len(latencies),
+        "p50_ms": pct(latencies, 0.50),
+        "p99_ms": pct(latencies, 0.99),
+        "max_ms": latencies[-1],
+        "load_requests": len(statuses),
+        "load_statuses": dict(Counter(statuses)),
+        "samples": samples,
+    }
 
 
 def plot(result: dict, path: Path) -> None:
@@ -110,11 +133,15 @@ def plot(result: dict, path: Path) -> None:
     for name, run in result["phases"].items():
         xs, ys = zip(*run["samples"], strict=True) if run["samples"] else ((), ())
         ax.plot(xs, ys, ".", markersize=3, label=f"{name}: p99 {run['p99_ms']:.1f} ms")
-    ax.axhline(TARGET_P99_MS, color="red", linestyle="--", linewidth=1, label=f"target p99 {TARGET_P99_MS:.0f} ms")
+    ax.axhline(
+        TARGET_P99_MS, color="red", linestyle="--", linewidth=1, label=f"target p99 {TARGET_P99_MS:.0f} ms"
+    )
     ax.set_yscale("log")
     ax.set_xlabel("seconds into the phase")
     ax.set_ylabel("GET /health latency (ms)")
-    ax.set_title(f"/health while {result['clients']} clients send {result['prompt_chars']:,}-character prompts")
+    ax.set_title(
+        f"/health while {result['clients']} clients send {result['prompt_chars']:,}-character prompts"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -133,8 +160,10 @@ def main(argv: list[str] | None = None) -> None:
         args.clients, args.prompt_chars, args.seconds = 2, 200_000, 2.0
     out = out_dir(args, "health_under_load")
     model = tiny_model()
-    raised = {"FAIRLANE_MAX_BODY_BYTES": str(4 * args.prompt_chars + 4096),
-              "FAIRLANE_MAX_PROMPT_CHARS": str(args.prompt_chars + 1)}
+    raised = {
+        "FAIRLANE_MAX_BODY_BYTES": str(4 * args.prompt_chars + 4096),
+        "FAIRLANE_MAX_PROMPT_CHARS": str(args.prompt_chars + 1),
+    }
     phases: dict = {}
     with tempfile.TemporaryDirectory(prefix="fairlane-health-") as workdir:
         for name, env in (("refused", {}), ("tokenized", raised)):
@@ -147,16 +176,27 @@ def main(argv: list[str] | None = None) -> None:
                 phases[name] = phase(served, Path(model).name, args, load=True)
             finally:
                 served.stop()
-    result = {"benchmark": "health_under_load", "smoke": args.smoke, "machine": machine(), "clients": args.clients,
-              "prompt_chars": args.prompt_chars, "seconds_per_phase": args.seconds,
-              "probe_every_ms": args.probe_every_ms, "target_p99_ms": TARGET_P99_MS,
-              "met": all(p["p99_ms"] <= TARGET_P99_MS for p in phases.values()), "phases": phases}
+    result = {
+        "benchmark": "health_under_load",
+        "smoke": args.smoke,
+        "machine": machine(),
+        "clients": args.clients,
+        "prompt_chars": args.prompt_chars,
+        "seconds_per_phase": args.seconds,
+        "probe_every_ms": args.probe_every_ms,
+        "target_p99_ms": TARGET_P99_MS,
+        "met": all(p["p99_ms"] <= TARGET_P99_MS for p in phases.values()),
+        "phases": phases,
+    }
     (out / "health_under_load.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "health_under_load.png")
     print(f"{'phase':<10} {'probes':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  load statuses")
     for name, run in phases.items():
-        print(f"{name:<10} {run['probes']:>7} {run['p50_ms']:>8.1f} {run['p99_ms']:>8.1f} {run['max_ms']:>8.1f}  "
-              f"{run['load_statuses']}")
+        print(
+            f"{name:<10} {run['probes']:>7} {run['p50_ms']:>8.1f} {run['p99_ms']:>8.1f} "
+            f"{run['max_ms']:>8.1f}  "
+            f"{run['load_statuses']}"
+        )
     done(out)
 
 

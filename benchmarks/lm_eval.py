@@ -14,6 +14,7 @@ official openai client and are held to a direct fp32 forward of the model in thi
 The run fails (exit 1) when a loglikelihood differs by more than the tolerance or the accuracies
 differ.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,15 +54,26 @@ def serve_fp32(model: str, workdir: Path) -> Served:
     """`fairlane serve` for `model` in float32 with one engine thread, and a tenant of its own with a
     key, made through the admin API."""
     admin = "fl-admin-" + secrets.token_urlsafe(24)
-    served = serve(model, workdir, timeout_s=300,
-                   env={"FAIRLANE_ENGINE__DTYPE": "float32", "FAIRLANE_ENGINE__NUM_THREADS": "1",
-                        "FAIRLANE_ADMIN_TOKEN": admin, "FAIRLANE_CONFIG": "/nonexistent.yaml"})
+    served = serve(
+        model,
+        workdir,
+        timeout_s=300,
+        env={
+            "FAIRLANE_ENGINE__DTYPE": "float32",
+            "FAIRLANE_ENGINE__NUM_THREADS": "1",
+            "FAIRLANE_ADMIN_TOKEN": admin,
+            "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        },
+    )
     try:
         headers = {"Authorization": f"Bearer {admin}"}
         tenant = httpx.post(served.base_url + "/admin/tenants", json={"name": "lm-eval"}, headers=headers)
         tenant.raise_for_status()
-        key = httpx.post(f"{served.base_url}/admin/tenants/{tenant.json()['id']}/keys", json={"name": "lm-eval"},
-                         headers=headers)
+        key = httpx.post(
+            f"{served.base_url}/admin/tenants/{tenant.json()['id']}/keys",
+            json={"name": "lm-eval"},
+            headers=headers,
+        )
         key.raise_for_status()
     except BaseException:
         served.stop()
@@ -72,12 +84,28 @@ def serve_fp32(model: str, workdir: Path) -> Served:
 
 # ---- with lm-eval ---------------------------------------------------------------------------
 
+
 def run_lm_eval(python: str, model: str, model_args: str, out: Path, env: dict[str, str]) -> dict:
     """One `lm_eval` run of both tasks (from the repository root: the task files' paths are relative
     to it); its aggregated results and, per task, its logged samples by doc_id."""
-    command = [python, "-m", "lm_eval", "--model", model, "--model_args", model_args,
-               "--tasks", f"{MC_TASK},{GEN_TASK}", "--include_path", str(scoring.TASKS.relative_to(REPO)),
-               "--batch_size", "1", "--log_samples", "--output_path", str(out)]
+    command = [
+        python,
+        "-m",
+        "lm_eval",
+        "--model",
+        model,
+        "--model_args",
+        model_args,
+        "--tasks",
+        f"{MC_TASK},{GEN_TASK}",
+        "--include_path",
+        str(scoring.TASKS.relative_to(REPO)),
+        "--batch_size",
+        "1",
+        "--log_samples",
+        "--output_path",
+        str(out),
+    ]
     print("$", " ".join(command), flush=True)
     start = time.perf_counter()
     subprocess.run(command, cwd=REPO, env={**os.environ, **OFFLINE, **env}, check=True)
@@ -87,8 +115,12 @@ def run_lm_eval(python: str, model: str, model_args: str, out: Path, env: dict[s
     for task in (MC_TASK, GEN_TASK):
         path = sorted(glob.glob(f"{out}/**/samples_{task}_*.jsonl", recursive=True))[-1]
         samples[task] = {s["doc_id"]: s for s in map(json.loads, Path(path).read_text().splitlines())}
-    return {"results": results["results"], "samples": samples, "seconds": seconds,
-            "command": " ".join(command[1:])}
+    return {
+        "results": results["results"],
+        "samples": samples,
+        "seconds": seconds,
+        "command": " ".join(command[1:]),
+    }
 
 
 def lm_eval_side(run: dict) -> dict:
@@ -97,34 +129,56 @@ def lm_eval_side(run: dict) -> dict:
     logliks = {(i, j): float(resp[0]) for i, s in mc.items() for j, resp in enumerate(s["filtered_resps"])}
     greedy = {(i, j): resp[1] == "True" for i, s in mc.items() for j, resp in enumerate(s["filtered_resps"])}
     res = run["results"]
-    return {"logliks": logliks, "greedy": greedy,
-            "accuracy": {"acc": res[MC_TASK]["acc,none"], "acc_norm": res[MC_TASK]["acc_norm,none"]},
-            "generations": {i: s["resps"][0][0] for i, s in gen.items()},
-            "exact_match": res[GEN_TASK]["exact_match,strip"], "seconds": run["seconds"], "command": run["command"]}
+    return {
+        "logliks": logliks,
+        "greedy": greedy,
+        "accuracy": {"acc": res[MC_TASK]["acc,none"], "acc_norm": res[MC_TASK]["acc_norm,none"]},
+        "generations": {i: s["resps"][0][0] for i, s in gen.items()},
+        "exact_match": res[GEN_TASK]["exact_match,strip"],
+        "seconds": run["seconds"],
+        "command": run["command"],
+    }
 
 
 def with_lm_eval(args, folder: Path, workdir: Path) -> tuple[dict, dict, dict]:
     served = serve_fp32(MODEL_NAME, workdir)
     try:
-        api = run_lm_eval(args.lm_eval_python, "local-completions",
-                          f"model={MODEL_NAME},base_url={served.base_url}/v1/completions,num_concurrent=1,"
-                          f"max_retries=1,tokenized_requests=True,tokenizer_backend=huggingface,tokenizer={folder}",
-                          workdir / "local-completions", {"OPENAI_API_KEY": served.api_key})
+        api = run_lm_eval(
+            args.lm_eval_python,
+            "local-completions",
+            f"model={MODEL_NAME},base_url={served.base_url}/v1/completions,num_concurrent=1,"
+            f"max_retries=1,tokenized_requests=True,tokenizer_backend=huggingface,tokenizer={folder}",
+            workdir / "local-completions",
+            {"OPENAI_API_KEY": served.api_key},
+        )
     finally:
         served.stop()
-    hf = run_lm_eval(args.lm_eval_python, "hf", f"pretrained={folder},dtype=float32", workdir / "hf",
-                     {"OMP_NUM_THREADS": "1"})
-    version = subprocess.run([args.lm_eval_python, "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    setup = {"fairlane": f"lm-eval {version} local-completions -> fairlane serve (fp32)",
-             "reference": f"lm-eval {version} hf (fp32)"}
+    hf = run_lm_eval(
+        args.lm_eval_python,
+        "hf",
+        f"pretrained={folder},dtype=float32",
+        workdir / "hf",
+        {"OMP_NUM_THREADS": "1"},
+    )
+    version = subprocess.run(
+        [args.lm_eval_python, "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    setup = {
+        "fairlane": f"lm-eval {version} local-completions -> fairlane serve (fp32)",
+        "reference": f"lm-eval {version} hf (fp32)",
+    }
     return lm_eval_side(api), lm_eval_side(hf), setup
 
 
 # ---- without lm-eval ------------------------------------------------------------------------
 
-def without_lm_eval(spec: str, folder: str, workdir: Path, mc_items: int | None,
-                    gen_items: int | None) -> tuple[dict, dict, dict]:
+
+def without_lm_eval(
+    spec: str, folder: str, workdir: Path, mc_items: int | None, gen_items: int | None
+) -> tuple[dict, dict, dict]:
     """`spec` served by fairlane, `folder` (the same weights) loaded by transformers here."""
     import openai
     import torch
@@ -135,10 +189,14 @@ def without_lm_eval(spec: str, folder: str, workdir: Path, mc_items: int | None,
     gen_docs = scoring.read_jsonl(scoring.GEN_FILE)[:gen_items]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    pairs = {(r.doc_id, r.choice): scoring.encode_pair(tokenizer, r.context, r.continuation)
-             for r in scoring.mc_requests(mc_docs)}
-    sides = {"fairlane": {"logliks": {}, "greedy": {}, "generations": {}},
-             "reference": {"logliks": {}, "greedy": {}, "generations": {}}}
+    pairs = {
+        (r.doc_id, r.choice): scoring.encode_pair(tokenizer, r.context, r.continuation)
+        for r in scoring.mc_requests(mc_docs)
+    }
+    sides = {
+        "fairlane": {"logliks": {}, "greedy": {}, "generations": {}},
+        "reference": {"logliks": {}, "greedy": {}, "generations": {}},
+    }
     served = serve_fp32(spec, workdir)
     try:
         client = openai.OpenAI(base_url=served.base_url + "/v1", api_key=served.api_key, max_retries=0)
@@ -148,60 +206,99 @@ def without_lm_eval(spec: str, folder: str, workdir: Path, mc_items: int | None,
             ll, greedy = scoring.served_loglikelihood(client, name, ctx, cont)
             sides["fairlane"]["logliks"][key], sides["fairlane"]["greedy"][key] = ll, greedy
         for i, doc in enumerate(gen_docs):
-            sides["fairlane"]["generations"][i] = scoring.served_generation(client, name, scoring.gen_prompt(doc))
+            sides["fairlane"]["generations"][i] = scoring.served_generation(
+                client, name, scoring.gen_prompt(doc)
+            )
         sides["fairlane"]["seconds"] = time.perf_counter() - start
     finally:
         served.stop()
     start = time.perf_counter()
     for key, (ctx, cont) in pairs.items():
-        sides["reference"]["logliks"][key], sides["reference"]["greedy"][key] = \
-            scoring.direct_loglikelihood(hf, ctx, cont)
+        sides["reference"]["logliks"][key], sides["reference"]["greedy"][key] = scoring.direct_loglikelihood(
+            hf, ctx, cont
+        )
     for i, doc in enumerate(gen_docs):
-        sides["reference"]["generations"][i] = scoring.direct_generation(hf, tokenizer, scoring.gen_prompt(doc))
+        sides["reference"]["generations"][i] = scoring.direct_generation(
+            hf, tokenizer, scoring.gen_prompt(doc)
+        )
     sides["reference"]["seconds"] = time.perf_counter() - start
     for side in sides.values():
         side["accuracy"] = scoring.mc_accuracy(mc_docs, side["logliks"])
-        side["exact_match"] = sum(scoring.exact_match(side["generations"][i], d["capital"])
-                                  for i, d in enumerate(gen_docs)) / len(gen_docs)
+        side["exact_match"] = sum(
+            scoring.exact_match(side["generations"][i], d["capital"]) for i, d in enumerate(gen_docs)
+        ) / len(gen_docs)
         side["command"] = None
-    setup = {"fairlane": "openai client -> fairlane serve /v1/completions (fp32; echo, logprobs 1, max_tokens 0)",
-             "reference": "transformers forward in this process (fp32)"}
+    setup = {
+        "fairlane": "openai client -> fairlane serve /v1/completions (fp32; echo, logprobs 1, max_tokens 0)",
+        "reference": "transformers forward in this process (fp32)",
+    }
     return sides["fairlane"], sides["reference"], setup
 
 
 # ---- comparison -----------------------------------------------------------------------------
+
 
 def compare(fairlane: dict, reference: dict) -> dict:
     mc_docs = scoring.read_jsonl(scoring.MC_FILE)
     gen_docs = scoring.read_jsonl(scoring.GEN_FILE)
     keys = sorted(reference["logliks"])
     assert sorted(fairlane["logliks"]) == keys, "the two runs scored different requests"
-    items = [{"doc_id": i, "choice": j, "continuation": mc_docs[i]["choices"][j],
-              "fairlane": fairlane["logliks"][i, j], "reference": reference["logliks"][i, j],
-              "abs_diff": abs(fairlane["logliks"][i, j] - reference["logliks"][i, j]),
-              "greedy_agree": fairlane["greedy"][i, j] == reference["greedy"][i, j]} for i, j in keys]
+    items = [
+        {
+            "doc_id": i,
+            "choice": j,
+            "continuation": mc_docs[i]["choices"][j],
+            "fairlane": fairlane["logliks"][i, j],
+            "reference": reference["logliks"][i, j],
+            "abs_diff": abs(fairlane["logliks"][i, j] - reference["logliks"][i, j]),
+            "greedy_agree": fairlane["greedy"][i, j] == reference["greedy"][i, j],
+        }
+        for i, j in keys
+    ]
     diffs = [x["abs_diff"] for x in items]
-    generations = [{"doc_id": i, "target": gen_docs[i]["capital"], "fairlane": fairlane["generations"][i],
-                    "reference": reference["generations"][i]} for i in sorted(reference["generations"])]
-    return {"loglikelihood": {"requests": len(items), "items_scored": len({i for i, _ in keys}),
-                              "max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
-                              "within_tolerance": max(diffs) <= TOLERANCE,
-                              "is_greedy_agree": sum(x["greedy_agree"] for x in items)},
-            "accuracy": {"fairlane": fairlane["accuracy"], "reference": reference["accuracy"],
-                         "equal": fairlane["accuracy"] == reference["accuracy"]},
-            "generate_until": {"items": len(generations),
-                               "exact_match": {"fairlane": fairlane["exact_match"],
-                                               "reference": reference["exact_match"]},
-                               "same_text": sum(g["fairlane"] == g["reference"] for g in generations),
-                               "generations": generations},
-            "items": items}
+    generations = [
+        {
+            "doc_id": i,
+            "target": gen_docs[i]["capital"],
+            "fairlane": fairlane["generations"][i],
+            "reference": reference["generations"][i],
+        }
+        for i in sorted(reference["generations"])
+    ]
+    return {
+        "loglikelihood": {
+            "requests": len(items),
+            "items_scored": len({i for i, _ in keys}),
+            "max_abs_diff": max(diffs),
+            "mean_abs_diff": sum(diffs) / len(diffs),
+            "within_tolerance": max(diffs) <= TOLERANCE,
+            "is_greedy_agree": sum(x["greedy_agree"] for x in items),
+        },
+        "accuracy": {
+            "fairlane": fairlane["accuracy"],
+            "reference": reference["accuracy"],
+            "equal": fairlane["accuracy"] == reference["accuracy"],
+        },
+        "generate_until": {
+            "items": len(generations),
+            "exact_match": {"fairlane": fairlane["exact_match"], "reference": reference["exact_match"]},
+            "same_text": sum(g["fairlane"] == g["reference"] for g in generations),
+            "generations": generations,
+        },
+        "items": items,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lm-eval-python", default=None,
-                    help="python of an environment with lm-eval 0.4 (README): run lm-eval's local-completions and hf")
-    ap.add_argument("--replot", action="store_true", help="redraw lm_eval.png and the table from lm_eval.json")
+    ap.add_argument(
+        "--lm-eval-python",
+        default=None,
+        help="python of an environment with lm-eval 0.4 (README): run lm-eval's local-completions and hf",
+    )
+    ap.add_argument(
+        "--replot", action="store_true", help="redraw lm_eval.png and the table from lm_eval.json"
+    )
     add_common_args(ap)
     args = ap.parse_args()
     if args.smoke and args.lm_eval_python:
@@ -222,11 +319,20 @@ def main() -> None:
             fairlane, reference, setup = with_lm_eval(args, Path(model), Path(tmp))
         else:
             model = str(smollm2_folder())
-            fairlane, reference, setup = without_lm_eval(MODEL_NAME, model, Path(tmp), mc_items=None, gen_items=None)
+            fairlane, reference, setup = without_lm_eval(
+                MODEL_NAME, model, Path(tmp), mc_items=None, gen_items=None
+            )
     mode = "lm-eval" if args.lm_eval_python else "openai-client"
-    report = {"mode": mode, "model": Path(model).name, "dtype": "float32", "tolerance": TOLERANCE,
-              "smoke": args.smoke, "machine": machine(), **setup_fields(setup, fairlane, reference),
-              **compare(fairlane, reference)}
+    report = {
+        "mode": mode,
+        "model": Path(model).name,
+        "dtype": "float32",
+        "tolerance": TOLERANCE,
+        "smoke": args.smoke,
+        "machine": machine(),
+        **setup_fields(setup, fairlane, reference),
+        **compare(fairlane, reference),
+    }
     (out / f"{name}.json").write_text(json.dumps(report, indent=2))
     print_table(report)
     plot(report, out / f"{name}.png")
@@ -236,22 +342,32 @@ def main() -> None:
 
 
 def setup_fields(setup: dict, fairlane: dict, reference: dict) -> dict:
-    return {"runs": {side: {"what": setup[side], "seconds": round(run["seconds"], 1), "command": run["command"]}
-                     for side, run in (("fairlane", fairlane), ("reference", reference))}}
+    return {
+        "runs": {
+            side: {"what": setup[side], "seconds": round(run["seconds"], 1), "command": run["command"]}
+            for side, run in (("fairlane", fairlane), ("reference", reference))
+        }
+    }
 
 
 def print_table(report: dict) -> None:
     ll, acc, gen = report["loglikelihood"], report["accuracy"], report["generate_until"]
-    print(f"\n{report['model']} ({report['dtype']}), {report['mode']}: {ll['requests']} loglikelihood requests "
-          f"over {ll['items_scored']} items; max |diff| {ll['max_abs_diff']:.2e} "
-          f"(mean {ll['mean_abs_diff']:.2e}, tolerance {report['tolerance']:.0e})")
+    print(
+        f"\n{report['model']} ({report['dtype']}), {report['mode']}: {ll['requests']} loglikelihood requests "
+        f"over {ll['items_scored']} items; max |diff| {ll['max_abs_diff']:.2e} "
+        f"(mean {ll['mean_abs_diff']:.2e}, tolerance {report['tolerance']:.0e})"
+    )
     print("| run | acc | acc_norm | capitals exact_match | seconds |")
     print("|---|---:|---:|---:|---:|")
     for side in ("fairlane", "reference"):
-        print(f"| {report['runs'][side]['what']} | {acc[side]['acc']:.4f} | {acc[side]['acc_norm']:.4f} "
-              f"| {gen['exact_match'][side]:.4f} | {report['runs'][side]['seconds']} |")
-    print(f"generations identical: {gen['same_text']}/{gen['items']}; "
-          f"is_greedy agrees: {ll['is_greedy_agree']}/{ll['requests']}")
+        print(
+            f"| {report['runs'][side]['what']} | {acc[side]['acc']:.4f} | {acc[side]['acc_norm']:.4f} "
+            f"| {gen['exact_match'][side]:.4f} | {report['runs'][side]['seconds']} |"
+        )
+    print(
+        f"generations identical: {gen['same_text']}/{gen['items']}; "
+        f"is_greedy agrees: {ll['is_greedy_agree']}/{ll['requests']}"
+    )
 
 
 def plot(report: dict, path: Path) -> None:
@@ -264,17 +380,26 @@ def plot(report: dict, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
     floor = 1e-9  # an exact match drawn on the log axis
     left.scatter(range(len(items)), [max(x["abs_diff"], floor) for x in items], s=8, color="#e63")
-    left.axhline(report["tolerance"], color="#555", linestyle="--", label=f"tolerance {report['tolerance']:.0e}")
+    left.axhline(
+        report["tolerance"], color="#555", linestyle="--", label=f"tolerance {report['tolerance']:.0e}"
+    )
     left.set_yscale("log")
     left.set_xlabel("request (item x choice)")
     left.set_ylabel("|loglikelihood fairlane - reference|\n(equal: drawn at 1e-9)")
-    left.set_title(f"{report['model']} fp32, {report['mode']}: max {report['loglikelihood']['max_abs_diff']:.1e}")
+    left.set_title(
+        f"{report['model']} fp32, {report['mode']}: max {report['loglikelihood']['max_abs_diff']:.1e}"
+    )
     left.legend(loc="upper right")
     acc, gen = report["accuracy"], report["generate_until"]["exact_match"]
     for k, (side, color) in enumerate((("fairlane", "#e63"), ("reference", "#69c"))):
         values = [acc[side]["acc"], acc[side]["acc_norm"], gen[side]]
-        bars = right.bar([m + k * 0.4 for m in range(3)], values, width=0.4, color=color,
-                         label=report["runs"][side]["what"].split(" (")[0])
+        bars = right.bar(
+            [m + k * 0.4 for m in range(3)],
+            values,
+            width=0.4,
+            color=color,
+            label=report["runs"][side]["what"].split(" (")[0],
+        )
         right.bar_label(bars, fmt="%.3f", fontsize=8)
     right.set_xticks([m + 0.2 for m in range(3)], ["mc acc", "mc acc_norm", "capitals\nexact_match"])
     right.set_ylim(0, 1.15)

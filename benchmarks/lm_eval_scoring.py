@@ -5,6 +5,7 @@ client) and from a direct fp32 forward of the model, and greedy generation on bo
 
 Used by benchmarks.lm_eval (its run without lm-eval, and --smoke) and by the SmolLM2 parity test.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,17 @@ from pathlib import Path
 TASKS = Path(__file__).parent / "lm_eval_tasks"
 MC_FILE = TASKS / "general_knowledge_mc.jsonl"
 GEN_FILE = TASKS / "capitals.jsonl"
-GEN_SHOTS = ("Q: What is the capital of France?\nA: Paris\n\nQ: What is the capital of Japan?\nA: Tokyo\n\n"
-             "Q: What is the capital of Brazil?\nA: Brasilia\n\n")  # as fairlane_capitals.yaml writes it
+GEN_SHOTS = (
+    "Q: What is the capital of France?\nA: Paris\n\nQ: What is the capital of Japan?\nA: Tokyo\n\n"
+    "Q: What is the capital of Brazil?\nA: Brasilia\n\n"
+)  # as fairlane_capitals.yaml writes it
 GEN_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
 class Request:
     """One loglikelihood request: an item's context and one choice (with lm-eval's " " before it)."""
+
     doc_id: int
     choice: int
     context: str
@@ -36,8 +40,11 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def mc_requests(docs: list[dict]) -> list[Request]:
     """The requests of fairlane_mc.yaml: "Question: ...\\nAnswer:" then " <choice>" for each choice."""
-    return [Request(i, j, f"Question: {doc['question']}\nAnswer:", " " + choice)
-            for i, doc in enumerate(docs) for j, choice in enumerate(doc["choices"])]
+    return [
+        Request(i, j, f"Question: {doc['question']}\nAnswer:", " " + choice)
+        for i, doc in enumerate(docs)
+        for j, choice in enumerate(doc["choices"])
+    ]
 
 
 def gen_prompt(doc: dict) -> str:
@@ -52,21 +59,30 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
         context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     whole = tokenizer.encode(context + continuation, add_special_tokens=False)
     context_ids = tokenizer.encode(context, add_special_tokens=False)
-    return context_ids, whole[len(context_ids):]
+    return context_ids, whole[len(context_ids) :]
 
 
-def served_loglikelihood(client, model: str, context_ids: list[int], continuation_ids: list[int], *,
-                         max_tokens: int = 0) -> tuple[float, bool]:
+def served_loglikelihood(
+    client, model: str, context_ids: list[int], continuation_ids: list[int], *, max_tokens: int = 0
+) -> tuple[float, bool]:
     """(sum of the continuation's logprobs, whether each of its tokens was the most likely) from one
     completions request with the token ids as prompt, `echo` and `logprobs: 1`. max_tokens 0 scores
     the prompt alone; lm-eval's `local-completions` sends 1 and drops the generated token's entry."""
-    out = client.completions.create(model=model, prompt=[context_ids + continuation_ids], echo=True, logprobs=1,
-                                    max_tokens=max_tokens, temperature=0)
+    out = client.completions.create(
+        model=model,
+        prompt=[context_ids + continuation_ids],
+        echo=True,
+        logprobs=1,
+        max_tokens=max_tokens,
+        temperature=0,
+    )
     lp = out.choices[0].logprobs
     n = len(context_ids) + len(continuation_ids)
     assert len(lp.token_logprobs) == n + max_tokens, (len(lp.token_logprobs), n, max_tokens)
     scored = slice(len(context_ids), n)
-    greedy = all(tok >= max(top.values()) for tok, top in zip(lp.token_logprobs[scored], lp.top_logprobs[scored]))
+    greedy = all(
+        tok >= max(top.values()) for tok, top in zip(lp.token_logprobs[scored], lp.top_logprobs[scored])
+    )
     return float(sum(lp.token_logprobs[scored])), greedy
 
 
@@ -78,15 +94,16 @@ def direct_loglikelihood(model, context_ids: list[int], continuation_ids: list[i
     ids = context_ids + continuation_ids
     with torch.no_grad():
         logits = model(torch.tensor([ids[:-1]])).logits[0].float()  # [len(ids) - 1, V]
-    lp = torch.log_softmax(logits[len(context_ids) - 1:], -1)  # the continuation's positions
+    lp = torch.log_softmax(logits[len(context_ids) - 1 :], -1)  # the continuation's positions
     target = torch.tensor(continuation_ids)
     picked = lp.gather(1, target[:, None])[:, 0]
     return float(picked.sum()), bool((lp.argmax(-1) == target).all())
 
 
 def served_generation(client, model: str, prompt: str) -> str:
-    out = client.completions.create(model=model, prompt=prompt, max_tokens=GEN_MAX_TOKENS, temperature=0,
-                                    stop=["\n"])
+    out = client.completions.create(
+        model=model, prompt=prompt, max_tokens=GEN_MAX_TOKENS, temperature=0, stop=["\n"]
+    )
     return out.choices[0].text
 
 
@@ -96,12 +113,15 @@ def direct_generation(model, tokenizer, prompt: str) -> str:
 
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=GEN_MAX_TOKENS, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
+        out = model.generate(
+            ids, max_new_tokens=GEN_MAX_TOKENS, do_sample=False, pad_token_id=tokenizer.eos_token_id
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).split("\n")[0]
 
 
 def exact_match(prediction: str, target: str) -> bool:
     """fairlane_capitals.yaml's metric: leading whitespace removed, case and punctuation ignored."""
+
     def norm(s: str) -> str:
         return re.sub(f"[{re.escape(string.punctuation)}]", "", s.lstrip().lower())
 

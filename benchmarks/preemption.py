@@ -16,6 +16,7 @@ Times are wall and CPU seconds of this process: on a shared machine CPU time is 
 
 Writes preemption.json and preemption.png under --out (benchmarks/results) and prints markdown tables.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,14 @@ def timed(fn) -> tuple[float, float]:
 
 def cost_per_victim(sizes: list[int], repeats: int) -> dict:
     """Seconds to swap out + in, and to recompute, a sequence of N computed tokens."""
-    eng = Engine(**ENGINE, max_num_batched_tokens=max(sizes), kv_cache_gib=0.25, enable_prefix_caching=False,
-                 preemption_mode="auto", incremental_text=False)
+    eng = Engine(
+        **ENGINE,
+        max_num_batched_tokens=max(sizes),
+        kv_cache_gib=0.25,
+        enable_prefix_caching=False,
+        preemption_mode="auto",
+        incremental_text=False,
+    )
     rng, swap, bs = random.Random(0), eng.runner.swap_space, eng.config.block_size
     eng.add_request("warm", [rng.randrange(100, 40000) for _ in range(64)], SamplingParams(max_tokens=1))
     while eng.has_unfinished():
@@ -54,16 +61,25 @@ def cost_per_victim(sizes: list[int], repeats: int) -> dict:
     for n in sizes:
         prefill, copies = [], []
         for r in range(repeats if n <= 512 else 1):
-            eng.add_request(f"{n}-{r}", [rng.randrange(100, 40000) for _ in range(n)],
-                            SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+            eng.add_request(
+                f"{n}-{r}",
+                [rng.randrange(100, 40000) for _ in range(n)],
+                SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
+            )
             prefill.append(timed(eng.step))  # the whole prompt in one forward (the budget is max(sizes))
             seq = eng.seqs[f"{n}-{r}"]
             pairs = list(zip(seq.block_table[: -(-n // bs)], range(n)))  # the same host blocks each time
-            copies.append(timed(lambda pairs=pairs: (swap.swap_out(pairs), swap.swap_in([(h, d) for d, h in pairs]))))
+            copies.append(
+                timed(lambda pairs=pairs: (swap.swap_out(pairs), swap.swap_in([(h, d) for d, h in pairs])))
+            )
             eng.abort(seq.request_id)
         k = -(-n // bs)
-        row = {"tokens": n, "blocks": k, "kv_bytes": k * swap.block_bytes,
-               "estimated_swap_s": eng.swap_cost.fixed_s + k * eng.swap_cost.block_s}
+        row = {
+            "tokens": n,
+            "blocks": k,
+            "kv_bytes": k * swap.block_bytes,
+            "estimated_swap_s": eng.swap_cost.fixed_s + k * eng.swap_cost.block_s,
+        }
         for name, runs in (("recompute", prefill), ("swap", copies)):
             row[f"{name}_s"] = statistics.median(w for w, _ in runs)
             row[f"{name}_cpu_s"] = statistics.median(c for _, c in runs)
@@ -74,13 +90,23 @@ def cost_per_victim(sizes: list[int], repeats: int) -> dict:
         row["estimated_recompute_s"] = row["tokens"] * per_token
         row["recompute_over_swap"] = row["recompute_s"] / row["swap_s"]
         row["recompute_over_swap_cpu"] = row["recompute_cpu_s"] / max(row["swap_cpu_s"], 1e-6)
-    return {"rows": rows, "block_bytes": swap.block_bytes, "swap_cost_at_start": vars(eng.swap_cost),
-            "fitted_prefill_token_s": per_token}
+    return {
+        "rows": rows,
+        "block_bytes": swap.block_bytes,
+        "swap_cost_at_start": vars(eng.swap_cost),
+        "fitted_prefill_token_s": per_token,
+    }
 
 
 def end_to_end(mode: str, n: int, kv_blocks: int, max_tokens: int) -> dict:
-    eng = Engine(**ENGINE, num_kv_blocks=kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
-                 preemption_mode=mode, incremental_text=False)
+    eng = Engine(
+        **ENGINE,
+        num_kv_blocks=kv_blocks,
+        max_num_seqs=16,
+        max_num_batched_tokens=256,
+        preemption_mode=mode,
+        incremental_text=False,
+    )
     prompts = chat_prompts(eng.tokenizer, n, max_len=512)
     budgets = output_budgets(n, low=min(16, max_tokens // 4), high=max_tokens)
     for i, (p, b) in enumerate(zip(prompts, budgets)):
@@ -92,12 +118,23 @@ def end_to_end(mode: str, n: int, kv_blocks: int, max_tokens: int) -> dict:
 
     wall, cpu = timed(serve)
     s = eng.stats
-    return {"mode": mode, "seconds": wall, "cpu_seconds": cpu, "output_tokens": s.output_tokens,
-            "tokens_per_s": s.output_tokens / wall, "tokens_per_cpu_s": s.output_tokens / cpu,
-            "preemptions": s.preemptions, "swaps": s.swaps, "swapped_blocks": s.swapped_blocks,
-            "swap_seconds": s.swap_seconds, "steps": s.steps, "prompt_tokens": sum(map(len, prompts)),
-            # every token run through the model in a prefill chunk, recomputations included (prefix hits not)
-            "prefill_tokens": s.prefill_tokens, "prefix_hit_tokens": eng.block_manager.num_prefix_hit_tokens}
+    return {
+        "mode": mode,
+        "seconds": wall,
+        "cpu_seconds": cpu,
+        "output_tokens": s.output_tokens,
+        "tokens_per_s": s.output_tokens / wall,
+        "tokens_per_cpu_s": s.output_tokens / cpu,
+        "preemptions": s.preemptions,
+        "swaps": s.swaps,
+        "swapped_blocks": s.swapped_blocks,
+        "swap_seconds": s.swap_seconds,
+        "steps": s.steps,
+        "prompt_tokens": sum(map(len, prompts)),
+        # every token run through the model in a prefill chunk, recomputations included (prefix hits not)
+        "prefill_tokens": s.prefill_tokens,
+        "prefix_hit_tokens": eng.block_manager.num_prefix_hit_tokens,
+    }
 
 
 def main() -> None:
@@ -117,7 +154,9 @@ def main() -> None:
         report = json.loads((out / "preemption.json").read_text())
         e2e = report["end_to_end"]
         print_tables(report["cost_per_victim"], e2e["best"])
-        plot(report["cost_per_victim"], e2e["best"], out / "preemption.png", e2e["requests"], e2e["kv_blocks"])
+        plot(
+            report["cost_per_victim"], e2e["best"], out / "preemption.png", e2e["requests"], e2e["kv_blocks"]
+        )
         return
     if args.smoke:
         ENGINE.update(model=tiny_model(), dtype="float32")
@@ -131,11 +170,21 @@ def main() -> None:
             print(f"end to end, round {r + 1}: {mode} ...", flush=True)
             every.append(end_to_end(mode, args.requests, args.kv_blocks, args.max_tokens))
     runs = [min((x for x in every if x["mode"] == m), key=lambda x: x["cpu_seconds"]) for m in modes]
-    report = {**ENGINE, "smoke": args.smoke, "machine": machine(),
-              "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-              "cost_per_victim": costs,
-              "end_to_end": {"requests": args.requests, "kv_blocks": args.kv_blocks, "max_tokens": args.max_tokens,
-                             "best": runs, "all": every}}
+    report = {
+        **ENGINE,
+        "smoke": args.smoke,
+        "machine": machine(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cost_per_victim": costs,
+        "end_to_end": {
+            "requests": args.requests,
+            "kv_blocks": args.kv_blocks,
+            "max_tokens": args.max_tokens,
+            "best": runs,
+            "all": every,
+        },
+    }
     (out / "preemption.json").write_text(json.dumps(report, indent=2))
     print_tables(costs, runs)
     plot(costs, runs, out / "preemption.png", args.requests, args.kv_blocks)
@@ -143,23 +192,34 @@ def main() -> None:
 
 
 def print_tables(costs: dict, runs: list[dict]) -> None:
-    print(f"\nKV block: {costs['block_bytes'] / 2**10:.0f} KiB; measured at start: {costs['swap_cost_at_start']}; "
-          f"fitted prefill s/token: {costs['fitted_prefill_token_s']:.2e}")
-    print("| tokens | KV MiB | recompute ms (CPU ms) | swap out + in ms (CPU ms) | recompute / swap (CPU) "
-          "| auto's estimates ms |")
+    print(
+        f"\nKV block: {costs['block_bytes'] / 2**10:.0f} KiB; measured at start: "
+        f"{costs['swap_cost_at_start']}; "
+        f"fitted prefill s/token: {costs['fitted_prefill_token_s']:.2e}"
+    )
+    print(
+        "| tokens | KV MiB | recompute ms (CPU ms) | swap out + in ms (CPU ms) | recompute / swap (CPU) "
+        "| auto's estimates ms |"
+    )
     print("|---:|---:|---:|---:|---:|---|")
     for r in costs["rows"]:
-        print(f"| {r['tokens']} | {r['kv_bytes'] / 2**20:.1f} | {r['recompute_s'] * 1e3:.0f} "
-              f"({r['recompute_cpu_s'] * 1e3:.0f}) | {r['swap_s'] * 1e3:.1f} ({r['swap_cpu_s'] * 1e3:.1f}) | "
-              f"{r['recompute_over_swap']:.0f}x ({r['recompute_over_swap_cpu']:.0f}x) | "
-              f"{r['estimated_recompute_s'] * 1e3:.0f} vs {r['estimated_swap_s'] * 1e3:.1f} |")
-    print("\n| mode | tok/s (per CPU-s) | seconds (CPU) | preemptions | swaps | prefill tokens computed "
-          "| copy seconds |")
+        print(
+            f"| {r['tokens']} | {r['kv_bytes'] / 2**20:.1f} | {r['recompute_s'] * 1e3:.0f} "
+            f"({r['recompute_cpu_s'] * 1e3:.0f}) | {r['swap_s'] * 1e3:.1f} ({r['swap_cpu_s'] * 1e3:.1f}) | "
+            f"{r['recompute_over_swap']:.0f}x ({r['recompute_over_swap_cpu']:.0f}x) | "
+            f"{r['estimated_recompute_s'] * 1e3:.0f} vs {r['estimated_swap_s'] * 1e3:.1f} |"
+        )
+    print(
+        "\n| mode | tok/s (per CPU-s) | seconds (CPU) | preemptions | swaps | prefill tokens computed "
+        "| copy seconds |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in runs:
-        print(f"| {r['mode']} | {r['tokens_per_s']:.1f} ({r['tokens_per_cpu_s']:.1f}) | {r['seconds']:.1f} "
-              f"({r['cpu_seconds']:.1f}) | {r['preemptions']} | {r['swaps']} | {r['prefill_tokens']} "
-              f"| {r['swap_seconds']:.3f} |")
+        print(
+            f"| {r['mode']} | {r['tokens_per_s']:.1f} ({r['tokens_per_cpu_s']:.1f}) | {r['seconds']:.1f} "
+            f"({r['cpu_seconds']:.1f}) | {r['preemptions']} | {r['swaps']} | {r['prefill_tokens']} "
+            f"| {r['swap_seconds']:.3f} |"
+        )
 
 
 def plot(costs: dict, runs: list[dict], path: Path, n: int, kv_blocks: int) -> None:
@@ -170,18 +230,36 @@ def plot(costs: dict, runs: list[dict], path: Path, n: int, kv_blocks: int) -> N
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     xs = [r["tokens"] for r in costs["rows"]]
-    a.loglog(xs, [r["recompute_s"] * 1e3 for r in costs["rows"]], "o-", color="#e63", label="recompute (prefill)")
+    a.loglog(
+        xs, [r["recompute_s"] * 1e3 for r in costs["rows"]], "o-", color="#e63", label="recompute (prefill)"
+    )
     a.loglog(xs, [r["swap_s"] * 1e3 for r in costs["rows"]], "o-", color="#69c", label="swap out + in")
-    a.loglog(xs, [r["estimated_recompute_s"] * 1e3 for r in costs["rows"]], ":", color="#e63", label="auto's estimate")
-    a.loglog(xs, [r["estimated_swap_s"] * 1e3 for r in costs["rows"]], ":", color="#69c", label="auto's estimate")
+    a.loglog(
+        xs,
+        [r["estimated_recompute_s"] * 1e3 for r in costs["rows"]],
+        ":",
+        color="#e63",
+        label="auto's estimate",
+    )
+    a.loglog(
+        xs, [r["estimated_swap_s"] * 1e3 for r in costs["rows"]], ":", color="#69c", label="auto's estimate"
+    )
     a.set_xlabel("context tokens of the victim")
     a.set_ylabel("ms")
     a.set_title("cost per preempted sequence (CPU)")
     a.legend(fontsize=8)
-    bars = b.bar([r["mode"] for r in runs], [r["prefill_tokens"] for r in runs], color=["#e63", "#69c", "#999"])
-    b.bar_label(bars, labels=[f"{r['prefill_tokens']}\n{r['preemptions']} preempt., {r['swaps']} swaps\n"
-                              f"{r['tokens_per_s']:.1f} tok/s\n{r['tokens_per_cpu_s']:.1f} tok/CPU-s" for r in runs],
-                fontsize=8)
+    bars = b.bar(
+        [r["mode"] for r in runs], [r["prefill_tokens"] for r in runs], color=["#e63", "#69c", "#999"]
+    )
+    b.bar_label(
+        bars,
+        labels=[
+            f"{r['prefill_tokens']}\n{r['preemptions']} preempt., {r['swaps']} swaps\n"
+            f"{r['tokens_per_s']:.1f} tok/s\n{r['tokens_per_cpu_s']:.1f} tok/CPU-s"
+            for r in runs
+        ],
+        fontsize=8,
+    )
     b.margins(y=0.35)
     b.set_ylabel("prefill tokens computed (recomputation included)")
     b.set_title(f"{n} chat requests, KV cache of {kv_blocks} blocks")

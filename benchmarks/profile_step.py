@@ -1,7 +1,8 @@
 """Where a decode step's time goes: the engine's step split into the scheduler, the host-side
 preparation of the batch, the linear layers, attention, RMSNorm with the residual adds, the rest
-of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling (with penalties and biases) and the rest of the step (output
-bookkeeping, detokenization), for fp32 and INT8 weights at batch 1 and a larger batch. Each
+of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling (with penalties and biases)
+and the rest of the step (output bookkeeping, detokenization), for fp32 and INT8 weights at batch 1
+and a larger batch. Each
 precision runs twice: as the engine runs it (a decode-only step's layers in one C call,
 `one_call_forward`, engine/models/decode.py) and "per-op" (the same kernels called one by one from
 Python, each part timed).
@@ -17,6 +18,7 @@ Each part is timed by wrapping its function (exclusive time: a part called insid
 subtracted from it), so the parts add up to the step. Writes profile_step.json and
 profile_step.png under --out (benchmarks/results).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +34,18 @@ from benchmarks.common import add_common_args, done, machine, out_dir, tiny_mode
 from benchmarks.workloads import chat_prompts
 from engine import LLM, SamplingParams
 
-PARTS = ("scheduler", "prepare", "linears", "attention", "rms_norm", "forward_rest", "one_call_forward", "lm_head",
-         "sampling", "step_rest")
+PARTS = (
+    "scheduler",
+    "prepare",
+    "linears",
+    "attention",
+    "rms_norm",
+    "forward_rest",
+    "one_call_forward",
+    "lm_head",
+    "sampling",
+    "step_rest",
+)
 
 
 class _TimedDecode:
@@ -68,6 +80,7 @@ class Timer:
                 self.seconds[frame[0]] += elapsed - frame[1]
                 if self._stack:
                     self._stack[-1][1] += elapsed
+
         return timed
 
 
@@ -81,16 +94,26 @@ def instrumented(llm: LLM, timer: Timer):
 
     engine = llm.engine
     runner, model = engine.runner, engine.runner.model
-    patches = [(runner_mod, "sample_ids"), (runner_mod, "process_logits"), (TorchOps, "add_rms_norm"),
-               (CPUOps, "add_rms_norm"),
-               (Linear, "__call__"), (Int8Linear, "__call__")]
+    patches = [
+        (runner_mod, "sample_ids"),
+        (runner_mod, "process_logits"),
+        (TorchOps, "add_rms_norm"),
+        (CPUOps, "add_rms_norm"),
+        (Linear, "__call__"),
+        (Int8Linear, "__call__"),
+    ]
     saved = [(obj, name, getattr(obj, name)) for obj, name in patches]
     parts = {"sample_ids": "sampling", "process_logits": "sampling", "add_rms_norm": "rms_norm"}
     for obj, name, fn in saved:
         setattr(obj, name, timer.wrap(parts.get(name, "linears"), fn))
-    instance = [(engine, "step", "step_rest"), (engine.scheduler, "schedule", "scheduler"),
-                (runner, "_prepare", "prepare"), (model, "forward", "forward_rest"),
-                (model.attention, "forward", "attention"), (model, "logits", "lm_head")]
+    instance = [
+        (engine, "step", "step_rest"),
+        (engine.scheduler, "schedule", "scheduler"),
+        (runner, "_prepare", "prepare"),
+        (model, "forward", "forward_rest"),
+        (model.attention, "forward", "attention"),
+        (model, "logits", "lm_head"),
+    ]
     for obj, name, part in instance:
         setattr(obj, name, timer.wrap(part, getattr(obj, name)))
     decode = model.decode
@@ -112,7 +135,10 @@ def profile(llm: LLM, prompts: list[list[int]], steps: int) -> dict:
     params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
     for i, ids in enumerate(prompts):
         engine.add_request(f"p{i}", ids, params)
-    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.num_waiting:
+    while (
+        any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running)
+        or engine.scheduler.num_waiting
+    ):
         engine.step()
     engine.step()  # a warm decode step
     timer = Timer()
@@ -157,7 +183,10 @@ def main() -> None:
         configs["fp32 torch ops"] = dict(quantization=None, cpu_kernels=False)
     configs["int8"] = dict(quantization="int8")
     configs["int8 per-op"] = dict(quantization="int8")
-    llms = {name: LLM(model=model, dtype="float32", num_threads=args.threads, **kw) for name, kw in configs.items()}
+    llms = {
+        name: LLM(model=model, dtype="float32", num_threads=args.threads, **kw)
+        for name, kw in configs.items()
+    }
     for name, llm in llms.items():
         if name.endswith("per-op"):  # the same kernels called one by one from Python
             llm.engine.runner.model.decode = None
@@ -168,9 +197,18 @@ def main() -> None:
         print(f"batch {batch} ...", flush=True)
         for _ in range(rounds):
             for name, llm in llms.items():
-                merge(runs.setdefault(f"{name} batch {batch}", {}), profile(llm, prompts[:batch], steps // rounds))
-    report = {"model": "tiny-random" if args.smoke else "SmolLM2-135M-Instruct", "smoke": args.smoke,
-              "threads": args.threads, "machine": machine(), "torch": torch.__version__, "runs": runs}
+                merge(
+                    runs.setdefault(f"{name} batch {batch}", {}),
+                    profile(llm, prompts[:batch], steps // rounds),
+                )
+    report = {
+        "model": "tiny-random" if args.smoke else "SmolLM2-135M-Instruct",
+        "smoke": args.smoke,
+        "threads": args.threads,
+        "machine": machine(),
+        "torch": torch.__version__,
+        "runs": runs,
+    }
     (out / "profile_step.json").write_text(json.dumps(report, indent=2))
     print("\n| part (ms per step) | " + " | ".join(runs) + " |")
     print("|---|" + "---:|" * len(runs))

@@ -3,6 +3,7 @@ over HTTP in a closed loop, and the same requests run in process on an engine.
 
 Used by benchmarks.gateway_overhead; each function returns latencies in seconds.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -49,14 +50,24 @@ def serve(model: str, workdir: Path, *, env: dict[str, str], timeout_s: float = 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                "FAIRLANE_DATABASE_URL": f"sqlite:///{workdir / 'serve.db'}", "FAIRLANE_ENGINE__MODEL": model, **env}
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "FAIRLANE_DATABASE_URL": f"sqlite:///{workdir / 'serve.db'}",
+        "FAIRLANE_ENGINE__MODEL": model,
+        **env,
+    }
     full_env.pop("FAIRLANE_REDIS_URL", None)
     log_path = workdir / "serve.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--dev", "--port", str(port)],
-                                   env=full_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--dev", "--port", str(port)],
+            env=full_env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     served = Served(process, f"http://127.0.0.1:{port}", "", log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -81,7 +92,9 @@ async def http_closed_loop(served: Served, body: dict, *, requests: int, concurr
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     headers = {"Authorization": f"Bearer {served.api_key}"}
-    async with httpx.AsyncClient(base_url=served.base_url, headers=headers, limits=limits, timeout=60) as client:
+    async with httpx.AsyncClient(
+        base_url=served.base_url, headers=headers, limits=limits, timeout=60
+    ) as client:
         left = requests
 
         async def caller() -> None:

@@ -9,6 +9,7 @@ backlog) and 2x overload with latency targets (goodput, FCFS against SLO-aware a
 Writes sched_sim.json and sched_sim_*.png under --out (benchmarks/results) and prints a markdown
 table (docs/scheduling.md carries the latest one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,11 @@ from engine.sim import scenarios  # noqa: E402
 
 
 def _plain(d: dict) -> dict:
-    return {k: (_plain(v) if isinstance(v, dict) else None if isinstance(v, float) and math.isnan(v) else v)
-            for k, v in d.items() if k != "report"}
+    return {
+        k: (_plain(v) if isinstance(v, dict) else None if isinstance(v, float) and math.isnan(v) else v)
+        for k, v in d.items()
+        if k != "report"
+    }
 
 
 def plot_fairness(r: dict, out: Path) -> None:
@@ -65,29 +69,78 @@ def main() -> None:
         f, n = scenarios.fairness(n=20), scenarios.noisy_neighbour(duration=3.0)
         p, o = scenarios.priority(duration=3.0), scenarios.overload(duration=3.0)
     else:
-        f, n, p, o = scenarios.fairness(), scenarios.noisy_neighbour(), scenarios.priority(), scenarios.overload()
+        f, n, p, o = (
+            scenarios.fairness(),
+            scenarios.noisy_neighbour(),
+            scenarios.priority(),
+            scenarios.overload(),
+        )
     plot_fairness(f, out)
-    plot_bars(out, "noisy_ttft", ["B solo", "B with A, FCFS", "B with A, VTC"],
-              [n["b_solo_p99"], n["fcfs"]["b_p99"], n["vtc"]["b_p99"]], "B p99 TTFT (s)")
-    plot_bars(out, "priority_ttft", ["interactive solo", "interactive, FCFS", "interactive, priority"],
-              [p["inter_solo_p99"], p["fcfs"]["inter_p99"], p["priority"]["inter_p99"]], "interactive p99 TTFT (s)")
-    plot_bars(out, "goodput", ["FCFS", "SLO-aware"], [o["fcfs"]["goodput_rps"], o["slo"]["goodput_rps"]], "goodput (req/s)")
-    result = {"fairness": _plain(f), "noisy_neighbour": _plain(n), "priority": _plain(p), "overload": _plain(o)}
+    plot_bars(
+        out,
+        "noisy_ttft",
+        ["B solo", "B with A, FCFS", "B with A, VTC"],
+        [n["b_solo_p99"], n["fcfs"]["b_p99"], n["vtc"]["b_p99"]],
+        "B p99 TTFT (s)",
+    )
+    plot_bars(
+        out,
+        "priority_ttft",
+        ["interactive solo", "interactive, FCFS", "interactive, priority"],
+        [p["inter_solo_p99"], p["fcfs"]["inter_p99"], p["priority"]["inter_p99"]],
+        "interactive p99 TTFT (s)",
+    )
+    plot_bars(
+        out,
+        "goodput",
+        ["FCFS", "SLO-aware"],
+        [o["fcfs"]["goodput_rps"], o["slo"]["goodput_rps"]],
+        "goodput (req/s)",
+    )
+    result = {
+        "fairness": _plain(f),
+        "noisy_neighbour": _plain(n),
+        "priority": _plain(p),
+        "overload": _plain(o),
+    }
     (out / "sched_sim.json").write_text(json.dumps(result, indent=2))
     rows = [
-        ("1 fairness, weights 1:2", "max weighted service gap", f"{f['fcfs']['max_diff']:.0f}",
-         f"{f['vtc']['max_diff']:.0f} (VTC)", f"<= 2U = {f['bound']:.0f}"),
-        ("2 noisy neighbour", "B p99 TTFT (solo {:.3f} s)".format(n["b_solo_p99"]), f"{n['fcfs']['b_p99']:.3f} s",
-         f"{n['vtc']['b_p99']:.3f} s (VTC, {n['vtc']['b_p99'] / n['b_solo_p99']:.2f}x solo)", "<= 1.5x solo"),
-        ("3 priority", "interactive p99 TTFT (solo {:.3f} s)".format(p["inter_solo_p99"]),
-         "never started" if math.isnan(p["fcfs"]["inter_p99"]) else f"{p['fcfs']['inter_p99']:.3f} s",
-         f"{p['priority']['inter_p99']:.3f} s (priority, {p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x)",
-         "<= 2x solo"),
-        ("3 priority", "batch throughput vs solo", f"{p['fcfs']['batch_tps'] / p['batch_solo_tps']:.0%}",
-         f"{p['priority']['batch_tps'] / p['batch_solo_tps']:.0%} (priority)", ">= 70%, never starved"),
-        ("4 overload 2x, TTFT 0.5 s / TPOT 50 ms", "goodput (req/s)", f"{o['fcfs']['goodput_rps']:.1f}",
-         f"{o['slo']['goodput_rps']:.1f} (SLO-aware, {o['slo']['refused']} of {o['slo']['sent']} refused)",
-         ">= 1.5x FCFS"),
+        (
+            "1 fairness, weights 1:2",
+            "max weighted service gap",
+            f"{f['fcfs']['max_diff']:.0f}",
+            f"{f['vtc']['max_diff']:.0f} (VTC)",
+            f"<= 2U = {f['bound']:.0f}",
+        ),
+        (
+            "2 noisy neighbour",
+            "B p99 TTFT (solo {:.3f} s)".format(n["b_solo_p99"]),
+            f"{n['fcfs']['b_p99']:.3f} s",
+            f"{n['vtc']['b_p99']:.3f} s (VTC, {n['vtc']['b_p99'] / n['b_solo_p99']:.2f}x solo)",
+            "<= 1.5x solo",
+        ),
+        (
+            "3 priority",
+            "interactive p99 TTFT (solo {:.3f} s)".format(p["inter_solo_p99"]),
+            "never started" if math.isnan(p["fcfs"]["inter_p99"]) else f"{p['fcfs']['inter_p99']:.3f} s",
+            f"{p['priority']['inter_p99']:.3f} s (priority, "
+            f"{p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x)",
+            "<= 2x solo",
+        ),
+        (
+            "3 priority",
+            "batch throughput vs solo",
+            f"{p['fcfs']['batch_tps'] / p['batch_solo_tps']:.0%}",
+            f"{p['priority']['batch_tps'] / p['batch_solo_tps']:.0%} (priority)",
+            ">= 70%, never starved",
+        ),
+        (
+            "4 overload 2x, TTFT 0.5 s / TPOT 50 ms",
+            "goodput (req/s)",
+            f"{o['fcfs']['goodput_rps']:.1f}",
+            f"{o['slo']['goodput_rps']:.1f} (SLO-aware, {o['slo']['refused']} of {o['slo']['sent']} refused)",
+            ">= 1.5x FCFS",
+        ),
     ]
     print("| scenario | measure | FCFS | policy | target |\n| --- | --- | --- | --- | --- |")
     for row in rows:

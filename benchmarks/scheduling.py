@@ -11,6 +11,7 @@ The traces come from the simulator (engine.sim) with shorter requests; arrivals 
 wall clock and every step is a real forward. Writes scheduling.json and one PNG per scenario under
 --out (benchmarks/results), and prints a markdown table (copied into the README).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ from engine.sim import SimReport, backlog, bursty_trace, poisson_trace
 
 SCENARIOS = ("fairness", "noisy_neighbour", "priority", "overload")
 SHAPE = dict(prompt_len=(32, 96), output_len=(16, 48))
-ENGINE = {"model": "smollm2", "dtype": "auto", "num_threads": 2, "max_num_seqs": 32, "max_num_batched_tokens": 128,
-          "kv_cache_gib": 0.5}
+ENGINE = {
+    "model": "smollm2",
+    "dtype": "auto",
+    "num_threads": 2,
+    "max_num_seqs": 32,
+    "max_num_batched_tokens": 128,
+    "kv_cache_gib": 0.5,
+}
 
 
 def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
@@ -52,11 +59,17 @@ def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
             r = trace[nxt]
             nxt += 1
             try:
-                engine.add_request(r.request_id, [rng.randrange(100, 40000) for _ in range(r.prompt_len)],
-                                   SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True),
-                                   tenant=r.tenant, weight=r.weight, priority=r.priority,
-                                   arrival_time=t0 + r.arrival, ttft_target_s=r.ttft_target_s,
-                                   tpot_target_s=r.tpot_target_s)
+                engine.add_request(
+                    r.request_id,
+                    [rng.randrange(100, 40000) for _ in range(r.prompt_len)],
+                    SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True),
+                    tenant=r.tenant,
+                    weight=r.weight,
+                    priority=r.priority,
+                    arrival_time=t0 + r.arrival,
+                    ttft_target_s=r.ttft_target_s,
+                    tpot_target_s=r.tpot_target_s,
+                )
             except SLOUnattainableError:
                 r.refused = True
         if not engine.has_unfinished():
@@ -95,11 +108,21 @@ def fairness(n: int) -> dict:
     out = {"bound": 2 * U}
     for policy in ("fcfs", "vtc"):
         rng = random.Random(0)
-        a, b = backlog(n, rng, tenant="A", weight=1.0, **SHAPE), backlog(n, rng, tenant="B", weight=2.0, **SHAPE)
+        a, b = (
+            backlog(n, rng, tenant="A", weight=1.0, **SHAPE),
+            backlog(n, rng, tenant="B", weight=2.0, **SHAPE),
+        )
         report = run(policy, [r for pair in zip(a, b) for r in pair])
         end = min(max(r.first_token for r in report.select(tenant=t)) for t in "AB")
-        diff = [abs(x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"]) if t <= end]
-        out[policy] = {"max_diff": max(diff), "times": report.times, "A": report.service["A"], "B": report.service["B"]}
+        diff = [
+            abs(x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"]) if t <= end
+        ]
+        out[policy] = {
+            "max_diff": max(diff),
+            "times": report.times,
+            "A": report.service["A"],
+            "B": report.service["B"],
+        }
     return out
 
 
@@ -109,31 +132,45 @@ def noisy_neighbour(cap: float, duration: float) -> dict:
     out = {"b_solo_p99": run("fcfs", b).ttft_p(99, tenant="B")}
     for policy in ("fcfs", "vtc"):
         report = run(policy, a + b, until=duration)
-        out[policy] = {"b_p99": report.ttft_p(99, tenant="B"), "a_p99": report.ttft_p(99, tenant="A"),
-                       "b_started": len(report.ttfts(tenant="B")), "b_sent": len(b)}
+        out[policy] = {
+            "b_p99": report.ttft_p(99, tenant="B"),
+            "a_p99": report.ttft_p(99, tenant="A"),
+            "b_started": len(report.ttfts(tenant="B")),
+            "b_sent": len(b),
+        }
     return out
 
 
 def priority(cap: float, duration: float) -> dict:
     inter = poisson_trace(0.2 * cap, duration, random.Random(3), tenant="interactive", priority=1, **SHAPE)
     batch = backlog(int(1.5 * cap * duration), random.Random(4), tenant="batch", priority=0, **SHAPE)
-    out = {"inter_solo_p99": run("priority", inter).ttft_p(99, priority=1),
-           "batch_solo_tps": run("priority", batch, until=duration).throughput(until=duration, priority=0)}
+    out = {
+        "inter_solo_p99": run("priority", inter).ttft_p(99, priority=1),
+        "batch_solo_tps": run("priority", batch, until=duration).throughput(until=duration, priority=0),
+    }
     for policy in ("fcfs", "priority"):
         report = run(policy, inter + batch, until=duration)
-        out[policy] = {"inter_p99": report.ttft_p(99, priority=1),
-                       "batch_tps": report.throughput(until=duration, priority=0),
-                       "batch_finished": len(report.finished(priority=0)), "preemptions": report.preemptions}
+        out[policy] = {
+            "inter_p99": report.ttft_p(99, priority=1),
+            "batch_tps": report.throughput(until=duration, priority=0),
+            "batch_finished": len(report.finished(priority=0)),
+            "preemptions": report.preemptions,
+        }
     return out
 
 
 def overload(cap: float, duration: float, ttft: float, tpot: float) -> dict:
-    trace = bursty_trace(2 * cap, duration, random.Random(5), burst=4, ttft_target_s=ttft, tpot_target_s=tpot, **SHAPE)
+    trace = bursty_trace(
+        2 * cap, duration, random.Random(5), burst=4, ttft_target_s=ttft, tpot_target_s=tpot, **SHAPE
+    )
     out = {"ttft_target_s": ttft, "tpot_target_s": tpot, "sent": len(trace)}
     for policy in ("fcfs", "slo"):
         report = run(policy, trace, until=2 * duration)
-        out[policy] = {"goodput_rps": sum(r.met_slo() for r in report.requests) / duration,
-                       "refused": sum(r.refused for r in report.requests), "ttft_p99": report.ttft_p(99)}
+        out[policy] = {
+            "goodput_rps": sum(r.met_slo() for r in report.requests) / duration,
+            "refused": sum(r.refused for r in report.requests),
+            "ttft_p99": report.ttft_p(99),
+        }
     return out
 
 
@@ -150,12 +187,16 @@ def table(res: dict) -> str:
         f"{f['vtc']['max_diff']:.0f} (VTC) | <= 2U = {f['bound']:.0f} |",
         f"| 2 noisy neighbour | B p99 TTFT (solo {n['b_solo_p99']:.2f} s) | {_s(n['fcfs']['b_p99'])} | "
         f"{n['vtc']['b_p99']:.2f} s (VTC, {n['vtc']['b_p99'] / n['b_solo_p99']:.2f}x solo) | <= 1.5x solo |",
-        f"| 3 priority | interactive p99 TTFT (solo {p['inter_solo_p99']:.2f} s) | {_s(p['fcfs']['inter_p99'])} | "
-        f"{p['priority']['inter_p99']:.2f} s ({p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x) | <= 2x solo |",
+        f"| 3 priority | interactive p99 TTFT (solo {p['inter_solo_p99']:.2f} s) | "
+        f"{_s(p['fcfs']['inter_p99'])} | "
+        f"{p['priority']['inter_p99']:.2f} s ({p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x) | "
+        "<= 2x solo |",
         f"| 3 priority | batch tokens/s vs solo ({p['batch_solo_tps']:.0f}) | {p['fcfs']['batch_tps']:.0f} | "
-        f"{p['priority']['batch_tps']:.0f} ({p['priority']['batch_tps'] / p['batch_solo_tps']:.0%}) | >= 70% |",
+        f"{p['priority']['batch_tps']:.0f} ({p['priority']['batch_tps'] / p['batch_solo_tps']:.0%}) | >= "
+        "70% |",
         f"| 4 overload 2x, TTFT {o['ttft_target_s']} s / TPOT {o['tpot_target_s']} s | goodput (req/s) | "
-        f"{o['fcfs']['goodput_rps']:.2f} | {o['slo']['goodput_rps']:.2f} (SLO-aware, {o['slo']['refused']} of "
+        f"{o['fcfs']['goodput_rps']:.2f} | {o['slo']['goodput_rps']:.2f} (SLO-aware, {o['slo']['refused']} "
+        "of "
         f"{o['sent']} refused) | >= 1.5x FCFS |",
     ]
     return "\n".join(rows)
@@ -178,17 +219,31 @@ def plot(res: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "scheduling_fairness.png", dpi=100)
     bars = {
-        "scheduling_noisy_neighbour.png": ("B p99 TTFT (s)", ["solo", "fcfs", "vtc"],
-                                           [res["noisy_neighbour"]["b_solo_p99"]] + [res["noisy_neighbour"][k]["b_p99"] for k in ("fcfs", "vtc")]),
-        "scheduling_priority.png": ("interactive p99 TTFT (s)", ["solo", "fcfs", "priority"],
-                                    [res["priority"]["inter_solo_p99"]] + [res["priority"][k]["inter_p99"] for k in ("fcfs", "priority")]),
-        "scheduling_overload.png": ("goodput (req/s)", ["fcfs", "slo"], [res["overload"][k]["goodput_rps"] for k in ("fcfs", "slo")]),
+        "scheduling_noisy_neighbour.png": (
+            "B p99 TTFT (s)",
+            ["solo", "fcfs", "vtc"],
+            [res["noisy_neighbour"]["b_solo_p99"]]
+            + [res["noisy_neighbour"][k]["b_p99"] for k in ("fcfs", "vtc")],
+        ),
+        "scheduling_priority.png": (
+            "interactive p99 TTFT (s)",
+            ["solo", "fcfs", "priority"],
+            [res["priority"]["inter_solo_p99"]]
+            + [res["priority"][k]["inter_p99"] for k in ("fcfs", "priority")],
+        ),
+        "scheduling_overload.png": (
+            "goodput (req/s)",
+            ["fcfs", "slo"],
+            [res["overload"][k]["goodput_rps"] for k in ("fcfs", "slo")],
+        ),
     }
     for name, (label, keys, values) in bars.items():
         fig, ax = plt.subplots(figsize=(5, 4))
         ax.bar(keys, values, color=["#999", "#69c", "#e63"][: len(keys)])
         ax.set_ylabel(label)
-        ax.set_title(name.removeprefix("scheduling_").removesuffix(".png").replace("_", " ") + " (real engine)")
+        ax.set_title(
+            name.removeprefix("scheduling_").removesuffix(".png").replace("_", " ") + " (real engine)"
+        )
         fig.tight_layout()
         fig.savefig(out / name, dpi=100)
 
@@ -196,7 +251,9 @@ def plot(res: dict, out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per scenario")
-    ap.add_argument("--only", nargs="*", choices=SCENARIOS, help="run these scenarios only (prints, writes nothing)")
+    ap.add_argument(
+        "--only", nargs="*", choices=SCENARIOS, help="run these scenarios only (prints, writes nothing)"
+    )
     add_common_args(ap)
     args = ap.parse_args()
     backlog_n, capacity_n = 24, 64
@@ -205,16 +262,33 @@ def main() -> None:
         args.duration, backlog_n, capacity_n = 0.5, 4, 16
     cap = capacity(capacity_n)
     print(f"capacity: {cap:.2f} requests/s", flush=True)
-    res = {"capacity_rps": cap, "shape": SHAPE, "engine": ENGINE, "duration_s": args.duration, "smoke": args.smoke,
-           "machine": machine()}
-    runs = {"fairness": lambda: fairness(backlog_n), "noisy_neighbour": lambda: noisy_neighbour(cap, args.duration),
-            "priority": lambda: priority(cap, args.duration),
-            "overload": lambda: overload(cap, args.duration, ttft=2.0, tpot=0.3)}
+    res = {
+        "capacity_rps": cap,
+        "shape": SHAPE,
+        "engine": ENGINE,
+        "duration_s": args.duration,
+        "smoke": args.smoke,
+        "machine": machine(),
+    }
+    runs = {
+        "fairness": lambda: fairness(backlog_n),
+        "noisy_neighbour": lambda: noisy_neighbour(cap, args.duration),
+        "priority": lambda: priority(cap, args.duration),
+        "overload": lambda: overload(cap, args.duration, ttft=2.0, tpot=0.3),
+    }
     for name in args.only or SCENARIOS:
         res[name] = runs[name]()
-        print(name, "done:", {k: v for k, v in res[name].items() if not isinstance(v, (list, dict))},
-              {k: {kk: vv for kk, vv in v.items() if not isinstance(vv, list)} for k, v in res[name].items()
-               if isinstance(v, dict)}, flush=True)
+        print(
+            name,
+            "done:",
+            {k: v for k, v in res[name].items() if not isinstance(v, (list, dict))},
+            {
+                k: {kk: vv for kk, vv in v.items() if not isinstance(vv, list)}
+                for k, v in res[name].items()
+                if isinstance(v, dict)
+            },
+            flush=True,
+        )
     if args.only:
         return
     out = out_dir(args, "scheduling")

@@ -48,10 +48,21 @@ import httpx
 from benchmarks.common import add_common_args, done, machine, out_dir
 from benchmarks.round_trip import serve
 
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, initializer_range=0.5)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    initializer_range=0.5,
+)
 KV_BLOCKS = 20  # of 16 tokens: about 3 of the longest requests at once, far fewer than run concurrently
-PROMPTS = [(f"soak prompt {i}: " + "tell me more " * (i % 4), 8 + 6 * i) for i in range(8)]  # (text, max_tokens)
+PROMPTS = [
+    (f"soak prompt {i}: " + "tell me more " * (i % 4), 8 + 6 * i) for i in range(8)
+]  # (text, max_tokens)
 MODEL = "dummy"
 
 
@@ -73,18 +84,32 @@ class Soak:
     async def setup(self, http: httpx.AsyncClient) -> None:
         for i in range(self.args.tenants):
             tight = i % 4 == 3
-            tenant = (await http.post("/admin/tenants", json={"name": f"soak-{i}"}, headers=self.admin)).json()
-            key = (await http.post(f"/admin/tenants/{tenant['id']}/keys", json={"name": "k"},
-                                   headers=self.admin)).json()["key"]
+            tenant = (
+                await http.post("/admin/tenants", json={"name": f"soak-{i}"}, headers=self.admin)
+            ).json()
+            key = (
+                await http.post(f"/admin/tenants/{tenant['id']}/keys", json={"name": "k"}, headers=self.admin)
+            ).json()["key"]
             if tight:
                 quota = {"requests_per_minute": 20, "max_concurrency": 1}
-                response = await http.put(f"/admin/tenants/{tenant['id']}/quota", json=quota, headers=self.admin)
+                response = await http.put(
+                    f"/admin/tenants/{tenant['id']}/quota", json=quota, headers=self.admin
+                )
                 assert response.status_code == 200, response.text
             self.tenants.append({"id": tenant["id"], "key": key, "tight": tight})
         key = next(t["key"] for t in self.tenants if not t["tight"])
         for index, (prompt, max_tokens) in enumerate(PROMPTS):  # undisturbed, one at a time
-            response = await http.post("/v1/completions", headers={"Authorization": f"Bearer {key}"}, json={
-                "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+            response = await http.post(
+                "/v1/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={
+                    "model": MODEL,
+                    "prompt": prompt,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            )
             assert response.status_code == 200, response.text
             self.reference[index] = _tokens(response.json()["choices"][0]["text"])
             assert len(self.reference[index]) == max_tokens
@@ -95,12 +120,29 @@ class Soak:
         prompt, max_tokens = PROMPTS[index]
         stream = rng.random() < 0.5
         drop_after = rng.randint(1, 4) if stream and rng.random() < 0.1 else None
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                "stream": stream, "user": f"tenant-{tenant['id']}"}
+        body = {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": stream,
+            "user": f"tenant-{tenant['id']}",
+        }
         if stream:
             body["stream_options"] = {"include_usage": True}
-        out = {"prompt": index, "tenant": tenant["id"], "stream": stream, "dropped": False, "status": None,
-               "request_id": None, "text": "", "finish": None, "error": None, "usage": None}
+        out = {
+            "prompt": index,
+            "tenant": tenant["id"],
+            "stream": stream,
+            "dropped": False,
+            "status": None,
+            "request_id": None,
+            "text": "",
+            "finish": None,
+            "error": None,
+            "usage": None,
+        }
         headers = {"Authorization": f"Bearer {tenant['key']}"}
         try:
             if not stream:
@@ -109,13 +151,19 @@ class Soak:
                 out["retry_after"] = response.headers.get("retry-after")
                 data = response.json()
                 if response.status_code == 200:
-                    out["text"], out["finish"] = data["choices"][0]["text"], data["choices"][0]["finish_reason"]
+                    out["text"], out["finish"] = (
+                        data["choices"][0]["text"],
+                        data["choices"][0]["finish_reason"],
+                    )
                     out["usage"] = data["usage"]["completion_tokens"]
                 else:
                     out["error"] = data["error"]["code"] or data["error"]["type"]
             else:
                 async with http.stream("POST", "/v1/completions", json=body, headers=headers) as response:
-                    out["status"], out["request_id"] = response.status_code, response.headers.get("x-request-id")
+                    out["status"], out["request_id"] = (
+                        response.status_code,
+                        response.headers.get("x-request-id"),
+                    )
                     out["retry_after"] = response.headers.get("retry-after")
                     if response.status_code != 200:
                         data = json.loads(await response.aread())
@@ -135,7 +183,7 @@ class Soak:
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[len("data: "):])
+            chunk = json.loads(line[len("data: ") :])
             if "error" in chunk:
                 out["error"] = chunk["error"]["code"] or chunk["error"]["type"]
                 continue
@@ -190,8 +238,11 @@ class Soak:
         while True:
             live = client.zrangebyscore(workers_key(MODEL), time.time() - WORKER_ALIVE_S, "+inf")
             infos = [client.hgetall(worker_info_key(MODEL, w.decode())) for w in live]
-            held = {w.decode(): int(i[b"total_blocks"]) - int(i[b"free_blocks"]) for w, i in zip(live, infos, strict=True)
-                    if i}
+            held = {
+                w.decode(): int(i[b"total_blocks"]) - int(i[b"free_blocks"])
+                for w, i in zip(live, infos, strict=True)
+                if i
+            }
             if (held and not any(held.values())) or time.monotonic() > deadline:
                 client.close()
                 return held
@@ -200,15 +251,23 @@ class Soak:
     def leases_left(self, timeout_s: float = 30.0) -> dict:
         deadline = time.monotonic() + timeout_s
         while True:
-            in_flight = {t["id"]: httpx.get(f"{self.served.base_url}/admin/tenants/{t['id']}/quota/usage",
-                                            headers=self.admin, timeout=10).json()["in_flight"] for t in self.tenants}
+            in_flight = {
+                t["id"]: httpx.get(
+                    f"{self.served.base_url}/admin/tenants/{t['id']}/quota/usage",
+                    headers=self.admin,
+                    timeout=10,
+                ).json()["in_flight"]
+                for t in self.tenants
+            }
             if not any(in_flight.values()) or time.monotonic() > deadline:
                 return {k: v for k, v in in_flight.items() if v}
             time.sleep(0.5)
 
     def usage_records(self, db: Path) -> dict[str, list[tuple]]:
         with sqlite3.connect(db) as connection:
-            rows = connection.execute("SELECT request_id, status, completion_tokens FROM usage_records").fetchall()
+            rows = connection.execute(
+                "SELECT request_id, status, completion_tokens FROM usage_records"
+            ).fetchall()
         records: dict[str, list[tuple]] = {}
         for request_id, status, completion_tokens in rows:
             records.setdefault(request_id, []).append((status, completion_tokens))
@@ -232,42 +291,76 @@ class Soak:
         twice = [rid for rid, rows in records.items() if len(rows) > 1]
         unknown = [rid for rid in records if rid not in ours]  # (the reference runs are known too, below)
         lost = extra = 0
-        finished = [r for r in self.results if r["finish"] == "length" and r["error"] is None and not r["dropped"]]
+        finished = [
+            r for r in self.results if r["finish"] == "length" and r["error"] is None and not r["dropped"]
+        ]
         short_records, wrong_tokens = [], []
         for r in finished:
             got, want = _tokens(r["text"]), self.reference[r["prompt"]]
-            diff = [op for op in difflib.SequenceMatcher(a=want, b=got, autojunk=False).get_opcodes() if op[0] != "equal"]
+            diff = [
+                op
+                for op in difflib.SequenceMatcher(a=want, b=got, autojunk=False).get_opcodes()
+                if op[0] != "equal"
+            ]
             for tag, i1, i2, j1, j2 in diff:
                 if tag in ("delete", "replace"):
                     lost += i2 - i1
                 if tag in ("insert", "replace"):
                     extra += j2 - j1
             if diff:
-                wrong_tokens.append({"request_id": r["request_id"], "stream": r["stream"], "ended_at": r["at"],
-                                     "usage": r["usage"], "expected": len(want), "got": len(got), "diff": diff})
+                wrong_tokens.append(
+                    {
+                        "request_id": r["request_id"],
+                        "stream": r["stream"],
+                        "ended_at": r["at"],
+                        "usage": r["usage"],
+                        "expected": len(want),
+                        "got": len(got),
+                        "diff": diff,
+                    }
+                )
             rows = records.get(r["request_id"], [])
             if rows and rows[0][1] != len(want):
                 short_records.append(r["request_id"])
         return {
             "admissions": self.counter("fairlane_engine_admissions_total"),
             "preemptions": self.counter("fairlane_engine_preemptions_total"),
-            "kv_blocks_held": kv, "quota_leases_held": leases, "admitted": len(admitted), "refused": len(refused),
-            "usage_records": len(records), "missing_usage_records": len(missing),
-            "usage_records_of_refused_requests": len(recorded_refusals), "duplicate_usage_records": len(twice),
+            "kv_blocks_held": kv,
+            "quota_leases_held": leases,
+            "admitted": len(admitted),
+            "refused": len(refused),
+            "usage_records": len(records),
+            "missing_usage_records": len(missing),
+            "usage_records_of_refused_requests": len(recorded_refusals),
+            "duplicate_usage_records": len(twice),
             "usage_records_of_unknown_requests": max(0, len(unknown) - len(PROMPTS)),
-            "finished_compared": len(finished), "lost_tokens": lost, "duplicated_tokens": extra,
+            "finished_compared": len(finished),
+            "lost_tokens": lost,
+            "duplicated_tokens": extra,
             "records_with_wrong_token_count": len(short_records),
-            "examples": {"missing": missing[:5], "recorded_refusals": recorded_refusals[:5], "twice": twice[:5],
-                         "wrong_count": short_records[:5], "wrong_tokens": wrong_tokens[:5]},
+            "examples": {
+                "missing": missing[:5],
+                "recorded_refusals": recorded_refusals[:5],
+                "twice": twice[:5],
+                "wrong_count": short_records[:5],
+                "wrong_tokens": wrong_tokens[:5],
+            },
         }
 
 
 def passed(checks: dict) -> bool:
-    return (bool(checks["kv_blocks_held"]) and not any(checks["kv_blocks_held"].values())
-            and not checks["quota_leases_held"] and not checks["missing_usage_records"]
-            and not checks["usage_records_of_refused_requests"] and not checks["duplicate_usage_records"]
-            and not checks["usage_records_of_unknown_requests"] and not checks["lost_tokens"]
-            and not checks["duplicated_tokens"] and not checks["records_with_wrong_token_count"])
+    return (
+        bool(checks["kv_blocks_held"])
+        and not any(checks["kv_blocks_held"].values())
+        and not checks["quota_leases_held"]
+        and not checks["missing_usage_records"]
+        and not checks["usage_records_of_refused_requests"]
+        and not checks["duplicate_usage_records"]
+        and not checks["usage_records_of_unknown_requests"]
+        and not checks["lost_tokens"]
+        and not checks["duplicated_tokens"]
+        and not checks["records_with_wrong_token_count"]
+    )
 
 
 def outcome(r: dict) -> str:
@@ -291,7 +384,9 @@ def plot(result: dict, results: list[dict], path: Path) -> None:
         ax.plot(xs, [row] * len(xs), "|", markersize=12, label=f"{kind} ({len(xs)})")
     for fault in result["faults"]:
         ax.axvline(fault["at"], color="red", linestyle="--", linewidth=1)
-        ax.text(fault["at"], len(kinds) - 0.35, f" {fault['killed']} killed", color="red", fontsize=8, va="center")
+        ax.text(
+            fault["at"], len(kinds) - 0.35, f" {fault['killed']} killed", color="red", fontsize=8, va="center"
+        )
     ax.set_ylim(-0.6, len(kinds) - 0.1)
     ax.set_yticks(range(len(kinds)), kinds)
     ax.set_xlabel("seconds into the load (when each request ended)")
@@ -314,9 +409,13 @@ def main(argv: list[str] | None = None) -> None:
         args.requests, args.tenants, args.concurrency = 150, 8, 12
     out = out_dir(args, "soak")
     with tempfile.TemporaryDirectory(prefix="fairlane-soak-") as workdir:
-        env = {"FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY), "FAIRLANE_ENGINE__NUM_KV_BLOCKS": str(KV_BLOCKS),
-               "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_MAX_TOKENS_DEFAULT": "16",
-               "FAIRLANE_ENGINE__DTYPE": "float32"}
+        env = {
+            "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
+            "FAIRLANE_ENGINE__NUM_KV_BLOCKS": str(KV_BLOCKS),
+            "FAIRLANE_ENGINE__NUM_THREADS": "1",
+            "FAIRLANE_MAX_TOKENS_DEFAULT": "16",
+            "FAIRLANE_ENGINE__DTYPE": "float32",
+        }
         served = serve(MODEL, Path(workdir), env=env)
         try:
             banner = served.log_path.read_text()
@@ -328,14 +427,26 @@ def main(argv: list[str] | None = None) -> None:
             processes = soak.processes()
         finally:
             served.stop()
-    result = {"benchmark": "soak", "smoke": args.smoke, "machine": machine(), "requests": args.requests,
-              "tenants": args.tenants, "concurrency": args.concurrency, "kv_blocks": KV_BLOCKS,
-              "elapsed_s": soak.elapsed, "faults": soak.faults, "processes_after": processes,
-              "outcomes": dict(Counter(outcome(r) for r in soak.results)), "checks": checks,
-              "passed": passed(checks)}
+    result = {
+        "benchmark": "soak",
+        "smoke": args.smoke,
+        "machine": machine(),
+        "requests": args.requests,
+        "tenants": args.tenants,
+        "concurrency": args.concurrency,
+        "kv_blocks": KV_BLOCKS,
+        "elapsed_s": soak.elapsed,
+        "faults": soak.faults,
+        "processes_after": processes,
+        "outcomes": dict(Counter(outcome(r) for r in soak.results)),
+        "checks": checks,
+        "passed": passed(checks),
+    }
     (out / "soak.json").write_text(json.dumps(result, indent=1))
     plot(result, soak.results, out / "soak.png")
-    print(json.dumps({k: result[k] for k in ("elapsed_s", "faults", "outcomes", "checks", "passed")}, indent=1))
+    print(
+        json.dumps({k: result[k] for k in ("elapsed_s", "faults", "outcomes", "checks", "passed")}, indent=1)
+    )
     done(out)
     if not result["passed"]:
         raise SystemExit(1)

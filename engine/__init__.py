@@ -1,7 +1,8 @@
 """fairlane's inference engine: paged KV cache, continuous batching, our own Llama forward.
 
 Public API (other packages import only these names):
-    Engine, EngineConfig, LLM, SamplingParams, TokenLogprob, StructuredSpec, RequestOutput, SLOLoad, LoRARequest, errors
+    Engine, EngineConfig, LLM, SamplingParams, TokenLogprob, StructuredSpec, RequestOutput, SLOLoad,
+    LoRARequest, errors
     (AdapterError and its subclasses in engine.lora).
 
 Names are resolved lazily (PEP 562): ``from engine import SamplingParams`` loads only the

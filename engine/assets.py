@@ -38,16 +38,30 @@ DUMMY = "dummy"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # The config of random "dummy" weights (SmolLM2's shape); `dummy_config` overrides its fields.
 DUMMY_CONFIG: dict[str, Any] = {
-    "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
-    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "eos_token_id": 2,
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
     "bos_token_id": 1,
 }
 # GGUF metadata key (after "{architecture}.") -> the config.json field it gives.
-GGUF_CONFIG_KEYS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size",
-                    "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
-                    "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
-                    "context_length": "max_position_embeddings"}
+GGUF_CONFIG_KEYS = {
+    "block_count": "num_hidden_layers",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "context_length": "max_position_embeddings",
+}
 
 
 @dataclass(frozen=True)
@@ -111,8 +125,9 @@ def save_atomically(target: Path, write: Callable[[Path], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def model_config(model: str, *, dummy_config: dict[str, Any] | None = None,
-                 cache: str | os.PathLike | None = None) -> dict[str, Any]:
+def model_config(
+    model: str, *, dummy_config: dict[str, Any] | None = None, cache: str | os.PathLike | None = None
+) -> dict[str, Any]:
     """The config.json fields of a model spec, read without its weights: a folder's config.json, a
     GGUF file's converted config.json (else its metadata), or the dummy config with its overrides."""
     import json
@@ -181,11 +196,17 @@ _SENTINEL = "\ue000fairlane-content-{}\ue001"  # private-use characters: no temp
 
 def special_tokens(tokenizer: Any) -> dict[str, int]:
     """The control tokens of a tokenizer: the text of every special token and its id."""
-    return {token.content: int(token_id) for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
+    return {
+        token.content: int(token_id)
+        for token_id, token in tokenizer.added_tokens_decoder.items()
+        if token.special
+    }
 
 
 def _special_pattern(tokenizer: Any) -> re.Pattern | None:
-    names = sorted(special_tokens(tokenizer), key=len, reverse=True)  # the longest first, as the tokenizer matches
+    names = sorted(
+        special_tokens(tokenizer), key=len, reverse=True
+    )  # the longest first, as the tokenizer matches
     return re.compile("|".join(re.escape(name) for name in names)) if names else None
 
 
@@ -208,7 +229,10 @@ def _encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool) -> list
     """Token ids of text in which special tokens' text stays text."""
     if hasattr(tokenizer, "backend_tokenizer"):
         return list(_text_tokenizer(tokenizer).encode(text, add_special_tokens=add_special_tokens).ids)
-    return [int(i) for i in tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)]
+    return [
+        int(i)
+        for i in tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)
+    ]
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
@@ -233,8 +257,10 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     if pattern is None or not any(isinstance(c, str) and pattern.search(c) for c in contents):
         return _apply_template(tokenizer, messages, tokenize=True)
     placeholders = {_SENTINEL.format(i): c for i, c in enumerate(contents) if isinstance(c, str)}
-    masked = [{**m, "content": _SENTINEL.format(i)} if isinstance(m.get("content"), str) else m
-              for i, m in enumerate(messages)]
+    masked = [
+        {**m, "content": _SENTINEL.format(i)} if isinstance(m.get("content"), str) else m
+        for i, m in enumerate(messages)
+    ]
     rendered = _apply_template(tokenizer, masked, tokenize=False)
     specials = special_tokens(tokenizer)
     parts = re.compile("|".join(re.escape(p) for p in placeholders) + "|" + pattern.pattern)
@@ -242,7 +268,7 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     text: list[str] = []  # the text since the last template special token, content put back in
     end = 0
     for match in parts.finditer(rendered):
-        text.append(rendered[end:match.start()])
+        text.append(rendered[end : match.start()])
         end = match.end()
         if match.group() in placeholders:
             text.append(placeholders[match.group()])
@@ -255,7 +281,9 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
 
 
 def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tokenize: bool) -> Any:
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize, return_dict=False)
+    out = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=tokenize, return_dict=False
+    )
     if not tokenize:
         return out
     if isinstance(out, dict) or hasattr(out, "input_ids"):  # some tokenizers return a BatchEncoding anyway

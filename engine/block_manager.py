@@ -15,6 +15,7 @@ step's forward, swap-outs first (a block freed by a swap-out may be refilled in 
 Host blocks read by a swap-in return to the pool only at the next `begin_step`, so that a swap-out
 later in the same step cannot overwrite them before they are read.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -40,8 +41,14 @@ class BlockManager:
     """Hands out KV blocks to sequences. Paired verbs: can_allocate/allocate, can_append/append,
     can_swap_out/swap_out, free."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 num_host_blocks: int = 0):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        num_host_blocks: int = 0,
+    ):
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
         if num_host_blocks < 0:

@@ -1,4 +1,8 @@
-"""Frozen engine configuration. Each config extends the one it builds on (cache → scheduler → LoRA → engine)."""
+"""Frozen engine configuration.
+
+Each config extends the one it builds on (cache → scheduler → LoRA → engine).
+"""
+
 from __future__ import annotations
 
 import re
@@ -88,7 +92,9 @@ class SchedulerConfig(CacheConfig):
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+            raise ValueError(
+                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
+            )
         no_swap_space = self.num_swap_blocks == 0 or self.num_swap_blocks is None and self.swap_space_gib == 0
         if self.preemption_mode == "swap" and no_swap_space:
             raise ValueError("preemption_mode 'swap' needs swap space (swap_space_gib > 0)")

@@ -10,6 +10,7 @@ rows n..b-1 are padding (slot -1: no KV write; context 0: zero attention) and ar
 Needs an attention backend whose kernels honour that padding (`supports_cuda_graphs`).
 With capture=False the same static buffers and padding run eagerly (how tests check them on CPU).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,16 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv_caches: list[torch.Tensor], block_size: int, max_batch: int, max_blocks: int,
-                 device: torch.device, capture: bool = True):
+    def __init__(
+        self,
+        model,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        max_batch: int,
+        max_blocks: int,
+        device: torch.device,
+        capture: bool = True,
+    ):
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -40,7 +49,9 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         self.replays = 0  # decode steps served by a graph
         pool = None
-        for b in reversed(self.sizes if capture else []):  # largest first: smaller graphs reuse its memory pool
+        for b in reversed(
+            self.sizes if capture else []
+        ):  # largest first: smaller graphs reuse its memory pool
             ids, pos, meta = self._inputs(b)
             model.forward(ids, pos, meta, kv_caches)  # compiles the kernels; writes nothing (all padding)
             torch.cuda.synchronize(device)
@@ -52,8 +63,14 @@ class DecodeGraphs:
 
     def _inputs(self, b: int):
         v = self.vectors
-        meta = AttentionMetadata(slot_mapping=v[2, :b], block_size=self.block_size, num_decodes=b,
-                                 decode_block_tables=self.tables[:b], decode_context_lens=v[3, :b], prefills=[])
+        meta = AttentionMetadata(
+            slot_mapping=v[2, :b],
+            block_size=self.block_size,
+            num_decodes=b,
+            decode_block_tables=self.tables[:b],
+            decode_context_lens=v[3, :b],
+            prefills=[],
+        )
         return v[0, :b], v[1, :b], meta
 
     def fits(self, num_decodes: int) -> bool:
@@ -70,7 +87,9 @@ class DecodeGraphs:
         host[2, :n], host[3, :n] = meta.slot_mapping, meta.decode_context_lens
         self.vectors[:, :b].copy_(host, non_blocking=True)
         tables = meta.decode_block_tables
-        self.tables[:n, : tables.shape[1]].copy_(tables.pin_memory() if self.pin else tables, non_blocking=True)
+        self.tables[:n, : tables.shape[1]].copy_(
+            tables.pin_memory() if self.pin else tables, non_blocking=True
+        )
         self.replays += 1
         if not self.capture:
             ids, pos, meta = self._inputs(b)

@@ -1,4 +1,5 @@
 """Incremental detokenization that never splits a multi-byte character, and stop-string search."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

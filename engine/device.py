@@ -1,4 +1,5 @@
 """Which device and dtype an engine runs in: the config's names resolved against the hardware."""
+
 from __future__ import annotations
 
 import torch
@@ -9,7 +10,11 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 def resolve_device(name: str) -> torch.device:
     """A config device as torch's. "auto": the current CUDA GPU when torch sees one, else the CPU."""
     if name == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():

@@ -1,4 +1,5 @@
 """The engine: add_request / abort / step. Owns the scheduler, the block manager and the runner."""
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,12 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer, DetokState, find_stop, holdback
 from engine.device import resolve_device, resolve_dtype
-from engine.errors import ContextLengthExceededError, DuplicateRequestError, InvalidRequestError, SLOUnattainableError
+from engine.errors import (
+    ContextLengthExceededError,
+    DuplicateRequestError,
+    InvalidRequestError,
+    SLOUnattainableError,
+)
 from engine.loader import load_model
 from engine.lora.errors import LoRADisabledError
 from engine.lora.request import LoRARequest
@@ -31,8 +37,14 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         device = resolve_device(config.device)
-        loaded = load_model(config.model, cache_dir=config.cache_dir, dummy_config=config.dummy_config,
-                            seed=config.seed, device=device, dtype=resolve_dtype(config.dtype, device))
+        loaded = load_model(
+            config.model,
+            cache_dir=config.cache_dir,
+            dummy_config=config.dummy_config,
+            seed=config.seed,
+            device=device,
+            dtype=resolve_dtype(config.dtype, device),
+        )
         self.model_name = loaded.name
         self.model_path = loaded.path
         self.tokenizer = loaded.tokenizer
@@ -45,14 +57,21 @@ class Engine:
         self.max_model_len = min(max_len, self.runner.num_blocks * config.block_size)
         self.config = replace(config, max_model_len=self.max_model_len)
         swap = self.runner.swap_space
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
-                                          enable_prefix_caching=config.enable_prefix_caching,
-                                          num_host_blocks=swap.num_blocks)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            num_host_blocks=swap.num_blocks,
+        )
         # Measured once here: what preemption_mode "auto" weighs against recomputation.
         self.swap_cost = swap.measure() if swap.num_blocks else None
         self.lora = self.runner.lora  # LoRAManager, or None with max_loras=0
-        self.scheduler = Scheduler(self.config, self.block_manager, swap_cost=self.swap_cost,
-                                   admit_check=self.lora.can_admit if self.lora else None)
+        self.scheduler = Scheduler(
+            self.config,
+            self.block_manager,
+            swap_cost=self.swap_cost,
+            admit_check=self.lora.can_admit if self.lora else None,
+        )
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.seqs: dict[str, Sequence] = {}
         self._detok: dict[str, DetokState] = {}
@@ -84,10 +103,14 @@ class Engine:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if resume_token_ids:
             if params.n > 1:
-                raise InvalidRequestError("resume_token_ids cannot continue an n > 1 request", param="resume_token_ids")
+                raise InvalidRequestError(
+                    "resume_token_ids cannot continue an n > 1 request", param="resume_token_ids"
+                )
             self._check_ids(resume_token_ids, "resume_token_ids")
             if len(resume_token_ids) >= params.max_tokens:
-                raise InvalidRequestError("resume_token_ids already reach max_tokens", param="resume_token_ids")
+                raise InvalidRequestError(
+                    "resume_token_ids already reach max_tokens", param="resume_token_ids"
+                )
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ContextLengthExceededError(
@@ -98,47 +121,75 @@ class Engine:
             )
         bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise InvalidRequestError(f"unknown stop token id(s) {bad}: the vocabulary has "
-                                      f"{self.vocab_size} tokens", param="stop_token_ids")
+            raise InvalidRequestError(
+                f"unknown stop token id(s) {bad}: the vocabulary has {self.vocab_size} tokens",
+                param="stop_token_ids",
+            )
         bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
         if bad:
-            raise InvalidRequestError(f"logit_bias names token id(s) {bad} outside the vocabulary "
-                                      f"[0, {self.vocab_size})", param="logit_bias")
+            raise InvalidRequestError(
+                f"logit_bias names token id(s) {bad} outside the vocabulary [0, {self.vocab_size})",
+                param="logit_bias",
+            )
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a model with a tokenizer", param="stop")
         if params.structured is not None:
             if self.tokenizer is None:
-                raise InvalidRequestError("structured outputs need a model with a tokenizer", param="structured")
+                raise InvalidRequestError(
+                    "structured outputs need a model with a tokenizer", param="structured"
+                )
             if self._structured is None or params.structured not in self._structured.cache:
                 from engine.structured.grammar import check
 
                 check(params.structured)  # what xgrammar refuses, refused here (a few ms, no compile)
 
     def _check_ids(self, ids, name: str) -> None:
-        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        if not isinstance(ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
             raise InvalidRequestError(f"{name} must be a list of token ids (integers)", param=name)
         if any(not 0 <= t < self.vocab_size for t in ids):
-            raise InvalidRequestError(f"{name} holds token ids outside the vocabulary [0, {self.vocab_size})",
-                                      param=name)
+            raise InvalidRequestError(
+                f"{name} holds token ids outside the vocabulary [0, {self.vocab_size})", param=name
+            )
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                    tenant: str = "default", weight: float = 1.0, priority: int = 0,
-                    arrival_time: float | None = None, ttft_target_s: float | None = None,
-                    tpot_target_s: float | None = None, lora: str | LoRARequest | None = None,
-                    resume_token_ids=()) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        tenant: str = "default",
+        weight: float = 1.0,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        ttft_target_s: float | None = None,
+        tpot_target_s: float | None = None,
+        lora: str | LoRARequest | None = None,
+        resume_token_ids=(),
+    ) -> None:
         """Queue a request. `resume_token_ids` are output tokens already produced elsewhere (a dead
         worker's): generation continues after them and they count toward max_tokens. `lora`: a
         PEFT adapter folder (or a LoRARequest); a bad adapter raises a named AdapterError."""
         if request_id in self.seqs:
-            raise DuplicateRequestError(f"request {request_id!r} is already in the engine", param="request_id")
+            raise DuplicateRequestError(
+                f"request {request_id!r} is already in the engine", param="request_id"
+            )
         self.validate(prompt_token_ids, params, resume_token_ids)
         if weight <= 0:
             raise InvalidRequestError("weight must be positive", param="weight")
         lora = self._acquire_lora(lora)
         seq = Sequence(
-            request_id=request_id, token_ids=list(prompt_token_ids) + list(resume_token_ids),
-            num_prompt_tokens=len(prompt_token_ids), params=params, tenant=tenant, weight=weight,
-            priority=priority, ttft_target_s=ttft_target_s, tpot_target_s=tpot_target_s, lora=lora,
+            request_id=request_id,
+            token_ids=list(prompt_token_ids) + list(resume_token_ids),
+            num_prompt_tokens=len(prompt_token_ids),
+            params=params,
+            tenant=tenant,
+            weight=weight,
+            priority=priority,
+            ttft_target_s=ttft_target_s,
+            tpot_target_s=tpot_target_s,
+            lora=lora,
             num_resumed_tokens=len(resume_token_ids),
         )
         if arrival_time is not None:
@@ -146,7 +197,9 @@ class Engine:
         try:
             # A structured request whose grammar is compiling is held out of the scheduler until it is ready.
             if params.structured is None or self.structured.add(seq):
-                self.scheduler.add(seq)  # an SLO policy may refuse here (SLOUnattainableError): nothing is kept
+                self.scheduler.add(
+                    seq
+                )  # an SLO policy may refuse here (SLOUnattainableError): nothing is kept
         except Exception as exc:
             if params.structured is not None:
                 self.structured.release(seq)
@@ -175,10 +228,20 @@ class Engine:
         children = []
         for i in range(1, p.n):
             params = replace(p, n=1, prompt_logprobs=None, seed=None if p.seed is None else p.seed + i)
-            child = Sequence(request_id=f"{rid}#{i}", token_ids=list(first.prompt_token_ids),
-                             num_prompt_tokens=first.num_prompt_tokens, params=params, tenant=first.tenant,
-                             weight=first.weight, priority=first.priority, arrival_time=first.arrival_time,
-                             tpot_target_s=first.tpot_target_s, lora=self._acquire_lora(lora), group=rid, index=i)
+            child = Sequence(
+                request_id=f"{rid}#{i}",
+                token_ids=list(first.prompt_token_ids),
+                num_prompt_tokens=first.num_prompt_tokens,
+                params=params,
+                tenant=first.tenant,
+                weight=first.weight,
+                priority=first.priority,
+                arrival_time=first.arrival_time,
+                tpot_target_s=first.tpot_target_s,
+                lora=self._acquire_lora(lora),
+                group=rid,
+                index=i,
+            )
             self._track(child)
             children.append(child)
         self._forks[rid] = children
@@ -288,9 +351,17 @@ class Engine:
         self._choices.pop(seq.request_id, None)
         self._open.pop(seq.request_id, None)
         self._release(seq)
-        return RequestOutput(request_id=seq.request_id, new_token_ids=[], new_text="", finished=True,
-                             finish_reason=seq.finish_reason.value, num_prompt_tokens=seq.num_prompt_tokens,
-                             num_output_tokens=seq.num_output_tokens, error=error, events=seq.take_events())
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=[],
+            new_text="",
+            finished=True,
+            finish_reason=seq.finish_reason.value,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            error=error,
+            events=seq.take_events(),
+        )
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Held structured requests whose grammar has compiled join the scheduler; one whose grammar
@@ -310,9 +381,19 @@ class Engine:
             seq.finish_reason = FinishReason.ABORT
             seq.status = SequenceStatus.FINISHED  # never in the scheduler
             self._release(seq)
-            outputs.append(RequestOutput(request_id=seq.request_id, new_token_ids=[], new_text="", finished=True,
-                                         finish_reason=seq.finish_reason.value, num_prompt_tokens=seq.num_prompt_tokens,
-                                         num_output_tokens=seq.num_output_tokens, error=error, events=seq.take_events()))
+            outputs.append(
+                RequestOutput(
+                    request_id=seq.request_id,
+                    new_token_ids=[],
+                    new_text="",
+                    finished=True,
+                    finish_reason=seq.finish_reason.value,
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    num_output_tokens=seq.num_output_tokens,
+                    error=error,
+                    events=seq.take_events(),
+                )
+            )
         return outputs
 
     def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
@@ -334,7 +415,9 @@ class Engine:
             new, logprobs = [token], [logprob] if logprob is not None else None
             seq.token_ids.append(token)
             self.stats.output_tokens += 1
-            complete = p.structured is not None and self._structured.accept(seq.request_id, token)  # grammar done
+            complete = p.structured is not None and self._structured.accept(
+                seq.request_id, token
+            )  # grammar done
             if complete or not p.ignore_eos and token in self.eos_token_ids or token in p.stop_token_ids:
                 seq.finish_reason = FinishReason.STOP
             elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
@@ -353,10 +436,16 @@ class Engine:
             if done:
                 del self._open[group], self._choices[group]
         out = RequestOutput(
-            request_id=group, index=seq.index, done=done, new_token_ids=new, new_text=text,
+            request_id=group,
+            index=seq.index,
+            done=done,
+            new_token_ids=new,
+            new_text=text,
             finished=seq.finish_reason is not None,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens, logprobs=logprobs,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            logprobs=logprobs,
             num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens),
         )
         if p.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
@@ -388,7 +477,11 @@ class Engine:
         return chunk
 
     def _release(self, seq: Sequence) -> None:
-        if seq.params.structured is not None and self._structured is not None and self._structured.release(seq):
+        if (
+            seq.params.structured is not None
+            and self._structured is not None
+            and self._structured.release(seq)
+        ):
             seq.status = SequenceStatus.FINISHED  # held while its grammar compiled: never in the scheduler
         else:
             self.scheduler.finish(seq)

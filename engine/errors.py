@@ -36,8 +36,14 @@ class SLOUnattainableError(EngineError):
 
     code = "slo_unattainable"
 
-    def __init__(self, message: str, *, retry_after: float, predicted_ttft_s: float | None = None,
-                 param: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float,
+        predicted_ttft_s: float | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message, param=param)
         self.retry_after = retry_after
         self.predicted_ttft_s = predicted_ttft_s

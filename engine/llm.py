@@ -1,4 +1,5 @@
 """The offline API: `LLM(model=...).generate(prompts, params)`."""
+
 from __future__ import annotations
 
 import uuid
@@ -53,16 +54,26 @@ class LLM:
             if not prompt or not all("role" in m and "content" in m for m in prompt):
                 raise InvalidRequestError("chat messages need a role and content each", param="messages")
             return assets.encode_chat(tok, prompt)
-        raise InvalidRequestError("a prompt is text, a list of token ids or a list of chat messages", param="prompt")
+        raise InvalidRequestError(
+            "a prompt is text, a list of token ids or a list of chat messages", param="prompt"
+        )
 
-    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
-                 *, lora: LoRA | list[LoRA] = None, use_tqdm: bool = False, on_finish=None) -> list[Completion]:
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        lora: LoRA | list[LoRA] = None,
+        use_tqdm: bool = False,
+        on_finish=None,
+    ) -> list[Completion]:
         """Generate for every prompt; results in input order. Every prompt (and adapter) is
         validated before any is scheduled. `lora`: a PEFT adapter folder or a LoRARequest for
         every prompt, or a list with one per prompt (None: the base model).
         `on_finish(index, completion)` is called as each one finishes."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and
-                                        all(isinstance(x, (int, dict)) for x in prompts)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and all(isinstance(x, (int, dict)) for x in prompts)
+        ):
             prompts = [prompts]
         params = params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -104,8 +115,15 @@ class LLM:
                         ids = tokens.get(key, [])
                         text = tok.decode(ids, skip_special_tokens=True) if tok is not None else ""
                         choices[out.request_id][out.index] = Completion(
-                            out.request_id, encoded[i], ids, text, out.finish_reason, logprobs.get(key),
-                            prompt_logprobs.get(out.request_id), out.index)
+                            out.request_id,
+                            encoded[i],
+                            ids,
+                            text,
+                            out.finish_reason,
+                            logprobs.get(key),
+                            prompt_logprobs.get(out.request_id),
+                            out.index,
+                        )
                     if out.done:
                         i = index[out.request_id]
                         done = [choices[out.request_id][j] for j in sorted(choices[out.request_id])]
@@ -131,4 +149,3 @@ def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="req", desc="generate")
-

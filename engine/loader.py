@@ -3,6 +3,7 @@ safetensors), the packaged SmolLM2, or random "dummy" weights for any Llama-fami
 
 Which files a model spec names, the cache directory and the tokenizer come from `engine.assets`
 (torch-free, shared with the gateway); this module adds what needs torch."""
+
 from __future__ import annotations
 
 import glob
@@ -30,8 +31,15 @@ class LoadedModel:
     path: Path | None = None  # the folder the weights were read from (None: dummy)
 
 
-def load_model(model: str, *, cache_dir: str | None = None, dummy_config: dict | None = None,
-               seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(
+    model: str,
+    *,
+    cache_dir: str | None = None,
+    dummy_config: dict | None = None,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
     """Resolve `model` ("smollm2", "dummy", a folder or a .gguf path) to weights and tokenizer.
     Dummy weights are drawn on `device` in `dtype`; read weights stay on the host as stored."""
     source = assets.resolve_model(model)
@@ -77,8 +85,9 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def load_dummy(overrides: dict, *, seed: int = 0, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_dummy(
+    overrides: dict, *, seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> LoadedModel:
     """Random weights (normal, std = initializer_range) for a Llama config; SmolLM2's shape by default.
     Drawn on `device` (an 8B shape in seconds on a GPU) one tensor at a time in float32, kept in
     `dtype`; the same seed gives the same weights on the same kind of device."""
@@ -86,21 +95,22 @@ def load_dummy(overrides: dict, *, seed: int = 0, device: torch.device | str = "
     gen = torch.Generator(device=device).manual_seed(seed)
     std = config.initializer_range
     hd = config.head_dim or config.hidden_size // config.num_attention_heads
-    shapes = {"model.embed_tokens.weight": (config.vocab_size, config.hidden_size),
-              "model.norm.weight": None}
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, config.hidden_size), "model.norm.weight": None}
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (config.num_attention_heads * hd, config.hidden_size),
-            p + "self_attn.k_proj.weight": (config.num_key_value_heads * hd, config.hidden_size),
-            p + "self_attn.v_proj.weight": (config.num_key_value_heads * hd, config.hidden_size),
-            p + "self_attn.o_proj.weight": (config.hidden_size, config.num_attention_heads * hd),
-            p + "mlp.gate_proj.weight": (config.intermediate_size, config.hidden_size),
-            p + "mlp.up_proj.weight": (config.intermediate_size, config.hidden_size),
-            p + "mlp.down_proj.weight": (config.hidden_size, config.intermediate_size),
-            p + "input_layernorm.weight": None,
-            p + "post_attention_layernorm.weight": None,
-        })
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (config.num_attention_heads * hd, config.hidden_size),
+                p + "self_attn.k_proj.weight": (config.num_key_value_heads * hd, config.hidden_size),
+                p + "self_attn.v_proj.weight": (config.num_key_value_heads * hd, config.hidden_size),
+                p + "self_attn.o_proj.weight": (config.hidden_size, config.num_attention_heads * hd),
+                p + "mlp.gate_proj.weight": (config.intermediate_size, config.hidden_size),
+                p + "mlp.up_proj.weight": (config.intermediate_size, config.hidden_size),
+                p + "mlp.down_proj.weight": (config.hidden_size, config.intermediate_size),
+                p + "input_layernorm.weight": None,
+                p + "post_attention_layernorm.weight": None,
+            }
+        )
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, config.hidden_size)
 

@@ -5,6 +5,7 @@ rows that ask for nothing are never touched (a batch where none asks costs one P
 Order (vLLM's): min_tokens and logit_bias, then repetition, frequency and presence penalties;
 temperature, top-k and top-p come after, in the sampler. Definitions: SamplingParams.
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,7 +39,9 @@ def process_logits(logits: torch.Tensor, seqs: list[Sequence], eos_ids: frozense
         logits.index_put_(index, host_to_device(torch.tensor(v, dtype=logits.dtype), device), accumulate=True)
     penalised = [i for i in rows if seqs[i].params.has_penalties]
     if penalised:
-        _penalties(logits, [seqs[i] for i in penalised], host_to_device(torch.tensor(penalised), device), vocab)
+        _penalties(
+            logits, [seqs[i] for i in penalised], host_to_device(torch.tensor(penalised), device), vocab
+        )
     return logits
 
 
@@ -63,7 +66,9 @@ def _penalties(logits: torch.Tensor, seqs: list[Sequence], rows: torch.Tensor, v
         seen_ids = host_to_device(_padded([s.token_ids for s in seqs], vocab), device)  # prompt + output
         seen = torch.zeros(len(seqs), vocab + 1, dtype=torch.bool, device=device)
         seen = seen.scatter_(1, seen_ids, True)[:, :vocab]
-        rep = host_to_device(torch.tensor([p.repetition_penalty for p in params], dtype=sub.dtype), device)[:, None]
+        rep = host_to_device(torch.tensor([p.repetition_penalty for p in params], dtype=sub.dtype), device)[
+            :, None
+        ]
         # HF / vLLM (CTRL paper): a seen token's positive logit is divided, a negative one multiplied
         sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     logits[rows] = sub
@@ -85,7 +90,9 @@ def token_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor, ks: list
     return out
 
 
-def collect_prompt_logprobs(model, hidden: torch.Tensor, seq: Sequence, first_row: int, start: int, n: int) -> None:
+def collect_prompt_logprobs(
+    model, hidden: torch.Tensor, seq: Sequence, first_row: int, start: int, n: int
+) -> None:
     """Append to seq.prompt_logprobs what this prefill chunk's rows give: hidden row first_row + j
     holds position start + j, whose logits predict prompt token start + j + 1. Positions already
     collected (a recomputed prefill) are skipped; full-vocab logits are made PROMPT_LOGITS_CHUNK

@@ -3,6 +3,7 @@ device, the KV cache, the host swap space and the decode CUDA graphs.
 
 Step tensors are built on the host and copied to the device through pinned memory without
 waiting (docs/gpu.md); the only sync of a step is reading the sampled token ids back."""
+
 from __future__ import annotations
 
 import torch
@@ -29,20 +30,36 @@ class ModelRunner:
         num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
-        backend = make_backend(config.attention_backend, num_heads, self.num_kv_heads, self.head_dim, self.device)
+        backend = make_backend(
+            config.attention_backend, num_heads, self.num_kv_heads, self.head_dim, self.device
+        )
         model_cls = SUPPORTED_ARCHITECTURES.get(cfg.model_type)
         if model_cls is None:
-            raise ValueError(f"model type {cfg.model_type!r} is not supported; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-        weights = {k: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
-                   for k, t in loaded.state_dict.items()}  # no copy where the loader drew them there
-        self.model = model_cls.from_state_dict(cfg, weights, self.dtype, backend, max_model_len, config.quantization,
-                                               cpu_kernels=config.cpu_kernels)
+            raise ValueError(
+                f"model type {cfg.model_type!r} is not supported; supported: "
+                f"{sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        weights = {
+            k: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
+            for k, t in loaded.state_dict.items()
+        }  # no copy where the loader drew them there
+        self.model = model_cls.from_state_dict(
+            cfg,
+            weights,
+            self.dtype,
+            backend,
+            max_model_len,
+            config.quantization,
+            cpu_kernels=config.cpu_kernels,
+        )
         del weights
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = frozenset(loaded.eos_token_ids)  # masked for rows below their min_tokens
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
         slots = self.num_blocks * self.block_size
-        self.kv_caches = [backend.allocate_cache(slots, self.dtype, self.device) for _ in range(cfg.num_hidden_layers)]
+        self.kv_caches = [
+            backend.allocate_cache(slots, self.dtype, self.device) for _ in range(cfg.num_hidden_layers)
+        ]
         if config.preemption_mode == "recompute":
             num_host_blocks = 0
         elif config.num_swap_blocks is not None:
@@ -54,9 +71,14 @@ class ModelRunner:
         self.swap_space = SwapSpace(backend, self.kv_caches, self.block_size, num_host_blocks)
         self.graphs: DecodeGraphs | None = None
         if config.cuda_graphs and self.device.type == "cuda" and backend.supports_cuda_graphs:
-            self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size,
-                                       max_batch=config.cuda_graph_max_batch or config.max_num_seqs,
-                                       max_blocks=-(-max_model_len // self.block_size), device=self.device)
+            self.graphs = DecodeGraphs(
+                self.model,
+                self.kv_caches,
+                self.block_size,
+                max_batch=config.cuda_graph_max_batch or config.max_num_seqs,
+                max_blocks=-(-max_model_len // self.block_size),
+                device=self.device,
+            )
         self.lora = _lora_manager(config, cfg, self.dtype, self.model.embed.device)
 
     def _blocks_for(self, gib: float, num_layers: int, at_least: int = 1) -> int:
@@ -72,8 +94,9 @@ class ModelRunner:
             self.swap_space.swap_in(plan.swap_in)
 
     @torch.inference_mode()
-    def run(self, plan: StepPlan, generators: dict[str, torch.Generator], structured=None
-            ) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
+    def run(
+        self, plan: StepPlan, generators: dict[str, torch.Generator], structured=None
+    ) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
         """Run one step; returns (item, sampled token, its logprob if asked) for every item that
         reached its sequence's end. Prefill chunks of sequences that asked for prompt logprobs
         append them to seq.prompt_logprobs (from this forward's hidden states: no second forward).
@@ -91,8 +114,11 @@ class ModelRunner:
         if structured is not None:  # after the penalties and biases: nothing the grammar forbids comes back
             structured.apply(logits, samplers)  # grammar-forbidden tokens to -inf, in place
             # a grammar always allows some token; a row has none left only where min_tokens banned EOS
-            banned = [i for i, s in enumerate(seqs) if s.params.structured is not None
-                      and s.num_output_tokens < s.params.min_tokens]
+            banned = [
+                i
+                for i, s in enumerate(seqs)
+                if s.params.structured is not None and s.num_output_tokens < s.params.min_tokens
+            ]
             if banned:
                 rows = host_to_device(torch.tensor(banned), self.device)
                 dead = rows[torch.isinf(logits[rows]).all(dim=-1)]
@@ -105,7 +131,9 @@ class ModelRunner:
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if want:
             rows = host_to_device(torch.tensor(want), self.device)
-            for i, lp in zip(want, token_logprobs(raw, tokens[rows], [seqs[i].params.logprobs for i in want])):
+            for i, lp in zip(
+                want, token_logprobs(raw, tokens[rows], [seqs[i].params.logprobs for i in want])
+            ):
                 logprobs[i] = lp
         return list(zip(samplers, tokens.tolist(), logprobs))
 
@@ -114,7 +142,9 @@ class ModelRunner:
         row = 0
         for it in items:
             if it.seq.needs_prompt_logits and not it.is_decode:
-                collect_prompt_logprobs(self.model, hidden, it.seq, row, it.seq.num_computed_tokens, it.num_tokens)
+                collect_prompt_logprobs(
+                    self.model, hidden, it.seq, row, it.seq.num_computed_tokens, it.num_tokens
+                )
             row += 1 if it.is_decode else it.num_tokens
 
     def forward(self, plan: StepPlan) -> tuple[list[ScheduledSeq], torch.Tensor, torch.Tensor]:
@@ -125,7 +155,12 @@ class ModelRunner:
         if self.lora is not None:  # rows regrouped so that each adapter's rows are contiguous
             items, lora = self.lora.batch(items)
         input_ids, positions, meta, sample_rows = self._prepare(items)  # on the host
-        if lora is None and self.graphs is not None and not meta.prefills and self.graphs.fits(meta.num_decodes):
+        if (
+            lora is None
+            and self.graphs is not None
+            and not meta.prefills
+            and self.graphs.fits(meta.num_decodes)
+        ):
             return items, self.graphs.replay(input_ids, positions, meta), sample_rows
         input_ids, positions, meta = self._to_device(input_ids, positions, meta)
         return items, self.model.forward(input_ids, positions, meta, self.kv_caches, lora=lora), sample_rows
@@ -140,7 +175,7 @@ class ModelRunner:
             p = it.seq.num_computed_tokens
             ids.append(it.seq.token_ids[p])
             pos.append(p)
-        for it in items[len(decodes):]:
+        for it in items[len(decodes) :]:
             start = it.seq.num_computed_tokens
             ids += it.seq.token_ids[start : start + it.num_tokens]
             pos += range(start, start + it.num_tokens)
@@ -156,7 +191,7 @@ class ModelRunner:
             slot_parts.append(tables.gather(1, (last // bs)[:, None]).view(-1) * bs + last % bs)
         prefills: list[PrefillChunk] = []
         row = len(decodes)
-        for it in items[len(decodes):]:
+        for it in items[len(decodes) :]:
             start, n = it.seq.num_computed_tokens, it.num_tokens
             table = torch.tensor(it.seq.block_table[: -(-(start + n) // bs)])
             slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
@@ -199,9 +234,15 @@ def _lora_manager(config: EngineConfig, model_config, dtype: torch.dtype, device
     from engine.lora.manager import LoRAManager
     from engine.lora.shape import ModelShape
 
-    return LoRAManager(ModelShape.from_config(model_config), max_loras=config.max_loras,
-                       max_lora_rank=config.max_lora_rank, max_cpu_loras=config.max_cpu_loras or 4 * config.max_loras,
-                       dtype=dtype, device=device, kernel=config.lora_kernel)
+    return LoRAManager(
+        ModelShape.from_config(model_config),
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
+        max_cpu_loras=config.max_cpu_loras or 4 * config.max_loras,
+        dtype=dtype,
+        device=device,
+        kernel=config.lora_kernel,
+    )
 
 
 def _pad(table: list[int], n: int) -> list[int]:

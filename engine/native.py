@@ -2,6 +2,7 @@
 cached per source version, flags and machine under the fairlane cache (``kernels/``) and loaded
 through ctypes. Used by the `cpu` attention backend (engine/attention/csrc) and by the fp32 and
 INT8 linears and the fused elementwise ops (engine/models/csrc)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -60,7 +61,9 @@ def load(source: Path) -> ctypes.CDLL:
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if cc is None:
         raise RuntimeError(f"{source.name} needs a C compiler (gcc or cc)")
-    key = hashlib.sha256(_sources(source) + " ".join(FLAGS + LINK_FLAGS).encode() + _machine()).hexdigest()[:16]
+    key = hashlib.sha256(_sources(source) + " ".join(FLAGS + LINK_FLAGS).encode() + _machine()).hexdigest()[
+        :16
+    ]
     lib_path = kernel_cache_dir() / f"{source.stem}-{key}.so"
     if not lib_path.exists():
         lib_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
 """Request state and sampling parameters. Plain Python: no torch."""
+
 from __future__ import annotations
 
 import enum
@@ -42,8 +43,12 @@ MAX_N = 128  # choices of one request (OpenAI's limit)
 
 
 def _num(value, name: str, low: float, high: float, *, open_low: bool = False) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (low < value if open_low else low <= value) \
-            or not value <= high:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not (low < value if open_low else low <= value)
+        or not value <= high
+    ):
         bounds = f"({low}, {high}]" if open_low else f"[{low}, {high}]"
         raise InvalidRequestError(f"{name} must be a number in {bounds}, got {value!r}", param=name)
     return float(value)
@@ -68,7 +73,9 @@ def _bias(value) -> tuple[tuple[int, float], ...]:
             if isinstance(token, str) and token.strip().isdigit():
                 token = int(token)
             if not isinstance(token, int) or isinstance(token, bool) or token < 0:
-                raise InvalidRequestError(f"logit_bias keys must be token ids, got {token!r}", param="logit_bias")
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids, got {token!r}", param="logit_bias"
+                )
             pairs[token] = _num(bias, "logit_bias", -100, 100)
     except (TypeError, ValueError):
         raise InvalidRequestError("logit_bias must map token ids to numbers", param="logit_bias") from None
@@ -117,35 +124,63 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", _seq(self.stop_token_ids, "stop_token_ids", int))
         object.__setattr__(self, "logit_bias", _bias(self.logit_bias))
         object.__setattr__(self, "presence_penalty", _num(self.presence_penalty, "presence_penalty", -2, 2))
-        object.__setattr__(self, "frequency_penalty", _num(self.frequency_penalty, "frequency_penalty", -2, 2))
-        object.__setattr__(self, "repetition_penalty",
-                           _num(self.repetition_penalty, "repetition_penalty", 0, 100, open_low=True))
+        object.__setattr__(
+            self, "frequency_penalty", _num(self.frequency_penalty, "frequency_penalty", -2, 2)
+        )
+        object.__setattr__(
+            self,
+            "repetition_penalty",
+            _num(self.repetition_penalty, "repetition_penalty", 0, 100, open_low=True),
+        )
         object.__setattr__(self, "logprobs", _opt_count(self.logprobs, "logprobs", MAX_LOGPROBS))
-        object.__setattr__(self, "prompt_logprobs", _opt_count(self.prompt_logprobs, "prompt_logprobs", MAX_LOGPROBS))
+        object.__setattr__(
+            self, "prompt_logprobs", _opt_count(self.prompt_logprobs, "prompt_logprobs", MAX_LOGPROBS)
+        )
         scoring = self.prompt_logprobs is not None
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 0 \
-                or self.max_tokens == 0 and not scoring:
-            raise InvalidRequestError(f"max_tokens must be a positive integer (0 only with prompt_logprobs), "
-                                      f"got {self.max_tokens!r}", param="max_tokens")
-        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or \
-                not 0 <= self.min_tokens <= self.max_tokens:
-            raise InvalidRequestError(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}",
-                                      param="min_tokens")
+        if (
+            not isinstance(self.max_tokens, int)
+            or isinstance(self.max_tokens, bool)
+            or self.max_tokens < 0
+            or self.max_tokens == 0
+            and not scoring
+        ):
+            raise InvalidRequestError(
+                f"max_tokens must be a positive integer (0 only with prompt_logprobs), "
+                f"got {self.max_tokens!r}",
+                param="max_tokens",
+            )
+        if (
+            not isinstance(self.min_tokens, int)
+            or isinstance(self.min_tokens, bool)
+            or not 0 <= self.min_tokens <= self.max_tokens
+        ):
+            raise InvalidRequestError(
+                f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}",
+                param="min_tokens",
+            )
         if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature <= 100:
-            raise InvalidRequestError(f"temperature must be in [0, 100], got {self.temperature!r}", param="temperature")
+            raise InvalidRequestError(
+                f"temperature must be in [0, 100], got {self.temperature!r}", param="temperature"
+            )
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be a non-negative integer, got {self.top_k!r}", param="top_k")
+            raise InvalidRequestError(
+                f"top_k must be a non-negative integer, got {self.top_k!r}", param="top_k"
+            )
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}", param="seed")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             raise InvalidRequestError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}", param="n")
         if self.n > 1 and self.max_tokens == 0:
-            raise InvalidRequestError("n > 1 needs max_tokens > 0: scoring a prompt has one answer", param="n")
+            raise InvalidRequestError(
+                "n > 1 needs max_tokens > 0: scoring a prompt has one answer", param="n"
+            )
         if self.n > 1 and self.structured is not None:
-            raise InvalidRequestError("n > 1 (or best_of) with a structured output constraint is not supported: "
-                                      "send n requests", param="n")
+            raise InvalidRequestError(
+                "n > 1 (or best_of) with a structured output constraint is not supported: send n requests",
+                param="n",
+            )
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", param="stop")
 
@@ -269,7 +304,9 @@ class RequestOutput:
     error: Exception | None = None  # why a request was refused (an EngineError, e.g. SLOUnattainableError)
     events: list[SeqEvent] = field(default_factory=list)  # what happened to it since its last output
     logprobs: list[TokenLogprob] | None = None  # one per new token, when params.logprobs is set
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # the prompt's (first: None), once, with the first output
+    prompt_logprobs: list[TokenLogprob | None] | None = (
+        None  # the prompt's (first: None), once, with the first output
+    )
     num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache
     index: int = 0  # which choice (SamplingParams.n); `finished` is this choice's end
     done: bool | None = None  # is the whole request over (every choice finished)? None: as `finished`

@@ -1,5 +1,6 @@
 """Token selection for the rows that sample: greedy, temperature, top-k, top-p, per-request seeds.
 Runs on the logits' device; only the chosen token ids come back to the host."""
+
 from __future__ import annotations
 
 import torch
@@ -7,20 +8,24 @@ import torch
 from engine.request import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[int]:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
     """logits: [S, V] fp32, one row per sampling sequence. Returns one token id per row."""
     return sample_ids(logits, params, generators).tolist()
 
 
-def sample_ids(logits: torch.Tensor, params: list[SamplingParams],
-               generators: list[torch.Generator | None]) -> torch.Tensor:
+def sample_ids(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
     """As `sample`, the ids left on the logits' device: [S] int64."""
     greedy_ids = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
         return greedy_ids
     device = logits.device
-    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype).to(device)
+    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype).to(
+        device
+    )
     logits = logits / temps[:, None]
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
         logits = _top_k_top_p(logits, params)
@@ -41,7 +46,9 @@ def sample_ids(logits: torch.Tensor, params: list[SamplingParams],
     return torch.where(greedy_rows, greedy_ids, sampled)
 
 
-def _exponential(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+def _exponential(
+    shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
     """Exp(1) draws as -log(U), U uniform on (0, 1): the same law as Tensor.exponential_, and on the
     CPU about six times faster (0.14 ms against 0.8 ms for a 49,152-token row). U is kept above 0,
     so every draw is finite."""

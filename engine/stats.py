@@ -1,4 +1,5 @@
 """Counters an engine keeps about its own work (read by benchmarks, tests and metrics)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ class EngineStats:
     forward_seconds: float = 0.0
     lora_slot_loads: int = 0  # adapters copied from host memory into a device slot
     lora_slot_evictions: int = 0  # resident adapters replaced to make room for another
-    admissions: int = 0  # sequences admitted into the running batch, readmissions included (preemptions / this:
+    admissions: int = (
+        0  # sequences admitted into the running batch, readmissions included (preemptions / this:
+    )
     #                      the preemption rate, the share of admissions that ended in a preemption)
     prefix_hit_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
     slo_refusals: int = 0  # requests refused for their TTFT target (on arrival or at a step start)

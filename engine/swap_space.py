@@ -8,6 +8,7 @@ layer on the device into one staging tensor and copies each run of consecutive h
 one non_blocking transfer (a swap-in does the reverse). Transfers and the forward that follows are
 ordered on the same stream, and the CPU never touches the host blocks, so nothing waits.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,9 @@ from engine.scheduler import SwapCost
 
 
 class SwapSpace:
-    def __init__(self, backend: AttentionBackend, kv_caches: list[torch.Tensor], block_size: int,
-                 num_host_blocks: int):
+    def __init__(
+        self, backend: AttentionBackend, kv_caches: list[torch.Tensor], block_size: int, num_host_blocks: int
+    ):
         self.backend = backend
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -34,8 +36,14 @@ class SwapSpace:
                 raise
             self.num_blocks, p, q = 0, 0, 0
         # empty, not zeros: pages are only committed as blocks are first written (on CPU)
-        self.host = torch.empty(num_host_blocks, len(kv_caches), p, q, dtype=kv_caches[0].dtype,
-                                pin_memory=self.device.type == "cuda")
+        self.host = torch.empty(
+            num_host_blocks,
+            len(kv_caches),
+            p,
+            q,
+            dtype=kv_caches[0].dtype,
+            pin_memory=self.device.type == "cuda",
+        )
 
     @property
     def block_bytes(self) -> int:
@@ -53,7 +61,9 @@ class SwapSpace:
             for layer, view in enumerate(self._views()):
                 self.host[:, layer].index_copy_(0, idx, view.index_select(1, dev).transpose(0, 1))
             return
-        stage = torch.stack([v.index_select(1, dev).transpose(0, 1) for v in self._views()], 1)  # [k, L, P, Q]
+        stage = torch.stack(
+            [v.index_select(1, dev).transpose(0, 1) for v in self._views()], 1
+        )  # [k, L, P, Q]
         for j, h, n in _runs(host):
             self.host[h : h + n].copy_(stage[j : j + n], non_blocking=True)
 
@@ -66,7 +76,9 @@ class SwapSpace:
             for layer, view in enumerate(self._views()):
                 view.index_copy_(1, dev, self.host[:, layer].index_select(0, idx).transpose(0, 1))
             return
-        stage = torch.empty((len(pairs),) + tuple(self.host.shape[1:]), dtype=self.host.dtype, device=self.device)
+        stage = torch.empty(
+            (len(pairs),) + tuple(self.host.shape[1:]), dtype=self.host.dtype, device=self.device
+        )
         for j, h, n in _runs(host):
             stage[j : j + n].copy_(self.host[h : h + n], non_blocking=True)
         for layer, view in enumerate(self._views()):

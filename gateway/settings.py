@@ -22,7 +22,12 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from engine import EngineConfig, parse_policy
 from engine.assets import CACHE_ENV
@@ -34,7 +39,9 @@ ENV_PREFIX, NESTED = "FAIRLANE_", "__"
 # fairlane serve sets PROMETHEUS_MULTIPROC_DIR for itself and its workers: docs/observability.md.)
 NOT_SETTINGS = frozenset({"FAIRLANE_CONFIG", "FAIRLANE_WORKER_ID", CACHE_ENV, "FAIRLANE_API_KEY"})
 NOT_SETTINGS_PREFIX = "FAIRLANE_TEST_"  # the test suite's own
-WEAK_ADMIN_TOKENS = frozenset({"", "admin", "changeme", "change-me", "change_me", "secret", "default", "fairlane"})
+WEAK_ADMIN_TOKENS = frozenset(
+    {"", "admin", "changeme", "change-me", "change_me", "secret", "default", "fairlane"}
+)
 MIN_ADMIN_TOKEN_LEN = 16
 # The engine's targets are keyed by engine priority; the server's (same names) by tier name.
 SERVER_TARGETS = ("tier_ttft_targets", "tier_tpot_targets")
@@ -59,8 +66,9 @@ class _OwnYamlSource(YamlConfigSettingsSource):
 class SharedSettings(BaseSettings):
     """What every process reads: where Redis is, the model and its engine, the lanes."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED, extra="forbid",
-                                      frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED, extra="forbid", frozen=True
+    )
 
     redis_url: str | None = None  # None: `fairlane serve` starts an embedded server
     engine: EngineSection = Field(default_factory=EngineSection)
@@ -73,13 +81,21 @@ class SharedSettings(BaseSettings):
 
     # Observability (docs/observability.md). Tracing is off unless an OTLP endpoint (this, else the
     # standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT) or otel_console is set.
-    otel_endpoint: str | None = None  # e.g. http://collector:4318 (http/protobuf) or http://collector:4317 (grpc)
-    otel_protocol: Literal["http/protobuf", "grpc"] | None = None  # None: OTEL_EXPORTER_OTLP_PROTOCOL, else http
+    otel_endpoint: str | None = (
+        None  # e.g. http://collector:4318 (http/protobuf) or http://collector:4317 (grpc)
+    )
+    otel_protocol: Literal["http/protobuf", "grpc"] | None = (
+        None  # None: OTEL_EXPORTER_OTLP_PROTOCOL, else http
+    )
     otel_console: bool = False  # also print every span to stdout (debugging)
     otel_sample_ratio: float = Field(1.0, ge=0, le=1)  # of new traces; a sampled parent is always followed
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["json", "text"] = "json"  # json: one object a line (and one line per finished request)
-    metrics_tenant_label: bool = False  # a tenant label on request metrics (one series per tenant: cardinality)
+    log_format: Literal["json", "text"] = (
+        "json"  # json: one object a line (and one line per finished request)
+    )
+    metrics_tenant_label: bool = (
+        False  # a tenant label on request metrics (one series per tenant: cardinality)
+    )
 
     @property
     def model_name(self) -> str:
@@ -115,8 +131,10 @@ class SharedSettings(BaseSettings):
             raise ValueError("tiers must be a non-empty list of distinct names")
         for name in SERVER_TARGETS:
             if getattr(self.engine, name):
-                raise ValueError(f"engine.{name} is keyed by engine priority; the server sets targets per tier "
-                                 f"name: use {name} (FAIRLANE_{name.upper()})")
+                raise ValueError(
+                    f"engine.{name} is keyed by engine priority; the server sets targets per tier "
+                    f"name: use {name} (FAIRLANE_{name.upper()})"
+                )
         parse_policy(self.engine.policy)
         return self
 
@@ -155,7 +173,9 @@ class ApiSettings(SharedSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1_000_000
-    max_adapter_bytes: int = Field(512 << 20, gt=0)  # an adapter upload's weights file (its body may be this + 1 MiB)
+    max_adapter_bytes: int = Field(
+        512 << 20, gt=0
+    )  # an adapter upload's weights file (its body may be this + 1 MiB)
     max_tokens_default: int = 256
     # Each request waiting on its results holds one Redis connection (a blocking XREAD): this bounds
     # the requests one replica can have in flight (Redis's own default maxclients is 10,000).
@@ -170,7 +190,9 @@ class ApiSettings(SharedSettings):
     # at most tokenize_threads at a time.
     max_prompt_chars: int = Field(262_144, ge=1)  # 32 characters a token for an 8K context: never fits
     tokenize_inline_chars: int = Field(4096, ge=0)
-    tokenize_threads: int = Field(1, ge=1)  # long prompts tokenized at once; more wait (the loop keeps a core)
+    tokenize_threads: int = Field(
+        1, ge=1
+    )  # long prompts tokenized at once; more wait (the loop keeps a core)
     # Prompts of one /v1/completions request (a list of prompts: each its own engine request).
     max_prompts_per_request: int = Field(64, ge=1)
     auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
@@ -191,7 +213,8 @@ class ApiSettings(SharedSettings):
     @model_validator(mode="after")
     def _check_api(self) -> ApiSettings:
         if not self.dev and (
-            self.admin_token.strip().lower() in WEAK_ADMIN_TOKENS or len(self.admin_token) < MIN_ADMIN_TOKEN_LEN
+            self.admin_token.strip().lower() in WEAK_ADMIN_TOKENS
+            or len(self.admin_token) < MIN_ADMIN_TOKEN_LEN
         ):
             raise ValueError(
                 "FAIRLANE_ADMIN_TOKEN must be set to a secret of at least "
@@ -201,13 +224,17 @@ class ApiSettings(SharedSettings):
         for name in ("tier_ttft_targets", "tier_tpot_targets"):
             targets = getattr(self, name)
             if set(targets) - set(self.tiers):
-                raise ValueError(f"{name} names unknown tiers {sorted(set(targets) - set(self.tiers))}; "
-                                 f"tiers are {self.tiers}")
+                raise ValueError(
+                    f"{name} names unknown tiers {sorted(set(targets) - set(self.tiers))}; "
+                    f"tiers are {self.tiers}"
+                )
             if any(v <= 0 for v in targets.values()):
                 raise ValueError(f"{name} must hold positive seconds")
             if targets and not slo_aware:
-                raise ValueError(f"{name} are set but policy {self.engine.policy!r} ignores them: add '+slo' "
-                                 "(e.g. engine.policy 'priority+slo')")
+                raise ValueError(
+                    f"{name} are set but policy {self.engine.policy!r} ignores them: add '+slo' "
+                    "(e.g. engine.policy 'priority+slo')"
+                )
         return self
 
     def slo_targets(self, tier: str) -> tuple[float | None, float | None]:
@@ -256,7 +283,7 @@ def check_known_keys(environ: dict[str, str] | None = None, path: Path | None = 
         upper = name.upper()
         if not upper.startswith(ENV_PREFIX) or upper in NOT_SETTINGS or upper.startswith(NOT_SETTINGS_PREFIX):
             continue
-        key = upper[len(ENV_PREFIX):].lower()
+        key = upper[len(ENV_PREFIX) :].lower()
         if key in keys:
             continue
         section, _, field = key.partition(NESTED)
@@ -274,14 +301,19 @@ def check_known_keys(environ: dict[str, str] | None = None, path: Path | None = 
         if key == "engine" and isinstance(value, dict):
             for field in value:
                 if field not in ENGINE_FIELDS:
-                    raise UnknownSetting(f"unknown key 'engine.{field}' in {path}; EngineConfig's fields are "
-                                         f"{', '.join(sorted(ENGINE_FIELDS))}")
+                    raise UnknownSetting(
+                        f"unknown key 'engine.{field}' in {path}; EngineConfig's fields are "
+                        f"{', '.join(sorted(ENGINE_FIELDS))}"
+                    )
 
 
 def _hint(key: str, *, env: bool) -> str:
     if key in ENGINE_FIELDS:
-        return (f"engine fields are set as FAIRLANE_ENGINE__{key.upper()}" if env
-                else f"engine fields go in the engine section: 'engine: {{{key}: ...}}'")
+        return (
+            f"engine fields are set as FAIRLANE_ENGINE__{key.upper()}"
+            if env
+            else f"engine fields go in the engine section: 'engine: {{{key}: ...}}'"
+        )
     if key.startswith(f"engine{NESTED}"):
         return f"EngineConfig's fields are {', '.join(sorted(ENGINE_FIELDS))}"
     close = difflib.get_close_matches(key, sorted(known_keys() | ENGINE_FIELDS), n=1)

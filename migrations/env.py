@@ -26,7 +26,9 @@ def run_migrations_online() -> None:
             with context.begin_transaction():
                 if connection.dialect.name == "postgresql":
                     # Gateways starting together migrate one at a time; the others then find head.
-                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+                    connection.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+                    )
                 context.run_migrations()
     finally:
         engine.dispose()

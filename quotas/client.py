@@ -15,8 +15,15 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
 
-def connect(url: str, *, timeout: float = 0.5, retries: int = 1, max_connections: int = 64,
-            pool_timeout: float = 2.0, **kwargs) -> Redis:
+def connect(
+    url: str,
+    *,
+    timeout: float = 0.5,
+    retries: int = 1,
+    max_connections: int = 64,
+    pool_timeout: float = 2.0,
+    **kwargs,
+) -> Redis:
     """An asyncio Redis client for ``url`` (``redis://``, ``rediss://`` or ``unix://``).
 
     ``timeout`` (seconds) bounds connecting and each reply; ``retries`` extra attempts
@@ -24,10 +31,18 @@ def connect(url: str, *, timeout: float = 0.5, retries: int = 1, max_connections
     call after a Redis restart. ``pool_timeout`` (seconds) is the longest wait for a free
     connection. Other keyword arguments go to the connection pool.
     """
-    retry = Retry(ExponentialBackoff(cap=0.1, base=0.01), retries,
-                  supported_errors=(ConnectionError, TimeoutError, OSError))
+    retry = Retry(
+        ExponentialBackoff(cap=0.1, base=0.01),
+        retries,
+        supported_errors=(ConnectionError, TimeoutError, OSError),
+    )
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=pool_timeout,
-        socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry, **kwargs,
+        url,
+        max_connections=max_connections,
+        timeout=pool_timeout,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=retry,
+        **kwargs,
     )
     return Redis.from_pool(pool)  # the client owns the pool: aclose() closes both

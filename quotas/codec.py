@@ -80,30 +80,39 @@ def decode_admit(reply: Sequence, demand: Demand, reservation_id: str) -> Decisi
     requests, tokens = _rate(*reply[4:7]), _rate(*reply[7:10])
     if status == 1:
         reservation = Reservation(
-            id=reservation_id, tenant=demand.tenant, key=demand.key, tier=demand.tier,
-            reserved_tokens=demand.tokens, lease_id=reservation_id,
+            id=reservation_id,
+            tenant=demand.tenant,
+            key=demand.key,
+            tier=demand.tier,
+            reserved_tokens=demand.tokens,
+            lease_id=reservation_id,
         )
         entry_id = _s(reply[10]) if len(reply) > 10 and reply[10] else None
-        return Decision(True, reservation=reservation, requests=requests, tokens=tokens,
-                        entry_id=entry_id)
+        return Decision(True, reservation=reservation, requests=requests, tokens=tokens, entry_id=entry_id)
     return Decision(
-        False, limit=limit, scope=scope,  # type: ignore[arg-type]
+        False,
+        limit=limit,
+        scope=scope,  # type: ignore[arg-type]
         retry_after=None if retry_us < 0 else retry_us / US,
-        requests=requests, tokens=tokens,
+        requests=requests,
+        tokens=tokens,
     )
 
 
-def decode_usage(reply: Sequence, tenant: str, key: str | None,
-                 limits: QuotaLimits | None) -> Usage:
+def decode_usage(reply: Sequence, tenant: str, key: str | None, limits: QuotaLimits | None) -> Usage:
     """Usage from usage.lua's reply and the scope's limits."""
     day_used, month_used = int(reply[8]), int(reply[9])
     now_us = int(reply[12])
     day_budget = limits.daily_token_budget if limits else None
     month_budget = limits.monthly_token_budget if limits else None
     return Usage(
-        tenant=tenant, key=key, configured=bool(int(reply[0])),
-        requests=_rate(*reply[1:4]), tokens=_rate(*reply[4:7]),
-        in_flight=int(reply[7]), max_concurrency=limits.max_concurrency if limits else None,
+        tenant=tenant,
+        key=key,
+        configured=bool(int(reply[0])),
+        requests=_rate(*reply[1:4]),
+        tokens=_rate(*reply[4:7]),
+        in_flight=int(reply[7]),
+        max_concurrency=limits.max_concurrency if limits else None,
         daily_used=day_used,
         daily_remaining=None if day_budget is None else max(0, day_budget - day_used),
         daily_reset_after=(int(reply[10]) - now_us) / US,

@@ -6,8 +6,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 # The limit that refused a request; also the ``code`` a gateway may put in its error body.
-LimitName = Literal["requests_per_minute", "tokens_per_minute", "concurrency", "daily_budget",
-                    "monthly_budget", "max_tokens", "tier"]
+LimitName = Literal[
+    "requests_per_minute",
+    "tokens_per_minute",
+    "concurrency",
+    "daily_budget",
+    "monthly_budget",
+    "max_tokens",
+    "tier",
+]
 Scope = Literal["tenant", "key"]
 SettleOutcome = Literal["settled", "unknown", "not_charged", "unavailable"]
 
@@ -76,8 +83,7 @@ class Decision:
         whose = "API key" if self.scope == "key" else "organization"
         if self.retry_after is None:
             return f"Request refused by the {whose}'s {what}: it can never be admitted as sent."
-        return (f"Rate limit reached for the {whose}'s {what}. "
-                f"Please try again in {self.retry_after:.3g}s.")
+        return f"Rate limit reached for the {whose}'s {what}. Please try again in {self.retry_after:.3g}s."
 
 
 _WORDS = {

@@ -73,8 +73,9 @@ class Limiter:
         self.store = QuotaStore(redis, keys=self.keys, scripts=self.scripts)
         self._background: set[asyncio.Task] = set()
 
-    async def admit(self, demand: Demand, *, enqueue: Enqueue | None = None,
-                    now: float | None = None) -> Decision:
+    async def admit(
+        self, demand: Demand, *, enqueue: Enqueue | None = None, now: float | None = None
+    ) -> Decision:
         """Check and charge every limit of ``demand`` in one atomic call.
 
         Returns an allowed Decision carrying a Reservation (settle or refund it exactly
@@ -105,8 +106,9 @@ class Limiter:
             self._in_background(self.refund(self._reservation(demand, rid)))
             raise
 
-    async def settle(self, reservation: Reservation, used_tokens: int, *,
-                     now: float | None = None) -> SettleOutcome:
+    async def settle(
+        self, reservation: Reservation, used_tokens: int, *, now: float | None = None
+    ) -> SettleOutcome:
         """Correct a reservation to the tokens really used and release its lease.
 
         Unused tokens go back to tokens/min and the budgets; tokens above the reservation
@@ -137,8 +139,14 @@ class Limiter:
         if not reservation.charged:
             return False
         keys = [self.keys.reservation(reservation.tenant, reservation.id)]
-        args = [codec.now_arg(now), reservation.lease_id, self._lease_ttl_us, self._record_ttl_ms,
-                *self.keys.scopes(reservation.tenant, reservation.key), reservation.tier]
+        args = [
+            codec.now_arg(now),
+            reservation.lease_id,
+            self._lease_ttl_us,
+            self._record_ttl_ms,
+            *self.keys.scopes(reservation.tenant, reservation.key),
+            reservation.tier,
+        ]
         try:
             return int(await self.scripts.renew(keys=keys, args=args)) > 0
         except BACKEND_ERRORS as exc:
@@ -153,12 +161,21 @@ class Limiter:
     def _lease_ttl_us(self) -> int:
         return round(self.lease_ttl * codec.US)
 
-    def _admission(self, demand: Demand, rid: str, now: float | None,
-                   enqueue: Enqueue | None = None) -> tuple[list[str], list]:
+    def _admission(
+        self, demand: Demand, rid: str, now: float | None, enqueue: Enqueue | None = None
+    ) -> tuple[list[str], list]:
         """KEYS and ARGV of admit.lua for ``demand`` under reservation id ``rid``."""
         keys = [self.keys.reservation(demand.tenant, rid)]
-        args = [codec.now_arg(now), demand.tier, demand.tokens, demand.max_tokens, rid,
-                self._lease_ttl_us, self._record_ttl_ms, *self.keys.scopes(demand.tenant, demand.key)]
+        args = [
+            codec.now_arg(now),
+            demand.tier,
+            demand.tokens,
+            demand.max_tokens,
+            rid,
+            self._lease_ttl_us,
+            self._record_ttl_ms,
+            *self.keys.scopes(demand.tenant, demand.key),
+        ]
         if enqueue is not None:
             keys.append(enqueue.stream)
             for field, value in enqueue.fields.items():
@@ -177,15 +194,28 @@ class Limiter:
 
     @staticmethod
     def _reservation(demand: Demand, rid: str, charged: bool = True) -> Reservation:
-        return Reservation(id=rid, tenant=demand.tenant, key=demand.key, tier=demand.tier,
-                           reserved_tokens=demand.tokens, lease_id=rid, charged=charged)
+        return Reservation(
+            id=rid,
+            tenant=demand.tenant,
+            key=demand.key,
+            tier=demand.tier,
+            reserved_tokens=demand.tokens,
+            lease_id=rid,
+            charged=charged,
+        )
 
     async def _settle(self, res: Reservation, used: int, now: float | None) -> SettleOutcome:
         if not res.charged:
             return "not_charged"
         keys = [self.keys.reservation(res.tenant, res.id)]
-        args = [codec.now_arg(now), used, res.lease_id, self._record_ttl_ms,
-                *self.keys.scopes(res.tenant, res.key), res.tier]
+        args = [
+            codec.now_arg(now),
+            used,
+            res.lease_id,
+            self._record_ttl_ms,
+            *self.keys.scopes(res.tenant, res.key),
+            res.tier,
+        ]
         try:
             reply = await self.scripts.settle(keys=keys, args=args)
         except BACKEND_ERRORS as exc:
@@ -202,7 +232,7 @@ class Limiter:
     def _unavailable(self, demand: Demand, rid: str, exc: BaseException) -> Decision:
         if self.on_redis_error == "closed":
             raise QuotaBackendUnavailable(self.unavailable_retry_after, exc) from exc
-        log.warning("quota backend unavailable, admitting tenant %s unchecked (fail-open): %s",
-                    demand.tenant, exc)
-        return Decision(True, reservation=self._reservation(demand, rid, charged=False),
-                        enforced=False)
+        log.warning(
+            "quota backend unavailable, admitting tenant %s unchecked (fail-open): %s", demand.tenant, exc
+        )
+        return Decision(True, reservation=self._reservation(demand, rid, charged=False), enforced=False)

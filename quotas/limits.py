@@ -58,8 +58,12 @@ class QuotaLimits:
     def __post_init__(self) -> None:
         _nonneg("requests_per_minute", self.requests_per_minute, MAX_RATE)
         _nonneg("tokens_per_minute", self.tokens_per_minute, MAX_RATE)
-        for name in ("max_concurrency", "daily_token_budget", "monthly_token_budget",
-                     "max_tokens_per_request"):
+        for name in (
+            "max_concurrency",
+            "daily_token_budget",
+            "monthly_token_budget",
+            "max_tokens_per_request",
+        ):
             _nonneg(name, getattr(self, name))
         if self.allowed_tiers is not None:
             tiers = frozenset(check_name("tier", t) for t in self.allowed_tiers)
@@ -73,10 +77,18 @@ class QuotaLimits:
         object.__setattr__(self, "tier_shares", dict(sorted((t, float(s)) for t, s in shares.items())))
 
     def __hash__(self) -> int:
-        return hash((self.requests_per_minute, self.tokens_per_minute, self.max_concurrency,
-                     self.daily_token_budget, self.monthly_token_budget,
-                     self.max_tokens_per_request, self.allowed_tiers,
-                     tuple(self.tier_shares.items())))
+        return hash(
+            (
+                self.requests_per_minute,
+                self.tokens_per_minute,
+                self.max_concurrency,
+                self.daily_token_budget,
+                self.monthly_token_budget,
+                self.max_tokens_per_request,
+                self.allowed_tiers,
+                tuple(self.tier_shares.items()),
+            )
+        )
 
     @classmethod
     def from_row(cls, row: object) -> QuotaLimits:

@@ -19,8 +19,7 @@ from .scripts import Scripts
 class QuotaStore:
     """Reads and writes limits, and reads usage, of tenants and their API keys."""
 
-    def __init__(self, redis: Redis, *, keys: KeySpace | None = None,
-                 scripts: Scripts | None = None) -> None:
+    def __init__(self, redis: Redis, *, keys: KeySpace | None = None, scripts: Scripts | None = None) -> None:
         self.redis = redis
         self.keys = keys or KeySpace()
         self.scripts = scripts or Scripts.register(redis)
@@ -45,8 +44,7 @@ class QuotaStore:
         """Forget a scope's limits (its counters expire by themselves)."""
         await self.redis.delete(self.keys.limits(tenant, key))
 
-    async def usage(self, tenant: str, key: str | None = None, *,
-                    now: float | None = None) -> Usage:
+    async def usage(self, tenant: str, key: str | None = None, *, now: float | None = None) -> Usage:
         """Current rate state, in-flight leases and budget use of a tenant (or key).
 
         ``now`` (Unix seconds) is for tests only; otherwise Redis's clock is used.

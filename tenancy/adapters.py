@@ -15,8 +15,17 @@ from tenancy.models import Adapter
 from tenancy.tenants import get_tenant
 
 
-def create_adapter(session: Session, *, tenant_id: int, name: str, sha256: str, rank: int, alpha: float,
-                   target_modules: list[str], size_bytes: int) -> Adapter:
+def create_adapter(
+    session: Session,
+    *,
+    tenant_id: int,
+    name: str,
+    sha256: str,
+    rank: int,
+    alpha: float,
+    target_modules: list[str],
+    size_bytes: int,
+) -> Adapter:
     """Insert an adapter row; ConflictError when the tenant already has an adapter of that name."""
     if rank <= 0:
         raise ValidationError("rank must be positive", param="rank")
@@ -25,8 +34,15 @@ def create_adapter(session: Session, *, tenant_id: int, name: str, sha256: str, 
     get_tenant(session, tenant_id=tenant_id)
     if get_adapter(session, tenant_id=tenant_id, name=name, missing_ok=True) is not None:
         raise _duplicate(tenant_id, name)
-    row = Adapter(tenant_id=tenant_id, name=name, sha256=sha256, rank=rank, alpha=alpha,
-                  target_modules=list(target_modules), size_bytes=size_bytes)
+    row = Adapter(
+        tenant_id=tenant_id,
+        name=name,
+        sha256=sha256,
+        rank=rank,
+        alpha=alpha,
+        target_modules=list(target_modules),
+        size_bytes=size_bytes,
+    )
     session.add(row)
     try:
         session.commit()

@@ -33,7 +33,11 @@ def create_api_key(
         if session.scalar(select(ApiKey.id).where(ApiKey.prefix == generated.prefix)) is None:
             break
     row = ApiKey(
-        tenant_id=tenant_id, prefix=generated.prefix, secret_hash=generated.secret_hash, name=name, scopes=list(scopes)
+        tenant_id=tenant_id,
+        prefix=generated.prefix,
+        secret_hash=generated.secret_hash,
+        name=name,
+        scopes=list(scopes),
     )
     session.add(row)
     session.commit()

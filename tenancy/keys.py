@@ -45,7 +45,7 @@ def key_prefix(key: str) -> str | None:
     if not key.startswith(KEY_MARK) or len(key) < PREFIX_LEN + 2 or key[PREFIX_LEN] != "_":
         return None
     prefix = key[:PREFIX_LEN]
-    if not all(c in _ALPHABET for c in prefix[len(KEY_MARK):]):
+    if not all(c in _ALPHABET for c in prefix[len(KEY_MARK) :]):
         return None
     return prefix
 

@@ -19,7 +19,8 @@ def _check_tiers(default_tier: str, allowed_tiers: Sequence[str]) -> None:
         raise ValidationError("allowed_tiers must not be empty", param="allowed_tiers")
     if default_tier not in allowed_tiers:
         raise ValidationError(
-            f"default_tier {default_tier!r} is not in allowed_tiers {list(allowed_tiers)}", param="default_tier"
+            f"default_tier {default_tier!r} is not in allowed_tiers {list(allowed_tiers)}",
+            param="default_tier",
         )
 
 
@@ -46,8 +47,14 @@ def create_tenant(
     _check_target(tpot_target_s, "tpot_target_s")
     if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
         raise ConflictError(f"tenant {name!r} already exists", param="name")
-    tenant = Tenant(name=name, weight=weight, default_tier=default_tier, allowed_tiers=list(allowed_tiers),
-                    ttft_target_s=ttft_target_s, tpot_target_s=tpot_target_s)
+    tenant = Tenant(
+        name=name,
+        weight=weight,
+        default_tier=default_tier,
+        allowed_tiers=list(allowed_tiers),
+        ttft_target_s=ttft_target_s,
+        tpot_target_s=tpot_target_s,
+    )
     session.add(tenant)
     session.commit()
     return tenant

@@ -68,7 +68,11 @@ def record_usage(
 def list_usage(session: Session, *, tenant_id: int, since: datetime, until: datetime) -> list[UsageRecord]:
     query = (
         select(UsageRecord)
-        .where(UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since, UsageRecord.created_at < until)
+        .where(
+            UsageRecord.tenant_id == tenant_id,
+            UsageRecord.created_at >= since,
+            UsageRecord.created_at < until,
+        )
         .order_by(UsageRecord.created_at, UsageRecord.id)
     )
     return list(session.scalars(query))
@@ -84,7 +88,9 @@ def usage_summary(session: Session, *, tenant_id: int, since: datetime, until: d
                 func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
             )
             .where(
-                UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since, UsageRecord.created_at < until
+                UsageRecord.tenant_id == tenant_id,
+                UsageRecord.created_at >= since,
+                UsageRecord.created_at < until,
             )
             .group_by(column)
         )
@@ -97,6 +103,10 @@ def usage_summary(session: Session, *, tenant_id: int, since: datetime, until: d
         completion_tokens=sum(t.completion_tokens for t in by_model.values()),
     )
     return UsageSummary(
-        tenant_id=tenant_id, since=since, until=until, totals=totals, by_model=by_model,
+        tenant_id=tenant_id,
+        since=since,
+        until=until,
+        totals=totals,
+        by_model=by_model,
         by_tier=grouped(UsageRecord.tier),
     )

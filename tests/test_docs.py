@@ -9,7 +9,18 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-TOP = ("engine", "gateway", "tenancy", "quotas", "migrations", "tests", "configs", "benchmarks", "docs", ".ci")
+TOP = (
+    "engine",
+    "gateway",
+    "tenancy",
+    "quotas",
+    "migrations",
+    "tests",
+    "configs",
+    "benchmarks",
+    "docs",
+    ".ci",
+)
 # `a/b.py`, `gateway/api/`, `configs/fairlane.yaml`: a top-level folder, then path characters; no
 # templates ({model}), globs (*) or options.
 PATH = re.compile(r"`((?:{})/[A-Za-z0-9_./-]*)`".format("|".join(re.escape(t) for t in TOP)))
@@ -19,8 +30,9 @@ def named_paths(doc: Path) -> list[str]:
     return sorted(set(PATH.findall(doc.read_text())))
 
 
-@pytest.mark.parametrize("doc", ["docs/architecture.md", "README.md", "docs/structures.md", "docs/gateway.md",
-                                 "docs/api.md"])
+@pytest.mark.parametrize(
+    "doc", ["docs/architecture.md", "README.md", "docs/structures.md", "docs/gateway.md", "docs/api.md"]
+)
 def test_every_path_a_doc_names_exists(doc):
     paths = named_paths(REPO / doc)
     assert paths, f"{doc} names no repository path (the pattern is broken)"

@@ -6,6 +6,7 @@ from the source (module-level imports only: an import inside a function, or unde
 its parent packages that are not already loading (the importer's own ancestors are), since
 importing ``a.b.c`` runs ``a/b/__init__.py`` first.
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,7 +37,8 @@ def project_modules() -> dict[str, Path]:
 
 def _type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def module_level_imports(body: list[ast.stmt]):
@@ -174,8 +176,10 @@ def test_no_import_cycle_in_the_project():
 
 
 def test_deferred_imports_are_seen_only_when_asked_for():
-    body = ast.parse("import a\nif TYPE_CHECKING:\n    import b\ndef f():\n    import c\n"
-                     "class K:\n    import d\ntry:\n    import e\nexcept ImportError:\n    pass\n").body
+    body = ast.parse(
+        "import a\nif TYPE_CHECKING:\n    import b\ndef f():\n    import c\n"
+        "class K:\n    import d\ntry:\n    import e\nexcept ImportError:\n    pass\n"
+    ).body
     names = lambda found: sorted(alias.name for node in found for alias in node.names)  # noqa: E731
     assert names(module_level_imports(body)) == ["a", "d", "e"]
     assert names(every_import(body)) == ["a", "c", "d", "e"]
@@ -200,8 +204,8 @@ for name in modules:
     except BaseException:
         # Third-party state that outlives sys.modules (a registry of metric names, say) can refuse
         # a second load of a module that imports fine: only a failure in its own interpreter counts.
-        alone = subprocess.run([sys.executable, "-c", "import importlib, sys; importlib.import_module(sys.argv[1])",
-                                name], capture_output=True, text=True)
+        code = "import importlib, sys; importlib.import_module(sys.argv[1])"
+        alone = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True)
         if alone.returncode:
             lines = alone.stderr.strip().splitlines()
             failed[name] = lines[-1] if lines else "exit %d" % alone.returncode
@@ -214,12 +218,22 @@ def test_every_module_imports_on_its_own():
     assert len(modules) > 50 and "engine.scheduler.registry" in modules and "gateway" in modules
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # two interpreters, each loading every other module: the suite runs on two cores
-    procs = [subprocess.Popen([sys.executable, "-c", FRESH_IMPORTS, json.dumps(PACKAGES), json.dumps(modules[i::2])],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FRESH_IMPORTS, json.dumps(PACKAGES), json.dumps(modules[i::2])],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     failed = {}
     for proc in procs:
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-3000:]
         failed.update(json.loads(out.strip().splitlines()[-1]))
-    assert not failed, "modules that fail to import on their own:\n" + "\n".join(f"{m}: {e}" for m, e in failed.items())
+    assert not failed, "modules that fail to import on their own:\n" + "\n".join(
+        f"{m}: {e}" for m, e in failed.items()
+    )

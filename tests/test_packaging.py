@@ -26,7 +26,9 @@ USER_TORCH = "2.5.0+cu121"
 
 
 def _run(*args, cwd: Path, env: dict | None = None) -> str:
-    done = subprocess.run([str(a) for a in args], check=False, cwd=cwd, env=env or _clean_env(), capture_output=True, text=True)
+    done = subprocess.run(
+        [str(a) for a in args], check=False, cwd=cwd, env=env or _clean_env(), capture_output=True, text=True
+    )
     assert done.returncode == 0, f"{args}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -45,7 +47,19 @@ def wheel(tmp_path_factory) -> Path:
     for name in SOURCES:
         path = REPO / name
         (shutil.copytree(path, src / name, ignore=ignore) if path.is_dir() else shutil.copy(path, src / name))
-    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", dist, ".", cwd=src)
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        dist,
+        ".",
+        cwd=src,
+    )
     (built,) = dist.glob("fairlane-*.whl")
     return built
 
@@ -59,9 +73,12 @@ def _venv(path: Path) -> Path:
 def _fake_torch_wheel(folder: Path) -> Path:
     """A minimal wheel named torch, version 2.5.0+cu121: stands for a CUDA build already installed."""
     info = f"torch-{USER_TORCH}.dist-info"
-    files = {"torch/__init__.py": f'__version__ = "{USER_TORCH}"\n',
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {USER_TORCH}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: fairlane-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        "torch/__init__.py": f'__version__ = "{USER_TORCH}"\n',
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {USER_TORCH}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: fairlane-tests\nRoot-Is-Purelib: true\nTag: "
+        "py3-none-any\n",
+    }
     record = [f"{name},sha256={_digest(text)},{len(text.encode())}" for name, text in files.items()]
     files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
     path = folder / f"torch-{USER_TORCH}-py3-none-any.whl"
@@ -87,10 +104,24 @@ def test_wheel_holds_the_kernel_source_and_the_configs(wheel):
 
 def test_install_keeps_the_users_torch_build(wheel, tmp_path):
     python = _venv(tmp_path / "venv")
-    _run(python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", _fake_torch_wheel(tmp_path), cwd=tmp_path)
+    _run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        _fake_torch_wheel(tmp_path),
+        cwd=tmp_path,
+    )
     # With dependency resolution, offline: every other requirement is met by the machine's packages.
-    _run(python, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheel.parent, wheel, cwd=tmp_path)
-    code = "import importlib.metadata as m, torch; print(m.version('torch'), torch.__version__, torch.__file__)"
+    _run(
+        python, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheel.parent, wheel, cwd=tmp_path
+    )
+    code = (
+        "import importlib.metadata as m, torch; print(m.version('torch'), torch.__version__, torch.__file__)"
+    )
     version, runtime, where = _run(python, "-c", code, cwd=tmp_path).split()
     assert version == runtime == USER_TORCH and where.startswith(str(tmp_path / "venv"))
 
@@ -124,8 +155,12 @@ print(json.dumps({"source": str(cpu_paged.SOURCE), "library": cpu_paged.load_lib
 
 def test_installed_package_compiles_and_runs_the_kernel(wheel, tmp_path):
     python = _venv(tmp_path / "venv")
-    _run(python, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheel.parent, wheel, cwd=tmp_path)
-    env = _clean_env(FAIRLANE_CACHE_DIR=str(tmp_path / "cache"))  # an empty cache: the kernel is compiled here
+    _run(
+        python, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheel.parent, wheel, cwd=tmp_path
+    )
+    env = _clean_env(
+        FAIRLANE_CACHE_DIR=str(tmp_path / "cache")
+    )  # an empty cache: the kernel is compiled here
     env.pop("FAIRLANE_CONFIG", None)
     report = json.loads(_run(python, "-c", KERNEL_CHECK, cwd=tmp_path, env=env).strip().splitlines()[-1])
     site = str(tmp_path / "venv" / "lib")

@@ -4,6 +4,7 @@ JOB.json: {"gguf", "prompt": [token ids], "tokens", "threads"}. Prints one line,
 {"ms_per_token", "tokens"}: the time after the first token over the tokens after the first.
 Only the standard library and llama_cpp are imported here.
 """
+
 from __future__ import annotations
 
 import json

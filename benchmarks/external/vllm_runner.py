@@ -9,6 +9,7 @@ line of JSON: throughput {"seconds", "output_tokens"}; latency {"ms_per_token", 
 the time after its first token over the tokens after the first). Only the standard library and
 vLLM are imported here.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,12 +45,18 @@ def main() -> None:
         out = llm.generate(prompts[:1], params(n), use_tqdm=False)
         total = time.perf_counter() - t
         tokens = len(out[0].outputs[0].token_ids)
-        print(RESULT, json.dumps({"ms_per_token": 1000 * (total - first) / max(1, tokens - 1), "tokens": tokens}))
+        print(
+            RESULT,
+            json.dumps({"ms_per_token": 1000 * (total - first) / max(1, tokens - 1), "tokens": tokens}),
+        )
         return
     t = time.perf_counter()
     out = llm.generate(prompts, [params(n) for n in job["max_tokens"]], use_tqdm=False)
     seconds = time.perf_counter() - t
-    print(RESULT, json.dumps({"seconds": seconds, "output_tokens": sum(len(o.outputs[0].token_ids) for o in out)}))
+    print(
+        RESULT,
+        json.dumps({"seconds": seconds, "output_tokens": sum(len(o.outputs[0].token_ids) for o in out)}),
+    )
 
 
 if __name__ == "__main__":

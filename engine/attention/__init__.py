@@ -1,4 +1,5 @@
 """Attention backends behind one interface: `make_backend(name, ...)`."""
+
 from engine.attention import cpu_paged, torch_ref, triton_backend  # noqa: F401  (register "cpu", "torch", "triton")
 from engine.attention.base import (
     BACKENDS,
@@ -9,4 +10,11 @@ from engine.attention.base import (
     register_backend,
 )
 
-__all__ = ["BACKENDS", "AttentionBackend", "AttentionMetadata", "PrefillChunk", "make_backend", "register_backend"]
+__all__ = [
+    "BACKENDS",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "PrefillChunk",
+    "make_backend",
+    "register_backend",
+]

@@ -5,6 +5,7 @@ prefill chunks (several query tokens each, attending to their cached prefix plus
 Each backend owns the layout of a layer's KV cache (`allocate_cache`); slots are numbered
 block * block_size + offset.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,10 @@ class AttentionMetadata:
     def decode_tables_int32(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(block tables, context lengths) of the decodes as contiguous int32, built once a step."""
         if self.decode_int32 is None:
-            self.decode_int32 = (self.decode_block_tables.to(torch.int32).contiguous(),
-                                 self.decode_context_lens.to(torch.int32).contiguous())
+            self.decode_int32 = (
+                self.decode_block_tables.to(torch.int32).contiguous(),
+                self.decode_context_lens.to(torch.int32).contiguous(),
+            )
         return self.decode_int32
 
 
@@ -87,8 +90,9 @@ def register_backend(name: str) -> Callable[[type], type]:
     return wrap
 
 
-def make_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                 device: torch.device | str = "cpu") -> AttentionBackend:
+def make_backend(
+    name: str, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device | str = "cpu"
+) -> AttentionBackend:
     """The backend `name` for a model on `device`. "auto": "triton" on CUDA, "cpu" (C kernel) on the
     CPU, "torch" where the preferred one cannot run (no triton, no C compiler, an unsupported shape)."""
     device = torch.device(device)
@@ -99,8 +103,10 @@ def make_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
         except (RuntimeError, ValueError, OSError, ImportError):
             name = "torch"
     if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        raise ValueError("the triton attention backend needs a CUDA device (or TRITON_INTERPRET=1 to run "
-                         "its kernels in triton's CPU interpreter, for tests)")
+        raise ValueError(
+            "the triton attention backend needs a CUDA device (or TRITON_INTERPRET=1 to run "
+            "its kernels in triton's CPU interpreter, for tests)"
+        )
     try:
         cls = BACKENDS[name]
     except KeyError:

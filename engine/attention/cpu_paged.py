@@ -6,6 +6,7 @@ the system C compiler on first use (engine/native.py) and calls it through ctype
 chunks use the reference path. Without a C compiler, `make_backend("cpu")` raises and the engine
 can fall back to "torch".
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,8 +30,13 @@ def load_library() -> ctypes.CDLL:
         for name in ("paged_decode_f32", "paged_decode_bf16"):
             fn = getattr(lib, name)
             fn.restype = None
-            fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_long] + [ctypes.c_int] * 2 + [
-                ctypes.c_float, ctypes.c_int]
+            fn.argtypes = (
+                [ctypes.c_void_p] * 5
+                + [ctypes.c_int] * 4
+                + [ctypes.c_long]
+                + [ctypes.c_int] * 2
+                + [ctypes.c_float, ctypes.c_int]
+            )
         _LIB = lib
     return _LIB
 
@@ -62,8 +68,19 @@ class CPUPagedAttention(TorchAttention):
         out = torch.empty_like(q)
         tables, ctx = meta.decode_tables_int32()
         getattr(self.lib, kernel)(
-            q.data_ptr(), kv_cache.data_ptr(), tables.data_ptr(), ctx.data_ptr(), out.data_ptr(),
-            B, H, self.num_kv_heads, D, kv_cache.shape[2], meta.block_size, tables.shape[1],
-            self.scale, torch.get_num_threads(),
+            q.data_ptr(),
+            kv_cache.data_ptr(),
+            tables.data_ptr(),
+            ctx.data_ptr(),
+            out.data_ptr(),
+            B,
+            H,
+            self.num_kv_heads,
+            D,
+            kv_cache.shape[2],
+            meta.block_size,
+            tables.shape[1],
+            self.scale,
+            torch.get_num_threads(),
         )
         return out

@@ -5,6 +5,7 @@ one head is one contiguous copy of block_size * D values, and the gathered [KVH,
 already what SDPA wants, with no transpose. For decode, the G query heads that share a KV head
 become G queries of one SDPA "head" (batch = KVH, heads = B), so GQA needs no repeat.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,13 @@ class TorchAttention(AttentionBackend):
                 kc, vc = kv[0], kv[1]  # [KVH, L, D]
                 mask = _causal_mask(chunk.num_tokens, chunk.context_len, q.device)
             o = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1)[None], kc[None], vc[None], attn_mask=mask, is_causal=mask is None,
-                scale=self.scale, enable_gqa=True,
+                q[rows].transpose(0, 1)[None],
+                kc[None],
+                vc[None],
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scale,
+                enable_gqa=True,
             )  # [1, H, n, D]
             out[rows] = o[0].transpose(0, 1)
         return out
@@ -50,8 +56,12 @@ class TorchAttention(AttentionBackend):
         kv = _gather(kv_cache, tables.view(-1), meta.block_size, batch=B)  # [2, KVH, B, L, D]
         qg = q.view(B, KVH, H // KVH, D).transpose(0, 1)  # [KVH, B, G, D]
         L = tables.shape[1] * meta.block_size
-        mask = (torch.arange(L, device=q.device)[None, :] < meta.decode_context_lens[:, None])[None, :, None, :]
-        o = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=mask, scale=self.scale)  # [KVH, B, G, D]
+        mask = (torch.arange(L, device=q.device)[None, :] < meta.decode_context_lens[:, None])[
+            None, :, None, :
+        ]
+        o = F.scaled_dot_product_attention(
+            qg, kv[0], kv[1], attn_mask=mask, scale=self.scale
+        )  # [KVH, B, G, D]
         return o.transpose(0, 1).reshape(B, H, D)
 
 

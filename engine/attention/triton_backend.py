@@ -6,6 +6,7 @@ Runs on a CUDA GPU; in triton's CPU interpreter (TRITON_INTERPRET=1) for tests. 
 imported when the backend is built, never when this module is imported, so that the interpreter
 switch can still be set by whoever builds it first.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,14 +50,30 @@ class TritonAttention(TorchAttention):
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            self._decode_kernel(q[:nd], kv_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                meta.block_size, self.scale, out=out[:nd])
+            self._decode_kernel(
+                q[:nd],
+                kv_cache,
+                meta.decode_block_tables,
+                meta.decode_context_lens,
+                meta.block_size,
+                self.scale,
+                out=out[:nd],
+            )
         if meta.prefills:
             packed = meta.packed_prefills
             if packed is None:
                 packed = meta.packed_prefills = pack_prefills(meta, q.device)
-            self._prefill_kernel(q, kv_cache, packed.block_tables, packed.query_starts, packed.context_lens,
-                                 packed.max_query_len, meta.block_size, self.scale, out=out)
+            self._prefill_kernel(
+                q,
+                kv_cache,
+                packed.block_tables,
+                packed.query_starts,
+                packed.context_lens,
+                packed.max_query_len,
+                meta.block_size,
+                self.scale,
+                out=out,
+            )
         return out
 
 

@@ -1,4 +1,5 @@
 """What the kernel launchers share: dtype and block choices, the SM count, interpreter mode."""
+
 from __future__ import annotations
 
 import functools

@@ -7,6 +7,7 @@ it writes the output directly; with several (long contexts, or too few sequences
 fill the GPU) each split writes a normalised partial output and its log-sum-exp, and a second
 kernel combines them. A sequence with context 0 (a padding row) gets a zero output.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,15 +22,34 @@ MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in the reduce tha
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, cache_ptr, tables_ptr, ctx_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-    scale, blocks_per_split,
-    stride_qb, stride_qh,  # q: [B, H, D]
-    stride_cv, stride_ch, stride_cs,  # cache: [2, KVH, slots, D]
+    q_ptr,
+    cache_ptr,
+    tables_ptr,
+    ctx_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    scale,
+    blocks_per_split,
+    stride_qb,
+    stride_qh,  # q: [B, H, D]
+    stride_cv,
+    stride_ch,
+    stride_cs,  # cache: [2, KVH, slots, D]
     stride_tb,  # tables: [B, max_blocks]
-    stride_ob, stride_oh,  # out: [B, H, D]
-    stride_pb, stride_ph, stride_ps,  # part_o: [B, H, S, D]; part_lse: [B, H, S] contiguous
-    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, FP32: tl.constexpr, PRECISION: tl.constexpr,
+    stride_ob,
+    stride_oh,  # out: [B, H, D]
+    stride_pb,
+    stride_ph,
+    stride_ps,  # part_o: [B, H, S, D]; part_lse: [B, H, S] contiguous
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -42,7 +62,9 @@ def _decode_kernel(
     d = tl.arange(0, D)
     head = kvh * G + g
     gmask = g < G
-    q = tl.load(q_ptr + b * stride_qb + head[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + b * stride_qb + head[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0
+    )
     if FP32:
         q = q.to(tl.float32)
     k_base = cache_ptr + kvh.to(tl.int64) * stride_ch  # int64: a cache may pass 2**31 elements
@@ -73,8 +95,11 @@ def _decode_kernel(
     empty = l_i == 0.0  # no token in this split (or a padding row)
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + b * stride_ob + head[:, None] * stride_oh + d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+        tl.store(
+            out_ptr + b * stride_ob + head[:, None] * stride_oh + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=gmask[:, None],
+        )
     else:
         lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
         row = b * stride_pb + head * stride_ph + split * stride_ps  # [G_PAD]
@@ -84,9 +109,17 @@ def _decode_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr,
-    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
-    NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr,
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_ob,
+    stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    S_PAD: tl.constexpr,
+    D: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -104,7 +137,9 @@ def _reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty))
 
 
-def choose_splits(batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:
+def choose_splits(
+    batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device: torch.device
+) -> int:
     """Splits along the context: enough programs to fill the GPU, none shorter than MIN_SPLIT_TOKENS.
     Depends only on shapes, so a CUDA graph captured at a shape keeps its split."""
     by_length = max(1, max_blocks * block_size // MIN_SPLIT_TOKENS)
@@ -112,9 +147,16 @@ def choose_splits(batch: int, num_kv_heads: int, max_blocks: int, block_size: in
     return min(by_length, by_occupancy)
 
 
-def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                 block_size: int, scale: float, num_splits: int | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_size: int,
+    scale: float,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q: [B, H, D]; kv_cache: [2, KVH, slots, D]; block_tables: [B, max_blocks] int; context_lens:
     [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype."""
     B, H, D = q.shape
@@ -135,17 +177,47 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     else:
         part_o = part_lse = out  # unused
     _decode_kernel[(B, KVH, splits)](
-        q, kv_cache, block_tables, context_lens, out, part_o, part_lse,
-        scale, blocks_per_split,
-        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        H * splits * D, splits * D, D,
-        G=G, G_PAD=max(16, next_pow2(G)), D=D, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        NUM_SPLITS=splits, FP32=compute_in_fp32(q.dtype), PRECISION=dot_precision(q.dtype),
+        q,
+        kv_cache,
+        block_tables,
+        context_lens,
+        out,
+        part_o,
+        part_lse,
+        scale,
+        blocks_per_split,
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        H * splits * D,
+        splits * D,
+        D,
+        G=G,
+        G_PAD=max(16, next_pow2(G)),
+        D=D,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=BLOCK_N,
+        NUM_SPLITS=splits,
+        FP32=compute_in_fp32(q.dtype),
+        PRECISION=dot_precision(q.dtype),
     )
     if splits > 1:
         _reduce_kernel[(B, H)](
-            part_o, part_lse, out, H * splits * D, splits * D, D, out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, S_PAD=next_pow2(splits), D=D,
+            part_o,
+            part_lse,
+            out,
+            H * splits * D,
+            splits * D,
+            D,
+            out.stride(0),
+            out.stride(1),
+            NUM_SPLITS=splits,
+            S_PAD=next_pow2(splits),
+            D=D,
         )
     return out

@@ -8,6 +8,7 @@ and n new tokens sits at position L - n + i and sees keys 0 .. L - n + i.
 Grid (chunk, query tile, KV head). A tile holds TOKENS query tokens x the G query heads of one
 KV head, flattened to rows r = token * G + group (GQA: each K/V tile is loaded once for them all).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,14 +23,29 @@ BLOCK_N = 64  # keys per inner iteration
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, cache_ptr, tables_ptr, qstart_ptr, ctx_ptr, out_ptr,
+    q_ptr,
+    cache_ptr,
+    tables_ptr,
+    qstart_ptr,
+    ctx_ptr,
+    out_ptr,
     scale,
-    stride_qt, stride_qh,  # q: [T, H, D]
-    stride_cv, stride_ch, stride_cs,  # cache: [2, KVH, slots, D]
+    stride_qt,
+    stride_qh,  # q: [T, H, D]
+    stride_cv,
+    stride_ch,
+    stride_cs,  # cache: [2, KVH, slots, D]
     stride_tc,  # tables: [C, max_blocks]
-    stride_ot, stride_oh,  # out: [T, H, D]
-    G: tl.constexpr, TOKENS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, FP32: tl.constexpr, PRECISION: tl.constexpr,
+    stride_ot,
+    stride_oh,  # out: [T, H, D]
+    G: tl.constexpr,
+    TOKENS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     c = tl.program_id(0)
     t0 = tl.program_id(1) * TOKENS
@@ -79,9 +95,17 @@ def _prefill_kernel(
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
-def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                  query_starts: torch.Tensor, context_lens: torch.Tensor, max_query_len: int,
-                  block_size: int, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_prefill(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_starts: torch.Tensor,
+    context_lens: torch.Tensor,
+    max_query_len: int,
+    block_size: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q: [T, H, D] packed query rows; kv_cache: [2, KVH, slots, D] already holding this step's K/V;
     block_tables: [C, max_blocks]; query_starts: [C + 1] rows of q (chunk c is rows
     query_starts[c] .. query_starts[c+1]); context_lens: [C] cached prefix + new tokens.
@@ -98,11 +122,28 @@ def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.T
     tokens = BLOCK_R // G
     grid = (C, -(-max_query_len // tokens), KVH)
     _prefill_kernel[grid](
-        q, kv_cache, block_tables, query_starts, context_lens, out,
+        q,
+        kv_cache,
+        block_tables,
+        query_starts,
+        context_lens,
+        out,
         scale,
-        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        G=G, TOKENS=tokens, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N, D=D, BLOCK_SIZE=block_size,
-        FP32=compute_in_fp32(q.dtype), PRECISION=dot_precision(q.dtype),
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        G=G,
+        TOKENS=tokens,
+        BLOCK_R=BLOCK_R,
+        BLOCK_N=BLOCK_N,
+        D=D,
+        BLOCK_SIZE=block_size,
+        FP32=compute_in_fp32(q.dtype),
+        PRECISION=dot_precision(q.dtype),
     )
     return out

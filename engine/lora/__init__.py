@@ -4,6 +4,7 @@ adapter or none). docs/lora.md describes the design.
 
 Torch-free names (a gateway validating uploads needs only these) load without torch; the
 manager, slots and kernels load torch on first use (PEP 562)."""
+
 from __future__ import annotations
 
 import importlib

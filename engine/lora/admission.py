@@ -8,6 +8,7 @@ waits, and so does everything behind it, so no later request overtakes it: the p
 never starved by a stream of requests for resident ones. Slots free up as running sequences of
 other adapters finish.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

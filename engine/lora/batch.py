@@ -1,4 +1,5 @@
 """One step's LoRA work: which rows of the packed batch use which slot, per projection."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,7 @@
 """Named errors of a bad or unusable LoRA adapter. Each names what is wrong; `param` is the part at
 fault: "adapter_config" (adapter_config.json), "adapter_model" (adapter_model.safetensors) or
 "lora" (the request's adapter reference). The gateway answers all of them with 400."""
+
 from __future__ import annotations
 
 from engine.errors import InvalidRequestError

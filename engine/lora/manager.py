@@ -1,5 +1,6 @@
 """The engine's LoRA state: adapters registered by requests (validated, in a host-memory cache),
 the device slots, the admission check the scheduler asks, and each step's LoRABatch."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,17 @@ class LoRAManager:
     least recently used unpinned ones are dropped (a later request reads the folder again).
     Device: `LoRASlots`, filled with the adapters of running sequences at each step."""
 
-    def __init__(self, shape: ModelShape, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
-                 dtype: torch.dtype, device: torch.device, kernel: str = "auto"):
+    def __init__(
+        self,
+        shape: ModelShape,
+        *,
+        max_loras: int,
+        max_lora_rank: int,
+        max_cpu_loras: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        kernel: str = "auto",
+    ):
         self.shape = shape
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max_cpu_loras
@@ -66,7 +76,9 @@ class LoRAManager:
         self._trim_host()
 
     def _trim_host(self) -> None:
-        for uid in [u for u in self.host if u not in self.pins][: max(0, len(self.host) - self.max_cpu_loras)]:
+        for uid in [u for u in self.host if u not in self.pins][
+            : max(0, len(self.host) - self.max_cpu_loras)
+        ]:
             del self.host[uid]
 
     # ---- scheduling ------------------------------------------------------------------------
@@ -88,9 +100,13 @@ class LoRAManager:
 
     @property
     def stats(self) -> dict[str, int]:
-        return {"lora_slot_loads": self.slots.loads, "lora_slot_evictions": self.slots.evictions,
-                "lora_host_loads": self.host_loads, "lora_resident": len(self.slots.slot_of),
-                "lora_host_cached": len(self.host)}
+        return {
+            "lora_slot_loads": self.slots.loads,
+            "lora_slot_evictions": self.slots.evictions,
+            "lora_host_loads": self.host_loads,
+            "lora_resident": len(self.slots.slot_of),
+            "lora_host_cached": len(self.host),
+        }
 
 
 def _files_key(folder: Path) -> tuple:

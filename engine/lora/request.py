@@ -1,4 +1,5 @@
 """How a request names its adapter. Plain Python."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

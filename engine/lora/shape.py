@@ -1,5 +1,6 @@
 """What an adapter must match: the base model's layer count and projection shapes, and the
 projections LoRA may target. Plain Python (no torch), so a gateway can validate an upload."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,19 +8,31 @@ from dataclasses import dataclass
 # PEFT module name -> (fused projection of our forward, index of the module inside it).
 # Our Llama forward fuses q/k/v into one matmul and gate/up into another (engine/models/llama.py).
 TARGET_MODULES: dict[str, tuple[str, int]] = {
-    "q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2),
+    "q_proj": ("qkv", 0),
+    "k_proj": ("qkv", 1),
+    "v_proj": ("qkv", 2),
     "o_proj": ("o", 0),
-    "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1),
+    "gate_proj": ("gate_up", 0),
+    "up_proj": ("gate_up", 1),
     "down_proj": ("down", 0),
 }
 # Fused projection -> its modules, in the order of their output columns.
 PROJECTIONS: dict[str, tuple[str, ...]] = {
-    "qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
-    "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",),
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "o": ("o_proj",),
+    "gate_up": ("gate_proj", "up_proj"),
+    "down": ("down_proj",),
 }
 # Which block of a decoder layer holds a module (the PEFT key names it).
-MODULE_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-                 "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+MODULE_PARENT = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 ARCHITECTURES = ("llama",)  # model_type values whose module names and shapes these are
 
 
@@ -40,17 +53,29 @@ class ModelShape:
         """From a transformers config object or its dict (config.json)."""
         d = config if isinstance(config, dict) else config.to_dict()
         heads = d["num_attention_heads"]
-        return cls(model_type=d.get("model_type", "llama"), num_layers=d["num_hidden_layers"],
-                   hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_heads=heads,
-                   num_kv_heads=d.get("num_key_value_heads") or heads,
-                   head_dim=d.get("head_dim") or d["hidden_size"] // heads)
+        return cls(
+            model_type=d.get("model_type", "llama"),
+            num_layers=d["num_hidden_layers"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_heads=heads,
+            num_kv_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+        )
 
     def module_dims(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of a target module's base weight."""
         h, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}[module]
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }[module]
 
     def projection_dims(self, projection: str) -> tuple[int, int]:
         """(in_features, out_features) of a fused projection: its modules' outputs side by side."""

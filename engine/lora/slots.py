@@ -7,6 +7,7 @@ Per fused projection p (m modules, in/out features as in weights.py), allocated 
 A slot holding an adapter of rank r < R is used at rank r: the kernels read only its first r rows
 (rows r..R-1 keep whatever was there), and only the projections the adapter targets.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -19,7 +20,9 @@ from engine.lora.weights import LoRAWeights
 
 
 class LoRASlots:
-    def __init__(self, shape: ModelShape, max_loras: int, max_rank: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, shape: ModelShape, max_loras: int, max_rank: int, dtype: torch.dtype, device: torch.device
+    ):
         self.shape = shape
         self.max_loras = max_loras
         self.max_rank = max_rank

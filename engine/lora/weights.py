@@ -9,6 +9,7 @@ modules of PEFT's  scaling * B_j(A_j(x))  in the fused output columns (B is bloc
 modules: one matmul per projection instead of m). Rank-major order (i before j) keeps a[l, :k]
 contiguous for any k <= r, so a slot padded to max_lora_rank is used at the adapter's own rank.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,7 +19,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as load_safetensors
 
-from engine.lora.adapter import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec, inspect_adapter, parse_config, read_header
+from engine.lora.adapter import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterSpec,
+    inspect_adapter,
+    parse_config,
+    read_header,
+)
 from engine.lora.errors import AdapterNotFoundError
 from engine.lora.shape import PROJECTIONS, ModelShape
 
@@ -40,20 +48,23 @@ class LoRAWeights:
         return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b.values()))
 
 
-def load_adapter(path: str | Path, shape: ModelShape, max_rank: int, dtype: torch.dtype,
-                 name: str = "") -> LoRAWeights:
+def load_adapter(
+    path: str | Path, shape: ModelShape, max_rank: int, dtype: torch.dtype, name: str = ""
+) -> LoRAWeights:
     """Read, validate and lay out a PEFT adapter folder (see the module docstring)."""
     path = Path(path)
     try:
         config = (path / CONFIG_FILE).read_bytes()
     except OSError:
-        raise AdapterNotFoundError(f"no {CONFIG_FILE} in adapter folder {str(path)!r}",
-                                   param="adapter_config") from None
+        raise AdapterNotFoundError(
+            f"no {CONFIG_FILE} in adapter folder {str(path)!r}", param="adapter_config"
+        ) from None
     try:
         data = (path / WEIGHTS_FILE).read_bytes()
     except OSError:
-        raise AdapterNotFoundError(f"no {WEIGHTS_FILE} in adapter folder {str(path)!r}",
-                                   param="adapter_model") from None
+        raise AdapterNotFoundError(
+            f"no {WEIGHTS_FILE} in adapter folder {str(path)!r}", param="adapter_model"
+        ) from None
     parse_config(config, max_rank)
     spec = inspect_adapter(config, read_header(data, len(data)), shape, max_rank, len(config) + len(data))
     uid = hashlib.sha256(hashlib.sha256(config).digest() + data).hexdigest()[:24]
@@ -75,6 +86,8 @@ def load_adapter(path: str | Path, shape: ModelShape, max_rank: int, dtype: torc
                 if (layer, module, "A") not in by_key:
                     continue
                 pa[layer, :, j] = by_key[(layer, module, "A")].float()  # [r, in]
-                pb[layer, :, j, cols[module] : cols[module] + width] = by_key[(layer, module, "B")].float().T * scale
+                pb[layer, :, j, cols[module] : cols[module] + width] = (
+                    by_key[(layer, module, "B")].float().T * scale
+                )
         a[proj], b[proj] = pa.to(dtype), pb.to(dtype)
     return LoRAWeights(uid=uid, name=name or path.name, spec=spec, a=a, b=b)

@@ -1,4 +1,5 @@
 """Model forwards. Only the Llama family for now."""
+
 from engine.models.llama import LlamaModel
 
 SUPPORTED_ARCHITECTURES = {"llama": LlamaModel}

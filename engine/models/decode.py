@@ -10,6 +10,7 @@ It serves fp32 models on the CPU with the own kernels on (fp32 or int8 projectio
 attention backend) for steps with no prefill and no LoRA; every other step, model and device
 takes LlamaModel's per-operator forward.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -32,15 +33,43 @@ _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 
 
 class _Model(ctypes.Structure):
-    _fields_ = [(n, _I) for n in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate")] + [
-        ("eps", _F), ("attn_scale", _F), ("int8", _I), ("cache_slots", _L), ("block_size", _I),
-        ("cos", _P), ("sin", _P), ("final_norm", _P)] + [
-        (n, ctypes.POINTER(_P)) for n in ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_scale",
-                                          "o_scale", "gate_up_scale", "down_scale", "qkv_bias", "o_bias", "kv")]
+    _fields_ = (
+        [(n, _I) for n in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate")]
+        + [
+            ("eps", _F),
+            ("attn_scale", _F),
+            ("int8", _I),
+            ("cache_slots", _L),
+            ("block_size", _I),
+            ("cos", _P),
+            ("sin", _P),
+            ("final_norm", _P),
+        ]
+        + [
+            (n, ctypes.POINTER(_P))
+            for n in (
+                "input_norm",
+                "post_norm",
+                "qkv",
+                "o",
+                "gate_up",
+                "down",
+                "qkv_scale",
+                "o_scale",
+                "gate_up_scale",
+                "down_scale",
+                "qkv_bias",
+                "o_bias",
+                "kv",
+            )
+        ]
+    )
 
 
 def _library() -> ctypes.CDLL | None:
-    return native.library(SOURCE, {"decode_forward": [ctypes.POINTER(_Model), _P, _P, _P, _P, _P, _P, _I, _I, _I]})
+    return native.library(
+        SOURCE, {"decode_forward": [ctypes.POINTER(_Model), _P, _P, _P, _P, _P, _P, _I, _I, _I]}
+    )
 
 
 def _ptrs(tensors) -> ctypes.Array:
@@ -72,14 +101,26 @@ class DecodeForward:
             "post_norm": _ptrs([layer.post_norm for layer in layers]),
             **{name: weights(name) for name in ("qkv", "o", "gate_up", "down")},
             **{f"{name}_scale": scales(name) for name in ("qkv", "o", "gate_up", "down")},
-            "qkv_bias": biases("qkv"), "o_bias": biases("o"),
+            "qkv_bias": biases("qkv"),
+            "o_bias": biases("o"),
         }
         self.struct = _Model(
-            layers=len(layers), hidden=cfg.hidden_size, heads=model.num_heads, kv_heads=model.num_kv_heads,
-            head_dim=model.head_dim, intermediate=cfg.intermediate_size, eps=model.eps,
-            attn_scale=model.attention.scale, int8=int(int8), cache_slots=0, block_size=0,
-            cos=model.cos.data_ptr(), sin=model.sin.data_ptr(), final_norm=model.norm.data_ptr(),
-            **{k: ctypes.cast(v, ctypes.POINTER(_P)) for k, v in self._keep.items() if v is not None})
+            layers=len(layers),
+            hidden=cfg.hidden_size,
+            heads=model.num_heads,
+            kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim,
+            intermediate=cfg.intermediate_size,
+            eps=model.eps,
+            attn_scale=model.attention.scale,
+            int8=int(int8),
+            cache_slots=0,
+            block_size=0,
+            cos=model.cos.data_ptr(),
+            sin=model.sin.data_ptr(),
+            final_norm=model.norm.data_ptr(),
+            **{k: ctypes.cast(v, ctypes.POINTER(_P)) for k, v in self._keep.items() if v is not None},
+        )
         self._caches: tuple[int, ...] = ()
 
     @staticmethod
@@ -87,7 +128,11 @@ class DecodeForward:
         """The one-call decode forward for `model`, or None where it does not apply."""
         from engine.attention.cpu_paged import CPUPagedAttention
 
-        if model.dtype != torch.float32 or model.embed.device.type != "cpu" or not isinstance(model.ops, CPUOps):
+        if (
+            model.dtype != torch.float32
+            or model.embed.device.type != "cpu"
+            or not isinstance(model.ops, CPUOps)
+        ):
             return None
         if not isinstance(model.attention, CPUPagedAttention):
             return None
@@ -106,11 +151,21 @@ class DecodeForward:
 
     def applies(self, meta: AttentionMetadata, kv_caches: list[torch.Tensor]) -> bool:
         cache = kv_caches[0]
-        return (not meta.prefills and meta.num_decodes > 0 and cache.dtype == torch.float32
-                and cache.device.type == "cpu" and cache.is_contiguous())
+        return (
+            not meta.prefills
+            and meta.num_decodes > 0
+            and cache.dtype == torch.float32
+            and cache.device.type == "cpu"
+            and cache.is_contiguous()
+        )
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
         model = self.model
         key = tuple(c.data_ptr() for c in kv_caches)
         if key != self._caches:  # the cache tensors (allocated once per runner)
@@ -124,7 +179,16 @@ class DecodeForward:
         tables, ctx = meta.decode_tables_int32()
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
-        self.lib.decode_forward(ctypes.byref(self.struct), x.data_ptr(), out.data_ptr(), positions.data_ptr(),
-                                slots.data_ptr(), tables.data_ptr(), ctx.data_ptr(), x.shape[0], tables.shape[1],
-                                torch.get_num_threads())
+        self.lib.decode_forward(
+            ctypes.byref(self.struct),
+            x.data_ptr(),
+            out.data_ptr(),
+            positions.data_ptr(),
+            slots.data_ptr(),
+            tables.data_ptr(),
+            ctx.data_ptr(),
+            x.shape[0],
+            tables.shape[1],
+            torch.get_num_threads(),
+        )
         return out

@@ -1,6 +1,7 @@
 """The forward's elementwise operators, one object per model: fused C kernels on the CPU in fp32
 (`csrc/fused_ops.c`, one call instead of four to six torch ops each; docs/performance.md), torch
 ops everywhere else (GPU, bf16, no C compiler, EngineConfig.cpu_kernels=False)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -16,9 +17,14 @@ _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 
 def _library() -> ctypes.CDLL | None:
-    return native.library(SOURCE, {"add_rms_norm": [_P] * 4 + [_I, _I, _F, _I],
-                                   "rope": [_P] * 4 + [_I] * 3 + [_L, _I],
-                                   "silu_mul": [_P] * 2 + [_I] * 3})
+    return native.library(
+        SOURCE,
+        {
+            "add_rms_norm": [_P] * 4 + [_I, _I, _F, _I],
+            "rope": [_P] * 4 + [_I] * 3 + [_L, _I],
+            "silu_mul": [_P] * 2 + [_I] * 3,
+        },
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,14 +42,17 @@ def swap_halves(x: torch.Tensor) -> torch.Tensor:
 class TorchOps:
     """The operators as torch ops (any device and dtype)."""
 
-    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + delta, rms_norm(x + delta)); x: [T, C] the residual stream, delta None: nothing added."""
         if delta is not None:
             x = x + delta
         return x, rms_norm(x, weight, eps)
 
-    def rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def rope(
+        self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """qk: [T, heads, D] (a view into the fused QKV output) rotated at positions [T]; returns
         the rotated tensor. cos, sin: [P, D], sin with its first half negated."""
         c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [T, 1, D]
@@ -62,20 +71,46 @@ class CPUOps(TorchOps):
         self.lib = lib
 
     def add_rms_norm(self, x, delta, weight, eps):
-        if x.dtype != torch.float32 or not x.is_contiguous() or (delta is not None and not delta.is_contiguous()):
+        if (
+            x.dtype != torch.float32
+            or not x.is_contiguous()
+            or (delta is not None and not delta.is_contiguous())
+        ):
             return super().add_rms_norm(x, delta, weight, eps)
         T, C = x.shape
         out = torch.empty_like(x)
-        self.lib.add_rms_norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
-                              out.data_ptr(), T, C, eps, torch.get_num_threads())
+        self.lib.add_rms_norm(
+            x.data_ptr(),
+            delta.data_ptr() if delta is not None else None,
+            weight.data_ptr(),
+            out.data_ptr(),
+            T,
+            C,
+            eps,
+            torch.get_num_threads(),
+        )
         return x, out  # x updated in place
 
     def rope(self, qk, cos, sin, positions):
         T, heads, D = qk.shape
-        if qk.dtype != torch.float32 or qk.stride(2) != 1 or qk.stride(1) != D or positions.dtype != torch.int64:
+        if (
+            qk.dtype != torch.float32
+            or qk.stride(2) != 1
+            or qk.stride(1) != D
+            or positions.dtype != torch.int64
+        ):
             return super().rope(qk, cos, sin, positions)
-        self.lib.rope(qk.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), T, heads, D,
-                      qk.stride(0), torch.get_num_threads())
+        self.lib.rope(
+            qk.data_ptr(),
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            T,
+            heads,
+            D,
+            qk.stride(0),
+            torch.get_num_threads(),
+        )
         return qk  # rotated in place
 
     def silu_mul(self, gate_up):

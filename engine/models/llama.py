@@ -5,6 +5,7 @@ through a pluggable backend over the paged KV cache, SwiGLU, tied embeddings, an
 deltas on every projection (engine/lora). No padding: the
 step's tokens are one [T, hidden] matrix; only rows that sample go through the LM head.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,9 +37,17 @@ class LayerWeights:
 class LlamaModel:
     """Weights plus the forward. Build with `from_state_dict`."""
 
-    def __init__(self, config: LlamaConfig, layers: list[LayerWeights], embed: torch.Tensor,
-                 norm: torch.Tensor, lm_head: Linear, attention: AttentionBackend, max_positions: int,
-                 ops: TorchOps | None = None):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        layers: list[LayerWeights],
+        embed: torch.Tensor,
+        norm: torch.Tensor,
+        lm_head: Linear,
+        attention: AttentionBackend,
+        max_positions: int,
+        ops: TorchOps | None = None,
+    ):
         self.config = config
         self.layers = layers
         self.embed = embed  # [vocab, hidden]
@@ -61,14 +70,22 @@ class LlamaModel:
         self.cos, self.sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
     @classmethod
-    def from_state_dict(cls, config: LlamaConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype,
-                        attention: AttentionBackend, max_positions: int, quantization: str | None = None,
-                        cpu_kernels: bool = True) -> LlamaModel:
+    def from_state_dict(
+        cls,
+        config: LlamaConfig,
+        sd: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        attention: AttentionBackend,
+        max_positions: int,
+        quantization: str | None = None,
+        cpu_kernels: bool = True,
+    ) -> LlamaModel:
         """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
         int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
         `cpu_kernels`: the own C kernels on CPU (fp32 linears, fused elementwise ops, decode-only steps
         in one C call)."""
         linear = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=cpu_kernels)
+
         def w(name: str) -> torch.Tensor:
             return sd[name].to(dtype).contiguous()
 
@@ -82,26 +99,44 @@ class LlamaModel:
             qkv_bias = None
             if a + "q_proj.bias" in sd:
                 qkv_bias = torch.cat([w(a + f"{x}_proj.bias") for x in "qkv"])
-            layers.append(LayerWeights(
-                input_norm=w(p + "input_layernorm.weight"),
-                qkv=linear(torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"]).contiguous(), qkv_bias),
-                o=linear(w(a + "o_proj.weight"), maybe(a + "o_proj.bias")),
-                post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=linear(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()),
-                down=linear(w(p + "mlp.down_proj.weight")),
-            ))
+            layers.append(
+                LayerWeights(
+                    input_norm=w(p + "input_layernorm.weight"),
+                    qkv=linear(torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"]).contiguous(), qkv_bias),
+                    o=linear(w(a + "o_proj.weight"), maybe(a + "o_proj.bias")),
+                    post_norm=w(p + "post_attention_layernorm.weight"),
+                    gate_up=linear(
+                        torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
+                    ),
+                    down=linear(w(p + "mlp.down_proj.weight")),
+                )
+            )
         embed = w("model.embed_tokens.weight")
         tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in sd
         lm_head = linear(embed if tied else w("lm_head.weight"))
-        model = cls(config, layers, embed, w("model.norm.weight"), lm_head, attention, max_positions,
-                    make_ops(embed.device, dtype, cpu_kernels))
+        model = cls(
+            config,
+            layers,
+            embed,
+            w("model.norm.weight"),
+            lm_head,
+            attention,
+            max_positions,
+            make_ops(embed.device, dtype, cpu_kernels),
+        )
         if cpu_kernels:
             model.decode = DecodeForward.make(model)
         return model
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[torch.Tensor], lora: LoRABatch | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+        lora: LoRABatch | None = None,
+    ) -> torch.Tensor:
         """input_ids, positions: [T]. Returns the final normed hidden states [T, hidden].
         `lora`: the step's adapters per row (engine/lora); each projection's LoRA delta is added
         in place to its base output, for the rows that have an adapter. None: the base model."""
@@ -117,7 +152,9 @@ class LlamaModel:
             qkv = layer.qkv(h)  # [T, (H + 2*KVH) * D]
             if lora is not None:
                 lora.apply(i, "qkv", h, qkv)
-            qk = ops.rope(qkv[:, : (H + KVH) * D].view(T, H + KVH, D), self.cos, self.sin, positions)  # q and k at once
+            qk = ops.rope(
+                qkv[:, : (H + KVH) * D].view(T, H + KVH, D), self.cos, self.sin, positions
+            )  # q and k at once
             v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
             attn = self.attention.forward(qk[:, :H], qk[:, H:], v, kv_cache, meta).reshape(T, H * D)
             o = layer.o(attn)

@@ -11,6 +11,7 @@ the weight is dequantized for the call and the dense matmul runs on unquantized 
 kernel the int8 rows are stored interleaved in groups of four (`pack`): a tile of four output
 channels then reads one sequential stream, which the hardware prefetcher follows.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -49,11 +50,18 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(x.shape), d
 
 
-def reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What the C kernel computes, in torch: y[m, n] = scale[n] * sum_b d[m, b] * (xq[m, b] . q[n, b]) + bias."""
+def reference(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """What the C kernel computes, in torch.
+
+    y[m, n] = scale[n] * sum_b d[m, b] * (xq[m, b] . q[n, b]) + bias
+    """
     xq, d = quantize_activations(x)
     M, K = x.shape
-    prods = torch.einsum("mbk,nbk->mnb", xq.reshape(M, -1, BLOCK).double(), q.reshape(q.shape[0], -1, BLOCK).double())
+    prods = torch.einsum(
+        "mbk,nbk->mnb", xq.reshape(M, -1, BLOCK).double(), q.reshape(q.shape[0], -1, BLOCK).double()
+    )
     y = (prods * d.double()[:, None, :]).sum(-1) * scale.double()
     return (y + bias.double() if bias is not None else y).float()
 
@@ -105,8 +113,16 @@ class Int8Linear:
             x32 = x.float().contiguous()
             N = self.scale.shape[0]
             y = torch.empty(M, N, dtype=torch.float32)
-            self.lib.int8_linear_f32(x32.data_ptr(), self.qweight.data_ptr(), self.scale.data_ptr(),
-                                     self._bias32.data_ptr() if self._bias32 is not None else None,
-                                     y.data_ptr(), M, N, x32.shape[1], torch.get_num_threads())
+            self.lib.int8_linear_f32(
+                x32.data_ptr(),
+                self.qweight.data_ptr(),
+                self.scale.data_ptr(),
+                self._bias32.data_ptr() if self._bias32 is not None else None,
+                y.data_ptr(),
+                M,
+                N,
+                x32.shape[1],
+                torch.get_num_threads(),
+            )
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         return F.linear(x, self.weight, self.bias)

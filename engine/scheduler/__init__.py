@@ -2,6 +2,7 @@
 
 policy.py declares the interface every policy implements; registry.py builds one by name.
 """
+
 from engine.scheduler.cost_model import StepCostModel
 from engine.scheduler.load import SLOLoad, predict_ttft
 from engine.scheduler.plan import ScheduledSeq, StepPlan

@@ -7,6 +7,7 @@ step, so the model follows load and thermal changes), with the configured prior 
 fixed pseudo-observations so that a model with few or uniform observations stays well posed.
 Plain Python: three unknowns, solved by Gaussian elimination.
 """
+
 from __future__ import annotations
 
 DECAY = 0.99  # per observation: the model remembers the last ~100 steps
@@ -15,7 +16,10 @@ PRIOR_PREFILL, PRIOR_DECODES = 256, 8  # where the prior pseudo-observations sit
 
 
 def split(plan) -> tuple[int, int]:
-    """(prefill tokens, decoding sequences) of a StepPlan (ScheduledSeq.is_decode); call before finish_step."""
+    """(prefill tokens, decoding sequences) of a StepPlan (ScheduledSeq.is_decode).
+
+    Call before finish_step.
+    """
     prefill = decodes = 0
     for item in plan.scheduled:
         if item.is_decode:

@@ -14,6 +14,7 @@ gateway's estimate of unread lane entries; 0 inside the engine), P the request's
 step's token budget, D the running sequences (each decodes every step) and slot_wait, at the
 sequence cap, the time until the nearest running request ends. Plain Python, no torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ class SLOLoad:
         return self.step_s + self.prefill_token_s * prefill_tokens + self.decode_seq_s * decode_seqs
 
 
-def predict_ttft(load: SLOLoad, prompt_tokens: int, priority: int = 0, *, queued_tokens: float = 0.0,
-                 waited: float = 0.0) -> float:
+def predict_ttft(
+    load: SLOLoad, prompt_tokens: int, priority: int = 0, *, queued_tokens: float = 0.0, waited: float = 0.0
+) -> float:
     """Seconds to the first token of a request of ``priority`` with ``prompt_tokens`` to compute,
     arriving now behind ``queued_tokens`` more prompt tokens, having already waited ``waited``."""
     ahead = sum(t for p, t in load.waiting_tokens.items() if not load.tiered or p >= priority)

@@ -1,4 +1,5 @@
 """One step's plan: which sequences compute how many tokens, and which KV blocks to copy first."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -12,6 +12,7 @@ Every policy is built as ``cls(config, *, clock=None, inner=None)``: `config` th
 (default: SchedulerConfig()), `clock` the time source in seconds (default time.monotonic),
 `inner` the ordering policy that a wrapping policy (``wraps = True``) delegates its queue to.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,10 +33,17 @@ class SchedulingPolicy(ABC):
     wraps = False  # True: delegates its queue to `inner`, an ordering policy ("slo")
     tiers = False  # True: higher `Sequence.priority` first, so only work of a priority or above is ahead
 
-    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
-                 inner: SchedulingPolicy | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        inner: SchedulingPolicy | None = None,
+    ) -> None:
         if inner is not None and not self.wraps:
-            raise TypeError(f"the {self.name!r} scheduling policy orders its own queue: it wraps no other policy")
+            raise TypeError(
+                f"the {self.name!r} scheduling policy orders its own queue: it wraps no other policy"
+            )
         self.config = config or SchedulerConfig()
         self.clock = clock or time.monotonic
 
@@ -81,8 +89,14 @@ class SchedulingPolicy(ABC):
         """May the head `seq` start in this step (e.g. without pushing running TPOT past target)?"""
         return True
 
-    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False,
-                 plan: StepPlan | None = None) -> Sequence | None:
+    def displace(
+        self,
+        seq: Sequence,
+        candidates: list[Sequence],
+        *,
+        for_budget: bool = False,
+        plan: StepPlan | None = None,
+    ) -> Sequence | None:
         """The waiting head `seq` cannot start: a candidate it may push out, or None. For the token
         budget (`for_budget`) the candidates hold tokens of this step (`plan`, the step so far) and
         the chosen one's are deferred (it keeps its blocks); for the sequence cap or KV blocks it
@@ -110,8 +124,13 @@ class SchedulingPolicy(ABC):
         """What predict_ttft reads right now, as plain numbers (load.py), or None."""
         return None
 
-    def predict_ttft(self, num_prompt_tokens: int, priority: int = 0, running: Collection[Sequence] = (),
-                     waited: float = 0.0) -> float | None:
+    def predict_ttft(
+        self,
+        num_prompt_tokens: int,
+        priority: int = 0,
+        running: Collection[Sequence] = (),
+        waited: float = 0.0,
+    ) -> float | None:
         """Seconds from now to the first token of a request of `priority` with this many prompt
         tokens still to compute, if it arrived now (plus `waited`, time it has already waited);
         None when load() is None."""
@@ -124,8 +143,13 @@ class FCFSPolicy(SchedulingPolicy):
 
     name = "fcfs"
 
-    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
-                 inner: SchedulingPolicy | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        inner: SchedulingPolicy | None = None,
+    ) -> None:
         super().__init__(config, clock=clock, inner=inner)
         self.queue: deque[Sequence] = deque()
 

@@ -12,6 +12,7 @@ continues where it stopped. `SchedulerConfig.preemption_mode` says which: "recom
 
 Either way a victim that does not fit the free host blocks is recomputed. Plain Python.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,8 +36,11 @@ class PreemptionChooser:
         self.mode = config.preemption_mode
         self.swap_cost = swap_cost
         # Only "auto" with a measured copy weighs costs; it keeps its own step-cost model whatever the policy.
-        self.cost = StepCostModel(config.cost_step_s, config.cost_prefill_token_s,
-                                  config.cost_decode_seq_s) if self.mode == "auto" and swap_cost else None
+        self.cost = (
+            StepCostModel(config.cost_step_s, config.cost_prefill_token_s, config.cost_decode_seq_s)
+            if self.mode == "auto" and swap_cost
+            else None
+        )
 
     def estimate(self, seq: Sequence, bm: BlockManager) -> tuple[float, float]:
         """(recompute seconds, swap seconds) for preempting seq now; swap is inf when unmeasured."""
@@ -46,7 +50,9 @@ class PreemptionChooser:
         recompute = seq.num_computed_tokens * per_token
         if self.swap_cost is None:
             return recompute, float("inf")
-        return recompute, self.swap_cost.fixed_s + bm.blocks_needed(seq.num_computed_tokens) * self.swap_cost.block_s
+        return recompute, self.swap_cost.fixed_s + bm.blocks_needed(
+            seq.num_computed_tokens
+        ) * self.swap_cost.block_s
 
     def use_swap(self, seq: Sequence, bm: BlockManager) -> bool:
         """Preempt seq by swap (else by recompute)?"""

@@ -12,6 +12,7 @@ of ~1/(1-DECAY) steps); a tier backlogged for a whole window whose share of it i
 back above its share. A waiting head displaces running sequences of lower tiers (preempted, or for
 the token budget its tokens of this step deferred).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -38,8 +39,13 @@ class TieredPolicy(SchedulingPolicy):
 
     tiers = True
 
-    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
-                 inner: SchedulingPolicy | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        inner: SchedulingPolicy | None = None,
+    ) -> None:
         super().__init__(config, clock=clock, inner=inner)
         self.min_share = self.config.tier_min_share if self.tiers else 0.0
         self.queues: dict[int, dict[str, list]] = {}  # tier -> tenant -> heap of (arrival, n, seq)
@@ -148,7 +154,9 @@ class TieredPolicy(SchedulingPolicy):
         """A tier below its share after waiting a whole window keeps its running sequences."""
         total = sum(self.served.values())
         waited = self._step - self._since.get(tier, self._step)
-        return bool(self.min_share) and waited >= WINDOW and self.served.get(tier, 0.0) < self.min_share * total
+        return (
+            bool(self.min_share) and waited >= WINDOW and self.served.get(tier, 0.0) < self.min_share * total
+        )
 
     def _victim_key(self, seq: Sequence) -> tuple:
         """Lowest tier first, then least progress lost."""
@@ -157,8 +165,14 @@ class TieredPolicy(SchedulingPolicy):
     def victim(self, running: list[Sequence]) -> Sequence:
         return min(running, key=self._victim_key)
 
-    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False,
-                 plan: StepPlan | None = None) -> Sequence | None:
+    def displace(
+        self,
+        seq: Sequence,
+        candidates: list[Sequence],
+        *,
+        for_budget: bool = False,
+        plan: StepPlan | None = None,
+    ) -> Sequence | None:
         """A lower tier is pushed out first (preempted, or for the budget its tokens deferred);
         then `_displace_in_tier` may choose one of seq's own tier."""
         mine = self.tier(seq)
@@ -168,16 +182,19 @@ class TieredPolicy(SchedulingPolicy):
         same = [c for c in candidates if self.tier(c) == mine]
         return self._displace_in_tier(seq, same, for_budget, plan)
 
-    def _displace_in_tier(self, seq: Sequence, same: list[Sequence], for_budget: bool,
-                          plan: StepPlan | None) -> Sequence | None:
+    def _displace_in_tier(
+        self, seq: Sequence, same: list[Sequence], for_budget: bool, plan: StepPlan | None
+    ) -> Sequence | None:
         """Inside a tier nobody is displaced here (FIFO)."""
         return None
 
     def urgent(self, seq: Sequence) -> bool:
         """A prefill is urgent when lower tiers have work (running or waiting)."""
         tier = self.tier(seq)
-        return self.tiers and (any(self.tier(s) < tier for s in self._running) or any(
-            t < tier and any(q.values()) for t, q in self.queues.items()))
+        return self.tiers and (
+            any(self.tier(s) < tier for s in self._running)
+            or any(t < tier and any(q.values()) for t, q in self.queues.items())
+        )
 
 
 class PriorityPolicy(TieredPolicy):

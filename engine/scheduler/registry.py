@@ -5,6 +5,7 @@ The one list of policy names in the project: a gateway validates its ``policy`` 
 the ordering parts ("fcfs", "priority", "vtc", "priority+vtc") choose the class that keeps the
 queue, and a wrapping part ("slo") is built around it. The policy modules never import this one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -30,13 +31,16 @@ def parse_policy(name: str) -> tuple[str, ...]:
     unknown = [p for p in parts if p not in POLICY_PARTS]
     if unknown or len(set(parts)) != len(parts):
         what = f"unknown part(s) {unknown}" if unknown else "a part given twice"
-        raise ValueError(f"scheduling policy {name!r} has {what}: compose {', '.join(POLICY_PARTS)} with '+', "
-                         "e.g. 'priority+vtc+slo'")
+        raise ValueError(
+            f"scheduling policy {name!r} has {what}: compose {', '.join(POLICY_PARTS)} with '+', "
+            "e.g. 'priority+vtc+slo'"
+        )
     return parts
 
 
-def make_policy(name: str, config: SchedulerConfig | None = None, *,
-                clock: Callable[[], float] | None = None) -> SchedulingPolicy:
+def make_policy(
+    name: str, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None
+) -> SchedulingPolicy:
     """Build the policy `name` ("priority+vtc+slo": tiers, fairness inside each tier, SLO-aware
     admission around both; "slo" alone wraps FCFS). `config` is the SchedulerConfig, `clock` the
     time source of SLO policies (default monotonic). A ValueError for a name parse_policy refuses
@@ -46,8 +50,10 @@ def make_policy(name: str, config: SchedulerConfig | None = None, *,
     cls = POLICIES.get("+".join(ordering) or "fcfs")
     if cls is None:
         known = [k for k, c in POLICIES.items() if not c.wraps]
-        raise ValueError(f"scheduling policy {name!r}: no policy orders by {'+'.join(ordering)!r}; the "
-                         f"orderings are {known}, each optionally with '+slo' (e.g. 'priority+vtc+slo')")
+        raise ValueError(
+            f"scheduling policy {name!r}: no policy orders by {'+'.join(ordering)!r}; the "
+            f"orderings are {known}, each optionally with '+slo' (e.g. 'priority+vtc+slo')"
+        )
     policy = cls(config, clock=clock)
     for part in parts:
         if POLICIES[part].wraps:

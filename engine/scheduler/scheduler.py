@@ -9,6 +9,7 @@ blocks allow; a head that cannot start may displace a running sequence if the po
 plan.refused. Prefills and decodes go into one forward, after the plan's block copies (swap out,
 then swap in). docs/scheduling.md describes the policies.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,9 +26,15 @@ from engine.scheduler.registry import make_policy
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None,
-                 clock=None, swap_cost: SwapCost | None = None,
-                 admit_check: Callable[[Sequence, list[Sequence]], bool] | None = None):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        policy: SchedulingPolicy | None = None,
+        clock=None,
+        swap_cost: SwapCost | None = None,
+        admit_check: Callable[[Sequence, list[Sequence]], bool] | None = None,
+    ):
         self.config = config
         # Policy-independent resource check on the head of the queue, e.g. "its LoRA adapter can
         # get a device slot" (engine/lora): False keeps it (and everything behind it) waiting.
@@ -102,8 +109,11 @@ class Scheduler:
         head = self.policy.peek()
         if head is None:
             return 0
-        if (self.config.batching == "dynamic" and waiting < size
-                and self._clock() - head.arrival_time < self.config.batch_wait_s):
+        if (
+            self.config.batching == "dynamic"
+            and waiting < size
+            and self._clock() - head.arrival_time < self.config.batch_wait_s
+        ):
             return 0
         return min(size, waiting)
 
@@ -145,7 +155,9 @@ class Scheduler:
             self._batch_left -= 1
             plan.swap_in += self.bm.allocate(seq, hits, n)  # copies back a swapped-out sequence
             if seq.num_preemptions:
-                seq.record("resumed", mode="swap" if swapped else "recompute", cached_tokens=seq.num_cached_tokens)
+                seq.record(
+                    "resumed", mode="swap" if swapped else "recompute", cached_tokens=seq.num_cached_tokens
+                )
             else:
                 seq.record("admitted", cached_tokens=seq.num_cached_tokens)
             seq.status = SequenceStatus.RUNNING
@@ -171,7 +183,9 @@ class Scheduler:
         if for_budget:
             candidates = [q for q in self.running if id(q) in chunks]
         else:  # not one admitted in this step: no thrashing
-            admitted = {id(it.seq) for it in plan.scheduled if it.seq.num_computed_tokens == it.seq.num_cached_tokens}
+            admitted = {
+                id(it.seq) for it in plan.scheduled if it.seq.num_computed_tokens == it.seq.num_cached_tokens
+            }
             candidates = [q for q in self.running if id(q) not in admitted or id(q) not in chunks]
         victim = self.policy.displace(seq, candidates, for_budget=for_budget, plan=plan)
         if victim is None:

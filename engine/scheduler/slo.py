@@ -17,6 +17,7 @@ With `config.slo_demote` such requests move one tier down instead and run best-e
 target). A request is not admitted while the steady decode step with one more sequence would be
 slower than the tightest TPOT target of the running ones (unless nothing runs).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,12 +38,18 @@ class SLOPolicy(SchedulingPolicy):
     name = "slo"
     wraps = True
 
-    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
-                 inner: SchedulingPolicy | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        inner: SchedulingPolicy | None = None,
+    ) -> None:
         super().__init__(config, clock=clock, inner=inner)
         self.inner = inner if inner is not None else FCFSPolicy(self.config)  # (an empty queue is falsy)
-        self.cost = StepCostModel(self.config.cost_step_s, self.config.cost_prefill_token_s,
-                                  self.config.cost_decode_seq_s)
+        self.cost = StepCostModel(
+            self.config.cost_step_s, self.config.cost_prefill_token_s, self.config.cost_decode_seq_s
+        )
         self._best_effort: set[str] = set()  # demoted request ids: no TTFT target any more
         self._running: list[Sequence] = []  # the scheduler's running list, seen at begin_step
 
@@ -72,17 +79,26 @@ class SLOPolicy(SchedulingPolicy):
         for s in self.inner.waiting():
             waiting[s.priority] = waiting.get(s.priority, 0) + s.num_tokens - s.num_computed_tokens
         step_s, prefill_token_s, decode_seq_s = self.cost.theta
-        return SLOLoad(step_s=step_s, prefill_token_s=prefill_token_s, decode_seq_s=decode_seq_s,
-                       max_num_batched_tokens=self.config.max_num_batched_tokens,
-                       max_num_seqs=self.config.max_num_seqs, running=len(running),
-                       slot_wait_s=self._slot_wait(running), waiting_tokens=waiting,
-                       tiered=self.tiers)
+        return SLOLoad(
+            step_s=step_s,
+            prefill_token_s=prefill_token_s,
+            decode_seq_s=decode_seq_s,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs,
+            running=len(running),
+            slot_wait_s=self._slot_wait(running),
+            waiting_tokens=waiting,
+            tiered=self.tiers,
+        )
 
     def _refusal(self, seq: Sequence, predicted: float, target: float) -> SLOUnattainableError:
         return SLOUnattainableError(
             f"request {seq.request_id!r} cannot meet its time-to-first-token target of {target:.3g} s "
             f"(predicted {predicted:.3g} s with the work ahead of it); retry later",
-            retry_after=max(1.0, math.ceil(predicted - target)), predicted_ttft_s=predicted, param="ttft_target")
+            retry_after=max(1.0, math.ceil(predicted - target)),
+            predicted_ttft_s=predicted,
+            param="ttft_target",
+        )
 
     def _demote(self, seq: Sequence) -> None:
         seq.priority -= 1
@@ -92,7 +108,9 @@ class SLOPolicy(SchedulingPolicy):
     def add(self, seq: Sequence) -> None:
         target = self.ttft_target(seq)
         if target is not None:
-            pred = self.predict_ttft(seq.num_tokens, seq.priority, self._running, self.clock() - seq.arrival_time)
+            pred = self.predict_ttft(
+                seq.num_tokens, seq.priority, self._running, self.clock() - seq.arrival_time
+            )
             if pred > target:
                 if not self.config.slo_demote:
                     raise self._refusal(seq, pred, target)
@@ -120,8 +138,14 @@ class SLOPolicy(SchedulingPolicy):
     def victim(self, running: list[Sequence]) -> Sequence:
         return self.inner.victim(running)
 
-    def displace(self, seq: Sequence, candidates: list[Sequence], *, for_budget: bool = False,
-                 plan: StepPlan | None = None) -> Sequence | None:
+    def displace(
+        self,
+        seq: Sequence,
+        candidates: list[Sequence],
+        *,
+        for_budget: bool = False,
+        plan: StepPlan | None = None,
+    ) -> Sequence | None:
         return self.inner.displace(seq, candidates, for_budget=for_budget, plan=plan)
 
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:

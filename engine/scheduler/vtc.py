@@ -7,6 +7,7 @@ of a more-served tenant: for the token budget, that tenant's tokens of this step
 its weighted share is preempted (`_over_share`). "vtc" is one tier (`Sequence.priority` ignored);
 "priority+vtc" keeps the strict tiers and their starvation guard.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,8 +23,13 @@ from engine.scheduler.vtc_counters import VirtualTokenCounters
 class FairTieredPolicy(TieredPolicy):
     """The tiered queue with VTC order and displacement between the tenants of a tier."""
 
-    def __init__(self, config: SchedulerConfig | None = None, *, clock: Callable[[], float] | None = None,
-                 inner: SchedulingPolicy | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        inner: SchedulingPolicy | None = None,
+    ) -> None:
         super().__init__(config, clock=clock, inner=inner)
         self.vtc = VirtualTokenCounters(self.config.vtc_input_weight, self.config.vtc_output_weight)
         self.weights: dict[str, float] = {}  # tenant -> its weight (latest request's)
@@ -62,18 +68,24 @@ class FairTieredPolicy(TieredPolicy):
         """Lowest tier first, then the most-served tenant, then least progress lost."""
         return (self.tier(seq), -self.vtc.counters.get(seq.tenant, 0.0)) + progress_lost(seq)
 
-    def _displace_in_tier(self, seq: Sequence, same: list[Sequence], for_budget: bool,
-                          plan: StepPlan | None) -> Sequence | None:
+    def _displace_in_tier(
+        self, seq: Sequence, same: list[Sequence], for_budget: bool, plan: StepPlan | None
+    ) -> Sequence | None:
         return self._more_served(seq, same, plan) if for_budget else self._over_share(seq, same)
 
-    def _more_served(self, seq: Sequence, candidates: list[Sequence], plan: StepPlan | None) -> Sequence | None:
+    def _more_served(
+        self, seq: Sequence, candidates: list[Sequence], plan: StepPlan | None
+    ) -> Sequence | None:
         """For the token budget: a running sequence of a tenant that stays at least as served as
         seq's tenant even once seq's remaining prompt is counted (so the two never trade places
         back and forth within a step; this keeps VTC's 2U bound), from the most-served such tenant,
         its largest chunk of this step first. Its tokens wait one step; it loses no work. Without
         this a light tenant's prompt is split behind a heavy tenant's decodes and chunks and its
         first token comes a step or two later than it would alone."""
-        mine = self.vtc.value(seq.tenant) + self.vtc.w_in * (seq.num_tokens - seq.num_computed_tokens) / seq.weight
+        mine = (
+            self.vtc.value(seq.tenant)
+            + self.vtc.w_in * (seq.num_tokens - seq.num_computed_tokens) / seq.weight
+        )
         over = [c for c in candidates if c.tenant != seq.tenant and self.vtc.value(c.tenant) >= mine]
         if not over:
             return None
@@ -108,8 +120,11 @@ class FairTieredPolicy(TieredPolicy):
         if excess(seq.tenant) > -1:
             return None
         mine = self.vtc.value(seq.tenant)
-        over = [c for c in candidates if c.tenant != seq.tenant and excess(c.tenant) >= 1
-                and self.vtc.value(c.tenant) >= mine]
+        over = [
+            c
+            for c in candidates
+            if c.tenant != seq.tenant and excess(c.tenant) >= 1 and self.vtc.value(c.tenant) >= mine
+        ]
         return min(over, key=lambda c: (-excess(c.tenant),) + progress_lost(c)) if over else None
 
 

@@ -8,6 +8,7 @@ prompt provisionally until the step's real service is counted. The least-served 
 waiting work is admitted first. A tenant that becomes active again (no waiting or running request
 before this one) is lifted to the smallest counter of the active tenants: idling banks no credit.
 """
+
 from __future__ import annotations
 
 from engine.request import Sequence

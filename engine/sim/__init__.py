@@ -2,6 +2,7 @@
 instead of a forward (simulator.py), and the four scheduling scenarios run on it (scenarios.py).
 Plain Python, no torch; `python -m benchmarks.sched_sim` runs the scenarios (docs/scheduling.md).
 """
+
 from engine.sim.simulator import (
     SimReport,
     SimRequest,
@@ -13,5 +14,13 @@ from engine.sim.simulator import (
     poisson_trace,
 )
 
-__all__ = ["SimReport", "SimRequest", "Simulator", "StepCost", "backlog", "bursty_trace", "percentile",
-           "poisson_trace"]
+__all__ = [
+    "SimReport",
+    "SimRequest",
+    "Simulator",
+    "StepCost",
+    "backlog",
+    "bursty_trace",
+    "percentile",
+    "poisson_trace",
+]

@@ -1,6 +1,7 @@
 """The four scheduling scenarios on the simulator: fairness, a noisy neighbour, priority tiers and
 overload (shared by the tests and benchmarks/sched_sim.py). Each returns a dict of numbers plus the
 reports behind them."""
+
 from __future__ import annotations
 
 import random
@@ -31,8 +32,10 @@ def capacity(config: SchedulerConfig = BASE, seed: int = 0) -> float:
 def fairness(n: int = 150, seed: int = 0) -> dict:
     """1. Two backlogged tenants of weights 1 and 2: max |S_A/1 - S_B/2| while both are backlogged,
     against the VTC bound 2U, U = max(w_in * max_input, w_out * max_output)."""
-    out = {"bound": 2 * max(BASE.vtc_input_weight * SHAPE["prompt_len"][1],
-                            BASE.vtc_output_weight * SHAPE["output_len"][1])}
+    out = {
+        "bound": 2
+        * max(BASE.vtc_input_weight * SHAPE["prompt_len"][1], BASE.vtc_output_weight * SHAPE["output_len"][1])
+    }
     for policy in ("fcfs", "vtc"):
         rng = random.Random(seed)
         a = backlog(n, rng, tenant="A", weight=1.0, **SHAPE)
@@ -41,7 +44,9 @@ def fairness(n: int = 150, seed: int = 0) -> dict:
         report = simulate(policy, trace)
         # both are backlogged until the first of them has every request started
         end = min(max(r.first_token for r in report.select(tenant=t)) for t in "AB")
-        diff = [abs(x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"]) if t <= end]
+        diff = [
+            abs(x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"]) if t <= end
+        ]
         out[policy] = {"max_diff": max(diff), "report": report, "backlogged_until": end}
     return out
 
@@ -55,8 +60,13 @@ def noisy_neighbour(duration: float = 20.0, seed: int = 1) -> dict:
     out = {"capacity_rps": cap, "b_solo_p99": solo.ttft_p(99, tenant="B")}
     for policy in ("fcfs", "vtc"):
         report = simulate(policy, [replace(r) for r in a + b], until=duration)
-        out[policy] = {"b_p99": report.ttft_p(99, tenant="B"), "a_p99": report.ttft_p(99, tenant="A"),
-                       "b_started": len(report.ttfts(tenant="B")), "b_sent": len(b), "report": report}
+        out[policy] = {
+            "b_p99": report.ttft_p(99, tenant="B"),
+            "a_p99": report.ttft_p(99, tenant="A"),
+            "b_started": len(report.ttfts(tenant="B")),
+            "b_sent": len(b),
+            "report": report,
+        }
     return out
 
 
@@ -75,22 +85,30 @@ def priority(duration: float = 20.0, seed: int = 2) -> dict:
         for r in report.finished(priority=0):
             if r.finish < duration:
                 windows[int(r.finish)] += r.output_len
-        out[policy] = {"inter_p99": report.ttft_p(99, priority=1),
-                       "batch_tps": report.throughput(until=duration, priority=0),
-                       "batch_min_window_tokens": min(windows[1:]), "preemptions": report.preemptions,
-                       "report": report}
+        out[policy] = {
+            "inter_p99": report.ttft_p(99, priority=1),
+            "batch_tps": report.throughput(until=duration, priority=0),
+            "batch_min_window_tokens": min(windows[1:]),
+            "preemptions": report.preemptions,
+            "report": report,
+        }
     return out
 
 
 def overload(duration: float = 20.0, seed: int = 3, ttft: float = 0.5, tpot: float = 0.05) -> dict:
     """4. Bursty arrivals at 2x capacity, every request with TTFT and TPOT targets: goodput."""
     cap = capacity()
-    trace = bursty_trace(2 * cap, duration, random.Random(seed), burst=5, ttft_target_s=ttft,
-                         tpot_target_s=tpot, **SHAPE)
+    trace = bursty_trace(
+        2 * cap, duration, random.Random(seed), burst=5, ttft_target_s=ttft, tpot_target_s=tpot, **SHAPE
+    )
     out = {"capacity_rps": cap, "ttft_target_s": ttft, "tpot_target_s": tpot}
     for policy in ("fcfs", "slo"):
         report = simulate(policy, [replace(r) for r in trace], until=2 * duration)
-        out[policy] = {"goodput_rps": sum(r.met_slo() for r in report.requests) / duration,
-                       "refused": sum(r.refused for r in report.requests), "sent": len(trace),
-                       "ttft_p99": report.ttft_p(99), "report": report}
+        out[policy] = {
+            "goodput_rps": sum(r.met_slo() for r in report.requests) / duration,
+            "refused": sum(r.refused for r in report.requests),
+            "sent": len(trace),
+            "ttft_p99": report.ttft_p(99),
+            "report": report,
+        }
     return out

@@ -7,6 +7,7 @@ dummy token to those that sample. Per request it records arrival, first token an
 step (w_in per prompt token computed for the first time, w_out per output token, / the weight).
 A policy question is answered in well under a second of real time.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,9 @@ class SimRequest:
         """Finished, and within both targets (DistServe's goodput counts these)."""
         if self.finish is None:
             return False
-        return ((self.ttft_target_s is None or self.ttft <= self.ttft_target_s)
-                and (self.tpot_target_s is None or self.tpot <= self.tpot_target_s))
+        return (self.ttft_target_s is None or self.ttft <= self.ttft_target_s) and (
+            self.tpot_target_s is None or self.tpot <= self.tpot_target_s
+        )
 
 
 @dataclass
@@ -76,11 +78,16 @@ class SimReport:
     steps: int
     preemptions: int
     times: list[float] = field(default_factory=list)  # after each step
-    service: dict[str, list[float]] = field(default_factory=dict)  # tenant -> weighted service after each step
+    service: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # tenant -> weighted service after each step
 
     def select(self, tenant: str | None = None, priority: int | None = None) -> list[SimRequest]:
-        return [r for r in self.requests if (tenant is None or r.tenant == tenant)
-                and (priority is None or r.priority == priority)]
+        return [
+            r
+            for r in self.requests
+            if (tenant is None or r.tenant == tenant) and (priority is None or r.priority == priority)
+        ]
 
     def ttfts(self, **where) -> list[float]:
         return [r.ttft for r in self.select(**where) if r.ttft is not None]
@@ -105,8 +112,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Simulator:
-    def __init__(self, config: SchedulerConfig, num_blocks: int, cost: StepCost = StepCost(),
-                 w_in: float | None = None, w_out: float | None = None):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        num_blocks: int,
+        cost: StepCost = StepCost(),
+        w_in: float | None = None,
+        w_out: float | None = None,
+    ):
         self.config = config
         self.cost = cost
         self.now = 0.0
@@ -161,10 +174,18 @@ class Simulator:
         return report
 
     def _add(self, r: SimRequest) -> None:
-        seq = Sequence(r.request_id, [1] * r.prompt_len, r.prompt_len,
-                       SamplingParams(max_tokens=r.output_len, ignore_eos=True), tenant=r.tenant,
-                       weight=r.weight, priority=r.priority, arrival_time=r.arrival,
-                       ttft_target_s=r.ttft_target_s, tpot_target_s=r.tpot_target_s)
+        seq = Sequence(
+            r.request_id,
+            [1] * r.prompt_len,
+            r.prompt_len,
+            SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+            tenant=r.tenant,
+            weight=r.weight,
+            priority=r.priority,
+            arrival_time=r.arrival,
+            ttft_target_s=r.ttft_target_s,
+            tpot_target_s=r.tpot_target_s,
+        )
         try:
             self.scheduler.add(seq)
         except SLOUnattainableError:
@@ -191,7 +212,9 @@ def poisson_trace(rate: float, duration: float, rng: random.Random, **request) -
     return out
 
 
-def bursty_trace(rate: float, duration: float, rng: random.Random, burst: int = 10, **request) -> list[SimRequest]:
+def bursty_trace(
+    rate: float, duration: float, rng: random.Random, burst: int = 10, **request
+) -> list[SimRequest]:
     """Bursts of `burst` simultaneous requests, the bursts Poisson, `rate` requests/s on average."""
     out = []
     for b in poisson_trace(rate / burst, duration, rng, prompt_len=1, output_len=1):

@@ -6,6 +6,7 @@ Public names: ``StructuredSpec`` (plain Python: it travels in SamplingParams and
 engine's per-step machinery). ``check`` and ``StructuredOutputs`` import xgrammar (and torch) on
 first use; ``StructuredSpec`` imports neither.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from engine.structured.spec import KINDS, StructuredSpec
 
-_LAZY = {"check": "engine.structured.grammar", "StructuredOutputs": "engine.structured.manager",
-         "GrammarCache": "engine.structured.cache"}
+_LAZY = {
+    "check": "engine.structured.grammar",
+    "StructuredOutputs": "engine.structured.manager",
+    "GrammarCache": "engine.structured.cache",
+}
 
 __all__ = ["GrammarCache", "KINDS", "StructuredOutputs", "StructuredSpec", "check"]
 

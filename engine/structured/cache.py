@@ -3,6 +3,7 @@
 A spec seen before is a hit (its future may still be running: a second request waits on the same
 compilation). Compiling a large JSON schema against a 49k-token vocabulary takes tens of ms to
 seconds, so it never runs on the engine's step loop."""
+
 from __future__ import annotations
 
 import threading
@@ -17,8 +18,12 @@ DEFAULT_CAPACITY = 128  # compiled grammars kept (a JSON schema's is ~10-100 KB 
 
 
 class GrammarCache:
-    def __init__(self, compile_fn: Callable[[StructuredSpec], Any], capacity: int = DEFAULT_CAPACITY,
-                 executor: ThreadPoolExecutor | None = None):
+    def __init__(
+        self,
+        compile_fn: Callable[[StructuredSpec], Any],
+        capacity: int = DEFAULT_CAPACITY,
+        executor: ThreadPoolExecutor | None = None,
+    ):
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._compile = compile_fn

@@ -4,6 +4,7 @@ JSON output is compact (``any_whitespace=False``: xgrammar's default separators,
 whitespace): a small model allowed free whitespace can spend its whole max_tokens on newlines.
 A json_schema is strict (properties and items not in the schema are not generated); json_object
 is any JSON object."""
+
 from __future__ import annotations
 
 import xgrammar as xgr
@@ -26,7 +27,9 @@ def to_grammar(spec: StructuredSpec) -> xgr.Grammar:
             return xgr.Grammar.from_regex(spec.value)
         return xgr.Grammar.from_ebnf(spec.value, root_rule_name="root")
     except (RuntimeError, ValueError, TypeError) as exc:
-        what = {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar"}.get(spec.kind, spec.kind)
+        what = {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar"}.get(
+            spec.kind, spec.kind
+        )
         raise InvalidRequestError(f"invalid {what}: {_reason(exc)}", param=spec.param) from None
 
 

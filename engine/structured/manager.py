@@ -10,6 +10,7 @@ request id, not by KV blocks: preemption (recompute or swap) leaves it as it is,
 do not change. A sequence resumed from tokens generated elsewhere has its matcher rebuilt by
 accepting them. Rows without a grammar cost nothing: with no matcher in the step, both calls return
 at once."""
+
 from __future__ import annotations
 
 import logging
@@ -32,13 +33,21 @@ log = logging.getLogger(__name__)
 
 
 class StructuredOutputs:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids, *, capacity: int = DEFAULT_CAPACITY,
-                 max_threads: int | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        stop_token_ids,
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        max_threads: int | None = None,
+    ):
         # vocab_size: the model's (the logits' width), which may exceed the tokenizer's; the ids
         # past the tokenizer's are never allowed by a grammar.
         self.vocab_size = vocab_size
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                                 stop_token_ids=sorted(stop_token_ids))
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
+        )
         threads = max_threads or min(4, os.cpu_count() or 1)
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=threads, cache_enabled=False)
         self.cache = GrammarCache(self._compile, capacity)
@@ -46,7 +55,9 @@ class StructuredOutputs:
         self.held: dict[str, tuple[Sequence, Future]] = {}  # waiting for their grammar to compile
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
         self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # [rows, ceil(V / 32)] int32, grown on demand
+        self._bitmask = xgr.allocate_token_bitmask(
+            1, vocab_size
+        )  # [rows, ceil(V / 32)] int32, grown on demand
         self._fill: tuple[dict[str, int], torch.Tensor, Future] | None = None
 
     def _compile(self, spec: StructuredSpec) -> xgr.CompiledGrammar:
@@ -90,11 +101,15 @@ class StructuredOutputs:
             raise
         except Exception as exc:
             spec = seq.params.structured
-            raise InvalidRequestError(f"the {spec.kind} constraint cannot be compiled: {exc}", param=spec.param) from exc
+            raise InvalidRequestError(
+                f"the {spec.kind} constraint cannot be compiled: {exc}", param=spec.param
+            ) from exc
         matcher = xgr.GrammarMatcher(compiled)
         for token in seq.output_token_ids:  # resumed: the tokens a dead worker already generated
             if not matcher.accept_token(token):
-                raise InvalidRequestError("the resumed output does not match the grammar", param="resume_token_ids")
+                raise InvalidRequestError(
+                    "the resumed output does not match the grammar", param="resume_token_ids"
+                )
         self.matchers[seq.request_id] = matcher
 
     def release(self, seq: Sequence) -> bool:
@@ -119,9 +134,15 @@ class StructuredOutputs:
         if not matchers:
             return
         if self._bitmask.shape[0] < len(matchers):
-            self._bitmask = xgr.allocate_token_bitmask(max(len(matchers), 2 * self._bitmask.shape[0]), self.vocab_size)
+            self._bitmask = xgr.allocate_token_bitmask(
+                max(len(matchers), 2 * self._bitmask.shape[0]), self.vocab_size
+            )
         bitmask = self._bitmask[: len(matchers)]
-        self._fill = (rows, bitmask, self._filler.submit(self._batch.batch_fill_next_token_bitmask, matchers, bitmask))
+        self._fill = (
+            rows,
+            bitmask,
+            self._filler.submit(self._batch.batch_fill_next_token_bitmask, matchers, bitmask),
+        )
 
     def apply(self, logits: torch.Tensor, samplers: list[ScheduledSeq]) -> None:
         """Set to -inf, in place, the logits [S, V] of tokens that a row's grammar does not allow
@@ -140,7 +161,9 @@ class StructuredOutputs:
             return
         full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=torch.int32)  # -1: all allowed
         full[dst] = bitmask[src]
-        xgr.apply_token_bitmask_inplace(logits, full.to(logits.device), vocab_size=self.vocab_size, indices=dst)
+        xgr.apply_token_bitmask_inplace(
+            logits, full.to(logits.device), vocab_size=self.vocab_size, indices=dst
+        )
 
     def accept(self, request_id: str, token: int) -> bool:
         """Advance the sequence's matcher by its sampled token; True when the output is complete
@@ -165,7 +188,9 @@ def _mask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, dst: list[int], src: 
     one-thread kernel at 32 rows x 49,152 tokens."""
     vocab = logits.shape[1]
     words = (~bitmask[src]).numpy()  # [R, ceil(V / 32)] int32, 1 bits: forbidden
-    forbidden = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")[:, :vocab].view(np.bool_)  # [R, V]
+    forbidden = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")[:, :vocab].view(
+        np.bool_
+    )  # [R, V]
     if dst != list(range(logits.shape[0])):  # some rows unconstrained: they stay as they are
         rows = np.zeros((logits.shape[0], vocab), dtype=np.bool_)
         rows[dst] = forbidden

@@ -1,6 +1,7 @@
 """What a structured request constrains its output to. Plain Python (no xgrammar, no torch): the spec
 travels in SamplingParams through the gateway and the lane message; engine/structured/grammar.py
 turns it into a grammar."""
+
 from __future__ import annotations
 
 import json
@@ -30,11 +31,14 @@ class StructuredSpec:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise InvalidRequestError(f"unknown structured output kind {self.kind!r}; one of {', '.join(KINDS)}",
-                                      param=PARAM)
+            raise InvalidRequestError(
+                f"unknown structured output kind {self.kind!r}; one of {', '.join(KINDS)}", param=PARAM
+            )
         param = self.param
         if not isinstance(self.value, str):
-            raise InvalidRequestError(f"a {self.kind} constraint is text, got {type(self.value).__name__}", param=param)
+            raise InvalidRequestError(
+                f"a {self.kind} constraint is text, got {type(self.value).__name__}", param=param
+            )
         if self.kind == "json_object" and self.value:
             raise InvalidRequestError("a json_object constraint takes no value", param=param)
         if self.kind != "json_object" and not self.value.strip():
@@ -56,7 +60,9 @@ class StructuredSpec:
     def json_schema(cls, schema: dict | bool | str) -> StructuredSpec:
         """A JSON-schema constraint from a schema (a dict, or its JSON text). Property order is kept:
         the output lists properties in the schema's order."""
-        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False))
+        return cls(
+            "json_schema", schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+        )
 
     @classmethod
     def coerce(cls, value) -> StructuredSpec | None:

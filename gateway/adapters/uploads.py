@@ -11,11 +11,29 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.lora import ModelShape
 from gateway.adapters.store import AdapterStore
 from gateway.adapters.validate import inspect_upload
-from tenancy import Adapter, ConflictError, create_adapter, delete_adapter, digest_in_use, get_adapter, get_tenant
+from tenancy import (
+    Adapter,
+    ConflictError,
+    create_adapter,
+    delete_adapter,
+    digest_in_use,
+    get_adapter,
+    get_tenant,
+)
 
 
-def store_adapter(session_factory: sessionmaker[Session], store: AdapterStore, *, tenant_id: int, name: str,
-                  config: bytes, weights: BinaryIO, weights_size: int, shape: ModelShape, max_rank: int) -> Adapter:
+def store_adapter(
+    session_factory: sessionmaker[Session],
+    store: AdapterStore,
+    *,
+    tenant_id: int,
+    name: str,
+    config: bytes,
+    weights: BinaryIO,
+    weights_size: int,
+    shape: ModelShape,
+    max_rank: int,
+) -> Adapter:
     """Validate and keep an uploaded adapter (blocking: run in a thread). Raises tenancy's
     NotFoundError / ConflictError, or the engine's AdapterError naming what is wrong."""
     with session_factory() as session:
@@ -26,9 +44,16 @@ def store_adapter(session_factory: sessionmaker[Session], store: AdapterStore, *
     digest = store.put(config, weights)
     try:
         with session_factory() as session:
-            row = create_adapter(session, tenant_id=tenant_id, name=name, sha256=digest, rank=spec.rank,
-                                 alpha=spec.alpha, target_modules=list(spec.target_modules),
-                                 size_bytes=spec.size_bytes)
+            row = create_adapter(
+                session,
+                tenant_id=tenant_id,
+                name=name,
+                sha256=digest,
+                rank=spec.rank,
+                alpha=spec.alpha,
+                target_modules=list(spec.target_modules),
+                size_bytes=spec.size_bytes,
+            )
     except BaseException:
         forget_files(session_factory, store, digest)
         raise
@@ -37,8 +62,9 @@ def store_adapter(session_factory: sessionmaker[Session], store: AdapterStore, *
     return row
 
 
-def remove_adapter(session_factory: sessionmaker[Session], store: AdapterStore, *, adapter_id: int,
-                   tenant_id: int | None) -> Adapter:
+def remove_adapter(
+    session_factory: sessionmaker[Session], store: AdapterStore, *, adapter_id: int, tenant_id: int | None
+) -> Adapter:
     """Delete the row, then its files unless another row uses them. Requests already running with
     it finish (their worker holds the weights); later ones no longer find it."""
     with session_factory() as session:

@@ -10,7 +10,14 @@ import struct
 from typing import Any, BinaryIO
 
 from engine.assets import model_config
-from engine.lora import AdapterSpec, AdapterWeightsError, ModelShape, inspect_adapter, parse_config, read_header
+from engine.lora import (
+    AdapterSpec,
+    AdapterWeightsError,
+    ModelShape,
+    inspect_adapter,
+    parse_config,
+    read_header,
+)
 
 HEADER_READ_LIMIT = 64 << 20  # read_header refuses a longer safetensors header
 
@@ -26,8 +33,9 @@ def served_shape(model: str, dummy_config: dict[str, Any] | None) -> ModelShape:
     return _shape(model, json.dumps(dummy_config or {}, sort_keys=True))
 
 
-def inspect_upload(config: bytes, weights: BinaryIO, weights_size: int, shape: ModelShape,
-                   max_rank: int) -> AdapterSpec:
+def inspect_upload(
+    config: bytes, weights: BinaryIO, weights_size: int, shape: ModelShape, max_rank: int
+) -> AdapterSpec:
     """Validate adapter_config.json's bytes and the weights file (only its header is read) against
     the base model; raises the engine's named AdapterError, whose message says what is wrong."""
     parse_config(config, max_rank)  # the config's problems first: they are the cheaper to name

@@ -11,7 +11,16 @@ from starlette.concurrency import run_in_threadpool
 from gateway.api.errors import install_error_handlers
 from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.ratelimit_headers import RateLimitHeadersMiddleware
-from gateway.api.routes import admin_adapters, admin_keys, admin_quotas, admin_tenants, completions, health, metrics, models
+from gateway.api.routes import (
+    admin_adapters,
+    admin_keys,
+    admin_quotas,
+    admin_tenants,
+    completions,
+    health,
+    metrics,
+    models,
+)
 from gateway.api.routes.admin_adapters import UPLOAD_OVERHEAD_BYTES
 from gateway.api.routes.health import Supervised
 from gateway.api.state import GatewayState
@@ -22,9 +31,19 @@ from gateway.telemetry import tracing
 # FastAPI releases with native OpenTelemetry (a `telemetry` argument) would add a second server span,
 # spans per dependency, and log records of validation failures that may quote the request body
 # (a prompt): this gateway's own spans (TracingMiddleware and the request path's) replace them.
-NATIVE_TELEMETRY_OFF = ({"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False,
-                                       "auto_configure": False}}
-                        if "telemetry" in inspect.signature(FastAPI).parameters else {})
+NATIVE_TELEMETRY_OFF = (
+    {
+        "telemetry": {
+            "tracing": False,
+            "metrics": False,
+            "logs": False,
+            "operation_spans": False,
+            "auto_configure": False,
+        }
+    }
+    if "telemetry" in inspect.signature(FastAPI).parameters
+    else {}
+)
 
 
 def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | None = None) -> FastAPI:
@@ -44,18 +63,31 @@ def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | 
                 await run_in_threadpool(tracing.shutdown_tracing)  # exports what is queued
 
     app = FastAPI(
-        title="fairlane", version="0.1.0", lifespan=lifespan,
+        title="fairlane",
+        version="0.1.0",
+        lifespan=lifespan,
         description="Multi-tenant LLM gateway: OpenAI-compatible API and admin REST.",
         **NATIVE_TELEMETRY_OFF,
     )
     app.state.supervisor = supervisor
     install_error_handlers(app)
-    for router in (health.router, completions.router, models.router, admin_tenants.router, admin_keys.router,
-                   admin_quotas.router, admin_adapters.router, metrics.router):
+    for router in (
+        health.router,
+        completions.router,
+        models.router,
+        admin_tenants.router,
+        admin_keys.router,
+        admin_quotas.router,
+        admin_adapters.router,
+        metrics.router,
+    ):
         app.include_router(router)
     if traced:  # innermost of the middleware: the request id is known, the span covers the route
         app.add_middleware(TracingMiddleware)
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
-                       upload_body_bytes=settings.max_adapter_bytes + UPLOAD_OVERHEAD_BYTES)
+    app.add_middleware(
+        RequestContextMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        upload_body_bytes=settings.max_adapter_bytes + UPLOAD_OVERHEAD_BYTES,
+    )
     app.add_middleware(RateLimitHeadersMiddleware)
     return app

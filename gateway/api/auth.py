@@ -51,8 +51,14 @@ async def invalidate_auth(redis: aioredis.Redis) -> None:
 class KeyCache:
     """Per-replica cache of key lookups, invalidated through Redis (see module docstring)."""
 
-    def __init__(self, session_factory: sessionmaker[Session], redis: aioredis.Redis, *,
-                 refresh_s: float = 0.25, max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        redis: aioredis.Redis,
+        *,
+        refresh_s: float = 0.25,
+        max_entries: int = 10_000,
+    ) -> None:
         self.session_factory, self.redis = session_factory, redis
         self.refresh_s, self.max_entries = refresh_s, max_entries
         self._entries: OrderedDict[str, AuthContext | None] = OrderedDict()
@@ -99,13 +105,26 @@ class KeyCache:
             if found is None:
                 return None
             row, tenant = found
-            quotas = (get_quota(session, tenant_id=tenant.id), get_quota(session, tenant_id=tenant.id, key_id=row.id))
-            caps = [q.max_tokens_per_request for q in quotas if q is not None and q.max_tokens_per_request is not None]
+            quotas = (
+                get_quota(session, tenant_id=tenant.id),
+                get_quota(session, tenant_id=tenant.id, key_id=row.id),
+            )
+            caps = [
+                q.max_tokens_per_request
+                for q in quotas
+                if q is not None and q.max_tokens_per_request is not None
+            ]
             return AuthContext(
-                key_id=row.id, tenant_id=tenant.id, tenant_name=tenant.name,
-                weight=tenant.weight, default_tier=tenant.default_tier, allowed_tiers=tuple(tenant.allowed_tiers),
-                scopes=tuple(row.scopes or ()), ttft_target_s=tenant.ttft_target_s,
-                tpot_target_s=tenant.tpot_target_s, max_tokens_cap=min(caps) if caps else None,
+                key_id=row.id,
+                tenant_id=tenant.id,
+                tenant_name=tenant.name,
+                weight=tenant.weight,
+                default_tier=tenant.default_tier,
+                allowed_tiers=tuple(tenant.allowed_tiers),
+                scopes=tuple(row.scopes or ()),
+                ttft_target_s=tenant.ttft_target_s,
+                tpot_target_s=tenant.tpot_target_s,
+                max_tokens_cap=min(caps) if caps else None,
             )
 
     async def _touch(self, key_id: int) -> None:

@@ -37,7 +37,8 @@ SessionDep = Annotated[Session, Depends(get_session)]
 async def get_current_key(state: StateDep, credentials: BearerDep) -> AuthContext:
     if credentials is None or not credentials.credentials:
         raise AuthenticationFailed(
-            "You didn't provide an API key. Send it as 'Authorization: Bearer fl-...'.", code="missing_api_key"
+            "You didn't provide an API key. Send it as 'Authorization: Bearer fl-...'.",
+            code="missing_api_key",
         )
     with tracing.span("auth"):
         context = await state.key_cache.lookup(credentials.credentials)
@@ -52,9 +53,12 @@ CurrentKey = Annotated[AuthContext, Depends(get_current_key)]
 
 def require_admin(state: StateDep, credentials: BearerDep) -> None:
     token = credentials.credentials if credentials is not None else ""
-    if not state.settings.admin_token or not hmac.compare_digest(token.encode(), state.settings.admin_token.encode()):
-        raise AuthenticationFailed("Admin endpoints need 'Authorization: Bearer <admin token>'.",
-                                   code="invalid_admin_token")
+    if not state.settings.admin_token or not hmac.compare_digest(
+        token.encode(), state.settings.admin_token.encode()
+    ):
+        raise AuthenticationFailed(
+            "Admin endpoints need 'Authorization: Bearer <admin token>'.", code="invalid_admin_token"
+        )
 
 
 AdminDep = Depends(require_admin)

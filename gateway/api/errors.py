@@ -20,7 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tenancy import ConflictError, NotFoundError, TenancyError
 
 log = logging.getLogger(__name__)
-SLO_UNATTAINABLE = "slo_unattainable"  # the error code (and usage status) of a request refused for its TTFT target
+SLO_UNATTAINABLE = (
+    "slo_unattainable"  # the error code (and usage status) of a request refused for its TTFT target
+)
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a response nobody is listening to any more
 NO_WORKER_RETRY_S = 5  # retry-after when no worker serves the model (workers start in seconds)
 REDIS_DOWN_RETRY_S = 2  # retry-after when the lanes' Redis does not answer
@@ -33,8 +35,14 @@ class GatewayError(Exception):
     error_type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -100,21 +108,33 @@ class GatewayTimeout(GatewayError):
 
 
 # The messages of errors raised in more than one place, or worth reading side by side.
-def context_length_exceeded(max_model_len: int, prompt_tokens: int, max_tokens: int,
-                            prompt_param: str) -> InvalidRequest:
+def context_length_exceeded(
+    max_model_len: int, prompt_tokens: int, max_tokens: int, prompt_param: str
+) -> InvalidRequest:
     """400: prompt + max_tokens do not fit the model's context (found before anything is charged)."""
     if prompt_tokens >= max_model_len:
-        return InvalidRequest(f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
-                              f"{prompt_tokens} tokens.", param=prompt_param, code="context_length_exceeded")
+        return InvalidRequest(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{prompt_tokens} tokens.",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
     return InvalidRequest(
-        f"This model's maximum context length is {max_model_len} tokens, but {prompt_tokens + max_tokens} were "
-        f"requested ({prompt_tokens} in the prompt, {max_tokens} for the completion); shorten the prompt or lower "
-        "max_tokens.", param="max_tokens", code="context_length_exceeded")
+        f"This model's maximum context length is {max_model_len} tokens, but {prompt_tokens + max_tokens} "
+        "were "
+        f"requested ({prompt_tokens} in the prompt, {max_tokens} for the completion); shorten the prompt "
+        "or lower "
+        "max_tokens.",
+        param="max_tokens",
+        code="context_length_exceeded",
+    )
 
 
 def no_worker(model: str) -> ServiceUnavailable:
-    return ServiceUnavailable(f"No engine worker is serving {model!r} right now; retry shortly.",
-                              headers={"retry-after": str(NO_WORKER_RETRY_S)})
+    return ServiceUnavailable(
+        f"No engine worker is serving {model!r} right now; retry shortly.",
+        headers={"retry-after": str(NO_WORKER_RETRY_S)},
+    )
 
 
 def engine_timeout(detail: Exception) -> GatewayTimeout:
@@ -125,7 +145,8 @@ def slo_unattainable(target_s: float, predicted_s: float) -> SLOUnattainable:
     return SLOUnattainable(
         f"This request cannot meet its time-to-first-token target of {target_s:.3g} s right now (predicted "
         f"{predicted_s:.3g} s with the work queued ahead of it), so it was not started; retry later.",
-        retry_after_s=predicted_s - target_s)
+        retry_after_s=predicted_s - target_s,
+    )
 
 
 def quota_unavailable(detail: str, headers: dict[str, str] | None = None) -> ServiceUnavailable:
@@ -133,11 +154,18 @@ def quota_unavailable(detail: str, headers: dict[str, str] | None = None) -> Ser
 
 
 _ERROR_DESCRIPTIONS = {
-    400: "Invalid request", 401: "Missing or invalid API key (on /admin: admin token)",
-    403: "Not allowed (tier, disabled tenant)", 404: "Unknown model, tenant, key or route",
-    409: "Conflict (the name is taken)", 413: "Body too large", 422: "Invalid field value",
-    429: "Rate limit or quota exceeded", 499: "Client closed the request",
-    503: "No worker, queue unavailable, or latency target unattainable", 504: "The engine did not answer in time"}
+    400: "Invalid request",
+    401: "Missing or invalid API key (on /admin: admin token)",
+    403: "Not allowed (tier, disabled tenant)",
+    404: "Unknown model, tenant, key or route",
+    409: "Conflict (the name is taken)",
+    413: "Body too large",
+    422: "Invalid field value",
+    429: "Rate limit or quota exceeded",
+    499: "Client closed the request",
+    503: "No worker, queue unavailable, or latency target unattainable",
+    504: "The engine did not answer in time",
+}
 
 
 def _error_model():
@@ -161,7 +189,9 @@ _ERROR_MODEL = _error_model()
 
 def error_responses(*statuses: int) -> dict[int | str, dict]:
     """The OpenAPI ``responses`` of the error statuses a route can answer, with the OpenAI body."""
-    return {status: {"model": _ERROR_MODEL, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses}
+    return {
+        status: {"model": _ERROR_MODEL, "description": _ERROR_DESCRIPTIONS[status]} for status in statuses
+    }
 
 
 ERROR_RESPONSES = error_responses(400, 401, 403, 404, 413, 422, 429, 499, 503, 504)  # /v1 generation routes
@@ -184,9 +214,14 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 def _describe_validation(exc: RequestValidationError) -> GatewayError:
     errors = exc.errors()
     first = errors[0] if errors else {}
-    # Union members appear in the path as tags ("function-after[_utf8(), str]", "list[int]", "str"): not fields.
-    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path", "header")
-           and not (isinstance(part, str) and ("[" in part or part in _TYPE_TAGS))]
+    # Union members appear in the path as tags ("function-after[_utf8(), str]", "list[int]", "str"):
+    # not fields.
+    loc = [
+        str(part)
+        for part in first.get("loc", ())
+        if part not in ("body", "query", "path", "header")
+        and not (isinstance(part, str) and ("[" in part or part in _TYPE_TAGS))
+    ]
     param = ".".join(loc) or None
     kind = first.get("type", "")
     if kind in ("json_invalid", "json_type"):
@@ -225,7 +260,9 @@ def install_error_handlers(app: FastAPI) -> None:
         by_status = {404: NotFound, 401: AuthenticationFailed, 403: PermissionDenied, 413: PayloadTooLarge}
         cls = by_status.get(exc.status_code)
         if cls is None:
-            error = InvalidRequest(str(exc.detail)) if exc.status_code < 500 else GatewayError(str(exc.detail))
+            error = (
+                InvalidRequest(str(exc.detail)) if exc.status_code < 500 else GatewayError(str(exc.detail))
+            )
             error.status_code = exc.status_code
         else:
             error = cls(str(exc.detail) if exc.status_code != 404 else "Not found.")
@@ -235,8 +272,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RedisTimeoutError)
     async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:
         log.error("redis unavailable: %s", exc)
-        return error_response(ServiceUnavailable("The request queue is unavailable; retry shortly.",
-                                                 headers={"retry-after": str(REDIS_DOWN_RETRY_S)}))
+        return error_response(
+            ServiceUnavailable(
+                "The request queue is unavailable; retry shortly.",
+                headers={"retry-after": str(REDIS_DOWN_RETRY_S)},
+            )
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

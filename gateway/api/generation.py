@@ -57,8 +57,11 @@ TIMEOUT = "timeout"  # usage status of a request whose results stopped coming
 
 
 def queue_lost(detail: object) -> ServiceUnavailable:
-    return ServiceUnavailable(f"The request was interrupted: the request queue became unavailable ({detail}). "
-                              "Retry it.", code=INTERRUPTED, headers={"retry-after": "2"})
+    return ServiceUnavailable(
+        f"The request was interrupted: the request queue became unavailable ({detail}). Retry it.",
+        code=INTERRUPTED,
+        headers={"retry-after": "2"},
+    )
 
 
 def slo_targets(auth: AuthContext, tier: str, settings: ApiSettings) -> tuple[float | None, float | None]:
@@ -70,13 +73,19 @@ def slo_targets(auth: AuthContext, tier: str, settings: ApiSettings) -> tuple[fl
 def lane_error(result: LaneResult, prompt_param: str = "messages") -> GatewayError:
     """The HTTP error of a worker's error result: 503 + retry-after for an SLO refusal, else 400."""
     if result.error_code == SLO_UNATTAINABLE:
-        return SLOUnattainable(result.error_message or "The request cannot meet its latency target now.",
-                               retry_after_s=result.retry_after_s or 1.0)
+        return SLOUnattainable(
+            result.error_message or "The request cannot meet its latency target now.",
+            retry_after_s=result.retry_after_s or 1.0,
+        )
     if result.error_code == MODEL_NOT_FOUND:  # its adapter was deleted while the request waited in its lane
-        return NotFound(result.error_message or "The model does not exist.", param="model", code=MODEL_NOT_FOUND)
-    return InvalidRequest(result.error_message or "The engine refused the request.",
-                          param=prompt_param if result.error_param == "prompt" else result.error_param,
-                          code=result.error_code)
+        return NotFound(
+            result.error_message or "The model does not exist.", param="model", code=MODEL_NOT_FOUND
+        )
+    return InvalidRequest(
+        result.error_message or "The engine refused the request.",
+        param=prompt_param if result.error_param == "prompt" else result.error_param,
+        code=result.error_code,
+    )
 
 
 def error_status(result: LaneResult) -> str:
@@ -201,12 +210,14 @@ class Generation:
                     if self.first_token_at is None:
                         self.first_token_at = now
                     else:
-                        metrics.INTER_TOKEN.labels(self.tier).observe((now - self.last_token_at)
-                                                                      / len(result.token_ids))
+                        metrics.INTER_TOKEN.labels(self.tier).observe(
+                            (now - self.last_token_at) / len(result.token_ids)
+                        )
                     self.last_token_at = now
                 relay.prompt_tokens = result.num_prompt_tokens or relay.prompt_tokens
-                relay.choice_tokens[result.index] = max(relay.choice_tokens.get(result.index, 0),
-                                                        result.num_output_tokens)
+                relay.choice_tokens[result.index] = max(
+                    relay.choice_tokens.get(result.index, 0), result.num_output_tokens
+                )
                 if result.index == 0:  # the prompt's own (choices > 0 share its blocks by design)
                     relay.cached_tokens = max(relay.cached_tokens, result.num_cached_tokens)
                 if result.prompt_logprobs is not None and relay.prompt_logprobs is None:
@@ -239,22 +250,44 @@ class Generation:
                 if not relay.done or status == INTERRUPTED:
                     self.state.lanes.cancel_soon(relay.request_id)
             ran_prompt_tokens = sum(relay.prompt_tokens for relay in self.relays if relay.ran)
-            await self.quota.settle(self.admission, completion_tokens=self.completion_tokens, status=status,
-                                    prompt_tokens=ran_prompt_tokens)
+            await self.quota.settle(
+                self.admission,
+                completion_tokens=self.completion_tokens,
+                status=status,
+                prompt_tokens=ran_prompt_tokens,
+            )
             for relay in self.relays:
                 await _quietly(self.state.lanes.discard(relay.request_id))
-            await _record(self.state, self.admission, request_id=self.request_id, model=self.model, tier=self.tier,
-                          status=status, prompt_tokens=ran_prompt_tokens, completion_tokens=self.completion_tokens,
-                          started=self.started, first_token_at=self.first_token_at)
+            await _record(
+                self.state,
+                self.admission,
+                request_id=self.request_id,
+                model=self.model,
+                tier=self.tier,
+                status=status,
+                prompt_tokens=ran_prompt_tokens,
+                completion_tokens=self.completion_tokens,
+                started=self.started,
+                first_token_at=self.first_token_at,
+            )
             if self.relay_span is not None:
                 self.relay_span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)
                 self.relay_span.end()
             status = status or "unknown"
-            finish_request(span=self.span, tenant_label=self.state.settings.metrics_tenant_label,
-                           request_id=self.request_id, auth=self.admission.auth, tier=self.tier, model=self.model,
-                           status=status, prompt_tokens=0 if never_ran(status, self.completion_tokens)
-                           else ran_prompt_tokens, completion_tokens=self.completion_tokens, started=self.started,
-                           first_token_at=self.first_token_at, ran=True)
+            finish_request(
+                span=self.span,
+                tenant_label=self.state.settings.metrics_tenant_label,
+                request_id=self.request_id,
+                auth=self.admission.auth,
+                tier=self.tier,
+                model=self.model,
+                status=status,
+                prompt_tokens=0 if never_ran(status, self.completion_tokens) else ran_prompt_tokens,
+                completion_tokens=self.completion_tokens,
+                started=self.started,
+                first_token_at=self.first_token_at,
+                ran=True,
+            )
 
 
 async def _quietly(call) -> None:
@@ -266,8 +299,9 @@ async def _quietly(call) -> None:
         log.warning("redis call skipped during an outage: %s", exc)
 
 
-def resolve_max_tokens(requested: int | None, *, prompt_tokens: int, max_model_len: int | None, default: int,
-                       cap: int | None) -> int:
+def resolve_max_tokens(
+    requested: int | None, *, prompt_tokens: int, max_model_len: int | None, default: int, cap: int | None
+) -> int:
     """The request's max_tokens: the client's, else the server default, lowered to the context left
     and to the quota's per-request cap (a cap of 0 is left for the quota to refuse)."""
     if requested is not None:
@@ -288,10 +322,20 @@ def sampling_params(options: dict[str, Any], max_tokens: int) -> SamplingParams:
         raise InvalidRequest(exc.message, param=exc.param) from exc
 
 
-async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, request_id: str, tier: str,
-                prompts: list[list[int]], requested_max_tokens: int | None, sampling_options: dict[str, Any],
-                prompt_param: str = "messages", traceparent: str | None = None,
-                adapter: LaneAdapter | None = None) -> Generation:
+async def start(
+    state: GatewayState,
+    quota: QuotaSeam,
+    auth: AuthContext,
+    *,
+    request_id: str,
+    tier: str,
+    prompts: list[list[int]],
+    requested_max_tokens: int | None,
+    sampling_options: dict[str, Any],
+    prompt_param: str = "messages",
+    traceparent: str | None = None,
+    adapter: LaneAdapter | None = None,
+) -> Generation:
     """Check, admit and queue a request, and wait for its first result (raising its error, if any).
     ``prompts``: token ids of each prompt (several only on completions), each its own engine
     request, all under one quota admission; ``adapter``: the tenant's LoRA adapter it runs with
@@ -304,15 +348,35 @@ async def start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, req
     started = time.monotonic()  # TTFT and latency count the time spent queued
     span = trace.get_current_span() if tracing.enabled() else None
     try:
-        return await _start(state, quota, auth, request_id=request_id, tier=tier, prompts=prompts,
-                            requested_max_tokens=requested_max_tokens, sampling_options=sampling_options,
-                            prompt_param=prompt_param, traceparent=traceparent, started=started, span=span,
-                            adapter=adapter)
+        return await _start(
+            state,
+            quota,
+            auth,
+            request_id=request_id,
+            tier=tier,
+            prompts=prompts,
+            requested_max_tokens=requested_max_tokens,
+            sampling_options=sampling_options,
+            prompt_param=prompt_param,
+            traceparent=traceparent,
+            started=started,
+            span=span,
+            adapter=adapter,
+        )
     except GatewayError as exc:
         if not getattr(exc, "reported", False):
-            finish_request(span=span, tenant_label=state.settings.metrics_tenant_label, request_id=request_id,
-                           auth=auth, tier=tier, model=state.settings.model_name, status=status_of(exc),
-                           prompt_tokens=0, completion_tokens=0, started=started)
+            finish_request(
+                span=span,
+                tenant_label=state.settings.metrics_tenant_label,
+                request_id=request_id,
+                auth=auth,
+                tier=tier,
+                model=state.settings.model_name,
+                status=status_of(exc),
+                prompt_tokens=0,
+                completion_tokens=0,
+                started=started,
+            )
         raise
 
 
@@ -321,10 +385,12 @@ def relay_ids(request_id: str, count: int) -> list[str]:
     return [request_id] if count == 1 else [f"{request_id}-{i}" for i in range(count)]
 
 
-async def _first_results(streams: list[AsyncIterator[LaneResult | None]],
-                         got: dict[int, LaneResult]) -> list[LaneResult]:
+async def _first_results(
+    streams: list[AsyncIterator[LaneResult | None]], got: dict[int, LaneResult]
+) -> list[LaneResult]:
     """The first result of each stream (keep-alives skipped), waited for together; each lands in
     ``got`` (stream position → result) as it comes, so that a failure knows which prompts ran."""
+
     async def first(i: int, stream: AsyncIterator[LaneResult | None]) -> LaneResult:
         result = await anext(stream)
         while result is None:  # keep-alives before the first result: a response has not started
@@ -342,10 +408,22 @@ async def _first_results(streams: list[AsyncIterator[LaneResult | None]],
             task.cancel()
 
 
-async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, request_id: str, tier: str,
-                 prompts: list[list[int]], requested_max_tokens: int | None, sampling_options: dict[str, Any],
-                 prompt_param: str, traceparent: str | None, started: float, span: Span | None,
-                 adapter: LaneAdapter | None = None) -> Generation:
+async def _start(
+    state: GatewayState,
+    quota: QuotaSeam,
+    auth: AuthContext,
+    *,
+    request_id: str,
+    tier: str,
+    prompts: list[list[int]],
+    requested_max_tokens: int | None,
+    sampling_options: dict[str, Any],
+    prompt_param: str,
+    traceparent: str | None,
+    started: float,
+    span: Span | None,
+    adapter: LaneAdapter | None = None,
+) -> Generation:
     settings, model = state.settings, state.settings.model_name
     shown = model if adapter is None else adapter_model_name(model, adapter.name)  # responses and usage
     if not await state.lanes.has_worker(model):
@@ -354,9 +432,13 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
     choices = sampling_options.get("n", 1) * len(prompts)  # a quota's max_tokens cap is on their total
     samplings: list[SamplingParams] = []
     for i, prompt_ids in enumerate(prompts):
-        max_tokens = resolve_max_tokens(requested_max_tokens, prompt_tokens=len(prompt_ids),
-                                        max_model_len=max_model_len, default=settings.max_tokens_default,
-                                        cap=auth.max_tokens_cap and auth.max_tokens_cap // choices)
+        max_tokens = resolve_max_tokens(
+            requested_max_tokens,
+            prompt_tokens=len(prompt_ids),
+            max_model_len=max_model_len,
+            default=settings.max_tokens_default,
+            cap=auth.max_tokens_cap and auth.max_tokens_cap // choices,
+        )
         if max_model_len is not None and len(prompt_ids) + max_tokens > max_model_len:
             error = context_length_exceeded(max_model_len, len(prompt_ids), max_tokens, prompt_param)
             if len(prompts) > 1:
@@ -371,25 +453,54 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
     ttft_target, tpot_target = slo_targets(auth, tier, settings)
     gate = ttft_target is not None and settings.slo_gate and not settings.engine.slo_demote
     if span is not None:  # the workers' spans join this trace: the lane carries this span's context
-        span.set_attributes({k: v for k, v in request_attributes(
-            auth=auth, tier=tier, model=model, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-            top_p=sampling.top_p, prompt_param=prompt_param).items() if v is not None})
+        span.set_attributes(
+            {
+                k: v
+                for k, v in request_attributes(
+                    auth=auth,
+                    tier=tier,
+                    model=model,
+                    max_tokens=sampling.max_tokens,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    prompt_param=prompt_param,
+                ).items()
+                if v is not None
+            }
+        )
         span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
         traceparent = tracing.inject() or traceparent
     ids = relay_ids(request_id, len(prompts))
-    lane_requests = [LaneRequest(request_id=rid, model=model, tier=tier, tenant=str(auth.tenant_id),
-                                 prompt_token_ids=tuple(prompt_ids), sampling=p, weight=auth.weight,
-                                 ttft_target_s=ttft_target, tpot_target_s=tpot_target, traceparent=traceparent,
-                                 lora=adapter) for rid, prompt_ids, p in zip(ids, prompts, samplings)]
+    lane_requests = [
+        LaneRequest(
+            request_id=rid,
+            model=model,
+            tier=tier,
+            tenant=str(auth.tenant_id),
+            prompt_token_ids=tuple(prompt_ids),
+            sampling=p,
+            weight=auth.weight,
+            ttft_target_s=ttft_target,
+            tpot_target_s=tpot_target,
+            traceparent=traceparent,
+            lora=adapter,
+        )
+        for rid, prompt_ids, p in zip(ids, prompts, samplings)
+    ]
     epoch = await state.lanes.epoch()  # cached: a Redis restarted empty while it waits is noticed
     # When quotas and lanes share a Redis the admission queues a one-prompt request too (one round
     # trip), unless the SLO door check has to come between the two.
     one_entry = len(lane_requests) == 1 and not gate
     try:
-        admission = await quota.admit(auth=auth, request_id=request_id, tier=tier, prompt_tokens=prompt_tokens,
-                                      # every choice may use all of its max_tokens
-                                      max_tokens=sum(p.max_tokens * p.n for p in samplings),
-                                      lane_entry=state.lanes.entry(lane_requests[0]) if one_entry else None)
+        admission = await quota.admit(
+            auth=auth,
+            request_id=request_id,
+            tier=tier,
+            prompt_tokens=prompt_tokens,
+            # every choice may use all of its max_tokens
+            max_tokens=sum(p.max_tokens * p.n for p in samplings),
+            lane_entry=state.lanes.entry(lane_requests[0]) if one_entry else None,
+        )
     except GatewayError:
         tracing.set_attributes({"fairlane.quota.decision": "refused"}, span)
         raise  # refused, or the quota backend is down: nothing was queued
@@ -405,14 +516,18 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
         if gate:
             with tracing.span("slo_gate"):
                 try:
-                    predicted = await state.slo_gate.check(tier=tier, prompt_tokens=prompt_tokens,
-                                                           ttft_target_s=ttft_target)
+                    predicted = await state.slo_gate.check(
+                        tier=tier, prompt_tokens=prompt_tokens, ttft_target_s=ttft_target
+                    )
                 except SLOUnattainable:
                     tracing.set_attributes({"fairlane.slo.verdict": "refused"})
                     tracing.set_attributes({"fairlane.slo.verdict": "refused"}, span)
                     raise
-                verdict = {"fairlane.slo.verdict": "admitted", "fairlane.slo.predicted_ttft_s": predicted,
-                           "fairlane.slo.ttft_target_s": ttft_target}
+                verdict = {
+                    "fairlane.slo.verdict": "admitted",
+                    "fairlane.slo.predicted_ttft_s": predicted,
+                    "fairlane.slo.ttft_target_s": ttft_target,
+                }
                 tracing.set_attributes(verdict)
                 tracing.set_attributes(verdict, span)
         if not admission.queued:
@@ -423,9 +538,16 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
             state.slo_gate.note_queued(tier, len(prompt_ids))
         if span is not None:
             relay_span = tracing.tracer().start_span("lane.relay")
-        streams = [state.lanes.results(rid, timeout_s=settings.request_timeout_s,
-                                       idle_timeout_s=settings.stream_idle_timeout_s,
-                                       keepalive_s=settings.sse_keepalive_s, epoch=epoch).__aiter__() for rid in ids]
+        streams = [
+            state.lanes.results(
+                rid,
+                timeout_s=settings.request_timeout_s,
+                idle_timeout_s=settings.stream_idle_timeout_s,
+                keepalive_s=settings.sse_keepalive_s,
+                epoch=epoch,
+            ).__aiter__()
+            for rid in ids
+        ]
         try:
             firsts = await _first_results(streams, got)
         except ResultTimeout as exc:
@@ -435,29 +557,70 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
     except SLOUnattainable:  # refused at the door: nothing was queued, nothing is charged
         with anyio.CancelScope(shield=True):
             await quota.settle(admission, completion_tokens=0, status=SLO_UNATTAINABLE)
-            await _record(state, admission, request_id=request_id, model=shown, tier=tier, status=SLO_UNATTAINABLE,
-                          prompt_tokens=0, completion_tokens=0, started=started)
+            await _record(
+                state,
+                admission,
+                request_id=request_id,
+                model=shown,
+                tier=tier,
+                status=SLO_UNATTAINABLE,
+                prompt_tokens=0,
+                completion_tokens=0,
+                started=started,
+            )
         raise
-    except BaseException as exc:  # admitted, then not every first result: what ran is charged, the rest refunded
+    except (
+        BaseException
+    ) as exc:  # admitted, then not every first result: what ran is charged, the rest refunded
         if relay_span is not None:
             relay_span.end()
-        status = (INTERRUPTED if getattr(exc, "code", None) == INTERRUPTED else TIMEOUT
-                  if isinstance(exc, GatewayTimeout) else "error" if isinstance(exc, Exception) else "cancelled")
+        status = (
+            INTERRUPTED
+            if getattr(exc, "code", None) == INTERRUPTED
+            else TIMEOUT
+            if isinstance(exc, GatewayTimeout)
+            else "error"
+            if isinstance(exc, Exception)
+            else "cancelled"
+        )
         ran = [result for result in got.values() if result.kind != "error"]  # one prompt: none
         prompt_ran = sum(result.num_prompt_tokens for result in ran)
         completion = sum(result.num_output_tokens for result in ran)
         with anyio.CancelScope(shield=True):
             for rid in ids:
                 state.lanes.cancel_soon(rid)
-            await quota.settle(admission, completion_tokens=completion, status="error", prompt_tokens=prompt_ran)
-            await _record(state, admission, request_id=request_id, model=shown, tier=tier, status=status,
-                          prompt_tokens=prompt_ran, completion_tokens=completion, started=started)
+            await quota.settle(
+                admission, completion_tokens=completion, status="error", prompt_tokens=prompt_ran
+            )
+            await _record(
+                state,
+                admission,
+                request_id=request_id,
+                model=shown,
+                tier=tier,
+                status=status,
+                prompt_tokens=prompt_ran,
+                completion_tokens=completion,
+                started=started,
+            )
         raise
     n = sampling.n
-    relays = [Relay(request_id=rid, offset=i * n, first=first, results=stream, prompt_tokens=len(prompt_ids))
-              for i, (rid, first, stream, prompt_ids) in enumerate(zip(ids, firsts, streams, prompts))]
-    generation = Generation(state=state, quota=quota, admission=admission, request_id=request_id, model=shown,
-                            tier=tier, relays=relays, started=started, span=span, relay_span=relay_span)
+    relays = [
+        Relay(request_id=rid, offset=i * n, first=first, results=stream, prompt_tokens=len(prompt_ids))
+        for i, (rid, first, stream, prompt_ids) in enumerate(zip(ids, firsts, streams, prompts))
+    ]
+    generation = Generation(
+        state=state,
+        quota=quota,
+        admission=admission,
+        request_id=request_id,
+        model=shown,
+        tier=tier,
+        relays=relays,
+        started=started,
+        span=span,
+        relay_span=relay_span,
+    )
     tracing.set_attributes({"fairlane.quota.decision": "allowed"}, span)
     refused = next((first for first in firsts if first.kind == "error"), None)
     if refused is not None:  # refused by the worker (bad input, or its SLO): refunded in close()
@@ -474,9 +637,19 @@ async def _start(state: GatewayState, quota: QuotaSeam, auth: AuthContext, *, re
     return generation
 
 
-async def _record(state: GatewayState, admission: Admission, *, request_id: str, model: str, tier: str,
-                  status: str | None, prompt_tokens: int, completion_tokens: int, started: float,
-                  first_token_at: float | None = None) -> None:
+async def _record(
+    state: GatewayState,
+    admission: Admission,
+    *,
+    request_id: str,
+    model: str,
+    tier: str,
+    status: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    started: float,
+    first_token_at: float | None = None,
+) -> None:
     now = time.monotonic()
     auth = admission.auth
     status = status or "unknown"
@@ -485,9 +658,15 @@ async def _record(state: GatewayState, admission: Admission, *, request_id: str,
         with state.session_factory() as session:
             try:
                 record_usage(
-                    session, request_id=request_id, tenant_id=auth.tenant_id, key_id=auth.key_id, model=model,
-                    tier=tier, prompt_tokens=0 if never_ran(status, completion_tokens) else prompt_tokens,
-                    completion_tokens=completion_tokens, status=status,
+                    session,
+                    request_id=request_id,
+                    tenant_id=auth.tenant_id,
+                    key_id=auth.key_id,
+                    model=model,
+                    tier=tier,
+                    prompt_tokens=0 if never_ran(status, completion_tokens) else prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    status=status,
                     ttft_ms=(first_token_at - started) * 1000 if first_token_at else None,
                     latency_ms=(now - started) * 1000,
                 )

@@ -19,18 +19,32 @@ def _text(tokenizer: PromptTokenizer, token_id: int) -> str:
 
 
 def _entry(tokenizer: PromptTokenizer, token_id: int, logprob: float) -> dict[str, Any]:
-    return {"token": _text(tokenizer, token_id), "logprob": logprob, "bytes": list(tokenizer.token_bytes(token_id))}
+    return {
+        "token": _text(tokenizer, token_id),
+        "logprob": logprob,
+        "bytes": list(tokenizer.token_bytes(token_id)),
+    }
 
 
 def chat_logprobs(tokenizer: PromptTokenizer, logprobs: list[TokenLogprob]) -> dict[str, Any]:
     """A chat choice's ``logprobs`` object."""
-    content = [{**_entry(tokenizer, lp.token_id, lp.logprob),
-                "top_logprobs": [_entry(tokenizer, t, v) for t, v in lp.top]} for lp in logprobs]
+    content = [
+        {
+            **_entry(tokenizer, lp.token_id, lp.logprob),
+            "top_logprobs": [_entry(tokenizer, t, v) for t, v in lp.top],
+        }
+        for lp in logprobs
+    ]
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(tokenizer: PromptTokenizer, logprobs: list[TokenLogprob | None], *,
-                        text_offset: int = 0, first_token_id: int | None = None) -> dict[str, Any]:
+def completion_logprobs(
+    tokenizer: PromptTokenizer,
+    logprobs: list[TokenLogprob | None],
+    *,
+    text_offset: int = 0,
+    first_token_id: int | None = None,
+) -> dict[str, Any]:
     """A completions choice's ``logprobs`` object. A None entry is the prompt's first token (no
     logprob: nothing predicts it), whose id is `first_token_id`. top_logprobs maps a token's text to
     its logprob: the k most likely, plus the chosen token (as vLLM and OpenAI's legacy API do)."""

@@ -36,8 +36,11 @@ class RequestContextMiddleware:
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
-        limit = (self.upload_body_bytes if scope.get("method") == "POST" and ADAPTER_UPLOAD.fullmatch(scope["path"])
-                 else self.max_body_bytes)
+        limit = (
+            self.upload_body_bytes
+            if scope.get("method") == "POST" and ADAPTER_UPLOAD.fullmatch(scope["path"])
+            else self.max_body_bytes
+        )
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None:
             if not declared.isdigit() or int(declared) > limit:
@@ -71,6 +74,14 @@ class RequestContextMiddleware:
     async def _reject(self, send: Send, limit: int) -> None:
         error = PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
         body = json.dumps(error_body(error.message, error.error_type, error.param, error.code)).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

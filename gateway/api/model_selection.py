@@ -20,8 +20,11 @@ SEPARATOR = ":"
 
 
 def model_not_found(model: str) -> NotFound:
-    return NotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model",
-                    code="model_not_found")
+    return NotFound(
+        f"The model '{model}' does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def adapter_model_name(base: str, adapter: str) -> str:
@@ -36,12 +39,16 @@ async def select_model(state: GatewayState, auth: AuthContext, model: str) -> La
     prefix = base + SEPARATOR
     if not model.startswith(prefix) or len(model) == len(prefix):
         raise model_not_found(model)
-    name = model[len(prefix):]
+    name = model[len(prefix) :]
 
     def lookup() -> LaneAdapter | None:
         with state.session_factory() as session:
             row = get_adapter(session, tenant_id=auth.tenant_id, name=name, missing_ok=True)
-            return LaneAdapter(id=row.id, name=row.name, sha256=row.sha256) if row is not None and row.sha256 else None
+            return (
+                LaneAdapter(id=row.id, name=row.name, sha256=row.sha256)
+                if row is not None and row.sha256
+                else None
+            )
 
     adapter = await run_in_threadpool(lookup)
     if adapter is None:

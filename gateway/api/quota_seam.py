@@ -146,13 +146,25 @@ class QuotaSeam:
     def open(cls, settings: ApiSettings, session_factory: sessionmaker[Session]) -> QuotaSeam:
         """A seam on the quota Redis of ``settings`` (no I/O until the first request)."""
         url = settings.quota_redis_url or settings.redis_url
-        limiter = Limiter(connect(url), keys=KeySpace(settings.quota_key_prefix),
-                          on_redis_error=settings.quota_on_redis_error, lease_ttl=settings.quota_lease_ttl_s,
-                          loader=tenancy_loader(session_factory))
+        limiter = Limiter(
+            connect(url),
+            keys=KeySpace(settings.quota_key_prefix),
+            on_redis_error=settings.quota_on_redis_error,
+            lease_ttl=settings.quota_lease_ttl_s,
+            loader=tenancy_loader(session_factory),
+        )
         return cls(limiter, queues_lanes=url == settings.redis_url)
 
-    async def admit(self, *, auth: AuthContext, request_id: str, tier: str, prompt_tokens: int,
-                    max_tokens: int, lane_entry: tuple[str, dict[str, str]] | None = None) -> Admission:
+    async def admit(
+        self,
+        *,
+        auth: AuthContext,
+        request_id: str,
+        tier: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        lane_entry: tuple[str, dict[str, str]] | None = None,
+    ) -> Admission:
         """Check and charge every limit of the key and its tenant, or raise the refusal's error.
 
         ``lane_entry`` (stream, fields): queue it with the admission when this seam can
@@ -161,8 +173,9 @@ class QuotaSeam:
         """
         if not auth.enabled:
             raise PermissionDenied("This API key is disabled.", code="key_disabled")
-        admission = Admission(auth=auth, request_id=request_id, tier=tier, prompt_tokens=prompt_tokens,
-                              max_tokens=max_tokens)
+        admission = Admission(
+            auth=auth, request_id=request_id, tier=tier, prompt_tokens=prompt_tokens, max_tokens=max_tokens
+        )
         if self.limiter is None:
             return admission
         demand = Demand(str(auth.tenant_id), prompt_tokens, max_tokens, key=str(auth.key_id), tier=tier)
@@ -173,15 +186,21 @@ class QuotaSeam:
             except QuotaBackendUnavailable as exc:
                 metrics.QUOTA_STORE_ERRORS.labels("closed").inc()
                 tracing.set_attributes({"fairlane.quota.decision": "unavailable"})
-                raise quota_unavailable("The quota service is unavailable, so the request was not admitted; "
-                                        "retry shortly.", retry_headers(exc.retry_after)) from exc
+                raise quota_unavailable(
+                    "The quota service is unavailable, so the request was not admitted; retry shortly.",
+                    retry_headers(exc.retry_after),
+                ) from exc
             except QuotaNotConfigured as exc:
                 raise quota_unavailable(f"Quotas are not configured: {exc}.") from exc
             if not decision.enforced:
                 metrics.QUOTA_STORE_ERRORS.labels("open").inc()
-            tracing.set_attributes({"fairlane.quota.decision": "allowed" if decision.allowed else "refused",
-                                    "fairlane.quota.limit": decision.limit,
-                                    "fairlane.lane.enqueued": decision.entry_id is not None})
+            tracing.set_attributes(
+                {
+                    "fairlane.quota.decision": "allowed" if decision.allowed else "refused",
+                    "fairlane.quota.limit": decision.limit,
+                    "fairlane.lane.enqueued": decision.entry_id is not None,
+                }
+            )
         admission.headers = rate_limit_headers(decision)
         publish(admission.headers)
         if not decision.allowed:
@@ -194,8 +213,9 @@ class QuotaSeam:
             self._start_renewer()
         return admission
 
-    async def settle(self, admission: Admission, *, completion_tokens: int, status: str,
-                     prompt_tokens: int | None = None) -> None:
+    async def settle(
+        self, admission: Admission, *, completion_tokens: int, status: str, prompt_tokens: int | None = None
+    ) -> None:
         """Charge what the request used, or refund it all if it failed before running; idempotent.
 
         ``status`` is the request's outcome (a finish reason, ``cancelled``, ``error`` or
@@ -240,8 +260,9 @@ class QuotaSeam:
             await asyncio.sleep(every)
             cutoff = time.monotonic() - every
             due = [a for a in self._open.values() if a.admitted_at <= cutoff and a.reservation is not None]
-            results = await asyncio.gather(*(self.limiter.renew(a.reservation) for a in due),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(self.limiter.renew(a.reservation) for a in due), return_exceptions=True
+            )
             for admission, result in zip(due, results):
                 if isinstance(result, BaseException):
                     log.warning("quota lease renewal of %s failed: %s", admission.request_id, result)

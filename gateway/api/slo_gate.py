@@ -58,7 +58,9 @@ class SLOGate:
         """A request was queued through this gateway (counts as backlog until the next read)."""
         self._queued_since[tier] = self._queued_since.get(tier, 0) + prompt_tokens
         mean = self._mean_prompt
-        self._mean_prompt = prompt_tokens if mean is None else MEAN_DECAY * mean + (1 - MEAN_DECAY) * prompt_tokens
+        self._mean_prompt = (
+            prompt_tokens if mean is None else MEAN_DECAY * mean + (1 - MEAN_DECAY) * prompt_tokens
+        )
 
     async def snapshot(self) -> Snapshot:
         """The latest read, refreshed when older than cache_s (one read at a time)."""
@@ -114,8 +116,10 @@ class SLOGate:
         queued = sum(snapshot.unread.get(t, 0) * mean + self._queued_since.get(t, 0) for t in ahead)
         share = queued / len(snapshot.loads)
         priority = self.priorities[tier]
-        return min(predict_ttft(report.load, prompt_tokens, priority, queued_tokens=share)
-                   for report in snapshot.loads)
+        return min(
+            predict_ttft(report.load, prompt_tokens, priority, queued_tokens=share)
+            for report in snapshot.loads
+        )
 
     async def check(self, *, tier: str, prompt_tokens: int, ttft_target_s: float) -> float | None:
         """Raise SLOUnattainable if the request cannot meet ``ttft_target_s``; else the prediction."""

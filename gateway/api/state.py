@@ -47,13 +47,17 @@ class GatewayState:
         db_engine = make_engine(settings.database_url)
         session_factory = make_session_factory(db_engine)
         return cls(
-            settings=settings, redis=redis, db_engine=db_engine, session_factory=session_factory,
+            settings=settings,
+            redis=redis,
+            db_engine=db_engine,
+            session_factory=session_factory,
             tokenizer=load_prompt_tokenizer(settings.engine.model, dummy_config=settings.engine.dummy_config),
             lanes=LaneClient(redis, result_ttl_s=settings.result_ttl_s),
             key_cache=KeyCache(session_factory, redis, refresh_s=settings.auth_refresh_s),
             quota_seam=QuotaSeam.open(settings, session_factory),
-            slo_gate=SLOGate(redis, model=settings.model_name, tiers=settings.tiers,
-                             cache_s=settings.slo_gate_cache_s),
+            slo_gate=SLOGate(
+                redis, model=settings.model_name, tiers=settings.tiers, cache_s=settings.slo_gate_cache_s
+            ),
             tokenize_limiter=anyio.CapacityLimiter(settings.tokenize_threads),
         )
 

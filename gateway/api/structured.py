@@ -22,8 +22,14 @@ SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for json_schem
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
-def structured_spec(*, response_format: dict[str, Any] | None, guided_json: Any = None, guided_regex: str | None = None,
-                    guided_grammar: str | None = None, guided_choice: list[str] | None = None) -> StructuredSpec | None:
+def structured_spec(
+    *,
+    response_format: dict[str, Any] | None,
+    guided_json: Any = None,
+    guided_regex: str | None = None,
+    guided_grammar: str | None = None,
+    guided_choice: list[str] | None = None,
+) -> StructuredSpec | None:
     """The one constraint a request sets, or None; a 400 naming the field for a malformed one."""
     given = []
     if response_format is not None:
@@ -31,7 +37,12 @@ def structured_spec(*, response_format: dict[str, Any] | None, guided_json: Any 
         if spec is not None:
             given.append(("response_format", spec))
     if guided_json is not None:
-        given.append(("guided_json", _spec("guided_json", "json_schema", _schema_text(guided_json, "guided_json", text_ok=True))))
+        given.append(
+            (
+                "guided_json",
+                _spec("guided_json", "json_schema", _schema_text(guided_json, "guided_json", text_ok=True)),
+            )
+        )
     if guided_regex is not None:
         given.append(("guided_regex", _spec("guided_regex", "regex", guided_regex)))
     if guided_grammar is not None:
@@ -40,32 +51,44 @@ def structured_spec(*, response_format: dict[str, Any] | None, guided_json: Any 
         given.append(("guided_choice", _choice(guided_choice)))
     if len(given) > 1:
         names = ", ".join(name for name, _ in given)
-        raise InvalidRequest(f"Only one output constraint per request: {names} were given.", param=given[1][0])
+        raise InvalidRequest(
+            f"Only one output constraint per request: {names} were given.", param=given[1][0]
+        )
     return given[0][1] if given else None
 
 
 def _response_format(rf: dict[str, Any]) -> StructuredSpec | None:
     kind = rf.get("type")
     if kind not in FORMAT_TYPES:
-        raise InvalidRequest(f"response_format.type must be one of {', '.join(FORMAT_TYPES)}; got {kind!r}.",
-                             param="response_format.type")
+        raise InvalidRequest(
+            f"response_format.type must be one of {', '.join(FORMAT_TYPES)}; got {kind!r}.",
+            param="response_format.type",
+        )
     if kind == "text":
         return None
     if kind == "json_object":
         return StructuredSpec("json_object")
     js = rf.get("json_schema")
     if not isinstance(js, dict):
-        raise InvalidRequest("response_format.json_schema must be an object with a name and a schema.",
-                             param="response_format.json_schema")
+        raise InvalidRequest(
+            "response_format.json_schema must be an object with a name and a schema.",
+            param="response_format.json_schema",
+        )
     name = js.get("name")
     if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
-        raise InvalidRequest("response_format.json_schema.name must be 1-64 letters, digits, '_' or '-'.",
-                             param="response_format.json_schema.name")
+        raise InvalidRequest(
+            "response_format.json_schema.name must be 1-64 letters, digits, '_' or '-'.",
+            param="response_format.json_schema.name",
+        )
     if "strict" in js and js["strict"] is not None and not isinstance(js["strict"], bool):
-        raise InvalidRequest("response_format.json_schema.strict must be a boolean.",
-                             param="response_format.json_schema.strict")
+        raise InvalidRequest(
+            "response_format.json_schema.strict must be a boolean.",
+            param="response_format.json_schema.strict",
+        )
     if "schema" not in js:
-        raise InvalidRequest("response_format.json_schema.schema is required.", param="response_format.json_schema.schema")
+        raise InvalidRequest(
+            "response_format.json_schema.schema is required.", param="response_format.json_schema.schema"
+        )
     text = _schema_text(js["schema"], "response_format.json_schema.schema")
     return _spec("response_format.json_schema.schema", "json_schema", text)
 
@@ -74,7 +97,9 @@ def _choice(choices: list[str]) -> StructuredSpec:
     if not choices or any(not c for c in choices):
         raise InvalidRequest("guided_choice must be a list of non-empty strings.", param="guided_choice")
     # JSON string literals are GBNF string literals (the same escapes), so any text is quoted exactly.
-    return StructuredSpec("grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))
+    return StructuredSpec(
+        "grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+    )
 
 
 def _schema_text(schema: Any, param: str, *, text_ok: bool = False) -> str:

@@ -28,8 +28,10 @@ def resolve_tier(auth: AuthContext, requested: str | None, tiers: list[str]) -> 
         tier = auth.default_tier
     elif requested not in tiers:
         raise InvalidRequest(
-            f"Invalid service_tier {requested!r}: choose one of {', '.join(['auto', 'default', 'flex', *tiers])}.",
-            param="service_tier", code="invalid_service_tier",
+            f"Invalid service_tier {requested!r}: choose one of "
+            f"{', '.join(['auto', 'default', 'flex', *tiers])}.",
+            param="service_tier",
+            code="invalid_service_tier",
         )
     else:
         tier = requested
@@ -37,6 +39,7 @@ def resolve_tier(auth: AuthContext, requested: str | None, tiers: list[str]) -> 
         raise PermissionDenied(
             f"Tenant {auth.tenant_name!r} may not use service_tier {tier!r}; "
             f"allowed tiers: {', '.join(auth.allowed_tiers)}.",
-            param="service_tier", code="tier_not_allowed",
+            param="service_tier",
+            code="tier_not_allowed",
         )
     return tier

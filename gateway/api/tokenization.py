@@ -103,5 +103,6 @@ def load_prompt_tokenizer(model: str, *, dummy_config: dict[str, Any] | None = N
         return HFPromptTokenizer(tokenizer)
     if model == assets.DUMMY:
         return BytePromptTokenizer(int((dummy_config or {}).get("vocab_size", 49152)))
-    raise FileNotFoundError(f"model {model!r} has no tokenizer (tokenizer.json): the gateway needs one to "
-                            "tokenize prompts")
+    raise FileNotFoundError(
+        f"model {model!r} has no tokenizer (tokenizer.json): the gateway needs one to tokenize prompts"
+    )

@@ -47,12 +47,21 @@ class HermesFormat:
     CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
     def system_text(self, functions: list[Function]) -> str:
-        listed = "\n".join(json.dumps({"type": "function", "function": {
-            "name": f.name, "description": f.description, "parameters": f.parameters}}) for f in functions)
-        return ("You may call one or more functions to help with the user's request. The functions:\n<tools>\n"
-                f"{listed}\n</tools>\nTo call a function, reply with a JSON object with its name and arguments "
-                'inside <tool_call></tool_call> tags: <tool_call>{"name": <function-name>, "arguments": '
-                "<args-json-object>}</tool_call>")
+        listed = "\n".join(
+            json.dumps(
+                {
+                    "type": "function",
+                    "function": {"name": f.name, "description": f.description, "parameters": f.parameters},
+                }
+            )
+            for f in functions
+        )
+        return (
+            "You may call one or more functions to help with the user's request. The functions:\n<tools>\n"
+            f"{listed}\n</tools>\nTo call a function, reply with a JSON object with its name and arguments "
+            'inside <tool_call></tool_call> tags: <tool_call>{"name": <function-name>, "arguments": '
+            "<args-json-object>}</tool_call>"
+        )
 
     def render_call(self, name: str, arguments: str) -> str:
         return f'<tool_call>{{"name": {json.dumps(name)}, "arguments": {arguments}}}</tool_call>'
@@ -97,8 +106,15 @@ class ToolPlan:
         if not self.forced:
             return None
         chosen = [f for f in self.functions if self.choice in ("required", f.name)]
-        variants = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-                     "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
+        variants = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for f in chosen
+        ]
         return StructuredSpec.json_schema(variants[0] if len(variants) == 1 else {"anyOf": variants})
 
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -112,8 +128,14 @@ class ToolPlan:
             content, calls = self.fmt.parse(text, names)
             calls = calls if self.parallel else calls[:1]
             content = content or None if calls else text
-        return content, [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
-                          "function": {"name": name, "arguments": arguments}} for name, arguments in calls]
+        return content, [
+            {
+                "id": f"call_{secrets.token_hex(12)}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+            for name, arguments in calls
+        ]
 
 
 def _call(text: str, names: set[str]) -> tuple[str, str] | None:
@@ -129,7 +151,9 @@ def _call(text: str, names: set[str]) -> tuple[str, str] | None:
     return obj["name"], json.dumps(arguments, ensure_ascii=False)
 
 
-def plan(tools: list[Any] | None, tool_choice: Any, fmt: str = "hermes", *, parallel: bool | None = None) -> ToolPlan | None:
+def plan(
+    tools: list[Any] | None, tool_choice: Any, fmt: str = "hermes", *, parallel: bool | None = None
+) -> ToolPlan | None:
     """The request's ToolPlan, or None (no tools, or tool_choice none); a 400 naming the field for
     a malformed tool or choice."""
     if tool_choice is not None and not tools:
@@ -145,27 +169,41 @@ def plan(tools: list[Any] | None, tool_choice: Any, fmt: str = "hermes", *, para
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
         if name not in {f.name for f in functions}:
-            raise InvalidRequest("tool_choice must name one of the tools: "
-                                 '{"type": "function", "function": {"name": ...}}.', param="tool_choice")
+            raise InvalidRequest(
+                'tool_choice must name one of the tools: {"type": "function", "function": {"name": ...}}.',
+                param="tool_choice",
+            )
         choice = name
     elif choice == "none":
         return None
     elif choice not in ("auto", "required"):
-        raise InvalidRequest("tool_choice must be none, auto, required or a named function.", param="tool_choice")
+        raise InvalidRequest(
+            "tool_choice must be none, auto, required or a named function.", param="tool_choice"
+        )
     return ToolPlan(functions, choice, FORMATS[fmt], parallel=parallel is not False)
 
 
 def _function(i: int, tool: Any) -> Function:
     param = f"tools[{i}]"
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        raise InvalidRequest('Each tool is {"type": "function", "function": {"name", "parameters"}}.', param=param)
+    if (
+        not isinstance(tool, dict)
+        or tool.get("type") != "function"
+        or not isinstance(tool.get("function"), dict)
+    ):
+        raise InvalidRequest(
+            'Each tool is {"type": "function", "function": {"name", "parameters"}}.', param=param
+        )
     fn = tool["function"]
     name = fn.get("name")
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise InvalidRequest("A function name is 1-64 letters, digits, '_' or '-'.", param=f"{param}.function.name")
+        raise InvalidRequest(
+            "A function name is 1-64 letters, digits, '_' or '-'.", param=f"{param}.function.name"
+        )
     parameters = fn.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, dict):
-        raise InvalidRequest("A function's parameters are a JSON Schema object.", param=f"{param}.function.parameters")
+        raise InvalidRequest(
+            "A function's parameters are a JSON Schema object.", param=f"{param}.function.parameters"
+        )
     description = fn.get("description") or ""
     if not isinstance(description, str):
         raise InvalidRequest("A function's description is text.", param=f"{param}.function.description")
@@ -181,8 +219,14 @@ def render_history(message: dict[str, Any], calls: Any, fmt: str = "hermes") -> 
     parts = [message["content"]] if message["content"] else []
     for call in calls:
         fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
-            raise InvalidRequest("Each tool call has a function with a name and arguments (JSON text).", param="messages")
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments"), str)
+        ):
+            raise InvalidRequest(
+                "Each tool call has a function with a name and arguments (JSON text).", param="messages"
+            )
         parts.append(FORMATS[fmt].render_call(fn["name"], fn["arguments"]))
     return {"role": "assistant", "content": "\n".join(parts)}
 

@@ -25,14 +25,24 @@ class TracingMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
-        parent = tracing.extract(headers.get(b"traceparent", b"").decode("latin-1"),
-                                 headers.get(b"tracestate", b"").decode("latin-1"))
+        parent = tracing.extract(
+            headers.get(b"traceparent", b"").decode("latin-1"),
+            headers.get(b"tracestate", b"").decode("latin-1"),
+        )
         method, path = scope["method"], scope["path"]
-        attributes = {"http.request.method": method, "url.path": path, "url.scheme": scope.get("scheme", "http"),
-                      "fairlane.request_id": scope.get("state", {}).get("request_id")}
+        attributes = {
+            "http.request.method": method,
+            "url.path": path,
+            "url.scheme": scope.get("scheme", "http"),
+            "fairlane.request_id": scope.get("state", {}).get("request_id"),
+        }
         with tracing.tracer().start_as_current_span(
-                f"{method} {path}", context=parent, kind=SpanKind.SERVER, record_exception=True,
-                attributes={k: v for k, v in attributes.items() if v is not None}) as span:
+            f"{method} {path}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            record_exception=True,
+            attributes={k: v for k, v in attributes.items() if v is not None},
+        ) as span:
 
             async def traced_send(message: Message) -> None:
                 if message["type"] == "http.response.start":

@@ -29,9 +29,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def add_policy_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", help="the workers' scheduling policy (engine.policy): fcfs (default), "
-                        "priority, vtc, priority+vtc; add '+slo' for SLO-aware admission (targets: "
-                        "tier_ttft_targets...)")
+    parser.add_argument(
+        "--policy",
+        help="the workers' scheduling policy (engine.policy): fcfs (default), "
+        "priority, vtc, priority+vtc; add '+slo' for SLO-aware admission (targets: "
+        "tier_ttft_targets...)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

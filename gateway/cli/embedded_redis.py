@@ -33,8 +33,10 @@ class EmbeddedRedis:
 
         self.binary = get_binary_path()
         self.config = self.folder / "valkey.conf"
-        self.config.write_text(f'port {self.port}\nbind 127.0.0.1\ndir {self.folder}\nsave ""\nappendonly no\n'
-                               'daemonize no\nprotected-mode yes\nlogfile ""\n')
+        self.config.write_text(
+            f'port {self.port}\nbind 127.0.0.1\ndir {self.folder}\nsave ""\nappendonly no\n'
+            'daemonize no\nprotected-mode yes\nlogfile ""\n'
+        )
 
     @property
     def url(self) -> str:
@@ -43,14 +45,22 @@ class EmbeddedRedis:
     def spawn(self) -> subprocess.Popen:
         """Start the server and wait until it answers PING (raises if it does not in time)."""
         with open(self.folder / "valkey.log", "ab") as log:
-            process = subprocess.Popen([str(self.binary), str(self.config)], cwd=self.folder, stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
-                                       preexec_fn=child_setup)
+            process = subprocess.Popen(
+                [str(self.binary), str(self.config)],
+                cwd=self.folder,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+                preexec_fn=child_setup,
+            )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"embedded Redis exited with {process.returncode}: "
-                                   f"{(self.folder / 'valkey.log').read_text()[-500:]}")
+                raise RuntimeError(
+                    f"embedded Redis exited with {process.returncode}: "
+                    f"{(self.folder / 'valkey.log').read_text()[-500:]}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
                     conn.sendall(b"PING\r\n")

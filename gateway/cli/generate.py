@@ -7,6 +7,7 @@ Each output line carries the id and either the completion or an "error". Lines a
 requests finish, so a run that is interrupted loses nothing: running it again skips every id
 already in the output.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,11 +71,18 @@ def main(args: argparse.Namespace) -> int:
     if not rows:
         print(f"nothing to do: every id in {args.input} is already in {args.output}", file=sys.stderr)
         return 0
-    llm = LLM(model=args.model, dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gib=args.kv_cache_gib)
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        num_threads=args.threads,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_gib=args.kv_cache_gib,
+    )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     errors = 0
     with args.output.open("a") as out:
+
         def write(record: dict) -> None:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
@@ -101,8 +109,18 @@ def main(args: argparse.Namespace) -> int:
             params.append(p)
 
         def on_finish(i, c) -> None:
-            write({"id": ids[i], "text": c.text, "finish_reason": c.finish_reason, "token_ids": c.token_ids,
-                   "usage": {"prompt_tokens": len(c.prompt_token_ids), "completion_tokens": len(c.token_ids)}})
+            write(
+                {
+                    "id": ids[i],
+                    "text": c.text,
+                    "finish_reason": c.finish_reason,
+                    "token_ids": c.token_ids,
+                    "usage": {
+                        "prompt_tokens": len(c.prompt_token_ids),
+                        "completion_tokens": len(c.token_ids),
+                    },
+                }
+            )
 
         if prompts:
             llm.generate(prompts, params, use_tqdm=not args.no_progress, on_finish=on_finish)

@@ -42,12 +42,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="bind address (default from settings: 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default from settings: 8000)")
     parser.add_argument("--workers", type=int, help="engine worker processes to start (0: gateway only)")
-    parser.add_argument("--model", help="engine.model: 'smollm2', 'dummy', a Hugging Face folder or a .gguf file")
+    parser.add_argument(
+        "--model", help="engine.model: 'smollm2', 'dummy', a Hugging Face folder or a .gguf file"
+    )
 
 
 def _settings(args: argparse.Namespace) -> ServeSettings:
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers))
-                 if v is not None}
+    overrides = {
+        k: v
+        for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers))
+        if v is not None
+    }
     engine = {k: v for k, v in (("model", args.model), ("policy", args.policy)) if v is not None}
     if engine:
         overrides["engine"] = engine
@@ -99,12 +104,21 @@ def _demo_key(database_url: str) -> str:
 def _worker_spawner(settings: ServeSettings, redis_url: str):
     from gateway.cli.supervisor import child_setup
 
-    env = {**os.environ, "FAIRLANE_REDIS_URL": redis_url, "FAIRLANE_ENGINE__MODEL": settings.engine.model,
-           "FAIRLANE_ENGINE__POLICY": settings.engine.policy}
+    env = {
+        **os.environ,
+        "FAIRLANE_REDIS_URL": redis_url,
+        "FAIRLANE_ENGINE__MODEL": settings.engine.model,
+        "FAIRLANE_ENGINE__POLICY": settings.engine.policy,
+    }
 
     def spawn() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "gateway.worker"], env=env, stdin=subprocess.DEVNULL,
-                                process_group=0, preexec_fn=child_setup)
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway.worker"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            preexec_fn=child_setup,
+        )
 
     return spawn
 
@@ -129,8 +143,9 @@ def _serve(app, sock: socket.socket, settings: ServeSettings) -> None:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=settings.drain_timeout_s,
-                            log_config=None)  # uvicorn's records go through this process's (JSON) handler
+    config = uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=settings.drain_timeout_s, log_config=None
+    )  # uvicorn's records go through this process's (JSON) handler
     Server(config).run(sockets=[sock])
 
 
@@ -140,8 +155,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         sock = bind(settings.host, settings.port)
     except OSError as exc:
-        print(f"fairlane serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc} "
-              f"(is port {settings.port} taken by another server?)", file=sys.stderr, flush=True)
+        print(
+            f"fairlane serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc} "
+            f"(is port {settings.port} taken by another server?)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     for sig in STOP_SIGNALS:
         signal.signal(sig, _raise_stopping)
@@ -166,9 +185,12 @@ def main(args: argparse.Namespace) -> int:
         if settings.dev:
             key = _demo_key(settings.database_url)
             base = f"http://{settings.host}:{settings.port}"
-            print(f"fairlane dev mode\n  admin token:  {settings.admin_token}\n  demo API key: {key}\n"
-                  f"  OpenAI base URL: {base}/v1   docs: {base}/docs   model: {settings.model_name}\n"
-                  f"  redis: {settings.redis_url}{' (embedded)' if embedded else ''}", flush=True)
+            print(
+                f"fairlane dev mode\n  admin token:  {settings.admin_token}\n  demo API key: {key}\n"
+                f"  OpenAI base URL: {base}/v1   docs: {base}/docs   model: {settings.model_name}\n"
+                f"  redis: {settings.redis_url}{' (embedded)' if embedded else ''}",
+                flush=True,
+            )
         spawn_worker = _worker_spawner(settings, settings.redis_url)
         for i in range(settings.workers):
             supervisor.add(f"worker-{i}", spawn_worker, wait=False)
@@ -187,5 +209,3 @@ def main(args: argparse.Namespace) -> int:
         multiproc.end(metrics_dir)
     log.info("stopped")
     return 0
-
-

@@ -58,8 +58,15 @@ class Child:
 class Supervisor:
     """Starts children, restarts the ones that die, stops them all in order."""
 
-    def __init__(self, *, max_backoff_s: float = 30.0, stable_s: float = 60.0, crash_loop_restarts: int = 3,
-                 crash_loop_window_s: float = 120.0, on_exit: Callable[[str, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_backoff_s: float = 30.0,
+        stable_s: float = 60.0,
+        crash_loop_restarts: int = 3,
+        crash_loop_window_s: float = 120.0,
+        on_exit: Callable[[str, int], None] | None = None,
+    ) -> None:
         """``on_exit(name, pid)`` runs (on the supervisor thread) for every child that exited."""
         self.max_backoff_s, self.stable_s = max_backoff_s, stable_s
         self.on_exit = on_exit
@@ -72,8 +79,14 @@ class Supervisor:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fairlane-supervisor", daemon=True)
 
-    def add(self, name: str, spawn: Callable[[], subprocess.Popen], *, first_backoff_s: float = 1.0,
-            wait: bool = True) -> Child:
+    def add(
+        self,
+        name: str,
+        spawn: Callable[[], subprocess.Popen],
+        *,
+        first_backoff_s: float = 1.0,
+        wait: bool = True,
+    ) -> Child:
         """Start a child (from the supervisor thread) and keep it running; ``wait``: until spawned."""
         child = Child(name, spawn, first_backoff_s)
         with self._lock:
@@ -88,9 +101,15 @@ class Supervisor:
     def status(self) -> dict[str, dict]:
         """name → state (running, starting, restarting, crash_loop), pid, restarts, last exit code."""
         with self._lock:
-            return {c.name: {"state": c.state(self.crash_loop_restarts),
-                             "pid": c.process.pid if c.process is not None else None,
-                             "restarts": c.restarts, "last_exit": c.last_exit} for c in self.children}
+            return {
+                c.name: {
+                    "state": c.state(self.crash_loop_restarts),
+                    "pid": c.process.pid if c.process is not None else None,
+                    "restarts": c.restarts,
+                    "last_exit": c.last_exit,
+                }
+                for c in self.children
+            }
 
     def healthy(self) -> bool:
         return all(s["state"] != "crash_loop" for s in self.status().values())
@@ -148,17 +167,24 @@ class Supervisor:
                 log.exception("on_exit hook for %s failed", child.name)
         if child.process is not None and now - child.started_at >= self.stable_s:
             child.backoff_s = 0.0  # it had been running fine: a fresh start
-        child.backoff_s = child.first_backoff_s if not child.backoff_s else min(child.backoff_s * 2,
-                                                                               self.max_backoff_s)
+        child.backoff_s = (
+            child.first_backoff_s if not child.backoff_s else min(child.backoff_s * 2, self.max_backoff_s)
+        )
         while child.exits and now - child.exits[0] > self.crash_loop_window_s:
             child.exits.popleft()
         child.exits.append(now)
         with self._lock:
             child.process, child.last_exit, child.due_at = None, code, now + child.backoff_s
         state = child.state(self.crash_loop_restarts)
-        log.error("%s exited with code %s; restarting in %.1f s%s", child.name, code, child.backoff_s,
-                  f" (crash loop: {len(child.exits)} exits in {self.crash_loop_window_s:.0f} s)"
-                  if state == "crash_loop" else "")
+        log.error(
+            "%s exited with code %s; restarting in %.1f s%s",
+            child.name,
+            code,
+            child.backoff_s,
+            f" (crash loop: {len(child.exits)} exits in {self.crash_loop_window_s:.0f} s)"
+            if state == "crash_loop"
+            else "",
+        )
 
     def _shutdown(self) -> None:
         for child in reversed(self.children):

@@ -76,9 +76,15 @@ class LaneClient:
         entry_id = await self.redis.xadd(*self.entry(request))
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
-    async def results(self, request_id: str, *, timeout_s: float, idle_timeout_s: float | None = None,
-                      keepalive_s: float | None = None, epoch: str | None = None
-                      ) -> AsyncIterator[LaneResult | None]:
+    async def results(
+        self,
+        request_id: str,
+        *,
+        timeout_s: float,
+        idle_timeout_s: float | None = None,
+        keepalive_s: float | None = None,
+        epoch: str | None = None,
+    ) -> AsyncIterator[LaneResult | None]:
         """Every result of a request in order, until a finished one; drops chunks already seen, and
         never skips any: a result past a gap (tokens lost with a restarted Redis) ends the relay.
 
@@ -117,8 +123,12 @@ class LaneClient:
                 if result.kind == "tokens" and end <= relayed.get(result.index, 0) and result.token_ids:
                     continue  # a chunk we have already relayed
                 done_before = relayed.get(result.index, 0)
-                if result.kind == "tokens" and result.offset > done_before:  # e.g. a Redis restarted empty meanwhile
-                    raise QueueUnavailable(f"results {done_before}..{result.offset} of {request_id} were lost")
+                if (
+                    result.kind == "tokens" and result.offset > done_before
+                ):  # e.g. a Redis restarted empty meanwhile
+                    raise QueueUnavailable(
+                        f"results {done_before}..{result.offset} of {request_id} were lost"
+                    )
                 relayed[result.index] = max(done_before, end)
                 yield result
                 if result.finished:

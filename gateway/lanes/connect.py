@@ -24,15 +24,21 @@ ERRORS = (ConnectionError, TimeoutError, OSError)
 
 
 def _options() -> dict:
-    return dict(socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S,
-                health_check_interval=HEALTH_CHECK_S, socket_keepalive=True)
+    return dict(
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=HEALTH_CHECK_S,
+        socket_keepalive=True,
+    )
 
 
 def sync_client(url: str) -> redislib.Redis:
     """A worker's client: blocking, retrying with backoff, reconnecting."""
     from redis.retry import Retry
 
-    retry = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES, supported_errors=ERRORS)
+    retry = Retry(
+        ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES, supported_errors=ERRORS
+    )
     return redislib.Redis.from_url(url, retry=retry, **_options())
 
 
@@ -41,5 +47,7 @@ def async_client(url: str, *, max_connections: int = 4096) -> aioredis.Redis:
     the pool (redis-py's asyncio default, 100, would fail the 101st request waiting on its results)."""
     from redis.asyncio.retry import Retry
 
-    retry = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES, supported_errors=ERRORS)
+    retry = Retry(
+        ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES, supported_errors=ERRORS
+    )
     return aioredis.Redis.from_url(url, retry=retry, max_connections=max_connections, **_options())

@@ -37,7 +37,9 @@ def _decode_fields(fields: dict[Any, Any]) -> dict[str, Any]:
     except (KeyError, ValueError, TypeError) as exc:
         raise MessageError(f"malformed stream entry: {exc}") from exc
     if version != MESSAGE_VERSION:
-        raise MessageError(f"message version {version} is not supported (this reader knows {MESSAGE_VERSION})")
+        raise MessageError(
+            f"message version {version} is not supported (this reader knows {MESSAGE_VERSION})"
+        )
     return body
 
 
@@ -132,8 +134,12 @@ class LaneResult:
             body["token_ids"] = tuple(body.get("token_ids", ()))
             for name in ("logprobs", "prompt_logprobs"):
                 if body.get(name) is not None:
-                    body[name] = tuple(None if x is None else TokenLogprob(
-                        x["token_id"], x["logprob"], tuple(map(tuple, x["top"]))) for x in body[name])
+                    body[name] = tuple(
+                        None
+                        if x is None
+                        else TokenLogprob(x["token_id"], x["logprob"], tuple(map(tuple, x["top"])))
+                        for x in body[name]
+                    )
             result = cls(**body)
         except (KeyError, TypeError) as exc:
             raise MessageError(f"malformed lane result: {exc}") from exc
@@ -163,7 +169,9 @@ class LoadReport:
         except (KeyError, ValueError, TypeError) as exc:
             raise MessageError(f"malformed worker load: {exc}") from exc
         if version != MESSAGE_VERSION:
-            raise MessageError(f"message version {version} is not supported (this reader knows {MESSAGE_VERSION})")
+            raise MessageError(
+                f"message version {version} is not supported (this reader knows {MESSAGE_VERSION})"
+            )
         try:
             load = dict(body["load"])
             load["waiting_tokens"] = {int(k): int(v) for k, v in load.get("waiting_tokens", {}).items()}

@@ -14,7 +14,11 @@ import time
 
 import orjson
 
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 TEXT_FORMAT = "%(asctime)s {process} %(name)s %(levelname)s %(message)s"
 
 
@@ -26,9 +30,14 @@ class JsonFormatter(logging.Formatter):
         self.process = process
 
     def format(self, record: logging.LogRecord) -> str:
-        data = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-                "level": record.levelname, "process": self.process, "logger": record.name,
-                "msg": record.getMessage()}
+        data = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "process": self.process,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 data[key] = value

@@ -29,54 +29,129 @@ TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # ---- gateway: requests ---------------------------------------------------------------------------
 # "tenant" is the tenant's id with metrics_tenant_label, else "" (Prometheus reads an empty label as
 # none): one series per tenant is the operator's choice (cardinality).
-REQUESTS = Counter("fairlane_requests", "Requests that passed authentication, by outcome: a finish reason "
-                   "(stop, length), cancelled, or the error code", ("tier", "status", "tenant"))
-PROMPT_TOKENS = Counter("fairlane_prompt_tokens", "Prompt tokens of requests that ran (as billed)", ("tier", "tenant"))
-OUTPUT_TOKENS = Counter("fairlane_output_tokens", "Output tokens relayed to clients (as billed)", ("tier", "tenant"))
-TTFT = Histogram("fairlane_ttft_seconds", "Time to first token from arrival at the gateway (lane time included)",
-                 ("tier",), buckets=TTFT_BUCKETS)
-INTER_TOKEN = Histogram("fairlane_inter_token_latency_seconds", "Time between output tokens as relayed "
-                        "(per result chunk, divided by its tokens)", ("tier",), buckets=ITL_BUCKETS)
-E2E = Histogram("fairlane_request_duration_seconds", "Arrival at the gateway to the last token (or the error)",
-                ("tier",), buckets=E2E_BUCKETS)
-QUOTA_REFUSALS = Counter("fairlane_quota_refusals", "Requests refused by a quota, by the limit that refused",
-                         ("tier", "limit"))
-QUOTA_STORE_ERRORS = Counter("fairlane_quota_store_errors", "Admissions that could not reach the quota Redis "
-                             "(refused fail-closed, or admitted unchecked fail-open)", ("mode",))
+REQUESTS = Counter(
+    "fairlane_requests",
+    "Requests that passed authentication, by outcome: a finish reason "
+    "(stop, length), cancelled, or the error code",
+    ("tier", "status", "tenant"),
+)
+PROMPT_TOKENS = Counter(
+    "fairlane_prompt_tokens", "Prompt tokens of requests that ran (as billed)", ("tier", "tenant")
+)
+OUTPUT_TOKENS = Counter(
+    "fairlane_output_tokens", "Output tokens relayed to clients (as billed)", ("tier", "tenant")
+)
+TTFT = Histogram(
+    "fairlane_ttft_seconds",
+    "Time to first token from arrival at the gateway (lane time included)",
+    ("tier",),
+    buckets=TTFT_BUCKETS,
+)
+INTER_TOKEN = Histogram(
+    "fairlane_inter_token_latency_seconds",
+    "Time between output tokens as relayed (per result chunk, divided by its tokens)",
+    ("tier",),
+    buckets=ITL_BUCKETS,
+)
+E2E = Histogram(
+    "fairlane_request_duration_seconds",
+    "Arrival at the gateway to the last token (or the error)",
+    ("tier",),
+    buckets=E2E_BUCKETS,
+)
+QUOTA_REFUSALS = Counter(
+    "fairlane_quota_refusals", "Requests refused by a quota, by the limit that refused", ("tier", "limit")
+)
+QUOTA_STORE_ERRORS = Counter(
+    "fairlane_quota_store_errors",
+    "Admissions that could not reach the quota Redis (refused fail-closed, or admitted unchecked fail-open)",
+    ("mode",),
+)
 
 # ---- worker: lanes and engine (label worker: the worker id) ------------------------------------------
-LANE_QUEUE = Histogram("fairlane_lane_queue_seconds", "Time a request waited in its lane before a worker took it",
-                       ("tier",), buckets=QUEUE_BUCKETS)
-RUNNING = Gauge("fairlane_engine_running_sequences", "Sequences in the running batch", ("worker",),
-                multiprocess_mode="livesum")
-WAITING = Gauge("fairlane_engine_waiting_sequences", "Sequences waiting for admission (swapped ones included)",
-                ("worker",), multiprocess_mode="livesum")
-SWAPPED = Gauge("fairlane_engine_swapped_sequences", "Waiting sequences whose KV cache is in host memory",
-                ("worker",), multiprocess_mode="livesum")
-KV_USED = Gauge("fairlane_engine_kv_blocks_used", "KV cache blocks held by sequences", ("worker",),
-                multiprocess_mode="livesum")
-KV_FREE = Gauge("fairlane_engine_kv_blocks_free", "KV cache blocks free (cached prefix blocks included)",
-                ("worker",), multiprocess_mode="livesum")
-KV_UTIL = Gauge("fairlane_engine_kv_utilization", "Fraction of KV cache blocks held by sequences (0..1)",
-                ("worker",), multiprocess_mode="livesum")
-PREFIX_HITS = Counter("fairlane_engine_prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache "
-                      "instead of computed", ("worker",))
-COMPUTED = Counter("fairlane_engine_computed_tokens", "Tokens run through the model: prefill (prompts, "
-                   "recomputation) and decode", ("worker", "kind"))
-PREEMPTIONS = Counter("fairlane_engine_preemptions", "Running sequences preempted, by mode (recompute or swap)",
-                      ("worker", "mode"))
-ADMISSIONS = Counter("fairlane_engine_admissions", "Sequences admitted into the running batch (readmissions "
-                     "after a preemption included): the preemption rate's denominator", ("worker",))
-SLO_REFUSALS = Counter("fairlane_engine_slo_refusals", "Requests the engine refused for their TTFT target",
-                       ("worker",))
-LORA_SLOT_LOADS = Counter("fairlane_engine_lora_slot_loads", "LoRA adapters copied from host memory into a "
-                          "device slot", ("worker",))
-LORA_SLOT_EVICTIONS = Counter("fairlane_engine_lora_slot_evictions", "Resident LoRA adapters replaced in their "
-                              "slot to make room for another", ("worker",))
-BATCH_SIZE = Histogram("fairlane_engine_batch_size", "Sequences per engine step", ("worker",), buckets=BATCH_BUCKETS)
-STEP_TOKENS = Histogram("fairlane_engine_step_tokens", "Tokens per engine step", ("worker",), buckets=TOKEN_BUCKETS)
-STEP_SECONDS = Histogram("fairlane_engine_step_seconds", "Model forward time per engine step", ("worker",),
-                         buckets=STEP_BUCKETS)
+LANE_QUEUE = Histogram(
+    "fairlane_lane_queue_seconds",
+    "Time a request waited in its lane before a worker took it",
+    ("tier",),
+    buckets=QUEUE_BUCKETS,
+)
+RUNNING = Gauge(
+    "fairlane_engine_running_sequences",
+    "Sequences in the running batch",
+    ("worker",),
+    multiprocess_mode="livesum",
+)
+WAITING = Gauge(
+    "fairlane_engine_waiting_sequences",
+    "Sequences waiting for admission (swapped ones included)",
+    ("worker",),
+    multiprocess_mode="livesum",
+)
+SWAPPED = Gauge(
+    "fairlane_engine_swapped_sequences",
+    "Waiting sequences whose KV cache is in host memory",
+    ("worker",),
+    multiprocess_mode="livesum",
+)
+KV_USED = Gauge(
+    "fairlane_engine_kv_blocks_used",
+    "KV cache blocks held by sequences",
+    ("worker",),
+    multiprocess_mode="livesum",
+)
+KV_FREE = Gauge(
+    "fairlane_engine_kv_blocks_free",
+    "KV cache blocks free (cached prefix blocks included)",
+    ("worker",),
+    multiprocess_mode="livesum",
+)
+KV_UTIL = Gauge(
+    "fairlane_engine_kv_utilization",
+    "Fraction of KV cache blocks held by sequences (0..1)",
+    ("worker",),
+    multiprocess_mode="livesum",
+)
+PREFIX_HITS = Counter(
+    "fairlane_engine_prefix_cache_hit_tokens",
+    "Prompt tokens taken from the prefix cache instead of computed",
+    ("worker",),
+)
+COMPUTED = Counter(
+    "fairlane_engine_computed_tokens",
+    "Tokens run through the model: prefill (prompts, recomputation) and decode",
+    ("worker", "kind"),
+)
+PREEMPTIONS = Counter(
+    "fairlane_engine_preemptions",
+    "Running sequences preempted, by mode (recompute or swap)",
+    ("worker", "mode"),
+)
+ADMISSIONS = Counter(
+    "fairlane_engine_admissions",
+    "Sequences admitted into the running batch (readmissions "
+    "after a preemption included): the preemption rate's denominator",
+    ("worker",),
+)
+SLO_REFUSALS = Counter(
+    "fairlane_engine_slo_refusals", "Requests the engine refused for their TTFT target", ("worker",)
+)
+LORA_SLOT_LOADS = Counter(
+    "fairlane_engine_lora_slot_loads", "LoRA adapters copied from host memory into a device slot", ("worker",)
+)
+LORA_SLOT_EVICTIONS = Counter(
+    "fairlane_engine_lora_slot_evictions",
+    "Resident LoRA adapters replaced in their slot to make room for another",
+    ("worker",),
+)
+BATCH_SIZE = Histogram(
+    "fairlane_engine_batch_size", "Sequences per engine step", ("worker",), buckets=BATCH_BUCKETS
+)
+STEP_TOKENS = Histogram(
+    "fairlane_engine_step_tokens", "Tokens per engine step", ("worker",), buckets=TOKEN_BUCKETS
+)
+STEP_SECONDS = Histogram(
+    "fairlane_engine_step_seconds", "Model forward time per engine step", ("worker",), buckets=STEP_BUCKETS
+)
 
 
 def multiprocess_dir() -> str | None:

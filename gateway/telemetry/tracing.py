@@ -34,13 +34,21 @@ _tracer: trace.Tracer | None = None
 
 def endpoint_of(settings) -> str | None:
     """The OTLP endpoint tracing exports to, or None (off)."""
-    return (settings.otel_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
+    return (
+        settings.otel_endpoint
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or None
+    )
 
 
 def protocol_of(settings) -> str:
-    protocol = settings.otel_protocol or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") \
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    protocol = (
+        settings.otel_protocol
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
     if protocol not in ("http/protobuf", "grpc"):
         raise ValueError(f"unsupported OTLP protocol {protocol!r}: use http/protobuf or grpc")
     return protocol
@@ -71,8 +79,10 @@ def setup_tracing(settings, service_name: str) -> bool:
 
     # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, when set, win (Resource.create reads them).
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service_name}
-    provider = TracerProvider(resource=Resource.create(attributes),
-                              sampler=ParentBased(TraceIdRatioBased(settings.otel_sample_ratio)))
+    provider = TracerProvider(
+        resource=Resource.create(attributes),
+        sampler=ParentBased(TraceIdRatioBased(settings.otel_sample_ratio)),
+    )
     if endpoint:
         # Small batches, sent often: encoding a batch holds the GIL, and the SDK's default of up to
         # 512 spans per export stalled the gateway's event loop for tens of ms at a time (p99 of the
@@ -83,7 +93,9 @@ def setup_tracing(settings, service_name: str) -> bool:
             batching["max_export_batch_size"] = EXPORT_BATCH_SIZE
         if "OTEL_BSP_SCHEDULE_DELAY" not in os.environ:
             batching["schedule_delay_millis"] = EXPORT_DELAY_MS
-        provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint, protocol_of(settings)), **batching))
+        provider.add_span_processor(
+            BatchSpanProcessor(_exporter(endpoint, protocol_of(settings)), **batching)
+        )
     if settings.otel_console:
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     use_provider(provider)

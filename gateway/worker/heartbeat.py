@@ -14,7 +14,14 @@ import time
 
 import redis as redislib
 
-from gateway.lanes.keys import GROUP, WORKER_ALIVE_S, WORKER_FORGOTTEN_S, model_info_key, worker_info_key, workers_key
+from gateway.lanes.keys import (
+    GROUP,
+    WORKER_ALIVE_S,
+    WORKER_FORGOTTEN_S,
+    model_info_key,
+    worker_info_key,
+    workers_key,
+)
 from gateway.worker.loop import Worker
 
 log = logging.getLogger(__name__)
@@ -28,15 +35,20 @@ def beat(worker: Worker, redis: redislib.Redis) -> None:
     pipe.zremrangebyscore(workers_key(model), "-inf", now - WORKER_FORGOTTEN_S)
     pipe.hset(model_info_key(model), "max_model_len", worker.engine.max_model_len)
     info = worker_info_key(model, worker.worker_id)
-    pipe.hset(info, mapping={"free_blocks": worker.engine.num_free_blocks,
-                             "total_blocks": worker.engine.num_total_blocks,
-                             "running": len(worker.inflight)})
+    pipe.hset(
+        info,
+        mapping={
+            "free_blocks": worker.engine.num_free_blocks,
+            "total_blocks": worker.engine.num_total_blocks,
+            "running": len(worker.inflight),
+        },
+    )
     pipe.expire(info, int(WORKER_ALIVE_S))
     owned = worker.owned_entries()
     for lane, ids in owned.items():
         pipe.xclaim(lane, GROUP, worker.worker_id, 0, ids, justid=True)
     replies = pipe.execute()
-    for (lane, ids), claimed in zip(owned.items(), replies[len(replies) - len(owned):]):
+    for (lane, ids), claimed in zip(owned.items(), replies[len(replies) - len(owned) :]):
         kept = {_s(e) for e in claimed}
         lost = [e for e in ids if e not in kept]
         if lost:

@@ -24,7 +24,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from engine import Engine, EngineError, LoRARequest, RequestOutput
 from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
-from gateway.lanes.keys import GROUP, WORKER_FORGOTTEN_S, cancel_key, lane_key, load_key, out_key, tier_priorities
+from gateway.lanes.keys import (
+    GROUP,
+    WORKER_FORGOTTEN_S,
+    cancel_key,
+    lane_key,
+    load_key,
+    out_key,
+    tier_priorities,
+)
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
 from gateway.telemetry import metrics, tracing
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
@@ -50,7 +58,9 @@ class InFlight:
     entry_id: str | None  # None: Redis lost the entry (restarted empty); nothing to ACK
     offset: int  # output tokens published so far, resumed ones included
     trace: RequestTrace | None = None  # its spans on this worker (None while tracing is off)
-    choice_offsets: dict[int, int] = field(default_factory=dict)  # the same for choices 1.. of an n > 1 request
+    choice_offsets: dict[int, int] = field(
+        default_factory=dict
+    )  # the same for choices 1.. of an n > 1 request
 
     def offset_of(self, index: int) -> int:
         return self.offset if index == 0 else self.choice_offsets.get(index, 0)
@@ -65,9 +75,19 @@ class InFlight:
 class Worker:
     """Feeds one engine from the lanes of one model; see the module docstring for one iteration."""
 
-    def __init__(self, engine: Engine, redis: redislib.Redis, *, model: str, tiers: list[str], worker_id: str,
-                 result_ttl_s: int = 300, claim_idle_ms: int = 3000, block_ms: int = BLOCK_MS,
-                 adapter_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        redis: redislib.Redis,
+        *,
+        model: str,
+        tiers: list[str],
+        worker_id: str,
+        result_ttl_s: int = 300,
+        claim_idle_ms: int = 3000,
+        block_ms: int = BLOCK_MS,
+        adapter_dir: str | Path | None = None,
+    ) -> None:
         self.engine, self.redis, self.model, self.worker_id = engine, redis, model, worker_id
         self.lanes = [lane_key(model, tier) for tier in tiers]  # highest tier first
         self.priorities = {lane_key(model, tier): p for tier, p in tier_priorities(tiers).items()}
@@ -75,7 +95,9 @@ class Worker:
         self._last_load = float("-inf")
         self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
         self.inflight: dict[str, InFlight] = {}
-        self.adapters = AdapterStore(adapter_dir or default_adapter_dir())  # uploaded LoRA adapters, by digest
+        self.adapters = AdapterStore(
+            adapter_dir or default_adapter_dir()
+        )  # uploaded LoRA adapters, by digest
         self.lock = threading.Lock()  # guards inflight against the heartbeat thread's reads
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
@@ -206,8 +228,9 @@ class Worker:
     def _pull(self, *, block: bool) -> int:
         admitted = 0
         if block:  # idle: wait on every lane at once
-            reply = self.redis.xreadgroup(GROUP, self.worker_id, {lane: ">" for lane in self.lanes},
-                                          count=1, block=self.block_ms)
+            reply = self.redis.xreadgroup(
+                GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=self.block_ms
+            )
             for lane, entries in sorted(reply or [], key=lambda r: self.lanes.index(_s(r[0]))):
                 for entry_id, fields in entries:
                     admitted += self._start(_s(lane), _s(entry_id), fields, claimed=False)
@@ -243,8 +266,9 @@ class Worker:
             self.prune_loads()
         for lane in self.lanes:
             while self.engine.has_room():
-                _next, entries, *_ = self.redis.xautoclaim(lane, GROUP, self.worker_id,
-                                                           min_idle_time=self.claim_idle_ms, count=1)
+                _next, entries, *_ = self.redis.xautoclaim(
+                    lane, GROUP, self.worker_id, min_idle_time=self.claim_idle_ms, count=1
+                )
                 entries = [e for e in entries if e and e[1]]
                 if not entries:
                     break
@@ -280,18 +304,30 @@ class Worker:
         waited = max(0.0, taken_at - req.enqueued_at)
         if not claimed:
             metrics.LANE_QUEUE.labels(req.tier).observe(waited)
-        trace = RequestTrace(req, worker_id=self.worker_id, taken_at=taken_at,
-                             resumed_tokens=len(resume)) if tracing.enabled() else None
+        trace = (
+            RequestTrace(req, worker_id=self.worker_id, taken_at=taken_at, resumed_tokens=len(resume))
+            if tracing.enabled()
+            else None
+        )
         try:
             self.engine.add_request(
-                req.request_id, list(req.prompt_token_ids), req.sampling, tenant=req.tenant, weight=req.weight,
-                priority=self.priorities[lane], arrival_time=time.monotonic() - waited,
-                ttft_target_s=None if resume else req.ttft_target_s, tpot_target_s=req.tpot_target_s,
-                resume_token_ids=tuple(resume), lora=self._lora(req),
+                req.request_id,
+                list(req.prompt_token_ids),
+                req.sampling,
+                tenant=req.tenant,
+                weight=req.weight,
+                priority=self.priorities[lane],
+                arrival_time=time.monotonic() - waited,
+                ttft_target_s=None if resume else req.ttft_target_s,
+                tpot_target_s=req.tpot_target_s,
+                resume_token_ids=tuple(resume),
+                lora=self._lora(req),
             )
         except AdapterNotFoundError:  # deleted while the request waited in its lane: as if it never existed
-            exc = AdapterGone(f"The model '{req.model}:{req.lora.name}' does not exist or you do not have access "
-                              "to it.", param="model")
+            exc = AdapterGone(
+                f"The model '{req.model}:{req.lora.name}' does not exist or you do not have access to it.",
+                param="model",
+            )
             if trace is not None:
                 trace.refused(exc)
             self._ack(lane, entry_id, self._error(req.request_id, exc, offset=len(resume)))
@@ -309,7 +345,9 @@ class Worker:
         """The request's adapter as the engine takes it: its folder in the shared store."""
         if req.lora is None:
             return None
-        return LoRARequest(name=f"{req.lora.id}:{req.lora.name}", path=str(self.adapters.path(req.lora.sha256)))
+        return LoRARequest(
+            name=f"{req.lora.id}:{req.lora.name}", path=str(self.adapters.path(req.lora.sha256))
+        )
 
     def _ack(self, lane: str, entry_id: str | None, result: LaneResult | None = None) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -323,24 +361,44 @@ class Worker:
             self._execute(pipe)
 
     # ---- results ---------------------------------------------------------------------------
-    def _error(self, request_id: str, exc: Exception, *, offset: int = 0, num_prompt_tokens: int = 0) -> LaneResult:
+    def _error(
+        self, request_id: str, exc: Exception, *, offset: int = 0, num_prompt_tokens: int = 0
+    ) -> LaneResult:
         """An engine refusal as a finished error result (retry_after_s for SLO refusals)."""
-        return LaneResult(request_id=request_id, kind="error", finished=True, offset=offset, worker=self.worker_id,
-                          num_prompt_tokens=num_prompt_tokens, error_message=getattr(exc, "message", str(exc)),
-                          error_param=getattr(exc, "param", None), error_code=getattr(exc, "code", "engine_error"),
-                          retry_after_s=getattr(exc, "retry_after", None))
+        return LaneResult(
+            request_id=request_id,
+            kind="error",
+            finished=True,
+            offset=offset,
+            worker=self.worker_id,
+            num_prompt_tokens=num_prompt_tokens,
+            error_message=getattr(exc, "message", str(exc)),
+            error_param=getattr(exc, "param", None),
+            error_code=getattr(exc, "code", "engine_error"),
+            retry_after_s=getattr(exc, "retry_after", None),
+        )
 
     def _result(self, out: RequestOutput, f: InFlight) -> LaneResult:
         if out.error is not None:  # refused at a step start (SLO): no token was produced
-            return self._error(out.request_id, out.error, offset=f.offset, num_prompt_tokens=out.num_prompt_tokens)
+            return self._error(
+                out.request_id, out.error, offset=f.offset, num_prompt_tokens=out.num_prompt_tokens
+            )
         text = out.new_text
         if self.engine.tokenizer is None:  # random-weight models have no tokenizer: show the ids
             text = "".join(f" t{t}" for t in out.new_token_ids)
         return LaneResult(
-            request_id=out.request_id, token_ids=tuple(out.new_token_ids), text=text, offset=f.offset_of(out.index),
-            finished=out.done, finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens, index=out.index,
-            num_output_tokens=out.num_output_tokens, worker=self.worker_id,
-            logprobs=None if out.logprobs is None else tuple(out.logprobs), num_cached_tokens=out.num_cached_tokens,
+            request_id=out.request_id,
+            token_ids=tuple(out.new_token_ids),
+            text=text,
+            offset=f.offset_of(out.index),
+            finished=out.done,
+            finish_reason=out.finish_reason,
+            num_prompt_tokens=out.num_prompt_tokens,
+            index=out.index,
+            num_output_tokens=out.num_output_tokens,
+            worker=self.worker_id,
+            logprobs=None if out.logprobs is None else tuple(out.logprobs),
+            num_cached_tokens=out.num_cached_tokens,
             prompt_logprobs=None if out.prompt_logprobs is None else tuple(out.prompt_logprobs),
         )
 
@@ -354,8 +412,9 @@ class Worker:
                 if f.trace is not None:
                     f.trace.events(out.events)
                     if out.done:
-                        f.trace.finish(out, status=out.finish_reason or "error",
-                                       num_output_tokens=out.num_output_tokens)
+                        f.trace.finish(
+                            out, status=out.finish_reason or "error", num_output_tokens=out.num_output_tokens
+                        )
                 key = out_key(out.request_id)
                 pipe.xadd(key, self._result(out, f).encode())
                 pipe.expire(key, self.result_ttl_s)
@@ -385,8 +444,13 @@ class Worker:
         if f.trace is not None:
             f.trace.events(events)
             f.trace.aborted()
-        result = LaneResult(request_id=request_id, finished=True, finish_reason="abort", offset=f.offset,
-                            worker=self.worker_id)
+        result = LaneResult(
+            request_id=request_id,
+            finished=True,
+            finish_reason="abort",
+            offset=f.offset,
+            worker=self.worker_id,
+        )
         self._ack(f.lane, f.entry_id, result)
 
 

@@ -42,14 +42,18 @@ def serve_metrics(settings: WorkerSettings) -> None:
     try:
         start_http_server(settings.worker_metrics_port, addr=settings.worker_metrics_host)
     except OSError as exc:
-        raise SystemExit(f"fairlane worker: cannot serve metrics on {settings.worker_metrics_host}:"
-                         f"{settings.worker_metrics_port} ({exc}); set FAIRLANE_WORKER_METRICS_PORT "
-                         "(0: no endpoint)") from exc
+        raise SystemExit(
+            f"fairlane worker: cannot serve metrics on {settings.worker_metrics_host}:"
+            f"{settings.worker_metrics_port} ({exc}); set FAIRLANE_WORKER_METRICS_PORT "
+            "(0: no endpoint)"
+        ) from exc
     log.info("metrics on http://%s:%d/metrics", settings.worker_metrics_host, settings.worker_metrics_port)
 
 
 def worker_id() -> str:
-    return os.environ.get("FAIRLANE_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return (
+        os.environ.get("FAIRLANE_WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    )
 
 
 def main(engine_overrides: dict | None = None) -> None:
@@ -64,17 +68,34 @@ def main(engine_overrides: dict | None = None) -> None:
     name = worker_id()
     engine = build_engine(settings)
     redis = sync_client(settings.redis_url)
-    worker = Worker(engine, redis, model=settings.model_name, tiers=settings.tiers, worker_id=name,
-                    result_ttl_s=settings.result_ttl_s, claim_idle_ms=settings.worker_claim_idle_ms,
-                    adapter_dir=settings.adapter_store_dir)
+    worker = Worker(
+        engine,
+        redis,
+        model=settings.model_name,
+        tiers=settings.tiers,
+        worker_id=name,
+        result_ttl_s=settings.result_ttl_s,
+        claim_idle_ms=settings.worker_claim_idle_ms,
+        adapter_dir=settings.adapter_store_dir,
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    beat = threading.Thread(target=heartbeat, args=(worker, redis, stop),
-                            kwargs={"every_s": settings.worker_heartbeat_s}, daemon=True)
+    beat = threading.Thread(
+        target=heartbeat,
+        args=(worker, redis, stop),
+        kwargs={"every_s": settings.worker_heartbeat_s},
+        daemon=True,
+    )
     beat.start()
-    log.info("worker %s serving %s (max_model_len %d, %d KV blocks, policy %s)", name, settings.model_name,
-             engine.max_model_len, engine.num_total_blocks, settings.engine.policy)
+    log.info(
+        "worker %s serving %s (max_model_len %d, %d KV blocks, policy %s)",
+        name,
+        settings.model_name,
+        engine.max_model_len,
+        engine.num_total_blocks,
+        settings.engine.policy,
+    )
     print(f"fairlane worker {name} ready", flush=True)
     try:
         worker.run(stop)

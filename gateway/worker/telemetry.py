@@ -26,8 +26,9 @@ from gateway.lanes.messages import LaneRequest
 from gateway.telemetry import metrics, tracing
 from gateway.telemetry.tracing import ns
 
-ENGINE_SPAN_EVENTS = frozenset({"admitted", "resumed", "preempted", "first_token", "finished", "aborted",
-                                "slo_refused"})
+ENGINE_SPAN_EVENTS = frozenset(
+    {"admitted", "resumed", "preempted", "first_token", "finished", "aborted", "slo_refused"}
+)
 
 
 class RequestTrace:
@@ -37,18 +38,39 @@ class RequestTrace:
         tracer = tracing.tracer()
         parent = tracing.extract(req.traceparent)
         sampling = req.sampling
-        common = {"fairlane.request_id": req.request_id, "fairlane.tier": req.tier, "fairlane.tenant.id": req.tenant, "fairlane.worker.id": worker_id,
-                  "gen_ai.request.model": req.model}
-        tracer.start_span("lane.wait", context=parent, kind=SpanKind.CONSUMER, start_time=ns(req.enqueued_at),
-                          attributes={**common, "messaging.system": "redis",
-                                      "messaging.destination.name": f"lanes:{req.model}:{req.tier}"}
-                          ).end(end_time=ns(taken_at))
-        self.span: Span = tracer.start_span("engine.request", context=parent, start_time=ns(taken_at), attributes={
-            **common, "gen_ai.request.max_tokens": sampling.max_tokens,
-            "gen_ai.request.temperature": sampling.temperature, "gen_ai.request.top_p": sampling.top_p,
-            "gen_ai.usage.input_tokens": len(req.prompt_token_ids), "fairlane.resumed_tokens": resumed_tokens,
-            "fairlane.lane.wait_s": max(0.0, taken_at - req.enqueued_at),
-            **({"fairlane.slo.ttft_target_s": req.ttft_target_s} if req.ttft_target_s else {})})
+        common = {
+            "fairlane.request_id": req.request_id,
+            "fairlane.tier": req.tier,
+            "fairlane.tenant.id": req.tenant,
+            "fairlane.worker.id": worker_id,
+            "gen_ai.request.model": req.model,
+        }
+        tracer.start_span(
+            "lane.wait",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            start_time=ns(req.enqueued_at),
+            attributes={
+                **common,
+                "messaging.system": "redis",
+                "messaging.destination.name": f"lanes:{req.model}:{req.tier}",
+            },
+        ).end(end_time=ns(taken_at))
+        self.span: Span = tracer.start_span(
+            "engine.request",
+            context=parent,
+            start_time=ns(taken_at),
+            attributes={
+                **common,
+                "gen_ai.request.max_tokens": sampling.max_tokens,
+                "gen_ai.request.temperature": sampling.temperature,
+                "gen_ai.request.top_p": sampling.top_p,
+                "gen_ai.usage.input_tokens": len(req.prompt_token_ids),
+                "fairlane.resumed_tokens": resumed_tokens,
+                "fairlane.lane.wait_s": max(0.0, taken_at - req.enqueued_at),
+                **({"fairlane.slo.ttft_target_s": req.ttft_target_s} if req.ttft_target_s else {}),
+            },
+        )
         self._context = trace.set_span_in_context(self.span)
         self.phase: Span | None = None  # engine.prefill, then engine.decode
         self.preemptions = 0
@@ -111,10 +133,12 @@ class EngineMetrics:
 
     def __init__(self, engine: Engine, worker_id: str) -> None:
         self.engine, w = engine, worker_id
-        self.running, self.waiting, self.swapped = (g.labels(w) for g in (metrics.RUNNING, metrics.WAITING,
-                                                                          metrics.SWAPPED))
-        self.kv_used, self.kv_free, self.kv_util = (g.labels(w) for g in (metrics.KV_USED, metrics.KV_FREE,
-                                                                          metrics.KV_UTIL))
+        self.running, self.waiting, self.swapped = (
+            g.labels(w) for g in (metrics.RUNNING, metrics.WAITING, metrics.SWAPPED)
+        )
+        self.kv_used, self.kv_free, self.kv_util = (
+            g.labels(w) for g in (metrics.KV_USED, metrics.KV_FREE, metrics.KV_UTIL)
+        )
         self.counters = {  # EngineStats field -> its counter
             "prefix_hit_tokens": metrics.PREFIX_HITS.labels(w),
             "prefill_tokens": metrics.COMPUTED.labels(w, "prefill"),
@@ -127,8 +151,9 @@ class EngineMetrics:
             "lora_slot_evictions": metrics.LORA_SLOT_EVICTIONS.labels(w),
         }
         self.seen = {name: 0 for name in self.counters}
-        self.batch, self.tokens, self.seconds = (h.labels(w) for h in (metrics.BATCH_SIZE, metrics.STEP_TOKENS,
-                                                                       metrics.STEP_SECONDS))
+        self.batch, self.tokens, self.seconds = (
+            h.labels(w) for h in (metrics.BATCH_SIZE, metrics.STEP_TOKENS, metrics.STEP_SECONDS)
+        )
         self.steps = 0
         self.update()
 

@@ -1,4 +1,5 @@
 """The result line of a runner from another environment is found among its libraries' output."""
+
 import pytest
 
 from benchmarks.common import result_line

@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py")
-                    if re.search(r"^def main\(", p.read_text(), re.M) and "__main__" in p.read_text())
+BENCHMARKS = sorted(
+    p.stem
+    for p in (REPO / "benchmarks").glob("*.py")
+    if re.search(r"^def main\(", p.read_text(), re.M) and "__main__" in p.read_text()
+)
 
 
 def _results_state() -> dict[str, float]:
@@ -29,9 +32,19 @@ def test_every_benchmark_is_found():
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_smoke(name):
     before = _results_state()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--smoke"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", "--smoke"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     match = re.search(r"^results: (.+)$", done.stdout, re.M)
     assert match, done.stdout[-2000:]

@@ -22,8 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "configs" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "configs" / "grafana" / "fairlane-dashboard.json"
 # Read at scrape time by the gateway's /metrics (gateway/api/routes/metrics.py).
-SCRAPE_TIME = {"fairlane_lane_depth", "fairlane_lane_pending", "fairlane_quota_store_up",
-               "fairlane_tier_ttft_target_seconds"}
+SCRAPE_TIME = {
+    "fairlane_lane_depth",
+    "fairlane_lane_pending",
+    "fairlane_quota_store_up",
+    "fairlane_tier_ttft_target_seconds",
+}
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
 
@@ -48,15 +52,22 @@ def test_rule_groups_are_well_formed():
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     assert len({g["name"] for g in groups}) == len(groups)
     alerts = {r["alert"] for r in rules() if "alert" in r}
-    assert alerts == {"FairlanePreemptionRateHigh", "FairlaneTTFTP99OverTarget", "FairlaneKVCachePinned",
-                      "FairlaneLaneDepthGrowing", "FairlaneQuotaStoreDown"}
+    assert alerts == {
+        "FairlanePreemptionRateHigh",
+        "FairlaneTTFTP99OverTarget",
+        "FairlaneKVCachePinned",
+        "FairlaneLaneDepthGrowing",
+        "FairlaneQuotaStoreDown",
+    }
     for rule in rules():
         assert ("alert" in rule) != ("record" in rule) and rule["expr"].strip()
         if "alert" in rule:
             assert rule["labels"]["severity"] in ("page", "warning") and rule["annotations"]["summary"]
             assert rule["annotations"]["runbook"].startswith("docs/observability.md#")
     preemption = next(r for r in rules() if r.get("alert") == "FairlanePreemptionRateHigh")
-    assert preemption["for"] == "5m" and "> 0.02" in preemption["expr"]  # the usual guidance: 2% for 5 minutes
+    assert (
+        preemption["for"] == "5m" and "> 0.02" in preemption["expr"]
+    )  # the usual guidance: 2% for 5 minutes
 
 
 @pytest.mark.parametrize("source", ["alerts", "dashboard"])
@@ -76,10 +87,19 @@ def test_the_parser_refuses_what_promtool_would():
         promql_parser.parse("sum by (tier) (rate(fairlane_requests_total[5m])")
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (apt-get install prometheus)")
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool is not installed (apt-get install prometheus)"
+)
 def test_promtool_checks_and_unit_tests_the_rules():
-    check = subprocess.run(["promtool", "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        ["promtool", "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0 and "SUCCESS: 8 rules found" in check.stdout, check.stdout + check.stderr
-    unit = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"], capture_output=True, text=True,
-                          timeout=120, cwd=ALERTS.parent)
+    unit = subprocess.run(
+        ["promtool", "test", "rules", "alerts_test.yml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ALERTS.parent,
+    )
     assert unit.returncode == 0 and "SUCCESS" in unit.stdout, unit.stdout + unit.stderr

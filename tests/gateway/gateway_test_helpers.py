@@ -12,11 +12,25 @@ import httpx
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 HEARTBEAT_S = 0.5  # the in-process worker's (the settings' default)
 # A tiny Llama: fast enough to run hundreds of requests on 2 CPU cores.
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)
 # The engine section of the gateway settings the tests use (the workers are built by tiny_engine_factory).
-TINY_ENGINE = dict(model="dummy", dummy_config=TINY, num_kv_blocks=64, max_num_seqs=16, max_num_batched_tokens=512,
-                   num_threads=1)
+TINY_ENGINE = dict(
+    model="dummy",
+    dummy_config=TINY,
+    num_kv_blocks=64,
+    max_num_seqs=16,
+    max_num_batched_tokens=512,
+    num_threads=1,
+)
 
 
 def admin_headers() -> dict[str, str]:
@@ -25,10 +39,14 @@ def admin_headers() -> dict[str, str]:
 
 async def make_tenant_key(client, name: str, **tenant_fields) -> tuple[dict, str]:
     """Create a tenant and a key over the admin API; returns (tenant, full key)."""
-    response = await client.post("/admin/tenants", json={"name": name, **tenant_fields}, headers=admin_headers())
+    response = await client.post(
+        "/admin/tenants", json={"name": name, **tenant_fields}, headers=admin_headers()
+    )
     assert response.status_code == 201, response.text
     tenant = response.json()
-    response = await client.post(f"/admin/tenants/{tenant['id']}/keys", json={"name": "k"}, headers=admin_headers())
+    response = await client.post(
+        f"/admin/tenants/{tenant['id']}/keys", json={"name": "k"}, headers=admin_headers()
+    )
     assert response.status_code == 201, response.text
     return tenant, response.json()["key"]
 
@@ -57,15 +75,25 @@ def inproc_worker(engine, settings):
 
     model = settings.model_name
     client = redislib.Redis.from_url(settings.redis_url)
-    worker = Worker(engine, client, model=model, tiers=settings.tiers, worker_id="inproc", block_ms=20,
-                    adapter_dir=settings.adapter_store_dir)
+    worker = Worker(
+        engine,
+        client,
+        model=model,
+        tiers=settings.tiers,
+        worker_id="inproc",
+        block_ms=20,
+        adapter_dir=settings.adapter_store_dir,
+    )
     worker.setup()
     client.zadd(f"workers:{model}", {"inproc": time.time()})
     client.hset(f"model:{model}", "max_model_len", engine.max_model_len)
     stop = threading.Event()
-    threads = [threading.Thread(target=worker.run, args=(stop,), daemon=True),
-               threading.Thread(target=heartbeat, args=(worker, client, stop), kwargs={"every_s": HEARTBEAT_S},
-                                daemon=True)]
+    threads = [
+        threading.Thread(target=worker.run, args=(stop,), daemon=True),
+        threading.Thread(
+            target=heartbeat, args=(worker, client, stop), kwargs={"every_s": HEARTBEAT_S}, daemon=True
+        ),
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -92,13 +120,27 @@ class InProcessGateway:
         return self.settings.model_name
 
     async def chat(self, key: str, **extra) -> httpx.Response:
-        body = {"model": self.settings.model_name, "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": 4, "ignore_eos": True, "temperature": 0, **extra}
-        return await self.http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        body = {
+            "model": self.settings.model_name,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 4,
+            "ignore_eos": True,
+            "temperature": 0,
+            **extra,
+        }
+        return await self.http.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
 
     async def complete(self, key: str, prompt, **extra) -> httpx.Response:
-        body = {"model": self.settings.model_name, "prompt": prompt, "max_tokens": 4, "ignore_eos": True,
-                "temperature": 0, **extra}
+        body = {
+            "model": self.settings.model_name,
+            "prompt": prompt,
+            "max_tokens": 4,
+            "ignore_eos": True,
+            "temperature": 0,
+            **extra,
+        }
         return await self.http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
 
     async def quota_usage(self, tenant_id: int) -> dict:
@@ -118,8 +160,9 @@ def usage_records(settings, tenant_id: int) -> list:
     engine = make_engine(settings.database_url)
     now = datetime.now(UTC)
     with make_session_factory(engine)() as session:
-        records = list_usage(session, tenant_id=tenant_id, since=now - timedelta(hours=1),
-                             until=now + timedelta(minutes=1))
+        records = list_usage(
+            session, tenant_id=tenant_id, since=now - timedelta(hours=1), until=now + timedelta(minutes=1)
+        )
     engine.dispose()
     return records
 
@@ -131,6 +174,7 @@ async def inproc_gateway(settings, cls=InProcessGateway):
 
     app = create_app(settings)
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
-                                     timeout=30) as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=30
+        ) as http:
             yield cls(app, http)

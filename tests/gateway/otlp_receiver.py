@@ -65,15 +65,28 @@ class OTLPReceiver:
             service = _attrs(resource_spans.resource.attributes).get("service.name")
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
-                    spans.append({
-                        "service": service, "name": span.name, "kind": KINDS[span.kind],
-                        "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-                        "parent_span_id": span.parent_span_id.hex() or None,
-                        "start_ns": span.start_time_unix_nano, "end_ns": span.end_time_unix_nano,
-                        "attributes": _attrs(span.attributes), "status": span.status.code,
-                        "events": [{"name": e.name, "time_ns": e.time_unix_nano, "attributes": _attrs(e.attributes)}
-                                   for e in span.events],
-                    })
+                    spans.append(
+                        {
+                            "service": service,
+                            "name": span.name,
+                            "kind": KINDS[span.kind],
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_span_id": span.parent_span_id.hex() or None,
+                            "start_ns": span.start_time_unix_nano,
+                            "end_ns": span.end_time_unix_nano,
+                            "attributes": _attrs(span.attributes),
+                            "status": span.status.code,
+                            "events": [
+                                {
+                                    "name": e.name,
+                                    "time_ns": e.time_unix_nano,
+                                    "attributes": _attrs(e.attributes),
+                                }
+                                for e in span.events
+                            ],
+                        }
+                    )
         with self.lock:
             self.requests += 1
             self.spans.extend(spans)

@@ -65,8 +65,14 @@ def start(args: list[str], env: dict[str, str], log_path: str, *, port: int | No
     """Run ``fairlane <args>`` in its own process group, output to log_path."""
     full_env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env}
     log = open(log_path, "w")
-    process = subprocess.Popen([*fairlane_command(), *args], env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                               cwd=REPO, start_new_session=True)
+    process = subprocess.Popen(
+        [*fairlane_command(), *args],
+        env=full_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        start_new_session=True,
+    )
     return Served(process=process, port=port or 0, log_path=log_path)
 
 

@@ -11,17 +11,32 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REPLICA_MODULES = ["gateway.api.app", "gateway.cli", "gateway.cli.serve", "gateway.settings",
-                   "gateway.lanes.client", "gateway.api.slo_gate", "gateway.api.generation"]
+REPLICA_MODULES = [
+    "gateway.api.app",
+    "gateway.cli",
+    "gateway.cli.serve",
+    "gateway.settings",
+    "gateway.lanes.client",
+    "gateway.api.slo_gate",
+    "gateway.api.generation",
+]
 
 
 @pytest.mark.parametrize("module", REPLICA_MODULES)
 def test_importing_loads_no_torch(module):
-    code = (f"import sys, {module}\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))\n"
-            "print(heavy[:5])")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
-                            env={**os.environ, "PYTHONPATH": REPO})
+    code = (
+        f"import sys, {module}\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))\n"
+        "print(heavy[:5])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", f"{module} loads {result.stdout.strip()}"
 
@@ -29,6 +44,12 @@ def test_importing_loads_no_torch(module):
 def test_the_check_can_fail():
     """The same probe sees torch where it is loaded (a worker's loop module needs the engine)."""
     code = "import sys, gateway.worker.loop; print('torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
-                            env={**os.environ, "PYTHONPATH": REPO})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
     assert result.stdout.strip() == "True", result.stderr

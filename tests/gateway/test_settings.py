@@ -46,22 +46,37 @@ def test_a_worker_needs_no_admin_token():
 
 
 def test_env_overrides_yaml_which_overrides_defaults(monkeypatch, tmp_path):
-    _yaml(monkeypatch, tmp_path, "engine: {model: dummy, max_num_seqs: 8, kv_cache_gib: 2}\nport: 9001\n"
-                                 "tiers: [gold, silver]\nworkers: 3\nworker_heartbeat_s: 0.2\n")
+    _yaml(
+        monkeypatch,
+        tmp_path,
+        "engine: {model: dummy, max_num_seqs: 8, kv_cache_gib: 2}\nport: 9001\n"
+        "tiers: [gold, silver]\nworkers: 3\nworker_heartbeat_s: 0.2\n",
+    )
     monkeypatch.setenv("FAIRLANE_ADMIN_TOKEN", STRONG)
     monkeypatch.setenv("FAIRLANE_PORT", "9002")
     monkeypatch.setenv("FAIRLANE_ENGINE__MAX_NUM_SEQS", "12")
     settings = ApiSettings()  # the keys of other processes (workers, worker_heartbeat_s) are theirs
     assert (settings.engine.model, settings.port, settings.tiers) == ("dummy", 9002, ["gold", "silver"])
-    assert (settings.engine.max_num_seqs, settings.engine.kv_cache_gib) == (12, 2.0)  # env over YAML, per field
+    assert (settings.engine.max_num_seqs, settings.engine.kv_cache_gib) == (
+        12,
+        2.0,
+    )  # env over YAML, per field
     assert settings.engine.block_size == EngineConfig.block_size  # EngineConfig's own default
     assert WorkerSettings().worker_heartbeat_s == 0.2 and ServeSettings().workers == 3
 
 
 def test_the_engine_section_builds_engine_config_whole():
     """Every EngineConfig field is settable, with the engine's defaults (dtype auto included)."""
-    changed = {"kv_cache_gib": 0.5, "preemption_mode": "swap", "watermark": 0.05, "attention_backend": "torch",
-               "isolate_urgent_prefill": False, "cost_step_s": 0.02, "seed": 7, "dummy_config": {"vocab_size": 64}}
+    changed = {
+        "kv_cache_gib": 0.5,
+        "preemption_mode": "swap",
+        "watermark": 0.05,
+        "attention_backend": "torch",
+        "isolate_urgent_prefill": False,
+        "cost_step_s": 0.02,
+        "seed": 7,
+        "dummy_config": {"vocab_size": 64},
+    }
     config = ApiSettings(dev=True, engine=changed).engine_config()
     assert type(config) is EngineConfig
     assert config == dataclasses.replace(EngineConfig(), **changed)
@@ -73,15 +88,22 @@ def test_engine_fields_from_the_environment(monkeypatch):
     monkeypatch.setenv("FAIRLANE_ENGINE__NUM_KV_BLOCKS", "32")
     monkeypatch.setenv("FAIRLANE_ENGINE__ENABLE_PREFIX_CACHING", "false")
     config = WorkerSettings().engine_config()
-    assert (config.dummy_config, config.num_kv_blocks, config.enable_prefix_caching) == ({"vocab_size": 64}, 32, False)
+    assert (config.dummy_config, config.num_kv_blocks, config.enable_prefix_caching) == (
+        {"vocab_size": 64},
+        32,
+        False,
+    )
 
 
-@pytest.mark.parametrize("engine, match", [
-    ({"block_size": 3}, "power of two"),  # EngineConfig's own check
-    ({"dtype": "int8"}, "dtype must be one of"),
-    ({"policy": "priority+fair"}, r"unknown part\(s\) \['fair'\]"),  # the engine's policy registry
-    ({"tier_ttft_targets": {3: 0.5}}, "use tier_ttft_targets"),
-])
+@pytest.mark.parametrize(
+    "engine, match",
+    [
+        ({"block_size": 3}, "power of two"),  # EngineConfig's own check
+        ({"dtype": "int8"}, "dtype must be one of"),
+        ({"policy": "priority+fair"}, r"unknown part\(s\) \['fair'\]"),  # the engine's policy registry
+        ({"tier_ttft_targets": {3: 0.5}}, "use tier_ttft_targets"),
+    ],
+)
 def test_bad_engine_settings_are_refused(engine, match):
     with pytest.raises(ValidationError, match=match):
         WorkerSettings(engine=engine)
@@ -89,8 +111,10 @@ def test_bad_engine_settings_are_refused(engine, match):
 
 def test_an_unknown_environment_variable_is_named(monkeypatch):
     monkeypatch.setenv("FAIRLANE_KV_CACHE_GIB", "2")
-    with pytest.raises(UnknownSetting, match="unknown setting FAIRLANE_KV_CACHE_GIB; engine fields are set as "
-                                             "FAIRLANE_ENGINE__KV_CACHE_GIB"):
+    with pytest.raises(
+        UnknownSetting,
+        match="unknown setting FAIRLANE_KV_CACHE_GIB; engine fields are set as FAIRLANE_ENGINE__KV_CACHE_GIB",
+    ):
         WorkerSettings()
     monkeypatch.delenv("FAIRLANE_KV_CACHE_GIB")
     monkeypatch.setenv("FAIRLANE_ENGINE__KV_CACHE", "2")
@@ -103,16 +127,29 @@ def test_an_unknown_environment_variable_is_named(monkeypatch):
 
 
 def test_variables_that_are_not_settings_are_left_alone():
-    check_known_keys({"FAIRLANE_CONFIG": "x", "FAIRLANE_LOG_LEVEL": "DEBUG", "FAIRLANE_WORKER_ID": "w",
-                      "FAIRLANE_CACHE_DIR": "/tmp", "FAIRLANE_API_KEY": "fl-x", "FAIRLANE_TEST_ANYTHING": "1",
-                      "FAIRLANE_ENGINE": "{}", "FAIRLANE_WORKERS": "2", "HOME": "/root"})
+    check_known_keys(
+        {
+            "FAIRLANE_CONFIG": "x",
+            "FAIRLANE_LOG_LEVEL": "DEBUG",
+            "FAIRLANE_WORKER_ID": "w",
+            "FAIRLANE_CACHE_DIR": "/tmp",
+            "FAIRLANE_API_KEY": "fl-x",
+            "FAIRLANE_TEST_ANYTHING": "1",
+            "FAIRLANE_ENGINE": "{}",
+            "FAIRLANE_WORKERS": "2",
+            "HOME": "/root",
+        }
+    )
 
 
-@pytest.mark.parametrize("text, match", [
-    ("kv_cache_gib: 2\n", "unknown key 'kv_cache_gib' in .*engine: {kv_cache_gib: ...}"),
-    ("engine: {kv_cache: 2}\n", "unknown key 'engine.kv_cache'"),
-    ("prot: 80\n", "unknown key 'prot'.*did you mean 'port'"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("kv_cache_gib: 2\n", "unknown key 'kv_cache_gib' in .*engine: {kv_cache_gib: ...}"),
+        ("engine: {kv_cache: 2}\n", "unknown key 'engine.kv_cache'"),
+        ("prot: 80\n", "unknown key 'prot'.*did you mean 'port'"),
+    ],
+)
 def test_an_unknown_yaml_key_is_named(monkeypatch, tmp_path, text, match):
     _yaml(monkeypatch, tmp_path, text)
     with pytest.raises(UnknownSetting, match=match):
@@ -137,8 +174,11 @@ def test_model_name_defaults_to_the_model_or_folder_name():
 
 
 def test_slo_settings_from_yaml_and_env(monkeypatch, tmp_path):
-    _yaml(monkeypatch, tmp_path, "engine: {policy: priority+vtc+slo}\n"
-                                 "tier_ttft_targets: {priority: 0.5, standard: 2}\n")
+    _yaml(
+        monkeypatch,
+        tmp_path,
+        "engine: {policy: priority+vtc+slo}\ntier_ttft_targets: {priority: 0.5, standard: 2}\n",
+    )
     monkeypatch.setenv("FAIRLANE_TIER_TPOT_TARGETS", '{"priority": 0.05}')
     settings = ApiSettings(admin_token=STRONG)
     assert settings.engine.policy == "priority+vtc+slo"
@@ -147,11 +187,14 @@ def test_slo_settings_from_yaml_and_env(monkeypatch, tmp_path):
     assert settings.slo_gate and not settings.engine.slo_demote
 
 
-@pytest.mark.parametrize("fields, match", [
-    ({"engine": {"policy": "priority+slo"}, "tier_ttft_targets": {"gold": 1.0}}, "unknown tiers"),
-    ({"engine": {"policy": "priority+slo"}, "tier_tpot_targets": {"batch": 0}}, "positive seconds"),
-    ({"engine": {"policy": "priority"}, "tier_ttft_targets": {"priority": 1.0}}, r"add '\+slo'"),
-])
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"engine": {"policy": "priority+slo"}, "tier_ttft_targets": {"gold": 1.0}}, "unknown tiers"),
+        ({"engine": {"policy": "priority+slo"}, "tier_tpot_targets": {"batch": 0}}, "positive seconds"),
+        ({"engine": {"policy": "priority"}, "tier_ttft_targets": {"priority": 1.0}}, r"add '\+slo'"),
+    ],
+)
 def test_bad_slo_settings_are_refused(fields, match):
     with pytest.raises(ValidationError, match=match):
         ApiSettings(admin_token=STRONG, **fields)

@@ -30,8 +30,6 @@ async def _fire(url, prefix, sizes, now, barrier):
     limiter = Limiter(client, keys=KeySpace(prefix))
     await limiter.scripts.load()
     barrier.wait()  # both processes connected and loaded: start together
-    decisions = await asyncio.gather(
-        *(limiter.admit(Demand("contested", p, m), now=now) for p, m in sizes)
-    )
+    decisions = await asyncio.gather(*(limiter.admit(Demand("contested", p, m), now=now) for p, m in sizes))
     await client.aclose()
     return [(d.allowed, d.limit, p + m) for d, (p, m) in zip(decisions, sizes)]

@@ -37,8 +37,10 @@ def contestants():
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
     queues = [(ctx.Queue(), ctx.Queue()) for _ in range(PROCESSES)]
-    procs = [ctx.Process(target=quota_contest.serve, args=(jobs, results, barrier), daemon=True)
-             for jobs, results in queues]
+    procs = [
+        ctx.Process(target=quota_contest.serve, args=(jobs, results, barrier), daemon=True)
+        for jobs, results in queues
+    ]
     for p in procs:
         p.start()
     yield queues
@@ -50,6 +52,7 @@ def contestants():
 @pytest.fixture
 def contest(contestants, backend, keyspace):
     """Run one contest: process i fires sizes_per_process[i]; all decisions, concatenated."""
+
     def run(sizes_per_process, now) -> list[tuple[bool, str | None, int]]:
         for (jobs, _), sizes in zip(contestants, sizes_per_process):
             jobs.put((backend.url, keyspace.prefix, sizes, now))
@@ -57,6 +60,7 @@ def contest(contestants, backend, keyspace):
         errors = [o for o in outcomes if isinstance(o, str)]
         assert not errors, errors
         return [o for outcome in outcomes for o in outcome]
+
     return run
 
 
@@ -94,8 +98,9 @@ async def test_tokens_of_mixed_sizes_fill_the_limit_without_overshoot(contest, s
     limit = 20_000
     await store.put("contested", QuotaLimits(tokens_per_minute=limit))
     rng = random.Random(4)
-    sizes = [[(rng.randint(1, 150), rng.randint(0, 150)) for _ in range(PER_PROCESS)]
-             for _ in range(PROCESSES)]
+    sizes = [
+        [(rng.randint(1, 150), rng.randint(0, 150)) for _ in range(PER_PROCESS)] for _ in range(PROCESSES)
+    ]
     outcomes = contest(sizes, START)
     charged = sum(tokens for allowed, _, tokens in outcomes if allowed)
     refused = [tokens for allowed, _, tokens in outcomes if not allowed]

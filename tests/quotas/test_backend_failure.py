@@ -47,6 +47,7 @@ def restart(srv: ValkeyServer, port: int) -> None:
 
 def _loader(calls: list):
     """A loader standing in for the tenancy database: the tenant has LIMITS."""
+
     async def load(tenant, key):
         calls.append((tenant, key))
         return LIMITS if key is None else None
@@ -93,8 +94,7 @@ async def test_fail_closed_then_recovers(server):
 async def test_fail_open_admits_uncharged_and_recovers(server, caplog):
     port = server.port
     client = connect(f"redis://127.0.0.1:{port}/0", timeout=0.3)
-    limiter = Limiter(client, keys=KeySpace("fail"), on_redis_error="open",
-                      loader=_loader([]))
+    limiter = Limiter(client, keys=KeySpace("fail"), on_redis_error="open", loader=_loader([]))
     demand = Demand("acme", 10, 10)
     assert (await limiter.admit(demand)).allowed
 

@@ -93,8 +93,12 @@ async def test_redis_rate_allow_at_most_sequence(limiter, store):
     """TestAllowAtMost's states, reached with exact AllowN calls (we have no AllowAtMost)."""
     await _tpm(limiter, store, 10)
     steps = [  # (volume, allowed, remaining, reset s, retry s)
-        (1, True, 9, 0.1, None), (2, True, 7, 0.3, None), (0, True, 7, 0.3, None),
-        (7, True, 0, 1.0, None), (0, True, 0, 1.0, None), (1, False, 0, 1.0, 0.1),
+        (1, True, 9, 0.1, None),
+        (2, True, 7, 0.3, None),
+        (0, True, 7, 0.3, None),
+        (7, True, 0, 1.0, None),
+        (0, True, 0, 1.0, None),
+        (1, False, 0, 1.0, 0.1),
     ]
     for volume, allowed, remaining, reset, retry in steps:
         d = await _ask(limiter, volume, START)

@@ -7,8 +7,13 @@ import time
 
 from quotas import Demand, QuotaLimits
 
-SHARED = QuotaLimits(requests_per_minute=10, tokens_per_minute=1000, max_concurrency=4,
-                     daily_token_budget=10_000, tier_shares={"batch": 0.5})
+SHARED = QuotaLimits(
+    requests_per_minute=10,
+    tokens_per_minute=1000,
+    max_concurrency=4,
+    daily_token_budget=10_000,
+    tier_shares={"batch": 0.5},
+)
 
 
 async def _names(client, keyspace) -> set[str]:
@@ -21,9 +26,16 @@ async def test_the_scripts_use_the_names_of_keyspace(store, limiter, client, key
     d = await limiter.admit(Demand("acme", 10, 10, key="k1", tier="batch"))
     assert d.allowed
     ks = keyspace
-    scopes = {name for key in (None, "k1") for name in (
-        ks.limits("acme", key), ks.state("acme", key), ks.leases("acme", key),
-        ks.leases("acme", key, "batch"))}
+    scopes = {
+        name
+        for key in (None, "k1")
+        for name in (
+            ks.limits("acme", key),
+            ks.state("acme", key),
+            ks.leases("acme", key),
+            ks.leases("acme", key, "batch"),
+        )
+    }
     assert await _names(client, ks) == scopes | {ks.reservation("acme", d.reservation.id)}
     assert await limiter.settle(d.reservation, 15) == "settled"
     # the record is gone, and so are the lease sets (their one lease was released)

@@ -18,15 +18,27 @@ def utc(*args) -> float:
 
 async def _state(store, tenant="acme", key=None, now=START):
     u = await store.usage(tenant, key, now=now)
-    return (u.requests and u.requests.remaining, u.tokens and u.tokens.remaining,
-            u.in_flight, u.daily_used, u.monthly_used)
+    return (
+        u.requests and u.requests.remaining,
+        u.tokens and u.tokens.remaining,
+        u.in_flight,
+        u.daily_used,
+        u.monthly_used,
+    )
 
 
 async def test_a_refusal_charges_nothing(store, limiter):
     """Four limits; the third (daily budget) refuses: rpm, tpm, lease and month untouched."""
-    await store.put("acme", QuotaLimits(requests_per_minute=10, tokens_per_minute=5000,
-                                        max_concurrency=3, daily_token_budget=1000,
-                                        monthly_token_budget=10_000))
+    await store.put(
+        "acme",
+        QuotaLimits(
+            requests_per_minute=10,
+            tokens_per_minute=5000,
+            max_concurrency=3,
+            daily_token_budget=1000,
+            monthly_token_budget=10_000,
+        ),
+    )
     d = await limiter.admit(Demand("acme", 800, 100), now=START)
     assert d.allowed
     before = await _state(store)
@@ -61,11 +73,14 @@ async def test_tier_share_caps_the_tier_inside_the_tenant_bucket(store, limiter)
 
 
 async def test_permanent_refusals_have_no_retry_after(store, limiter):
-    await store.put("acme", QuotaLimits(tokens_per_minute=1000, max_tokens_per_request=256,
-                                        allowed_tiers={"default"}))
-    cases = [(Demand("acme", 10, 300), "max_tokens"),
-             (Demand("acme", 10, 10, tier="batch"), "tier"),
-             (Demand("acme", 900, 200), "tokens_per_minute")]  # 1100 can never fit in 1000
+    await store.put(
+        "acme", QuotaLimits(tokens_per_minute=1000, max_tokens_per_request=256, allowed_tiers={"default"})
+    )
+    cases = [
+        (Demand("acme", 10, 300), "max_tokens"),
+        (Demand("acme", 10, 10, tier="batch"), "tier"),
+        (Demand("acme", 900, 200), "tokens_per_minute"),
+    ]  # 1100 can never fit in 1000
     for demand, limit in cases:
         d = await limiter.admit(demand, now=START)
         assert (d.allowed, d.limit, d.retry_after, d.retryable) == (False, limit, None, False)
@@ -88,10 +103,13 @@ async def test_concurrency_leases_are_released_by_settlement(store, limiter):
     assert (await limiter.admit(Demand("acme", 1, 1), now=START)).allowed
 
 
-@pytest.mark.parametrize("now, retry, later", [
-    (utc(2024, 2, 29, 23, 59, 59), 1.0, utc(2024, 3, 1)),  # leap day
-    (utc(2023, 12, 31, 23, 0, 0), 3600.0, utc(2024, 1, 1)),  # new year
-])
+@pytest.mark.parametrize(
+    "now, retry, later",
+    [
+        (utc(2024, 2, 29, 23, 59, 59), 1.0, utc(2024, 3, 1)),  # leap day
+        (utc(2023, 12, 31, 23, 0, 0), 3600.0, utc(2024, 1, 1)),  # new year
+    ],
+)
 async def test_daily_budget_renews_at_utc_midnight(store, limiter, now, retry, later):
     await store.put("acme", QuotaLimits(daily_token_budget=100))
     assert (await limiter.admit(Demand("acme", 50, 50), now=now)).allowed
@@ -100,12 +118,15 @@ async def test_daily_budget_renews_at_utc_midnight(store, limiter, now, retry, l
     assert (await limiter.admit(Demand("acme", 50, 50), now=later)).allowed
 
 
-@pytest.mark.parametrize("now, month_end", [
-    (utc(2024, 2, 10, 12), utc(2024, 3, 1)),
-    (utc(2023, 2, 28, 12), utc(2023, 3, 1)),
-    (utc(2023, 12, 31, 12), utc(2024, 1, 1)),
-    (utc(2100, 2, 28), utc(2100, 3, 1)),  # not a leap year
-])
+@pytest.mark.parametrize(
+    "now, month_end",
+    [
+        (utc(2024, 2, 10, 12), utc(2024, 3, 1)),
+        (utc(2023, 2, 28, 12), utc(2023, 3, 1)),
+        (utc(2023, 12, 31, 12), utc(2024, 1, 1)),
+        (utc(2100, 2, 28), utc(2100, 3, 1)),  # not a leap year
+    ],
+)
 async def test_monthly_budget_renews_on_the_first_of_the_month(store, limiter, now, month_end):
     await store.put("acme", QuotaLimits(monthly_token_budget=100))
     assert (await limiter.admit(Demand("acme", 100, 0), now=now)).allowed
@@ -155,6 +176,7 @@ async def test_missing_limits_need_a_loader(store, client, keyspace):
 async def test_an_admission_queues_its_stream_entry_and_a_refusal_queues_nothing(client, keyspace):
     """enqueue: the entry is added in the admission's own call, once, only if admitted (here
     after loading the missing limits first: the retried call queues it once)."""
+
     async def load(tenant, key):
         return QuotaLimits(requests_per_minute=1)
 
@@ -165,4 +187,6 @@ async def test_an_admission_queues_its_stream_entry_and_a_refusal_queues_nothing
     assert first.allowed and first.entry_id is not None
     assert (second.allowed, second.entry_id) == (False, None)
     entries = await client.xrange(stream)
-    assert [(entry_id.decode(), fields) for entry_id, fields in entries] == [(first.entry_id, {b"body": b"one"})]
+    assert [(entry_id.decode(), fields) for entry_id, fields in entries] == [
+        (first.entry_id, {b"body": b"one"})
+    ]

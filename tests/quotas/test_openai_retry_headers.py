@@ -11,10 +11,13 @@ from quotas import Demand, QuotaLimits, rate_limit_headers
 START = 1_700_000_000.0
 
 
-@pytest.mark.parametrize("limits, demand", [
-    (QuotaLimits(requests_per_minute=7), Demand("acme", 1, 1)),
-    (QuotaLimits(tokens_per_minute=1000), Demand("acme", 90, 53)),  # 143 tokens: 6 fit
-])
+@pytest.mark.parametrize(
+    "limits, demand",
+    [
+        (QuotaLimits(requests_per_minute=7), Demand("acme", 1, 1)),
+        (QuotaLimits(tokens_per_minute=1000), Demand("acme", 90, 53)),  # 143 tokens: 6 fit
+    ],
+)
 async def test_client_retry_after_the_window_succeeds(store, limiter, limits, demand):
     await store.put("acme", limits)
     while (await limiter.admit(demand, now=START)).allowed:

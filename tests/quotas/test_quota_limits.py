@@ -8,10 +8,16 @@ from redis.crc import key_slot
 from quotas import Demand, KeySpace, QuotaLimits
 from quotas.codec import decode_limits, encode_limits
 
-FULL = QuotaLimits(requests_per_minute=60, tokens_per_minute=90_000, max_concurrency=4,
-                   daily_token_budget=1_000_000, monthly_token_budget=20_000_000,
-                   max_tokens_per_request=4096, allowed_tiers={"default", "batch"},
-                   tier_shares={"batch": 0.5})
+FULL = QuotaLimits(
+    requests_per_minute=60,
+    tokens_per_minute=90_000,
+    max_concurrency=4,
+    daily_token_budget=1_000_000,
+    monthly_token_budget=20_000_000,
+    max_tokens_per_request=4096,
+    allowed_tiers={"default", "batch"},
+    tier_shares={"batch": 0.5},
+)
 
 
 @pytest.mark.parametrize("limits", [FULL, QuotaLimits(), QuotaLimits(allowed_tiers=set())])
@@ -23,8 +29,15 @@ def test_limits_round_trip_through_the_hash(limits):
 
 def test_hash_encoding_is_what_admit_lua_reads():
     assert encode_limits(FULL) == {
-        "v": "1", "rpm": "60", "tpm": "90000", "conc": "4", "day": "1000000",
-        "month": "20000000", "maxtok": "4096", "tiers": ",batch,default,", "shares": "batch=0.5",
+        "v": "1",
+        "rpm": "60",
+        "tpm": "90000",
+        "conc": "4",
+        "day": "1000000",
+        "month": "20000000",
+        "maxtok": "4096",
+        "tiers": ",batch,default,",
+        "shares": "batch=0.5",
     }
     assert decode_limits({}) is None
 
@@ -36,16 +49,24 @@ def test_limits_from_a_tenancy_row():
         allowed_tiers, tier_shares = ["default", "batch"], {"batch": 0.5}
 
     assert QuotaLimits.from_row(Row()) == FULL
-    assert QuotaLimits.from_row({"requests_per_minute": 5, "allowed_tiers": None}) == \
-        QuotaLimits(requests_per_minute=5)
+    assert QuotaLimits.from_row({"requests_per_minute": 5, "allowed_tiers": None}) == QuotaLimits(
+        requests_per_minute=5
+    )
     assert hash(FULL) == hash(QuotaLimits.from_row(Row()))
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"requests_per_minute": -1}, {"tokens_per_minute": 1.5}, {"max_concurrency": True},
-    {"tokens_per_minute": 100_000_001}, {"tier_shares": {"batch": 0}},
-    {"tier_shares": {"batch": 1.5}}, {"allowed_tiers": {"a,b"}},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"requests_per_minute": -1},
+        {"tokens_per_minute": 1.5},
+        {"max_concurrency": True},
+        {"tokens_per_minute": 100_000_001},
+        {"tier_shares": {"batch": 0}},
+        {"tier_shares": {"batch": 1.5}},
+        {"allowed_tiers": {"a,b"}},
+    ],
+)
 def test_invalid_limits_are_refused(kwargs):
     with pytest.raises(ValueError):
         QuotaLimits(**kwargs)
@@ -64,8 +85,12 @@ def test_every_key_of_a_tenant_is_in_one_cluster_slot():
     ks = KeySpace("p")
     keys = [ks.reservation("acme", "r1")]
     for key in (None, "k1"):  # lua/state.lua builds the same names from the scope bases
-        keys += [ks.limits("acme", key), ks.state("acme", key), ks.leases("acme", key),
-                 ks.leases("acme", key, "batch")]
+        keys += [
+            ks.limits("acme", key),
+            ks.state("acme", key),
+            ks.leases("acme", key),
+            ks.leases("acme", key, "batch"),
+        ]
     assert len(set(keys)) == 9
     assert {key_slot(k.encode()) for k in keys} == {key_slot(b"acme")}
     assert ks.scopes("acme", None) == (ks.scope("acme"), "")

@@ -21,8 +21,12 @@ async def test_put_get_delete(store):
 
 
 async def test_usage_reports_rates_leases_and_budgets(store, limiter):
-    await store.put("acme", QuotaLimits(requests_per_minute=10, tokens_per_minute=1000,
-                                        max_concurrency=5, daily_token_budget=10_000))
+    await store.put(
+        "acme",
+        QuotaLimits(
+            requests_per_minute=10, tokens_per_minute=1000, max_concurrency=5, daily_token_budget=10_000
+        ),
+    )
     empty = await store.usage("acme", now=START)
     assert (empty.requests.remaining, empty.tokens.remaining, empty.in_flight) == (10, 1000, 0)
     assert (empty.daily_used, empty.daily_remaining, empty.monthly_remaining) == (0, 10_000, None)

@@ -7,11 +7,23 @@ import pytest
 from quotas import Decision, RateInfo, format_duration, rate_limit_headers, retry_headers
 
 
-@pytest.mark.parametrize("seconds, text", [
-    (0, "0ms"), (0.02, "20ms"), (0.0201, "21ms"), (0.999, "999ms"), (1, "1s"), (1.5, "1.5s"),
-    (6.25, "6.25s"), (59.9991, "1m0s"), (360, "6m0s"), (90.5, "1m30.5s"), (3723, "1h2m3s"),
-    (-1, "0ms"),
-])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (0, "0ms"),
+        (0.02, "20ms"),
+        (0.0201, "21ms"),
+        (0.999, "999ms"),
+        (1, "1s"),
+        (1.5, "1.5s"),
+        (6.25, "6.25s"),
+        (59.9991, "1m0s"),
+        (360, "6m0s"),
+        (90.5, "1m30.5s"),
+        (3723, "1h2m3s"),
+        (-1, "0ms"),
+    ],
+)
 def test_durations_are_written_like_openai(seconds, text):
     assert format_duration(seconds) == text
 
@@ -29,14 +41,17 @@ def test_allowed_decision_headers():
 
 
 def test_refusal_adds_retry_after_rounded_up():
-    d = Decision(False, limit="tokens_per_minute", scope="tenant", retry_after=2.0004,
-                 tokens=RateInfo(1000, 3, 59.0))
+    d = Decision(
+        False, limit="tokens_per_minute", scope="tenant", retry_after=2.0004, tokens=RateInfo(1000, 3, 59.0)
+    )
     headers = rate_limit_headers(d)
     assert headers["retry-after"] == "3" and headers["retry-after-ms"] == "2001"
     assert "x-ratelimit-limit-requests" not in headers  # requests are not limited
     assert headers["x-ratelimit-reset-tokens"] == "59s"
-    assert d.message == ("Rate limit reached for the organization's tokens per minute "
-                         "(prompt + max_tokens). Please try again in 2s.")
+    assert d.message == (
+        "Rate limit reached for the organization's tokens per minute "
+        "(prompt + max_tokens). Please try again in 2s."
+    )
 
 
 def test_permanent_refusal_has_no_retry_after():
@@ -45,10 +60,13 @@ def test_permanent_refusal_has_no_retry_after():
     assert "API key's max_tokens per request" in d.message and "never" in d.message
 
 
-@pytest.mark.parametrize("seconds, header", [
-    (0.0001, {"retry-after": "1", "retry-after-ms": "1"}),
-    (1.0, {"retry-after": "1", "retry-after-ms": "1000"}),
-    (59.998946, {"retry-after": "60", "retry-after-ms": "59999"}),
-])
+@pytest.mark.parametrize(
+    "seconds, header",
+    [
+        (0.0001, {"retry-after": "1", "retry-after-ms": "1"}),
+        (1.0, {"retry-after": "1", "retry-after-ms": "1000"}),
+        (59.998946, {"retry-after": "60", "retry-after-ms": "59999"}),
+    ],
+)
 def test_retry_headers(seconds, header):
     assert retry_headers(seconds) == header

@@ -11,9 +11,15 @@ import pytest
 from quotas import Demand, QuotaLimits
 
 START = 1_700_000_000.0
-LIMITS = QuotaLimits(requests_per_minute=50, tokens_per_minute=100_000, max_concurrency=20,
-                     daily_token_budget=50_000, monthly_token_budget=400_000,
-                     max_tokens_per_request=512, allowed_tiers={"default", "batch"})
+LIMITS = QuotaLimits(
+    requests_per_minute=50,
+    tokens_per_minute=100_000,
+    max_concurrency=20,
+    daily_token_budget=50_000,
+    monthly_token_budget=400_000,
+    max_tokens_per_request=512,
+    allowed_tiers={"default", "batch"},
+)
 
 
 @dataclass
@@ -166,8 +172,9 @@ async def test_a_refund_that_overtakes_its_admission_leaves_nothing_charged(stor
     from quotas import Reservation
 
     await store.put("acme", QuotaLimits(max_concurrency=1, daily_token_budget=100))
-    ghost = Reservation(id="r-ghost", tenant="acme", key=None, tier="default",
-                        reserved_tokens=20, lease_id="r-ghost")
+    ghost = Reservation(
+        id="r-ghost", tenant="acme", key=None, tier="default", reserved_tokens=20, lease_id="r-ghost"
+    )
     assert await limiter.refund(ghost) == "unknown"
     keys, args = limiter._admission(Demand("acme", 10, 10), "r-ghost", None)
     reply = await limiter.scripts.admit(keys=keys, args=args)  # the late admission

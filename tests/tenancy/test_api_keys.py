@@ -59,7 +59,10 @@ def test_list_filters_revoked_and_checks_tenant(session):
     keys = [create_api_key(session, tenant_id=tenant.id, name=f"k{i}") for i in range(3)]
     revoke_api_key(session, key_id=keys[1].api_key.id)
     assert [k.name for k in list_api_keys(session, tenant_id=tenant.id)] == ["k0", "k1", "k2"]
-    assert [k.name for k in list_api_keys(session, tenant_id=tenant.id, include_revoked=False)] == ["k0", "k2"]
+    assert [k.name for k in list_api_keys(session, tenant_id=tenant.id, include_revoked=False)] == [
+        "k0",
+        "k2",
+    ]
     with pytest.raises(NotFoundError):
         list_api_keys(session, tenant_id=tenant.id + 1000)
     with pytest.raises(NotFoundError):

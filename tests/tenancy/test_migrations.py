@@ -92,8 +92,13 @@ def test_adapter_rows_of_0002_survive_0003_without_files_and_back(migrated_url, 
     db_engine.dispose()
     downgrade(migrated_url, "0002")
     with db_engine.begin() as connection:
-        connection.execute(text("INSERT INTO adapters (tenant_id, name, path, rank, created_at) "
-                                "VALUES (:t, 'legacy', '/x/legacy', 8, CURRENT_TIMESTAMP)"), {"t": tenant_id})
+        connection.execute(
+            text(
+                "INSERT INTO adapters (tenant_id, name, path, rank, created_at) "
+                "VALUES (:t, 'legacy', '/x/legacy', 8, CURRENT_TIMESTAMP)"
+            ),
+            {"t": tenant_id},
+        )
     db_engine.dispose()
     upgrade(migrated_url)
     db_engine.dispose()

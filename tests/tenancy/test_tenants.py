@@ -21,7 +21,10 @@ def test_create_with_defaults_and_get(session):
     tenant = create_tenant(session, name="acme")
     assert tenant.id is not None
     assert (tenant.weight, tenant.default_tier, tenant.allowed_tiers, tenant.status) == (
-        1.0, "standard", ["standard", "batch"], "active"
+        1.0,
+        "standard",
+        ["standard", "batch"],
+        "active",
     )
     assert tenant.created_at is not None
     session.expire_all()
@@ -47,7 +50,9 @@ def test_invalid_values_are_refused(session):
 
 def test_update_changes_only_given_fields(session):
     tenant = create_tenant(session, name="acme", weight=2.0)
-    update_tenant(session, tenant_id=tenant.id, allowed_tiers=["priority", "standard"], default_tier="priority")
+    update_tenant(
+        session, tenant_id=tenant.id, allowed_tiers=["priority", "standard"], default_tier="priority"
+    )
     session.expire_all()
     fresh = get_tenant(session, tenant_id=tenant.id)
     assert (fresh.name, fresh.weight, fresh.default_tier) == ("acme", 2.0, "priority")

@@ -28,8 +28,17 @@ from tenancy import (
 
 def _record(session, tenant_id, key_id, request_id, model="smollm2", tier="standard", p=10, c=5):
     return record_usage(
-        session, request_id=request_id, tenant_id=tenant_id, key_id=key_id, model=model, tier=tier,
-        prompt_tokens=p, completion_tokens=c, ttft_ms=12.5, latency_ms=80.0, status="stop",
+        session,
+        request_id=request_id,
+        tenant_id=tenant_id,
+        key_id=key_id,
+        model=model,
+        tier=tier,
+        prompt_tokens=p,
+        completion_tokens=c,
+        ttft_ms=12.5,
+        latency_ms=80.0,
+        status="stop",
     )
 
 
@@ -41,14 +50,24 @@ def test_usage_summary_over_a_period(session):
     _record(session, acme.id, key.id, "r3", model="dummy", p=1, c=1)
     _record(session, other.id, None, "r4", p=100, c=100)
     now = datetime.now(UTC)
-    summary = usage_summary(session, tenant_id=acme.id, since=now - timedelta(hours=1), until=now + timedelta(hours=1))
-    assert (summary.totals.requests, summary.totals.prompt_tokens, summary.totals.completion_tokens) == (3, 18, 9)
+    summary = usage_summary(
+        session, tenant_id=acme.id, since=now - timedelta(hours=1), until=now + timedelta(hours=1)
+    )
+    assert (summary.totals.requests, summary.totals.prompt_tokens, summary.totals.completion_tokens) == (
+        3,
+        18,
+        9,
+    )
     assert summary.totals.total_tokens == 27
     assert summary.by_model["smollm2"].requests == 2 and summary.by_model["dummy"].prompt_tokens == 1
     assert summary.by_tier["batch"].completion_tokens == 3
-    later = usage_summary(session, tenant_id=acme.id, since=now + timedelta(hours=1), until=now + timedelta(hours=2))
+    later = usage_summary(
+        session, tenant_id=acme.id, since=now + timedelta(hours=1), until=now + timedelta(hours=2)
+    )
     assert later.totals.requests == 0 and later.by_model == {}
-    rows = list_usage(session, tenant_id=acme.id, since=now - timedelta(hours=1), until=now + timedelta(hours=1))
+    rows = list_usage(
+        session, tenant_id=acme.id, since=now - timedelta(hours=1), until=now + timedelta(hours=1)
+    )
     assert [r.request_id for r in rows] == ["r1", "r2", "r3"] and rows[0].ttft_ms == 12.5
 
 
@@ -70,7 +89,11 @@ def test_quota_rows_upsert_and_null_means_unlimited(session):
     session.expire_all()
     tenant_row = get_quota(session, tenant_id=acme.id)
     assert tenant_row.id == row.id
-    assert (tenant_row.requests_per_minute, tenant_row.tier_shares, tenant_row.tokens_per_minute) == (120, None, None)
+    assert (tenant_row.requests_per_minute, tenant_row.tier_shares, tenant_row.tokens_per_minute) == (
+        120,
+        None,
+        None,
+    )
     assert tenant_row.allowed_tiers == ["standard"]
     assert get_quota(session, tenant_id=acme.id, key_id=key.id).max_concurrency == 2
     with pytest.raises(ValidationError):
@@ -80,8 +103,16 @@ def test_quota_rows_upsert_and_null_means_unlimited(session):
 
 
 def _adapter(session, tenant_id, name, digest="a" * 64, rank=8):
-    return create_adapter(session, tenant_id=tenant_id, name=name, sha256=digest, rank=rank, alpha=2.0 * rank,
-                          target_modules=["q_proj", "v_proj"], size_bytes=1234)
+    return create_adapter(
+        session,
+        tenant_id=tenant_id,
+        name=name,
+        sha256=digest,
+        rank=rank,
+        alpha=2.0 * rank,
+        target_modules=["q_proj", "v_proj"],
+        size_bytes=1234,
+    )
 
 
 def test_adapters_are_unique_per_tenant(session):
@@ -105,7 +136,9 @@ def test_adapter_by_id_is_scoped_to_its_tenant_and_digests_are_shared(session):
         get_adapter_by_id(session, adapter_id=a.id, tenant_id=other.id)
     with pytest.raises(NotFoundError) as missing:
         get_adapter_by_id(session, adapter_id=a.id + b.id + 100, tenant_id=other.id)
-    assert str(other_tenants.value).replace(str(a.id), "N") == str(missing.value).replace(str(a.id + b.id + 100), "N")
+    assert str(other_tenants.value).replace(str(a.id), "N") == str(missing.value).replace(
+        str(a.id + b.id + 100), "N"
+    )
     with pytest.raises(NotFoundError):
         delete_adapter(session, adapter_id=a.id, tenant_id=other.id)
     assert delete_adapter(session, adapter_id=a.id, tenant_id=acme.id).sha256 == "a" * 64
@@ -113,5 +146,13 @@ def test_adapter_by_id_is_scoped_to_its_tenant_and_digests_are_shared(session):
     delete_adapter(session, adapter_id=b.id)
     assert not digest_in_use(session, sha256="a" * 64)
     with pytest.raises(ValidationError):
-        create_adapter(session, tenant_id=acme.id, name="x", sha256="short", rank=8, alpha=1.0, target_modules=[],
-                       size_bytes=1)
+        create_adapter(
+            session,
+            tenant_id=acme.id,
+            name="x",
+            sha256="short",
+            rank=8,
+            alpha=1.0,
+            target_modules=[],
+            size_bytes=1,
+        )

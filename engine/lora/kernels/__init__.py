@@ -5,6 +5,7 @@ kernel adds, for each segment (start, end, slot, rank) of a projection,
     y[start:end] += (x[start:end] @ a[slot, :rank].view(rank*m, in).T) @ b[slot, :rank].view(rank*m, out)
 in place, where a: [S, R, m, in] and b: [S, R, m, out] are one layer's slot tensors. Rows in no
 segment (no adapter) are not touched."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,7 +26,7 @@ KERNELS["triton"] = _triton
 
 
 def make_kernel(name: str, device_type: str) -> LoRAKernel:
-    """"auto": triton on a CUDA device, torch elsewhere."""
+    """ "auto": triton on a CUDA device, torch elsewhere."""
     if name == "auto":
         name = "triton" if device_type == "cuda" else "torch"
     if name not in KERNELS:

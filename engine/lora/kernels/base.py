@@ -1,4 +1,5 @@
 """The interface of a batched LoRA kernel (see the package docstring for the arithmetic)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -7,6 +7,7 @@ r=16, and far worse for long prefill chunks). With rows grouped by adapter, a se
 contiguous slice: no copies, exact FLOPs (n * r * (in + out)), the BLAS does the work, and the
 only overhead is two calls per segment.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,9 @@ from engine.lora.kernels.base import LoRAKernel, Segment
 class TorchSGMV(LoRAKernel):
     name = "torch"
 
-    def apply(self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-              meta: list[Segment]) -> None:
+    def apply(
+        self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, meta: list[Segment]
+    ) -> None:
         m = a.shape[2]
         for start, end, slot, rank in meta:
             k = rank * m

@@ -13,11 +13,19 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import AdminDep, SessionDep, StateDep
 from gateway.api.errors import ADMIN_ERROR_RESPONSES, UnprocessableEntity
-from gateway.api.schemas.admin import ApiKeyCreate, ApiKeyCreated, ApiKeyPublic, ApiKeysPublic, DbId, UsagePublic
+from gateway.api.schemas.admin import (
+    ApiKeyCreate,
+    ApiKeyCreated,
+    ApiKeyPublic,
+    ApiKeysPublic,
+    DbId,
+    UsagePublic,
+)
 from tenancy import create_api_key, get_api_key, get_tenant, list_api_keys, revoke_api_key, usage_summary
 
-router = APIRouter(prefix="/admin", tags=["admin: keys and usage"], dependencies=[AdminDep],
-                   responses=ADMIN_ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/admin", tags=["admin: keys and usage"], dependencies=[AdminDep], responses=ADMIN_ERROR_RESPONSES
+)
 USAGE_WINDOW_DAYS = 30  # a usage report without 'since' covers this many days
 
 
@@ -60,11 +68,18 @@ def usage(tenant_id: DbId, session: SessionDep, since: datetime | None = None, u
     summary = usage_summary(session, tenant_id=tenant_id, since=since, until=until)
 
     def totals(t):
-        return {"requests": t.requests, "prompt_tokens": t.prompt_tokens,
-                "completion_tokens": t.completion_tokens, "total_tokens": t.total_tokens}
+        return {
+            "requests": t.requests,
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens,
+            "total_tokens": t.total_tokens,
+        }
 
     return UsagePublic(
-        tenant_id=tenant_id, since=since, until=until, totals=totals(summary.totals),
+        tenant_id=tenant_id,
+        since=since,
+        until=until,
+        totals=totals(summary.totals),
         by_model={k: totals(v) for k, v in summary.by_model.items()},
         by_tier={k: totals(v) for k, v in summary.by_tier.items()},
     )

@@ -19,8 +19,9 @@ from gateway.api.schemas.quotas import QuotaPublic, QuotaSet, QuotaUsagePublic
 from quotas import QuotaLimits, QuotaStore
 from tenancy import get_api_key, get_quota, get_tenant, set_quota
 
-router = APIRouter(prefix="/admin", tags=["admin: quotas"], dependencies=[AdminDep],
-                   responses=ADMIN_ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/admin", tags=["admin: quotas"], dependencies=[AdminDep], responses=ADMIN_ERROR_RESPONSES
+)
 
 
 def _store(state: StateDep) -> QuotaStore:
@@ -40,7 +41,9 @@ def _validated(body: QuotaSet, state: StateDep) -> dict:
     return limits
 
 
-async def _put(session, state: StateDep, body: QuotaSet, tenant_id: int | None, key_id: int | None) -> QuotaPublic:
+async def _put(
+    session, state: StateDep, body: QuotaSet, tenant_id: int | None, key_id: int | None
+) -> QuotaPublic:
     limits = _validated(body, state)
 
     def write() -> tuple[QuotaPublic, QuotaLimits]:
@@ -55,8 +58,11 @@ async def _put(session, state: StateDep, body: QuotaSet, tenant_id: int | None, 
 
 
 def _get(session, tenant_id: int | None, key_id: int | None) -> QuotaPublic:
-    owner = get_tenant(session, tenant_id=tenant_id).id if key_id is None else \
-        get_api_key(session, key_id=key_id).tenant_id
+    owner = (
+        get_tenant(session, tenant_id=tenant_id).id
+        if key_id is None
+        else get_api_key(session, key_id=key_id).tenant_id
+    )
     row = get_quota(session, tenant_id=owner, key_id=key_id)
     if row is None:
         return QuotaPublic(tenant_id=owner, key_id=key_id, configured=False)

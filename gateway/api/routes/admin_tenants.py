@@ -14,8 +14,9 @@ from gateway.api.errors import ADMIN_ERROR_RESPONSES, UnprocessableEntity
 from gateway.api.schemas.admin import DbId, TenantCreate, TenantPublic, TenantsPublic, TenantUpdate
 from tenancy import create_tenant, disable_tenant, get_tenant, list_tenants, update_tenant
 
-router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"], dependencies=[AdminDep],
-                   responses=ADMIN_ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/admin/tenants", tags=["admin: tenants"], dependencies=[AdminDep], responses=ADMIN_ERROR_RESPONSES
+)
 
 
 def check_tiers(state: StateDep, *tier_lists: list[str] | str | None) -> None:
@@ -23,8 +24,9 @@ def check_tiers(state: StateDep, *tier_lists: list[str] | str | None) -> None:
     for tiers in tier_lists:
         for tier in [tiers] if isinstance(tiers, str) else tiers or []:
             if tier not in known:
-                raise UnprocessableEntity(f"Unknown tier {tier!r}: this deployment has {', '.join(known)}.",
-                                          param="allowed_tiers")
+                raise UnprocessableEntity(
+                    f"Unknown tier {tier!r}: this deployment has {', '.join(known)}.", param="allowed_tiers"
+                )
 
 
 @router.post("", status_code=201, response_model=TenantPublic)

@@ -28,16 +28,25 @@ from gateway.lanes.messages import LaneAdapter
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 # With "stream": true the 200 is server-sent events (OpenAI's chunks, then "data: [DONE]").
-STREAMED = {200: {"description": "The response, or with `stream` its chunks as server-sent events",
-                  "content": {"text/event-stream": {"schema": {}}}}}
+STREAMED = {
+    200: {
+        "description": "The response, or with `stream` its chunks as server-sent events",
+        "content": {"text/event-stream": {"schema": {}}},
+    }
+}
 
 
-async def _check_model(state: GatewayState, auth: AuthContext, model: str, top_k: int | None) -> LaneAdapter | None:
-    adapter = await select_model(state, auth, model)  # the base model (None) or the tenant's adapter; else 404
+async def _check_model(
+    state: GatewayState, auth: AuthContext, model: str, top_k: int | None
+) -> LaneAdapter | None:
+    adapter = await select_model(
+        state, auth, model
+    )  # the base model (None) or the tenant's adapter; else 404
     vocab = state.tokenizer.vocab_size
     if top_k is not None and top_k > vocab:
-        raise InvalidRequest(f"top_k must be at most the vocabulary size ({vocab}); 0 means no limit.",
-                             param="top_k")
+        raise InvalidRequest(
+            f"top_k must be at most the vocabulary size ({vocab}); 0 means no limit.", param="top_k"
+        )
     return adapter
 
 
@@ -45,16 +54,20 @@ def _check_token_ids(state: GatewayState, body) -> None:
     vocab = state.tokenizer.vocab_size
     bad = [t for t in body.logit_bias_ids() if t >= vocab]
     if bad:
-        raise InvalidRequest(f"logit_bias names token ids {bad} outside the vocabulary (size {vocab}).",
-                             param="logit_bias")
+        raise InvalidRequest(
+            f"logit_bias names token ids {bad} outside the vocabulary (size {vocab}).", param="logit_bias"
+        )
 
 
 async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) -> list[int]:
     """Tokenize, refusing over-long prompts before any work."""
     limit = state.settings.max_prompt_chars
     if chars > limit:
-        raise InvalidRequest(f"The prompt has {chars} characters; this server accepts at most {limit}.",
-                             param=param, code="context_length_exceeded")
+        raise InvalidRequest(
+            f"The prompt has {chars} characters; this server accepts at most {limit}.",
+            param=param,
+            code="context_length_exceeded",
+        )
     return await _encode(state, encode, arg, chars)
 
 
@@ -67,8 +80,9 @@ async def _encode(state: GatewayState, encode, arg, chars: int):
 
 
 @router.post("/chat/completions", responses=STREAMED)
-async def chat_completions(body: ChatCompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
-                           quota: QuotaDep):
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, auth: CurrentKey, state: StateDep, quota: QuotaDep
+):
     """Creates a model response for the given chat conversation."""
     adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
@@ -77,14 +91,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     tool_plan = tools.plan(body.tools, body.tool_choice, parallel=body.parallel_tool_calls)
     if tool_plan is not None and (body.n or 1) > 1:
         raise InvalidRequest("n > 1 cannot be combined with tools: send n requests.", param="n")
-    messages = [tools.render_history(m.as_template_input(), (m.model_extra or {}).get("tool_calls"))
-                for m in body.messages]
+    messages = [
+        tools.render_history(m.as_template_input(), (m.model_extra or {}).get("tool_calls"))
+        for m in body.messages
+    ]
     if tool_plan is not None:
         messages = tool_plan.render(messages)
         if tool_plan.forced:  # required / a named function: one call, constrained by its schema
             if options["structured"] is not None:
-                raise InvalidRequest("A required or named tool_choice cannot be combined with an output constraint.",
-                                     param="tool_choice")
+                raise InvalidRequest(
+                    "A required or named tool_choice cannot be combined with an output constraint.",
+                    param="tool_choice",
+                )
             options["structured"] = tool_plan.structured()
     chars = sum(len(m["content"]) for m in messages)
     try:
@@ -92,18 +110,28 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, auth: 
     except InvalidRequest:
         raise
     except Exception as exc:  # jinja errors, bad roles for this template…
-        raise InvalidRequest(f"These messages cannot be rendered by the model's chat template: {exc}",
-                             param="messages") from exc
-    generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
-                                 prompts=[prompt_ids], requested_max_tokens=body.requested_max_tokens(),
-                                 sampling_options=options, traceparent=request.headers.get("traceparent"),
-                                 adapter=adapter)
+        raise InvalidRequest(
+            f"These messages cannot be rendered by the model's chat template: {exc}", param="messages"
+        ) from exc
+    generation = await gen.start(
+        state,
+        quota,
+        auth,
+        request_id=request.state.request_id,
+        tier=tier,
+        prompts=[prompt_ids],
+        requested_max_tokens=body.requested_max_tokens(),
+        sampling_options=options,
+        traceparent=request.headers.get("traceparent"),
+        adapter=adapter,
+    )
     return await _respond(generation, body, request, chat=True, tool_plan=tool_plan)
 
 
 @router.post("/completions", responses=STREAMED)
-async def completions(body: CompletionRequest, request: Request, auth: CurrentKey, state: StateDep,
-                      quota: QuotaDep):
+async def completions(
+    body: CompletionRequest, request: Request, auth: CurrentKey, state: StateDep, quota: QuotaDep
+):
     """Creates a completion for the provided prompt (or for each of a list of prompts)."""
     adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
@@ -112,16 +140,30 @@ async def completions(body: CompletionRequest, request: Request, auth: CurrentKe
     prompts = body.prompts()
     limit = state.settings.max_prompts_per_request
     if len(prompts) > limit:
-        raise InvalidRequest(f"The request has {len(prompts)} prompts; this server accepts at most {limit} in one "
-                             "request.", param="prompt")
+        raise InvalidRequest(
+            f"The request has {len(prompts)} prompts; this server accepts at most {limit} in one request.",
+            param="prompt",
+        )
     prompt_ids = await _prompt_ids(state, prompts)
     echo = None
     if body.echo:
-        echo = [(p if isinstance(p, str) else state.tokenizer.decode(ids), ids) for p, ids in zip(prompts, prompt_ids)]
-    generation = await gen.start(state, quota, auth, request_id=request.state.request_id, tier=tier,
-                                 prompts=prompt_ids, requested_max_tokens=body.requested_max_tokens(),
-                                 sampling_options=options, prompt_param="prompt",
-                                 traceparent=request.headers.get("traceparent"), adapter=adapter)
+        echo = [
+            (p if isinstance(p, str) else state.tokenizer.decode(ids), ids)
+            for p, ids in zip(prompts, prompt_ids)
+        ]
+    generation = await gen.start(
+        state,
+        quota,
+        auth,
+        request_id=request.state.request_id,
+        tier=tier,
+        prompts=prompt_ids,
+        requested_max_tokens=body.requested_max_tokens(),
+        sampling_options=options,
+        prompt_param="prompt",
+        traceparent=request.headers.get("traceparent"),
+        adapter=adapter,
+    )
     return await _respond(generation, body, request, chat=False, echo=echo)
 
 
@@ -133,15 +175,24 @@ async def _prompt_ids(state: GatewayState, prompts: list[str | list[int]]) -> li
     name = (lambda i: "The prompt") if len(prompts) == 1 else (lambda i: f"Prompt {i}")
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str) and len(prompt) > state.settings.max_prompt_chars:
-            raise InvalidRequest(f"{name(i)} has {len(prompt)} characters; this server accepts at most "
-                                 f"{state.settings.max_prompt_chars}.", param="prompt", code="context_length_exceeded")
-    encoded = iter(await _encode(state, lambda ts: [state.tokenizer.encode_prompt(t) for t in ts], texts,
-                                 sum(map(len, texts))))
+            raise InvalidRequest(
+                f"{name(i)} has {len(prompt)} characters; this server accepts at most "
+                f"{state.settings.max_prompt_chars}.",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+    encoded = iter(
+        await _encode(
+            state, lambda ts: [state.tokenizer.encode_prompt(t) for t in ts], texts, sum(map(len, texts))
+        )
+    )
     out = []
     for i, prompt in enumerate(prompts):
         ids = next(encoded) if isinstance(prompt, str) else list(prompt)
         if any(t >= vocab for t in ids):
-            raise InvalidRequest(f"{name(i)}'s token ids must be below the vocabulary size ({vocab}).", param="prompt")
+            raise InvalidRequest(
+                f"{name(i)}'s token ids must be below the vocabulary size ({vocab}).", param="prompt"
+            )
         if not ids:
             raise InvalidRequest(f"{name(i)} is empty.", param="prompt")
         out.append(ids)
@@ -151,17 +202,31 @@ async def _prompt_ids(state: GatewayState, prompts: list[str | list[int]]) -> li
 Echo = list[tuple[str, list[int]]]  # (text, token ids) of each prompt of a request that asked for them back
 
 
-async def _respond(generation: gen.Generation, body, request: Request, *, chat: bool,
-                   echo: Echo | None = None, tool_plan: tools.ToolPlan | None = None):
+async def _respond(
+    generation: gen.Generation,
+    body,
+    request: Request,
+    *,
+    chat: bool,
+    echo: Echo | None = None,
+    tool_plan: tools.ToolPlan | None = None,
+):
     """echo: the prompts of a completions request that asked for them back; tool_plan: a chat
     request's tools (gateway/api/tools.py), whose calls are parsed from the output. Choice
     ``prompt_index * n + i`` is the i-th choice of that prompt (OpenAI's order)."""
     headers = generation.admission.headers
-    ids = dict(request_id=generation.request_id, created=generation.created, model=generation.model,
-               tier=openai_tier(generation.tier, generation.state.settings.tiers))
+    ids = dict(
+        request_id=generation.request_id,
+        created=generation.created,
+        model=generation.model,
+        tier=openai_tier(generation.tier, generation.state.settings.tiers),
+    )
     if body.stream:
-        return StreamingResponse(_stream(generation, body, chat, ids, echo, tool_plan), media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache"})
+        return StreamingResponse(
+            _stream(generation, body, chat, ids, echo, tool_plan),
+            media_type="text/event-stream",
+            headers={**headers, "cache-control": "no-cache"},
+        )
     parts: dict[int, list[str]] = {}  # choice index ->
     logprobs: dict[int, list] = {}
     reasons: dict[int, str | None] = {}
@@ -200,32 +265,68 @@ async def _respond(generation: gen.Generation, body, request: Request, *, chat: 
         by_prompt: dict[int, list[int]] = {}
         for i in indexes:
             by_prompt.setdefault(generation.prompt_index(i), []).append(i)
-        indexes = [i for p in sorted(by_prompt)
-                   for i in sorted(by_prompt[p], key=lambda i: -sum(lp.logprob for lp in logprobs[i]))[: body.n or 1]]
-    choices = [_choice(generation, body, chat, echo and echo[generation.prompt_index(i)], i, "".join(parts[i]),
-                       reasons.get(i, generation.finish_reason), logprobs[i]) for i in indexes]
+        indexes = [
+            i
+            for p in sorted(by_prompt)
+            for i in sorted(by_prompt[p], key=lambda i: -sum(lp.logprob for lp in logprobs[i]))[: body.n or 1]
+        ]
+    choices = [
+        _choice(
+            generation,
+            body,
+            chat,
+            echo and echo[generation.prompt_index(i)],
+            i,
+            "".join(parts[i]),
+            reasons.get(i, generation.finish_reason),
+            logprobs[i],
+        )
+        for i in indexes
+    ]
     if tool_plan is not None:  # one choice (n > 1 is refused with tools)
         choices[0].text, choices[0].tool_calls = tool_plan.parse(choices[0].text)
-    return JSONResponse(build(**ids, choices=choices, prompt_tokens=generation.prompt_tokens,
-                              completion_tokens=generation.completion_tokens, cached_tokens=generation.cached_tokens),
-                        headers=headers)
+    return JSONResponse(
+        build(
+            **ids,
+            choices=choices,
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+            cached_tokens=generation.cached_tokens,
+        ),
+        headers=headers,
+    )
 
 
-def _choice(generation: gen.Generation, body, chat: bool, echo: tuple[str, list[int]] | None, index: int,
-            text: str, reason: str | None, logprobs: list) -> fmt.Choice:
+def _choice(
+    generation: gen.Generation,
+    body,
+    chat: bool,
+    echo: tuple[str, list[int]] | None,
+    index: int,
+    text: str,
+    reason: str | None,
+    logprobs: list,
+) -> fmt.Choice:
     tokenizer = generation.state.tokenizer
     if chat:
         return fmt.Choice(text, reason, lp_fmt.chat_logprobs(tokenizer, logprobs) if body.logprobs else None)
     choice_logprobs = None
     if body.logprobs is not None:
         scored = list(generation.prompt_logprobs(index) or ()) if echo is not None else []
-        choice_logprobs = lp_fmt.completion_logprobs(tokenizer, scored + logprobs,
-                                                     first_token_id=echo[1][0] if echo else None)
+        choice_logprobs = lp_fmt.completion_logprobs(
+            tokenizer, scored + logprobs, first_token_id=echo[1][0] if echo else None
+        )
     return fmt.Choice(echo[0] + text if echo is not None else text, reason, choice_logprobs)
 
 
-async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
-                  echo: Echo | None, tool_plan: tools.ToolPlan | None = None) -> AsyncIterator[bytes]:
+async def _stream(
+    generation: gen.Generation,
+    body,
+    chat: bool,
+    ids: dict,
+    echo: Echo | None,
+    tool_plan: tools.ToolPlan | None = None,
+) -> AsyncIterator[bytes]:
     chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
     tokenizer = generation.state.tokenizer
     want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
@@ -236,8 +337,9 @@ async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
         return fmt.usage(generation.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
 
     def completion_logprobs(index: int, logprobs, first_token_id=None):
-        shaped = lp_fmt.completion_logprobs(tokenizer, logprobs, text_offset=offsets.get(index, 0),
-                                            first_token_id=first_token_id)
+        shaped = lp_fmt.completion_logprobs(
+            tokenizer, logprobs, text_offset=offsets.get(index, 0), first_token_id=first_token_id
+        )
         offsets[index] = offsets.get(index, 0) + sum(len(t) for t in shaped["tokens"])
         return shaped
 
@@ -255,14 +357,23 @@ async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
                 if result.finish_reason is None:
                     continue
                 yield fmt.sse(chunk(delta=tools.stream_delta(tool_plan, "".join(held))))
-                result = replace(result, text="", finish_reason="tool_calls" if tool_plan.called else result.finish_reason)
+                result = replace(
+                    result, text="", finish_reason="tool_calls" if tool_plan.called else result.finish_reason
+                )
             index = result.index
             if echo is not None and index not in echoed:  # the prompt first, as its own chunk
                 echoed.add(index)
                 text, prompt_ids = echo[generation.prompt_index(index)]
                 scored = list(generation.prompt_logprobs(index) or ()) if want_logprobs else None
-                yield fmt.sse(chunk(text=text, index=index, logprobs=None if scored is None
-                                    else completion_logprobs(index, scored, prompt_ids[0])))
+                yield fmt.sse(
+                    chunk(
+                        text=text,
+                        index=index,
+                        logprobs=None
+                        if scored is None
+                        else completion_logprobs(index, scored, prompt_ids[0]),
+                    )
+                )
             reason = result.finish_reason  # this choice's end (the request's with its last choice)
             if not result.text and reason is None and not (want_logprobs and result.logprobs):
                 continue  # e.g. a token that completes no character yet
@@ -270,15 +381,30 @@ async def _stream(generation: gen.Generation, body, chat: bool, ids: dict,
             per_chunk_usage = usage_now() if body.continuous_usage else None
             logprobs = None
             if want_logprobs:
-                logprobs = (lp_fmt.chat_logprobs(tokenizer, list(result.logprobs or ())) if chat
-                            else completion_logprobs(index, list(result.logprobs or ())))
-            yield fmt.sse(chunk(delta=content, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs,
-                                index=index) if chat
-                          else chunk(text=result.text, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs,
-                                     index=index))
+                logprobs = (
+                    lp_fmt.chat_logprobs(tokenizer, list(result.logprobs or ()))
+                    if chat
+                    else completion_logprobs(index, list(result.logprobs or ()))
+                )
+            yield fmt.sse(
+                chunk(
+                    delta=content, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs, index=index
+                )
+                if chat
+                else chunk(
+                    text=result.text,
+                    reason=reason,
+                    usage_body=per_chunk_usage,
+                    logprobs=logprobs,
+                    index=index,
+                )
+            )
         if body.include_usage:
-            yield fmt.sse(chunk(delta=None, usage_body=usage_now()) if chat
-                          else chunk(text=None, usage_body=usage_now()))
+            yield fmt.sse(
+                chunk(delta=None, usage_body=usage_now())
+                if chat
+                else chunk(text=None, usage_body=usage_now())
+            )
     except GatewayError as exc:
         yield fmt.sse_error(exc)
     finally:

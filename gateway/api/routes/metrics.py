@@ -22,27 +22,36 @@ PROBE_TIMEOUT_S = 1.0  # a quota store slower than this to answer PING is report
 class _ScrapeTime:
     """Gauges measured for this scrape (one series each per tier)."""
 
-    def __init__(self, depth: dict[str, int], pending: dict[str, int], quota_up: bool,
-                 ttft_targets: dict[str, float]) -> None:
+    def __init__(
+        self, depth: dict[str, int], pending: dict[str, int], quota_up: bool, ttft_targets: dict[str, float]
+    ) -> None:
         self.depth, self.pending, self.quota_up, self.ttft_targets = depth, pending, quota_up, ttft_targets
 
     def collect(self):
-        depth = GaugeMetricFamily("fairlane_lane_depth", "Requests in a lane that no worker has taken yet",
-                                  labels=["tier"])
-        pending = GaugeMetricFamily("fairlane_lane_pending", "Requests a worker has taken and not finished",
-                                    labels=["tier"])
+        depth = GaugeMetricFamily(
+            "fairlane_lane_depth", "Requests in a lane that no worker has taken yet", labels=["tier"]
+        )
+        pending = GaugeMetricFamily(
+            "fairlane_lane_pending", "Requests a worker has taken and not finished", labels=["tier"]
+        )
         for tier in self.depth:
             depth.add_metric([tier], self.depth[tier])
             pending.add_metric([tier], self.pending[tier])
         yield depth
         yield pending
-        targets = GaugeMetricFamily("fairlane_tier_ttft_target_seconds", "The tier's TTFT target (settings: "
-                                    "tier_ttft_targets), for alerts on the TTFT p99", labels=["tier"])
+        targets = GaugeMetricFamily(
+            "fairlane_tier_ttft_target_seconds",
+            "The tier's TTFT target (settings: tier_ttft_targets), for alerts on the TTFT p99",
+            labels=["tier"],
+        )
         for tier, target in self.ttft_targets.items():
             targets.add_metric([tier], target)
         yield targets
-        yield GaugeMetricFamily("fairlane_quota_store_up", "1 if the quota Redis answered this scrape's PING",
-                                value=1.0 if self.quota_up else 0.0)
+        yield GaugeMetricFamily(
+            "fairlane_quota_store_up",
+            "1 if the quota Redis answered this scrape's PING",
+            value=1.0 if self.quota_up else 0.0,
+        )
 
 
 async def _lanes(state) -> tuple[dict[str, int], dict[str, int]]:

@@ -14,7 +14,9 @@ from gateway.api.model_selection import adapter_model_name, select_model, tenant
 router = APIRouter(prefix="/v1", tags=["openai"], responses=MODEL_ERROR_RESPONSES)
 
 
-def _model_card(name: str, *, created: int = 0, owned_by: str = "fairlane", parent: str | None = None) -> dict:
+def _model_card(
+    name: str, *, created: int = 0, owned_by: str = "fairlane", parent: str | None = None
+) -> dict:
     card = {"id": name, "object": "model", "created": created, "owned_by": owned_by}
     if parent is not None:
         card["parent"] = parent  # the base model an adapter runs on
@@ -27,9 +29,17 @@ async def list_models(auth: CurrentKey, state: StateDep) -> dict:
     base = state.settings.model_name
     cards = [_model_card(base)]
     for row in await tenant_adapters(state, auth):
-        created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)  # SQLite: naive UTC
-        cards.append(_model_card(adapter_model_name(base, row.name), created=int(created.timestamp()),
-                                 owned_by=auth.tenant_name, parent=base))
+        created = (
+            row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
+        )  # SQLite: naive UTC
+        cards.append(
+            _model_card(
+                adapter_model_name(base, row.name),
+                created=int(created.timestamp()),
+                owned_by=auth.tenant_name,
+                parent=base,
+            )
+        )
     return {"object": "list", "data": cards}
 
 

@@ -28,13 +28,20 @@ class _Strict(BaseModel):
 
 class TenantCreate(_Strict):
     name: str = Field(pattern=NAME_PATTERN, description="Unique tenant name.")
-    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="Share of the engine under contention (fair share).")
+    weight: float = Field(
+        1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="Share of the engine under contention (fair share)."
+    )
     default_tier: str = Field("standard", description="Lane used when a request names no service_tier.")
     allowed_tiers: list[str] = Field(default_factory=lambda: ["standard", "batch"], min_length=1)
-    ttft_target_s: float | None = Field(None, gt=0, description="Time-to-first-token target (s) of this "
-                                        "tenant's requests, over its tier's; null: the tier's.")
-    tpot_target_s: float | None = Field(None, gt=0, description="Time-per-output-token target (s), over "
-                                        "its tier's; null: the tier's.")
+    ttft_target_s: float | None = Field(
+        None,
+        gt=0,
+        description="Time-to-first-token target (s) of this "
+        "tenant's requests, over its tier's; null: the tier's.",
+    )
+    tpot_target_s: float | None = Field(
+        None, gt=0, description="Time-per-output-token target (s), over its tier's; null: the tier's."
+    )
 
 
 class TenantUpdate(_Strict):

@@ -93,8 +93,12 @@ class _GenerationRequest(BaseModel):
     tools: list[Any] | None = None  # chat only (gateway/api/tools.py); a 400 on completions
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None  # text | json_object | json_schema (gateway/api/structured.py)
-    guided_json: dict[str, Any] | Text | None = None  # vLLM's extensions: a JSON schema, a regex, an EBNF grammar
+    response_format: dict[str, Any] | None = (
+        None  # text | json_object | json_schema (gateway/api/structured.py)
+    )
+    guided_json: dict[str, Any] | Text | None = (
+        None  # vLLM's extensions: a JSON schema, a regex, an EBNF grammar
+    )
     guided_regex: Text | None = None
     guided_grammar: Text | None = None
     guided_choice: list[Text] | None = Field(None, max_length=1024)
@@ -113,9 +117,12 @@ class _GenerationRequest(BaseModel):
 
     def _refuse_unsupported(self) -> None:
         unsupported = {
-            "tools": bool(self.tools) and not isinstance(self, ChatCompletionRequest),  # chat: gateway/api/tools.py
-            "tool_choice": self.tool_choice not in (None, "none") and not isinstance(self, ChatCompletionRequest),
-            "parallel_tool_calls": self.parallel_tool_calls is not None and not isinstance(self, ChatCompletionRequest),
+            "tools": bool(self.tools)
+            and not isinstance(self, ChatCompletionRequest),  # chat: gateway/api/tools.py
+            "tool_choice": self.tool_choice not in (None, "none")
+            and not isinstance(self, ChatCompletionRequest),
+            "parallel_tool_calls": self.parallel_tool_calls is not None
+            and not isinstance(self, ChatCompletionRequest),
             "functions": bool(self.functions),
             "function_call": self.function_call not in (None, "none"),
             "audio": self.audio is not None,
@@ -127,27 +134,43 @@ class _GenerationRequest(BaseModel):
         }
         for name, used in unsupported.items():
             if used:
-                raise InvalidRequest(f"'{name}' is not supported by this server.", param=name,
-                                     code="unsupported_parameter")
+                raise InvalidRequest(
+                    f"'{name}' is not supported by this server.", param=name, code="unsupported_parameter"
+                )
 
     def sampling_options(self) -> dict[str, Any]:
         """The engine's SamplingParams fields this request sets (all but max_tokens, which the gateway
         resolves against the context); 400 for an option this server cannot honour."""
         self._refuse_unsupported()
         if self.stream_options is not None and not self.stream:
-            raise InvalidRequest("stream_options is only allowed when stream is true.", param="stream_options")
+            raise InvalidRequest(
+                "stream_options is only allowed when stream is true.", param="stream_options"
+            )
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise InvalidRequest(f"stop must be up to {MAX_STOP_STRINGS} non-empty strings.", param="stop")
         temperature = DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
-        options = {"temperature": 0.0 if temperature < GREEDY_BELOW else temperature,
-                   "top_p": 1.0 if self.top_p is None else self.top_p, "top_k": self.top_k or 0, "seed": self.seed,
-                   "stop": tuple(stop), "ignore_eos": bool(self.ignore_eos),
-                   "structured": structured_spec(response_format=self.response_format, guided_json=self.guided_json,
-                                                 guided_regex=self.guided_regex, guided_grammar=self.guided_grammar,
-                                                 guided_choice=self.guided_choice)}
-        penalties = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                     "repetition_penalty": self.repetition_penalty, "min_tokens": self.min_tokens}
+        options = {
+            "temperature": 0.0 if temperature < GREEDY_BELOW else temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": self.top_k or 0,
+            "seed": self.seed,
+            "stop": tuple(stop),
+            "ignore_eos": bool(self.ignore_eos),
+            "structured": structured_spec(
+                response_format=self.response_format,
+                guided_json=self.guided_json,
+                guided_regex=self.guided_regex,
+                guided_grammar=self.guided_grammar,
+                guided_choice=self.guided_choice,
+            ),
+        }
+        penalties = {
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "min_tokens": self.min_tokens,
+        }
         options |= {k: v for k, v in penalties.items() if v is not None}
         if self.n is not None:
             options["n"] = self.n
@@ -163,8 +186,10 @@ class _GenerationRequest(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and (self.stream_options.include_usage
-                                             or self.stream_options.continuous_usage_stats))
+        return bool(
+            self.stream_options
+            and (self.stream_options.include_usage or self.stream_options.continuous_usage_stats)
+        )
 
     @property
     def continuous_usage(self) -> bool:
@@ -177,7 +202,9 @@ def _logit_bias(bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
         if not token.strip().isdigit() or int(token) > TOKEN_ID_MAX:
             raise InvalidRequest(f"logit_bias keys must be token ids, got {token!r}.", param="logit_bias")
         if not -100 <= value <= 100:
-            raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {value!r}.", param="logit_bias")
+            raise InvalidRequest(
+                f"logit_bias values must be in [-100, 100], got {value!r}.", param="logit_bias"
+            )
         pairs.append((int(token), value))
     return tuple(pairs)
 
@@ -196,13 +223,17 @@ class ChatCompletionRequest(_GenerationRequest):
             if not self.logprobs:
                 raise InvalidRequest("top_logprobs needs logprobs set to true.", param="top_logprobs")
             if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-                raise InvalidRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}].", param="top_logprobs")
+                raise InvalidRequest(
+                    f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}].", param="top_logprobs"
+                )
         return {"logprobs": self.top_logprobs or 0} if self.logprobs else {}
 
 
 class CompletionRequest(_GenerationRequest):
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
-    max_tokens: Int | None = Field(None, ge=0, le=INT32_MAX)  # 0: score the prompt only (with echo + logprobs)
+    max_tokens: Int | None = Field(
+        None, ge=0, le=INT32_MAX
+    )  # 0: score the prompt only (with echo + logprobs)
     echo: bool | None = False
     logprobs: Int | None = None
     best_of: Int | None = None
@@ -210,8 +241,11 @@ class CompletionRequest(_GenerationRequest):
 
     def _logprob_options(self) -> dict[str, Any]:
         if self.suffix:
-            raise InvalidRequest("suffix is not supported: this model has no fill-in-the-middle.", param="suffix",
-                                 code="unsupported_parameter")
+            raise InvalidRequest(
+                "suffix is not supported: this model has no fill-in-the-middle.",
+                param="suffix",
+                code="unsupported_parameter",
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
             raise InvalidRequest(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}].", param="logprobs")
         options: dict[str, Any] = {}

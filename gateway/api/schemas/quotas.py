@@ -18,14 +18,23 @@ class QuotaSet(BaseModel):
 
     requests_per_minute: int | None = Field(None, ge=0, le=MAX_RATE, description=f"Requests/min. {_LIMIT}")
     tokens_per_minute: int | None = Field(
-        None, ge=0, le=MAX_RATE, description=f"Prompt + max_tokens per minute (corrected to use at the end). {_LIMIT}")
+        None,
+        ge=0,
+        le=MAX_RATE,
+        description=f"Prompt + max_tokens per minute (corrected to use at the end). {_LIMIT}",
+    )
     max_concurrency: int | None = Field(None, ge=0, description=f"Requests in flight. {_LIMIT}")
     daily_token_budget: int | None = Field(None, ge=0, description=f"Tokens per UTC day. {_LIMIT}")
     monthly_token_budget: int | None = Field(None, ge=0, description=f"Tokens per UTC month. {_LIMIT}")
-    max_tokens_per_request: int | None = Field(None, ge=0, description=f"Cap on a request's max_tokens. {_LIMIT}")
-    allowed_tiers: list[str] | None = Field(None, description="Service tiers this scope may use. None: every tier.")
+    max_tokens_per_request: int | None = Field(
+        None, ge=0, description=f"Cap on a request's max_tokens. {_LIMIT}"
+    )
+    allowed_tiers: list[str] | None = Field(
+        None, description="Service tiers this scope may use. None: every tier."
+    )
     tier_shares: dict[str, float] | None = Field(
-        None, description='Fraction in (0, 1] of the rates a tier may use, e.g. {"batch": 0.5}.')
+        None, description='Fraction in (0, 1] of the rates a tier may use, e.g. {"batch": 0.5}.'
+    )
 
 
 class QuotaPublic(QuotaSet):
@@ -67,14 +76,26 @@ class QuotaUsagePublic(BaseModel):
     @classmethod
     def from_usage(cls, usage: Usage, *, tenant_id: int, key_id: int | None) -> QuotaUsagePublic:
         def rate(info):
-            return None if info is None else RatePublic(limit=info.limit, remaining=info.remaining,
-                                                        reset_after_s=info.reset_after)
+            return (
+                None
+                if info is None
+                else RatePublic(limit=info.limit, remaining=info.remaining, reset_after_s=info.reset_after)
+            )
 
         return cls(
-            tenant_id=tenant_id, key_id=key_id, configured=usage.configured, requests=rate(usage.requests),
-            tokens=rate(usage.tokens), in_flight=usage.in_flight, max_concurrency=usage.max_concurrency,
-            daily=BudgetPublic(used=usage.daily_used, remaining=usage.daily_remaining,
-                               reset_after_s=usage.daily_reset_after),
-            monthly=BudgetPublic(used=usage.monthly_used, remaining=usage.monthly_remaining,
-                                 reset_after_s=usage.monthly_reset_after),
+            tenant_id=tenant_id,
+            key_id=key_id,
+            configured=usage.configured,
+            requests=rate(usage.requests),
+            tokens=rate(usage.tokens),
+            in_flight=usage.in_flight,
+            max_concurrency=usage.max_concurrency,
+            daily=BudgetPublic(
+                used=usage.daily_used, remaining=usage.daily_remaining, reset_after_s=usage.daily_reset_after
+            ),
+            monthly=BudgetPublic(
+                used=usage.monthly_used,
+                remaining=usage.monthly_remaining,
+                reset_after_s=usage.monthly_reset_after,
+            ),
         )

@@ -1,5 +1,6 @@
 """Loading the C decode kernel (compiled with -ffast-math) leaves the process's floating point
 alone: no flush-to-zero of subnormals for Python, torch or anything else in the process."""
+
 from __future__ import annotations
 
 import os
@@ -19,6 +20,8 @@ print(tiny / 2 > 0, bool(torch.tensor(1e-40, dtype=torch.float32) > 0))
 
 def test_loading_the_kernel_keeps_subnormals(tmp_path):
     env = {**os.environ, "FAIRLANE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}  # compiled afresh
-    out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, cwd=REPO, check=True
+    )
     assert out.stdout.split() == ["True", "True"], out.stderr
     assert list((tmp_path / "kernels").glob("paged_decode-*.so"))

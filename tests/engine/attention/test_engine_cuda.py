@@ -1,6 +1,7 @@
 """The engine on a CUDA GPU (skipped without one): greedy tokens equal Hugging Face's on the same
 random weights in fp32, with preemption, on both attention backends; CUDA-graph decode steps
 give the tokens eager steps give."""
+
 import pytest
 import torch
 from hf_reference import hf_greedy
@@ -21,9 +22,20 @@ def greedy(n: int) -> SamplingParams:
 def model_dir(request, tmp_path_factory):
     d = request.param
     torch.manual_seed(d)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=4 * d, intermediate_size=512, num_hidden_layers=3,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=d, max_position_embeddings=1024,
-                      tie_word_embeddings=False, eos_token_id=1, bos_token_id=0, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=4 * d,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=d,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=0,
+        pad_token_id=0,
+    )
     path = tmp_path_factory.mktemp(f"llama-d{d}")
     LlamaForCausalLM(cfg).eval().save_pretrained(path)
     return path
@@ -31,14 +43,25 @@ def model_dir(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(model_dir):
-    return hf_greedy(LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), PROMPTS, MAX_TOKENS)
+    return hf_greedy(
+        LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), PROMPTS, MAX_TOKENS
+    )
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("blocks, mode", [(None, "recompute"), (40, "recompute"), (40, "swap")])
 def test_greedy_matches_hf_on_the_gpu(model_dir, reference, backend, blocks, mode):
-    llm = LLM(model=str(model_dir), device="cuda", dtype="float32", attention_backend=backend, block_size=16,
-              num_kv_blocks=blocks, max_num_batched_tokens=128, preemption_mode=mode, num_swap_blocks=64)
+    llm = LLM(
+        model=str(model_dir),
+        device="cuda",
+        dtype="float32",
+        attention_backend=backend,
+        block_size=16,
+        num_kv_blocks=blocks,
+        max_num_batched_tokens=128,
+        preemption_mode=mode,
+        num_swap_blocks=64,
+    )
     out = llm.generate(PROMPTS, [greedy(n) for n in MAX_TOKENS])
     assert [c.token_ids for c in out] == reference
     if blocks:  # 640 slots for sequences of up to 293 tokens each: must preempt
@@ -53,8 +76,14 @@ def test_graph_replayed_decode_equals_eager_decode(model_dir):
     """Batch sizes 1..5 shrink as requests finish, so several captured sizes (with padding) run."""
     runs = {}
     for graphs in (True, False):
-        llm = LLM(model=str(model_dir), device="cuda", dtype="float32", attention_backend="triton",
-                  cuda_graphs=graphs, cuda_graph_max_batch=8)
+        llm = LLM(
+            model=str(model_dir),
+            device="cuda",
+            dtype="float32",
+            attention_backend="triton",
+            cuda_graphs=graphs,
+            cuda_graph_max_batch=8,
+        )
         runs[graphs] = [c.token_ids for c in llm.generate(PROMPTS, [greedy(n) for n in MAX_TOKENS])]
         runner = llm.engine.runner
         assert (runner.graphs is not None and runner.graphs.replays > 0) == graphs

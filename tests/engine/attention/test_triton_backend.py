@@ -1,5 +1,6 @@
 """The triton backend computes what the torch reference does for a mixed step (decodes, fresh
 prefills, extends over a cached prefix) and leaves the same cache; "auto" picks it only on CUDA."""
+
 import pytest
 import torch
 
@@ -30,9 +31,14 @@ def mixed_step(heads, kvh, d, bs, dtype, seed):
         row += n
     width = max(len(t) for t in tables[: len(decode_ctx)])
     dec_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables[: len(decode_ctx)]])
-    meta = AttentionMetadata(slot_mapping=torch.tensor(slots).to(DEVICE), block_size=bs, num_decodes=len(decode_ctx),
-                             decode_block_tables=dec_tables.to(DEVICE),
-                             decode_context_lens=torch.tensor(decode_ctx).to(DEVICE), prefills=chunks)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots).to(DEVICE),
+        block_size=bs,
+        num_decodes=len(decode_ctx),
+        decode_block_tables=dec_tables.to(DEVICE),
+        decode_context_lens=torch.tensor(decode_ctx).to(DEVICE),
+        prefills=chunks,
+    )
     T = row
     q, k, v = (torch.randn(T, h, d, generator=gen).to(dtype).to(DEVICE) for h in (heads, kvh, kvh))
     return q, k, v, cache.to(DEVICE), meta

@@ -1,4 +1,5 @@
 """Random paged caches and the attention they should give, computed in float64 with plain torch."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,9 @@ import torch
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def random_paged_kv(lens: list[int], kvh: int, d: int, block_size: int, dtype, gen: torch.Generator,
-                    spare_blocks: int = 3):
+def random_paged_kv(
+    lens: list[int], kvh: int, d: int, block_size: int, dtype, gen: torch.Generator, spare_blocks: int = 3
+):
     """A cache [2, KVH, slots, D] holding one sequence per entry of `lens` in shuffled blocks, its
     block tables [S, max_blocks] (padded with block 0) and each sequence's K/V [2, KVH, L, D]."""
     per_seq = [max(1, -(-n // block_size)) for n in lens]

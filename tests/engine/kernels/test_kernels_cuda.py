@@ -1,5 +1,6 @@
 """The Triton kernels compiled on a CUDA GPU, in bf16, at real head dims and long contexts
 (skipped without a GPU; the same kernels run in the interpreter in the other tests here)."""
+
 import pytest
 import torch
 from kernel_reference import attention_ref, random_paged_kv, rel_err
@@ -19,8 +20,9 @@ def test_decode_bf16_contexts_1_to_32k(block_size, head_dim, heads, kvh):
     cache, tables, seqs = random_paged_kv(lens, kvh, head_dim, block_size, torch.bfloat16, gen)
     q = torch.randn(len(lens), heads, head_dim, generator=gen).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"), device="cuda")
-    paged_decode(q.cuda(), cache.cuda(), tables.cuda(), torch.tensor(lens).cuda(), block_size, head_dim**-0.5,
-                 out=out)
+    paged_decode(
+        q.cuda(), cache.cuda(), tables.cuda(), torch.tensor(lens).cuda(), block_size, head_dim**-0.5, out=out
+    )
     out = out.cpu()
     for i, n in enumerate(lens):
         ref = attention_ref(q[i : i + 1].cuda(), seqs[i][0].cuda(), seqs[i][1].cuda(), n - 1).cpu()
@@ -42,8 +44,17 @@ def test_prefill_bf16_fresh_and_over_long_prefixes(block_size, head_dim, heads, 
         starts.append(starts[-1] + n)
     q = torch.randn(starts[-1], heads, head_dim, generator=gen).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"), device="cuda")
-    paged_prefill(q.cuda(), cache.cuda(), tables.cuda(), torch.tensor(starts).cuda(), torch.tensor(lens).cuda(),
-                  max(n for _, n in chunks), block_size, head_dim**-0.5, out=out)
+    paged_prefill(
+        q.cuda(),
+        cache.cuda(),
+        tables.cuda(),
+        torch.tensor(starts).cuda(),
+        torch.tensor(lens).cuda(),
+        max(n for _, n in chunks),
+        block_size,
+        head_dim**-0.5,
+        out=out,
+    )
     out = out.cpu()
     for i, (p, n) in enumerate(chunks):
         rows = slice(starts[i], starts[i] + n)

@@ -1,4 +1,5 @@
 """The Triton KV-cache write puts each token's K/V at its slot, for every head, and skips slot -1."""
+
 import pytest
 import torch
 from kernel_reference import DEVICE

@@ -1,4 +1,5 @@
 """The Triton decode kernel against float64 attention over the same paged cache (interpreter on CPU)."""
+
 import pytest
 import torch
 from kernel_reference import DEVICE, attention_ref, random_paged_kv, rel_err
@@ -14,8 +15,16 @@ def run_case(lens, heads, kvh, d, block_size, dtype, seed, num_splits=None):
     q = torch.randn(len(lens), heads, d, generator=gen).to(dtype)
     ctx = torch.tensor(lens)
     out = torch.full_like(q, float("nan"), device=DEVICE)  # poison: every element must be written
-    paged_decode(q.to(DEVICE), cache.to(DEVICE), tables.to(DEVICE), ctx.to(DEVICE), block_size, d**-0.5,
-                 num_splits=num_splits, out=out)
+    paged_decode(
+        q.to(DEVICE),
+        cache.to(DEVICE),
+        tables.to(DEVICE),
+        ctx.to(DEVICE),
+        block_size,
+        d**-0.5,
+        num_splits=num_splits,
+        out=out,
+    )
     out = out.cpu()
     for i, n in enumerate(lens):
         ref = attention_ref(q[i : i + 1], seqs[i][0], seqs[i][1], n - 1)
@@ -45,6 +54,7 @@ def test_padding_rows_with_no_context_give_zeros():
     q = torch.randn(2, 4, 64, generator=gen)
     ctx = torch.tensor([20, 0])
     for splits in (1, 3):
-        out = paged_decode(q.to(DEVICE), cache.to(DEVICE), tables.to(DEVICE), ctx.to(DEVICE), 16, 0.125,
-                           num_splits=splits).cpu()
+        out = paged_decode(
+            q.to(DEVICE), cache.to(DEVICE), tables.to(DEVICE), ctx.to(DEVICE), 16, 0.125, num_splits=splits
+        ).cpu()
         assert torch.isfinite(out).all() and not out[1].any() and out[0].abs().sum() > 0

@@ -1,4 +1,5 @@
 """The Triton prefill/extend kernel against float64 causal attention (interpreter on CPU)."""
+
 import pytest
 import torch
 from kernel_reference import DEVICE, attention_ref, random_paged_kv, rel_err
@@ -18,14 +19,23 @@ def run_case(chunks, heads, kvh, d, block_size, dtype, seed):
         starts.append(starts[-1] + n)
     q = torch.randn(starts[-1] + 2, heads, d, generator=gen).to(dtype)  # 2 rows no chunk owns
     out = torch.full_like(q, float("nan"), device=DEVICE)
-    paged_prefill(q.to(DEVICE), cache.to(DEVICE), tables.to(DEVICE), torch.tensor(starts).to(DEVICE),
-                  torch.tensor(lens).to(DEVICE), max(n for _, n in chunks), block_size, d**-0.5, out=out)
+    paged_prefill(
+        q.to(DEVICE),
+        cache.to(DEVICE),
+        tables.to(DEVICE),
+        torch.tensor(starts).to(DEVICE),
+        torch.tensor(lens).to(DEVICE),
+        max(n for _, n in chunks),
+        block_size,
+        d**-0.5,
+        out=out,
+    )
     out = out.cpu()
     for i, (p, n) in enumerate(chunks):
         rows = slice(starts[i], starts[i] + n)
         ref = attention_ref(q[rows], seqs[i][0], seqs[i][1], p)
         assert rel_err(out[rows], ref) < TOL[dtype], (i, p, n)
-    assert out[starts[-1]:].isnan().all()  # rows outside every chunk are left alone
+    assert out[starts[-1] :].isnan().all()  # rows outside every chunk are left alone
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

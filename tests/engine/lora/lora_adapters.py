@@ -1,4 +1,5 @@
 """Real PEFT adapters for the LoRA tests: made with PEFT on the real base model, B non-zero."""
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -24,8 +25,13 @@ def make_adapter(base, recipe: AdapterRecipe, root: Path) -> Path:
     """Save a PEFT LoRA adapter of `base` with random A and B (PEFT initialises B to zeros, which
     would test nothing). `base` is left as it was."""
     torch.manual_seed(recipe.seed)
-    cfg = LoraConfig(r=recipe.r, lora_alpha=recipe.alpha, target_modules=list(recipe.targets),
-                     use_rslora=recipe.rslora, lora_dropout=0.0)
+    cfg = LoraConfig(
+        r=recipe.r,
+        lora_alpha=recipe.alpha,
+        target_modules=list(recipe.targets),
+        use_rslora=recipe.rslora,
+        lora_dropout=0.0,
+    )
     model = get_peft_model(base, cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -68,9 +74,15 @@ class PeftReference:
         key = (None if adapter is None else str(adapter), tuple(token_ids), n)
         if key not in self._greedy:
             with self._use(adapter):
-                out = self.model.generate(input_ids=torch.tensor([token_ids]), max_new_tokens=n, min_new_tokens=n,
-                                          do_sample=False, eos_token_id=None, pad_token_id=0)
-            self._greedy[key] = out[0, len(token_ids):].tolist()
+                out = self.model.generate(
+                    input_ids=torch.tensor([token_ids]),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+            self._greedy[key] = out[0, len(token_ids) :].tolist()
         return self._greedy[key]
 
 

@@ -1,5 +1,6 @@
 """Adapter validation: every bad adapter is a named AdapterError saying what is wrong, raised
 before anything is queued. Real PEFT adapters of the tiny test model, broken on purpose."""
+
 import json
 import shutil
 
@@ -64,20 +65,25 @@ def test_good_adapter_spec(good, shape):
     spec = inspect_adapter_dir(good, shape, max_rank=8)
     assert (spec.rank, spec.alpha, spec.scaling) == (8, 16.0, 2.0)
     assert spec.target_modules == ALL and spec.layers == (0, 1, 2)
-    assert spec.size_bytes == sum(f.stat().st_size for f in good.iterdir() if f.suffix in (".json", ".safetensors"))
+    assert spec.size_bytes == sum(
+        f.stat().st_size for f in good.iterdir() if f.suffix in (".json", ".safetensors")
+    )
 
 
-@pytest.mark.parametrize("case, error, words", [
-    ("no_config", AdapterNotFoundError, "adapter_config.json"),
-    ("no_weights", AdapterNotFoundError, "adapter_model.safetensors"),
-    ("bad_json", AdapterConfigError, "not valid JSON"),
-    ("rank", AdapterRankError, "r=8 is over this engine's max_lora_rank=4"),
-    ("dora", UnsupportedAdapterError, "use_dora"),
-    ("lm_head", UnsupportedTargetModuleError, "lm_head"),
-    ("truncated", AdapterWeightsError, "truncated"),
-    ("missing_tensor", AdapterWeightsError, "layers.1.self_attn.v_proj.lora_B.weight is missing"),
-    ("wrong_rank_tensor", AdapterWeightsError, "expected [8, 64]"),
-])
+@pytest.mark.parametrize(
+    "case, error, words",
+    [
+        ("no_config", AdapterNotFoundError, "adapter_config.json"),
+        ("no_weights", AdapterNotFoundError, "adapter_model.safetensors"),
+        ("bad_json", AdapterConfigError, "not valid JSON"),
+        ("rank", AdapterRankError, "r=8 is over this engine's max_lora_rank=4"),
+        ("dora", UnsupportedAdapterError, "use_dora"),
+        ("lm_head", UnsupportedTargetModuleError, "lm_head"),
+        ("truncated", AdapterWeightsError, "truncated"),
+        ("missing_tensor", AdapterWeightsError, "layers.1.self_attn.v_proj.lora_B.weight is missing"),
+        ("wrong_rank_tensor", AdapterWeightsError, "expected [8, 64]"),
+    ],
+)
 def test_bad_adapters_are_named_errors(good, shape, tmp_path, case, error, words):
     max_rank = 4 if case == "rank" else 8
     if case == "no_config":
@@ -109,13 +115,29 @@ def test_bad_adapters_are_named_errors(good, shape, tmp_path, case, error, words
 
 
 def test_adapter_of_another_base_model_is_refused(tmp_path, shape):
-    other = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    other = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
     path = make_adapter(other, AdapterRecipe("other", 4, 8, ("q_proj",), 2), tmp_path)
     with pytest.raises(AdapterBaseMismatchError, match="q_proj maps 64 -> 64"):
         inspect_adapter_dir(path, shape, max_rank=8)
-    deeper = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                                          num_attention_heads=4, num_key_value_heads=2)).eval()
+    deeper = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
     path = make_adapter(deeper, AdapterRecipe("deeper", 4, 8, ("q_proj",), 2), tmp_path)
     with pytest.raises(AdapterBaseMismatchError, match="layer 3, but the base model has 3 layers"):
         inspect_adapter_dir(path, shape, max_rank=8)

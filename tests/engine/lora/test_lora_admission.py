@@ -1,6 +1,7 @@
 """The scheduler's LoRA admission check (engine/lora/admission.py) on hand-built states: plain
 Python, no model. A head whose adapter cannot get a slot waits; nobody overtakes it; VTC still
 shares service equally between tenants."""
+
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.lora.admission import slot_admission
@@ -17,8 +18,15 @@ def make(policy="fcfs", max_loras=2, **cfg) -> Scheduler:
 
 def seq(lora, tenant="default", n=4, max_tokens=4) -> Sequence:
     k = next(_n)
-    return Sequence(f"s{k}", list(range(100 * k + 1, 100 * k + 1 + n)), n, SamplingParams(max_tokens=max_tokens),
-                    tenant=tenant, lora=lora, arrival_time=float(k))
+    return Sequence(
+        f"s{k}",
+        list(range(100 * k + 1, 100 * k + 1 + n)),
+        n,
+        SamplingParams(max_tokens=max_tokens),
+        tenant=tenant,
+        lora=lora,
+        arrival_time=float(k),
+    )
 
 
 def step(s: Scheduler):

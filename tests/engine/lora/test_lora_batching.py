@@ -1,5 +1,6 @@
 """Batched LoRA on the tiny test model: a mixed batch against PEFT, slots under pressure, the
 prefix cache kept apart per adapter, the host cache bounded."""
+
 import pytest
 import torch
 from lora_adapters import AdapterRecipe, PeftReference, engine_prefill_logits, make_adapter
@@ -9,13 +10,21 @@ from engine import LLM, Engine, LoRARequest, SamplingParams
 
 RECIPES = [
     AdapterRecipe("qv", 4, 8, ("q_proj", "v_proj"), 1, 0.2),
-    AdapterRecipe("all", 8, 16, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 2, 0.2),
+    AdapterRecipe(
+        "all", 8, 16, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 2, 0.2
+    ),
     AdapterRecipe("mlp-rs", 2, 4, ("gate_proj", "down_proj"), 3, 0.3, rslora=True),
     AdapterRecipe("ko", 6, 6, ("k_proj", "o_proj", "up_proj"), 4, 0.3),
     AdapterRecipe("v", 1, 2, ("v_proj",), 5, 0.5),
     AdapterRecipe("qd", 3, 3, ("q_proj", "down_proj"), 6, 0.3),
 ]
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29], [3, 4], [40, 41, 42, 43]]
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 11],
+    [12, 13, 14],
+    [20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
+    [3, 4],
+    [40, 41, 42, 43],
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +36,18 @@ def adapters(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def peft(tiny_model_dir, adapters):
-    return PeftReference(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval(), adapters)
+    return PeftReference(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval(), adapters
+    )
 
 
 def test_mixed_batch_logits_match_peft(tiny_model_dir, peft, adapters):
     eng = Engine(model=str(tiny_model_dir), dtype="float32", max_loras=4, max_lora_rank=8)
     loras = [None, adapters[0], adapters[1], adapters[2], adapters[3]]
-    reqs = [(f"r{i}", p, None if a is None else LoRARequest(f"a{i}", str(a)))
-            for i, (p, a) in enumerate(zip(PROMPTS, loras))]
+    reqs = [
+        (f"r{i}", p, None if a is None else LoRARequest(f"a{i}", str(a)))
+        for i, (p, a) in enumerate(zip(PROMPTS, loras))
+    ]
     ours = engine_prefill_logits(eng, reqs)
     for i, (p, a) in enumerate(zip(PROMPTS, loras)):
         ref = peft.logits(a, p)
@@ -58,8 +71,9 @@ def test_more_adapters_than_slots_every_request_right(tiny_model_dir, peft, adap
         return out
 
     eng.step = step
-    out = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
-                       lora=[str(a) for a in loras])
+    out = llm.generate(
+        prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), lora=[str(a) for a in loras]
+    )
     assert [c.token_ids for c in out] == want
     assert max(distinct_running) <= 2
     assert eng.stats.lora_slot_loads >= 6 and eng.stats.lora_slot_evictions >= 4

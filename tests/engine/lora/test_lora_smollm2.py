@@ -2,6 +2,7 @@
 alone on the same base: one batch mixing the base model and 4 adapters (ranks 2-16, different
 target modules, random non-zero B) matches PEFT's logits and greedy tokens; requests never get
 another's adapter; 3x more adapters than slots all finish right; bad adapters are named errors."""
+
 import pytest
 import torch
 from lora_adapters import AdapterRecipe, PeftReference, engine_prefill_logits, make_adapter
@@ -15,8 +16,14 @@ pytestmark = [pytest.mark.real_model, pytest.mark.timeout(1800)]
 
 RECIPES = [
     AdapterRecipe("attn-r8", 8, 16, ("q_proj", "k_proj", "v_proj", "o_proj"), 11, 0.05),
-    AdapterRecipe("all-r16", 16, 32, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-                  12, 0.03),
+    AdapterRecipe(
+        "all-r16",
+        16,
+        32,
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        12,
+        0.03,
+    ),
     AdapterRecipe("mlp-r4-rslora", 4, 8, ("gate_proj", "up_proj", "down_proj"), 13, 0.05, rslora=True),
     AdapterRecipe("qv-r2", 2, 4, ("q_proj", "v_proj"), 14, 0.1),
     AdapterRecipe("down-r12", 12, 12, ("down_proj",), 15, 0.05),
@@ -57,14 +64,19 @@ def llm():
 
 def test_mixed_batch_logits_and_greedy_tokens_match_peft(llm, peft, adapters, prompts):
     mix = [None, *adapters[:4]]  # the base model and 4 adapters, one batch
-    ours = engine_prefill_logits(llm.engine, [(f"r{i}", p, a and str(a)) for i, (p, a) in enumerate(zip(prompts, mix))])
+    ours = engine_prefill_logits(
+        llm.engine, [(f"r{i}", p, a and str(a)) for i, (p, a) in enumerate(zip(prompts, mix))]
+    )
     for i, (p, a) in enumerate(zip(prompts, mix)):
         ref = peft.logits(a, p)
         assert (ours[f"r{i}"] - ref).abs().max().item() < 2e-3, RECIPES[i - 1].name if a else "base"
         if a is not None:
             assert (ref - peft.logits(None, p)).abs().max().item() > 0.5  # the adapter matters
-    out = llm.generate(prompts, SamplingParams(max_tokens=N, temperature=0, ignore_eos=True),
-                       lora=[a and str(a) for a in mix])
+    out = llm.generate(
+        prompts,
+        SamplingParams(max_tokens=N, temperature=0, ignore_eos=True),
+        lora=[a and str(a) for a in mix],
+    )
     want = [peft.greedy(a, p, N) for p, a in zip(prompts, mix)]
     assert [c.token_ids for c in out] == want
     assert len({tuple(w) for w in want}) == len(want)  # five different continuations
@@ -76,7 +88,9 @@ def test_isolation_each_request_gets_its_own_adapter(llm, peft, adapters, prompt
     assert want_a != want_b
     # Same prompt, interleaved adapters, one batch: nobody may get the other's tokens.
     loras = [str(a), str(b), None, str(a), str(b)]
-    out = llm.generate([prompts[0]] * 5, SamplingParams(max_tokens=N, temperature=0, ignore_eos=True), lora=loras)
+    out = llm.generate(
+        [prompts[0]] * 5, SamplingParams(max_tokens=N, temperature=0, ignore_eos=True), lora=loras
+    )
     assert [c.token_ids for c in out] == [want_a, want_b, peft.greedy(None, prompts[0], N), want_a, want_b]
 
 
@@ -84,8 +98,11 @@ def test_three_times_more_adapters_than_slots(peft, adapters, prompts):
     # 6 adapters in use over 2 slots (the first four with the mixed test's prompts: references cached)
     llm = LLM(model="smollm2", dtype="float32", num_threads=2, max_loras=2, max_lora_rank=16)
     pairs = [(prompts[1 + i % 4], adapters[i]) for i in range(6)] * 2
-    out = llm.generate([p for p, _ in pairs], SamplingParams(max_tokens=N, temperature=0, ignore_eos=True),
-                       lora=[str(a) for _, a in pairs])
+    out = llm.generate(
+        [p for p, _ in pairs],
+        SamplingParams(max_tokens=N, temperature=0, ignore_eos=True),
+        lora=[str(a) for _, a in pairs],
+    )
     assert [c.token_ids for c in out] == [peft.greedy(a, p, N) for p, a in pairs]
     stats = llm.engine.stats
     assert stats.lora_slot_loads >= 6 and stats.lora_slot_evictions >= 4
@@ -107,8 +124,16 @@ def test_prefix_cache_is_kept_apart_per_adapter(llm, adapters, prompts):
 
 
 def test_bad_adapters_are_named_errors(llm, adapters, tmp_path):
-    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2)).eval()
+    tiny = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
     other = make_adapter(tiny, AdapterRecipe("other-base", 4, 8, ("q_proj",), 1), tmp_path)
     with pytest.raises(AdapterBaseMismatchError, match="576"):
         llm.generate("hi", SamplingParams(max_tokens=2), lora=str(other))

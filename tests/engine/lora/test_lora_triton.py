@@ -1,5 +1,6 @@
 """The Triton SGMV kernels (GPU path) in Triton's interpreter on CPU, in a subprocess so that
 TRITON_INTERPRET=1 is set before triton is imported and affects nothing else."""
+
 import os
 import subprocess
 import sys
@@ -14,8 +15,17 @@ ROOT = HERE.parents[2]
 
 
 def test_triton_sgmv_matches_torch_and_peft_in_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, str(HERE / "triton_sgmv_check.py"), str(HERE)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "triton_sgmv_check.py"), str(HERE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "kernels torch.bfloat16" in proc.stdout and "engine with triton LoRA matches PEFT" in proc.stdout

@@ -1,6 +1,7 @@
 """Run in a subprocess with TRITON_INTERPRET=1 (set before triton is imported): the Triton SGMV
 kernels against the torch segment kernel on small shapes, fp32 and bf16; then the whole engine
 with lora_kernel="triton" against PEFT on a tiny model. Exits non-zero on a mismatch."""
+
 import os
 import sys
 import tempfile
@@ -42,14 +43,30 @@ def check_engine(adapters_module_dir: str) -> None:
 
     torch.manual_seed(0)
     root = Path(tempfile.mkdtemp())
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     base = LlamaForCausalLM(cfg).eval()
     base.save_pretrained(root / "base")
-    paths = [make_adapter(base, AdapterRecipe("a", 4, 8, ("q_proj", "v_proj", "down_proj"), 1, 0.2), root),
-             make_adapter(base, AdapterRecipe("b", 2, 2, ("o_proj", "gate_proj", "up_proj"), 2, 0.2), root)]
-    eng = Engine(model=str(root / "base"), dtype="float32", max_loras=2, max_lora_rank=4, lora_kernel="triton",
-                 attention_backend="torch")
+    paths = [
+        make_adapter(base, AdapterRecipe("a", 4, 8, ("q_proj", "v_proj", "down_proj"), 1, 0.2), root),
+        make_adapter(base, AdapterRecipe("b", 2, 2, ("o_proj", "gate_proj", "up_proj"), 2, 0.2), root),
+    ]
+    eng = Engine(
+        model=str(root / "base"),
+        dtype="float32",
+        max_loras=2,
+        max_lora_rank=4,
+        lora_kernel="triton",
+        attention_backend="torch",
+    )
     prompts = [[3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14]]
     loras = [str(paths[0]), None, str(paths[1])]
     ours = engine_prefill_logits(eng, [(f"r{i}", p, lo) for i, (p, lo) in enumerate(zip(prompts, loras))])

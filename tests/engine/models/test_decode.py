@@ -1,5 +1,6 @@
 """The one-call decode forward (engine/models/decode.py) against the per-operator forward: the same
 kernels in the same order, so the hidden states and the KV cache it writes are bit-identical."""
+
 import pytest
 import torch
 
@@ -11,8 +12,9 @@ def _decode_plan(llm: LLM, prompts: list[list[int]]):
     engine = llm.engine
     for i, ids in enumerate(prompts):
         engine.add_request(f"r{i}", ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    while engine.scheduler.num_waiting or any(s.num_computed_tokens < s.num_prompt_tokens
-                                              for s in engine.scheduler.running):
+    while engine.scheduler.num_waiting or any(
+        s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running
+    ):
         engine.step()
     engine.step()  # one decode step through the engine
     plan = engine.scheduler.schedule()

@@ -1,5 +1,6 @@
 """The fused fp32 CPU operators (engine/models/csrc/fused_ops.c) against their torch definitions
 (engine/models/fused.py TorchOps), and the whole forward with cpu_kernels on and off."""
+
 import pytest
 import torch
 
@@ -60,7 +61,10 @@ def test_forward_with_and_without_cpu_kernels(tiny_model_dir):
     on = LLM(model=str(tiny_model_dir), dtype="float32", num_threads=2)
     off = LLM(model=str(tiny_model_dir), dtype="float32", num_threads=2, cpu_kernels=False)
     assert isinstance(on.engine.runner.model.ops, fused.CPUOps) and on.engine.runner.model.layers[0].qkv.lib
-    assert type(off.engine.runner.model.ops) is fused.TorchOps and off.engine.runner.model.layers[0].qkv.lib is None
+    assert (
+        type(off.engine.runner.model.ops) is fused.TorchOps
+        and off.engine.runner.model.layers[0].qkv.lib is None
+    )
     hidden = []
     for llm in (on, off):  # a 37-token prefill: F.linear and the fused (or torch) operators
         llm.engine.add_request("r", list(range(3, 40)), SamplingParams(max_tokens=2, temperature=0))
@@ -69,4 +73,6 @@ def test_forward_with_and_without_cpu_kernels(tiny_model_dir):
     assert torch.allclose(hidden[0], hidden[1], rtol=1e-4, atol=1e-4)
     prompts = [list(range(5 + i, 30 + 3 * i)) for i in range(4)]  # then batch-4 decodes: the C linears
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    assert [o.token_ids for o in on.generate(prompts, params)] == [o.token_ids for o in off.generate(prompts, params)]
+    assert [o.token_ids for o in on.generate(prompts, params)] == [
+        o.token_ids for o in off.generate(prompts, params)
+    ]

@@ -2,6 +2,7 @@
 at any batch (tiles of 1 to MR rows, blocks of rows for long inputs), with and without bias, at any
 N (a last panel padded) and K; a row's result does not depend on the batch it is in; the weight is
 kept only in the kernel's panels; cpu_kernels=False and other dtypes take F.linear itself."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,9 @@ def test_kernel_equals_f_linear(M, N, K):
     assert layer.lib is not None  # a C compiler is on every machine this suite runs on
     assert torch.allclose(layer(x), F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
     assert torch.allclose(linear.Linear(w)(x), F.linear(x, w), rtol=1e-5, atol=1e-4)
-    assert torch.allclose(layer(x.t().contiguous().t()), F.linear(x, w, bias), rtol=1e-5, atol=1e-4)  # strided x
+    assert torch.allclose(
+        layer(x.t().contiguous().t()), F.linear(x, w, bias), rtol=1e-5, atol=1e-4
+    )  # strided x
 
 
 def test_a_row_does_not_depend_on_its_batch():

@@ -2,6 +2,7 @@
 (int8 weights, activations quantized per block of 32), and on the real model the quality loss stays
 within stated tolerances: perplexity on a fixed text within 3% of fp32's, and greedy outputs that
 mostly agree."""
+
 import math
 
 import pytest
@@ -10,14 +11,24 @@ import torch
 from engine import LLM, SamplingParams
 from engine.models import quant
 
-TEXT = ("The gateway authenticates each tenant, enforces its quotas and puts every request into a "
-        "priority lane. Engine workers pull from the lanes into a continuous-batching engine whose "
-        "scheduler keeps tenants fair and admits work only while its latency target can still be met. "
-        "Operators manage tenants, keys and quotas over an admin API, and SREs follow each request in "
-        "traces and metrics.")
-CHATS = [[{"role": "user", "content": c}] for c in (
-    "Name three colors.", "What is the capital of France?", "Write one sentence about the sea.",
-    "What is 12 plus 30?", "Give me a word that rhymes with cat.", "What do bees make?")]
+TEXT = (
+    "The gateway authenticates each tenant, enforces its quotas and puts every request into a "
+    "priority lane. Engine workers pull from the lanes into a continuous-batching engine whose "
+    "scheduler keeps tenants fair and admits work only while its latency target can still be met. "
+    "Operators manage tenants, keys and quotas over an admin API, and SREs follow each request in "
+    "traces and metrics."
+)
+CHATS = [
+    [{"role": "user", "content": c}]
+    for c in (
+        "Name three colors.",
+        "What is the capital of France?",
+        "Write one sentence about the sea.",
+        "What is 12 plus 30?",
+        "Give me a word that rhymes with cat.",
+        "What do bees make?",
+    )
+]
 
 
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 17, 32])

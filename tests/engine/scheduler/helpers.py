@@ -1,4 +1,5 @@
 """Hand-built scheduler states for the policy tests: plain Python, no model."""
+
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import SamplingParams, Sequence
@@ -12,10 +13,21 @@ def make(policy: str, num_blocks=64, block_size=4, clock=None, **cfg) -> Schedul
     return Scheduler(config, BlockManager(num_blocks, block_size), clock=clock)
 
 
-def seq(rid: str, n: int, *, tenant="default", priority=0, weight=1.0, arrival=None, max_tokens=16, **kw) -> Sequence:
+def seq(
+    rid: str, n: int, *, tenant="default", priority=0, weight=1.0, arrival=None, max_tokens=16, **kw
+) -> Sequence:
     base = 1000 * (next(_ids) + 1)
-    return Sequence(rid, list(range(base, base + n)), n, SamplingParams(max_tokens=max_tokens), tenant=tenant,
-                    priority=priority, weight=weight, arrival_time=float(next(_ids)) if arrival is None else arrival, **kw)
+    return Sequence(
+        rid,
+        list(range(base, base + n)),
+        n,
+        SamplingParams(max_tokens=max_tokens),
+        tenant=tenant,
+        priority=priority,
+        weight=weight,
+        arrival_time=float(next(_ids)) if arrival is None else arrival,
+        **kw,
+    )
 
 
 def run_step(s: Scheduler):

@@ -1,6 +1,7 @@
 """Static and dynamic batching, the baselines continuous batching is compared with (scheduler
 decisions on hand-built states; the tokens they produce on the real model are in
 tests/engine/test_batching_tokens.py)."""
+
 import pytest
 
 from engine.config import SchedulerConfig

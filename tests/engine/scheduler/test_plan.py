@@ -1,12 +1,17 @@
 """The one definition of a decode (ScheduledSeq.is_decode / is_output_decode) and its users."""
+
 from engine.request import SamplingParams, Sequence
 from engine.scheduler import ScheduledSeq, StepPlan
 from engine.scheduler.cost_model import split
 
 
 def item(prompt: int, outputs: int, computed: int, n: int) -> ScheduledSeq:
-    s = Sequence(f"r{prompt}.{outputs}.{computed}.{n}", list(range(10, 10 + prompt + outputs)), prompt,
-                 SamplingParams(max_tokens=16))
+    s = Sequence(
+        f"r{prompt}.{outputs}.{computed}.{n}",
+        list(range(10, 10 + prompt + outputs)),
+        prompt,
+        SamplingParams(max_tokens=16),
+    )
     s.num_computed_tokens = computed
     return ScheduledSeq(s, n)
 

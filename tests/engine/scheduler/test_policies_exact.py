@@ -1,5 +1,6 @@
 """Every policy leaves the engine token-exact: greedy output equals Hugging Face's, with
 preemption (16 blocks), several tenants and tiers."""
+
 import pytest
 from hf_reference import hf_greedy
 
@@ -16,11 +17,24 @@ def reference(tiny_hf):
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority", "vtc", "priority+vtc", "priority+vtc+slo"])
 def test_greedy_matches_hf_with_every_policy(tiny_model_dir, reference, policy):
-    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, num_kv_blocks=16,
-                 max_num_batched_tokens=16, max_num_seqs=3, policy=policy)
+    eng = Engine(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=16,
+        max_num_batched_tokens=16,
+        max_num_seqs=3,
+        policy=policy,
+    )
     for i, (ids, n) in enumerate(zip(PROMPTS, MAX_TOKENS)):
-        eng.add_request(str(i), ids, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True),
-                        tenant="AB"[i % 2], weight=1.0 + i % 2, priority=i % 3)
+        eng.add_request(
+            str(i),
+            ids,
+            SamplingParams(max_tokens=n, temperature=0, ignore_eos=True),
+            tenant="AB"[i % 2],
+            weight=1.0 + i % 2,
+            priority=i % 3,
+        )
     out = {str(i): [] for i in range(len(PROMPTS))}
     while eng.has_unfinished():
         for o in eng.step():

@@ -1,4 +1,5 @@
 """Swap preemption decisions on hand-built states: plain Python, no model."""
+
 import pytest
 from helpers import run_step  # (the plan's block copies need no model here)
 
@@ -11,8 +12,14 @@ CHEAP = SwapCost(fixed_s=0.0, block_s=1e-6)  # 2 blocks: 2 us, against 8 tokens 
 
 
 def make(mode="swap", num_blocks=4, host=8, swap_cost=CHEAP, block_size=4, **cfg) -> Scheduler:
-    config = SchedulerConfig(block_size=block_size, watermark=0, preemption_mode=mode, num_swap_blocks=host,
-                             max_num_batched_tokens=cfg.pop("budget", 64), **cfg)
+    config = SchedulerConfig(
+        block_size=block_size,
+        watermark=0,
+        preemption_mode=mode,
+        num_swap_blocks=host,
+        max_num_batched_tokens=cfg.pop("budget", 64),
+        **cfg,
+    )
     bm = BlockManager(num_blocks, block_size, num_host_blocks=host)
     return Scheduler(config, bm, swap_cost=swap_cost)
 
@@ -50,7 +57,9 @@ def test_swap_in_reuses_cached_prefix_blocks_copies_the_rest_and_decodes_on():
     run_step(s)  # b swapped out; a took b's last block (freed first), b's first is still cached
     s.finish(a)
     plan = run_step(s)
-    assert [(it.seq, it.num_tokens) for it in plan.scheduled] == [(b, 1)]  # its next token, nothing recomputed
+    assert [(it.seq, it.num_tokens) for it in plan.scheduled] == [
+        (b, 1)
+    ]  # its next token, nothing recomputed
     assert b.block_table[0] == b0  # found in the prefix cache: no copy
     assert plan.swap_in == [(1, b.block_table[1])]  # only the reused block comes from host
     assert b.num_computed_tokens == 9 and not s.bm.is_swapped(b)

@@ -1,5 +1,6 @@
 """Priority tiers: order, preemption of lower tiers at the KV limit and at the sequence cap,
 victim choice, place keeping, the minimum-share starvation guard."""
+
 from helpers import ids, make, run_step, seq
 
 from engine.request import SequenceStatus
@@ -7,7 +8,12 @@ from engine.request import SequenceStatus
 
 def test_higher_tier_first_fifo_inside_a_tier():
     s = make("priority", max_num_seqs=1)
-    for r in (seq("lo1", 2, priority=0), seq("hi1", 2, priority=1), seq("lo2", 2, priority=0), seq("hi2", 2, priority=1)):
+    for r in (
+        seq("lo1", 2, priority=0),
+        seq("hi1", 2, priority=1),
+        seq("lo2", 2, priority=0),
+        seq("hi2", 2, priority=1),
+    ):
         s.add(r)
     order = []
     while s.has_unfinished():

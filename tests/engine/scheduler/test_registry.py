@@ -1,5 +1,6 @@
 """The policy registry and the interface: names build the right policies, one constructor for all,
 every hook the scheduler or a wrapping policy calls is declared on SchedulingPolicy."""
+
 import ast
 from pathlib import Path
 
@@ -23,12 +24,20 @@ from engine.scheduler import (
 SCHEDULER = Path(__file__).resolve().parents[3] / "engine" / "scheduler"
 
 
-@pytest.mark.parametrize("name, outer, inner", [
-    ("fcfs", FCFSPolicy, None), ("priority", PriorityPolicy, None), ("vtc", VTCPolicy, None),
-    ("priority+vtc", PriorityVTCPolicy, None), ("vtc+priority", PriorityVTCPolicy, None),
-    ("slo", SLOPolicy, FCFSPolicy), ("priority+slo", SLOPolicy, PriorityPolicy),
-    ("priority+vtc+slo", SLOPolicy, PriorityVTCPolicy), (" slo + vtc ", SLOPolicy, VTCPolicy),
-])
+@pytest.mark.parametrize(
+    "name, outer, inner",
+    [
+        ("fcfs", FCFSPolicy, None),
+        ("priority", PriorityPolicy, None),
+        ("vtc", VTCPolicy, None),
+        ("priority+vtc", PriorityVTCPolicy, None),
+        ("vtc+priority", PriorityVTCPolicy, None),
+        ("slo", SLOPolicy, FCFSPolicy),
+        ("priority+slo", SLOPolicy, PriorityPolicy),
+        ("priority+vtc+slo", SLOPolicy, PriorityVTCPolicy),
+        (" slo + vtc ", SLOPolicy, VTCPolicy),
+    ],
+)
 def test_names_build_their_policies(name, outer, inner):
     config = SchedulerConfig(max_num_batched_tokens=123)
     policy = make_policy(name, config, clock=lambda: 7.0)
@@ -37,10 +46,15 @@ def test_names_build_their_policies(name, outer, inner):
         assert type(policy.inner) is inner and policy.inner.config is config
 
 
-@pytest.mark.parametrize("name, message", [
-    ("lifo", r"unknown part\(s\) \['lifo'\]"), ("vtc+vtc", "a part given twice"),
-    ("fcfs+vtc", "no policy orders by 'fcfs\\+vtc'"), ("fcfs+priority+slo", "no policy orders by"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("lifo", r"unknown part\(s\) \['lifo'\]"),
+        ("vtc+vtc", "a part given twice"),
+        ("fcfs+vtc", "no policy orders by 'fcfs\\+vtc'"),
+        ("fcfs+priority+slo", "no policy orders by"),
+    ],
+)
 def test_names_that_build_nothing_are_refused_by_name(name, message):
     with pytest.raises(ValueError, match=message):
         make_policy(name)
@@ -77,20 +91,30 @@ def test_a_wrapper_has_the_tiers_of_what_it_wraps():
 
 def _called_hooks(path: Path, receiver: str) -> set[str]:
     """Attribute names used on `self.<receiver>` in a module (its calls of the policy interface)."""
-    return {node.attr for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-            and node.value.attr == receiver
-            and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"}
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == receiver
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "self"
+    }
 
 
 def test_every_hook_the_scheduler_and_a_wrapper_call_is_declared_on_the_interface():
-    called = _called_hooks(SCHEDULER / "scheduler.py", "policy") | _called_hooks(SCHEDULER / "slo.py", "inner")
+    called = _called_hooks(SCHEDULER / "scheduler.py", "policy") | _called_hooks(
+        SCHEDULER / "slo.py", "inner"
+    )
     assert {"peek", "begin_step", "displace", "waiting", "tiers", "load"} <= called  # (the scan sees them)
     assert called <= set(dir(SchedulingPolicy)), called - set(dir(SchedulingPolicy))
 
 
 def test_no_hook_is_looked_up_by_name():
     for path in SCHEDULER.glob("*.py"):
-        calls = [node.func.id for node in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+        calls = [
+            node.func.id
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        ]
         assert not {"getattr", "hasattr"} & set(calls), path.name

@@ -1,4 +1,5 @@
 """The scheduler's decisions on hand-built states: plain Python, no model."""
+
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import SamplingParams, Sequence, SequenceStatus
@@ -6,7 +7,9 @@ from engine.scheduler import Scheduler
 
 
 def make(num_blocks=16, block_size=4, **cfg) -> Scheduler:
-    return Scheduler(SchedulerConfig(block_size=block_size, watermark=0, **cfg), BlockManager(num_blocks, block_size))
+    return Scheduler(
+        SchedulerConfig(block_size=block_size, watermark=0, **cfg), BlockManager(num_blocks, block_size)
+    )
 
 
 def seq(rid: str, n: int) -> Sequence:

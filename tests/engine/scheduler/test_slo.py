@@ -1,5 +1,6 @@
 """SLO-aware admission: the step-cost model, refusal at arrival and while waiting, demotion,
 the TPOT guard, and the engine's surface of refusals."""
+
 import pytest
 from helpers import make, run_step, seq
 
@@ -71,8 +72,14 @@ def test_tpot_guard_stops_adding_decodes():
 def test_engine_reports_refusals(tiny_model_dir):
     from engine import Engine, SamplingParams
 
-    eng = Engine(model=str(tiny_model_dir), dtype="float32", block_size=4, kv_cache_gib=0.01, policy="slo",
-                 max_num_seqs=1)
+    eng = Engine(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=4,
+        kv_cache_gib=0.01,
+        policy="slo",
+        max_num_seqs=1,
+    )
     p = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
     eng.add_request("a", [5, 6, 7], p)
     eng.step()
@@ -97,8 +104,15 @@ def test_slo_wraps_the_named_policy_even_while_its_queue_is_empty():
 
 def test_load_holds_what_predict_ttft_reads():
     clock = Clock()
-    s = make("priority+slo", clock=clock, max_num_batched_tokens=64, max_num_seqs=2, cost_step_s=0.01,
-             cost_prefill_token_s=0.001, cost_decode_seq_s=0.002)
+    s = make(
+        "priority+slo",
+        clock=clock,
+        max_num_batched_tokens=64,
+        max_num_seqs=2,
+        cost_step_s=0.01,
+        cost_prefill_token_s=0.001,
+        cost_decode_seq_s=0.002,
+    )
     for i, priority in enumerate((1, 2, 2)):
         s.add(seq(f"w{i}", 40, arrival=clock.t, priority=priority))
     load = s.policy.load([])

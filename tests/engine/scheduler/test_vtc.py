@@ -1,4 +1,5 @@
 """VTC fairness: least-served tenant first, weights, the lift of a tenant returning from idle."""
+
 from helpers import ids, make, run_step, seq
 
 

@@ -1,4 +1,5 @@
 """The simulator's scenarios 1-4 on the real scheduler and block manager (seconds each)."""
+
 import math
 
 from engine.sim import scenarios

@@ -1,5 +1,6 @@
 """Structured outputs on the real SmolLM2 (fp32): every constrained output parses and validates,
 in a batch beside free rows, across preemption and when resumed from tokens generated elsewhere."""
+
 import json
 import re
 
@@ -10,15 +11,35 @@ from engine import LLM, InvalidRequestError, SamplingParams, StructuredSpec
 
 pytestmark = pytest.mark.real_model
 
-PERSON = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-    "required": ["name", "age"], "additionalProperties": False}
-COLOR = {"type": "object", "properties": {
-    "color": {"enum": ["red", "green", "blue"]}, "bright": {"type": "boolean"}},
-    "required": ["color", "bright"], "additionalProperties": False}
-POINTS = {"type": "array", "items": {"type": "object", "properties": {
-    "x": {"type": "integer", "minimum": -9, "maximum": 9}, "y": {"type": "integer", "minimum": -9, "maximum": 9}},
-    "required": ["x", "y"], "additionalProperties": False}, "minItems": 1, "maxItems": 2}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+COLOR = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "bright": {"type": "boolean"}},
+    "required": ["color", "bright"],
+    "additionalProperties": False,
+}
+POINTS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "x": {"type": "integer", "minimum": -9, "maximum": 9},
+            "y": {"type": "integer", "minimum": -9, "maximum": 9},
+        },
+        "required": ["x", "y"],
+        "additionalProperties": False,
+    },
+    "minItems": 1,
+    "maxItems": 2,
+}
 SCHEMAS = [PERSON, COLOR, POINTS]
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 YES_NO = 'root ::= ("yes" | "no") "."'
@@ -27,8 +48,12 @@ FREE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def schema_params(schema, seed=None, temperature=1.0, max_tokens=48):
-    return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                          structured=StructuredSpec.json_schema(schema))
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+        structured=StructuredSpec.json_schema(schema),
+    )
 
 
 def assert_valid(completion, schema):
@@ -49,24 +74,89 @@ def test_full_mix_in_one_batch_every_greedy_row_as_alone(smollm2):
     greedy = dict(temperature=0)
     rows = [(CHAT, schema_params(schema, seed=seed), schema) for schema in SCHEMAS for seed in (1, 2)]
     rows += [  # (prompt, params, check)
-        (CHAT, SamplingParams(max_tokens=48, **greedy, logprobs=3, structured=StructuredSpec.json_schema(PERSON)),
-         PERSON),
-        (CHAT, SamplingParams(max_tokens=48, **greedy, presence_penalty=0.8, frequency_penalty=0.5,
-                              structured=StructuredSpec.json_schema(COLOR)), COLOR),
-        (CHAT, SamplingParams(max_tokens=24, **greedy, logprobs=0, repetition_penalty=1.2,
-                              structured=StructuredSpec("regex", PHONE)), "regex"),
-        (CHAT, SamplingParams(max_tokens=8, **greedy, prompt_logprobs=1, structured=StructuredSpec("grammar", YES_NO)),
-         "ebnf"),
-        (FREE, SamplingParams(max_tokens=10, **greedy, frequency_penalty=1.0, logprobs=2, ignore_eos=True), "free"),
-        (FREE, SamplingParams(max_tokens=10, **greedy, repetition_penalty=1.3, logit_bias={11: 3.0, 30: -100},
-                              ignore_eos=True), "free"),
+        (
+            CHAT,
+            SamplingParams(
+                max_tokens=48, **greedy, logprobs=3, structured=StructuredSpec.json_schema(PERSON)
+            ),
+            PERSON,
+        ),
+        (
+            CHAT,
+            SamplingParams(
+                max_tokens=48,
+                **greedy,
+                presence_penalty=0.8,
+                frequency_penalty=0.5,
+                structured=StructuredSpec.json_schema(COLOR),
+            ),
+            COLOR,
+        ),
+        (
+            CHAT,
+            SamplingParams(
+                max_tokens=24,
+                **greedy,
+                logprobs=0,
+                repetition_penalty=1.2,
+                structured=StructuredSpec("regex", PHONE),
+            ),
+            "regex",
+        ),
+        (
+            CHAT,
+            SamplingParams(
+                max_tokens=8, **greedy, prompt_logprobs=1, structured=StructuredSpec("grammar", YES_NO)
+            ),
+            "ebnf",
+        ),
+        (
+            FREE,
+            SamplingParams(max_tokens=10, **greedy, frequency_penalty=1.0, logprobs=2, ignore_eos=True),
+            "free",
+        ),
+        (
+            FREE,
+            SamplingParams(
+                max_tokens=10,
+                **greedy,
+                repetition_penalty=1.3,
+                logit_bias={11: 3.0, 30: -100},
+                ignore_eos=True,
+            ),
+            "free",
+        ),
         (FREE, SamplingParams(max_tokens=10, **greedy, ignore_eos=True), "free"),
-        (CHAT, SamplingParams(max_tokens=48, temperature=1.0, seed=3, logprobs=1, presence_penalty=0.5,
-                              structured=StructuredSpec.json_schema(POINTS)), POINTS),
-        (CHAT, SamplingParams(max_tokens=48, temperature=1.0, seed=4, structured=StructuredSpec("json_object")),
-         "object"),
-        (FREE, SamplingParams(max_tokens=10, temperature=0.9, seed=5, top_p=0.9, frequency_penalty=0.6, logprobs=1,
-                              ignore_eos=True), "free"),
+        (
+            CHAT,
+            SamplingParams(
+                max_tokens=48,
+                temperature=1.0,
+                seed=3,
+                logprobs=1,
+                presence_penalty=0.5,
+                structured=StructuredSpec.json_schema(POINTS),
+            ),
+            POINTS,
+        ),
+        (
+            CHAT,
+            SamplingParams(max_tokens=48, temperature=1.0, seed=4, structured=StructuredSpec("json_object")),
+            "object",
+        ),
+        (
+            FREE,
+            SamplingParams(
+                max_tokens=10,
+                temperature=0.9,
+                seed=5,
+                top_p=0.9,
+                frequency_penalty=0.6,
+                logprobs=1,
+                ignore_eos=True,
+            ),
+            "free",
+        ),
     ]
     together = smollm2.generate([r[0] for r in rows], [r[1] for r in rows])
     for (prompt, params, check), batched in zip(rows, together):
@@ -77,7 +167,9 @@ def test_full_mix_in_one_batch_every_greedy_row_as_alone(smollm2):
         elif check == "ebnf":
             assert batched.finish_reason == "stop" and batched.text in ("yes.", "no."), batched.text
         elif check == "object":
-            assert batched.finish_reason == "stop" and isinstance(json.loads(batched.text), dict), batched.text
+            assert batched.finish_reason == "stop" and isinstance(json.loads(batched.text), dict), (
+                batched.text
+            )
         else:  # free rows stay free
             assert len(batched.token_ids) == 10 and not batched.text.startswith("{")
         assert (batched.logprobs is None) == (params.logprobs is None)
@@ -100,9 +192,20 @@ def test_valid_and_unchanged_across_preemption(smollm2, greedy_alone, mode):
     prompt = smollm2.encode(CHAT)
     # Two prompts fit at admission, not their growth: one of the running two is preempted.
     blocks = 2 * -(-len(prompt) // 16) + 2
-    llm = LLM(model="smollm2", dtype="float32", num_threads=2, num_kv_blocks=blocks, max_num_batched_tokens=64,
-              preemption_mode=mode, enable_prefix_caching=False)
-    params = [schema_params(PERSON, temperature=0), schema_params(COLOR, seed=7), schema_params(POINTS, seed=8)]
+    llm = LLM(
+        model="smollm2",
+        dtype="float32",
+        num_threads=2,
+        num_kv_blocks=blocks,
+        max_num_batched_tokens=64,
+        preemption_mode=mode,
+        enable_prefix_caching=False,
+    )
+    params = [
+        schema_params(PERSON, temperature=0),
+        schema_params(COLOR, seed=7),
+        schema_params(POINTS, seed=8),
+    ]
     out = llm.generate([CHAT] * 3, params)
     assert llm.engine.stats.preemptions > 0 and (llm.engine.stats.swaps > 0) == (mode == "swap")
     for completion, schema in zip(out, [PERSON, COLOR, POINTS]):
@@ -115,7 +218,9 @@ def test_resumed_from_tokens_generated_elsewhere(smollm2, greedy_alone):
     """A worker that claims a dead worker's request rebuilds the matcher from the tokens already streamed."""
     eng = smollm2.engine
     done = greedy_alone.token_ids
-    eng.add_request("resumed", smollm2.encode(CHAT), schema_params(PERSON, temperature=0), resume_token_ids=done[:5])
+    eng.add_request(
+        "resumed", smollm2.encode(CHAT), schema_params(PERSON, temperature=0), resume_token_ids=done[:5]
+    )
     tokens = []
     while eng.has_unfinished():
         tokens += [t for o in eng.step() for t in o.new_token_ids]
@@ -124,26 +229,47 @@ def test_resumed_from_tokens_generated_elsewhere(smollm2, greedy_alone):
 
 def test_resumed_tokens_the_grammar_refuses_end_the_request_with_an_error(smollm2):
     eng = smollm2.engine
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     not_json = smollm2.tokenizer.encode("hello", add_special_tokens=False)
-    for cached in (False, True):  # compiled after add (held, then refused at a step), or cached (refused at add)
+    for cached in (
+        False,
+        True,
+    ):  # compiled after add (held, then refused at a step), or cached (refused at add)
         if not cached:
             eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
             outs = []
             while eng.has_unfinished():
                 outs += eng.step()
             (out,) = outs
-            assert out.finished and isinstance(out.error, InvalidRequestError) and out.error.param == "resume_token_ids"
+            assert (
+                out.finished
+                and isinstance(out.error, InvalidRequestError)
+                and out.error.param == "resume_token_ids"
+            )
         else:
             with pytest.raises(InvalidRequestError, match="resumed output"):
                 eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
-        assert "r" not in eng.seqs and not eng.structured.matchers and eng.num_free_blocks == eng.num_total_blocks
+        assert (
+            "r" not in eng.seqs
+            and not eng.structured.matchers
+            and eng.num_free_blocks == eng.num_total_blocks
+        )
 
 
 def test_a_cold_grammar_is_held_and_the_cache_hits_after():
     llm = LLM(model="smollm2", dtype="float32", num_threads=2)
     eng = llm.engine
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     ids = llm.encode(CHAT)
     eng.add_request("cold", ids, schema_params(schema))
     assert "cold" in eng.structured.held and eng.has_unfinished()  # compiling on a thread
@@ -159,13 +285,22 @@ def test_a_cold_grammar_is_held_and_the_cache_hits_after():
     assert eng.num_free_blocks == eng.num_total_blocks
 
 
-@pytest.mark.parametrize("spec", [StructuredSpec.json_schema({"type": "integer", "minimum": 3, "maximum": 1}),
-                                  StructuredSpec("regex", "[a-"), StructuredSpec("grammar", 'root ::= "a" rest')])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        StructuredSpec.json_schema({"type": "integer", "minimum": 3, "maximum": 1}),
+        StructuredSpec("regex", "[a-"),
+        StructuredSpec("grammar", 'root ::= "a" rest'),
+    ],
+)
 def test_a_grammar_xgrammar_refuses_is_an_invalid_request(smollm2, spec):
     eng = smollm2.engine
     with pytest.raises(InvalidRequestError) as err:
         eng.add_request("bad", smollm2.encode(CHAT), SamplingParams(max_tokens=8, structured=spec))
-    assert err.value.param == {"json_schema": "response_format", "regex": "guided_regex", "grammar": "guided_grammar"}[spec.kind]
+    assert (
+        err.value.param
+        == {"json_schema": "response_format", "regex": "guided_regex", "grammar": "guided_grammar"}[spec.kind]
+    )
     assert not eng.has_unfinished() and "bad" not in eng.seqs and eng.num_free_blocks == eng.num_total_blocks
     with pytest.raises(InvalidRequestError):
         smollm2.generate(CHAT, SamplingParams(max_tokens=8, structured=spec))
@@ -174,7 +309,9 @@ def test_a_grammar_xgrammar_refuses_is_an_invalid_request(smollm2, spec):
 def test_min_tokens_past_the_grammar_end_lets_eos_win(smollm2, caplog):
     """A grammar that is complete before min_tokens leaves its row nothing but the banned EOS: EOS
     is sampled, the output is the grammar's, and the row beside it is untouched."""
-    late = SamplingParams(max_tokens=16, temperature=1.0, seed=7, min_tokens=12, structured=StructuredSpec("grammar", YES_NO))
+    late = SamplingParams(
+        max_tokens=16, temperature=1.0, seed=7, min_tokens=12, structured=StructuredSpec("grammar", YES_NO)
+    )
     beside = schema_params(COLOR, seed=8)
     with caplog.at_level("ERROR", logger="engine.structured.manager"):
         short, colour = smollm2.generate([CHAT, CHAT], [late, beside])

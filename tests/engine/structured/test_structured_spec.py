@@ -1,4 +1,5 @@
 """StructuredSpec's own checks and the compiled-grammar LRU, without a model."""
+
 import threading
 
 import pytest
@@ -8,11 +9,18 @@ from engine.structured import GrammarCache, check
 
 
 def test_spec_shapes():
-    assert StructuredSpec.json_schema({"type": "object", "properties": {"b": {}, "a": {}}}).value == \
-        '{"type": "object", "properties": {"b": {}, "a": {}}}'  # property order kept
-    for kind, value, param in [("xml", "x", "response_format"), ("json_object", "{}", "response_format"),
-                               ("regex", " ", "guided_regex"), ("json_schema", "{nope", "response_format"),
-                               ("json_schema", "[1]", "response_format"), ("grammar", 5, "guided_grammar")]:
+    assert (
+        StructuredSpec.json_schema({"type": "object", "properties": {"b": {}, "a": {}}}).value
+        == '{"type": "object", "properties": {"b": {}, "a": {}}}'
+    )  # property order kept
+    for kind, value, param in [
+        ("xml", "x", "response_format"),
+        ("json_object", "{}", "response_format"),
+        ("regex", " ", "guided_regex"),
+        ("json_schema", "{nope", "response_format"),
+        ("json_schema", "[1]", "response_format"),
+        ("grammar", 5, "guided_grammar"),
+    ]:
         with pytest.raises(InvalidRequestError) as err:
             StructuredSpec(kind, value)
         assert err.value.param == param
@@ -27,13 +35,19 @@ def test_sampling_params_take_the_dict_form():
         SamplingParams(structured="[0-9]+")
 
 
-@pytest.mark.parametrize("spec, reason", [
-    (StructuredSpec.json_schema({"type": "foo"}), 'Unsupported type "foo"'),
-    (StructuredSpec.json_schema({"$ref": "#/$defs/missing"}), "$defs"),
-    (StructuredSpec.json_schema({"type": "integer", "minimum": 5, "maximum": 1}), "minimum greater than maximum"),
-    (StructuredSpec("regex", "(ab"), "parenthesis is not closed"),
-    (StructuredSpec("grammar", "root ::= item"), 'Rule "item" is not defined'),
-])
+@pytest.mark.parametrize(
+    "spec, reason",
+    [
+        (StructuredSpec.json_schema({"type": "foo"}), 'Unsupported type "foo"'),
+        (StructuredSpec.json_schema({"$ref": "#/$defs/missing"}), "$defs"),
+        (
+            StructuredSpec.json_schema({"type": "integer", "minimum": 5, "maximum": 1}),
+            "minimum greater than maximum",
+        ),
+        (StructuredSpec("regex", "(ab"), "parenthesis is not closed"),
+        (StructuredSpec("grammar", "root ::= item"), 'Rule "item" is not defined'),
+    ],
+)
 def test_check_names_xgrammars_reason(spec, reason):
     with pytest.raises(InvalidRequestError) as err:
         check(spec)

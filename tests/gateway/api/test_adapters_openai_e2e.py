@@ -39,10 +39,21 @@ def adapters(offline, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("smollm2-peft")
     base = AutoModelForCausalLM.from_pretrained(offline.engine.model_path, dtype=torch.float32).eval()
-    folders = {"support-bot": make_peft_adapter(root / "support-bot", {}, r=8, alpha=16, targets=ALL, seed=21,
-                                                b_std=0.15, base=base),
-               "pirate-bot": make_peft_adapter(root / "pirate-bot", {}, r=4, alpha=8, targets=("q_proj", "v_proj",
-                                               "o_proj"), seed=22, b_std=0.1, base=base)}
+    folders = {
+        "support-bot": make_peft_adapter(
+            root / "support-bot", {}, r=8, alpha=16, targets=ALL, seed=21, b_std=0.15, base=base
+        ),
+        "pirate-bot": make_peft_adapter(
+            root / "pirate-bot",
+            {},
+            r=4,
+            alpha=8,
+            targets=("q_proj", "v_proj", "o_proj"),
+            seed=22,
+            b_std=0.1,
+            base=base,
+        ),
+    }
     del base
     return folders
 
@@ -53,8 +64,9 @@ def expected(offline, adapters):
     from engine import SamplingParams
 
     loras = [None, *(str(p) for p in adapters.values())]
-    outs = offline.generate([MESSAGES] * len(loras), SamplingParams(max_tokens=N, temperature=0, ignore_eos=True),
-                            lora=loras)
+    outs = offline.generate(
+        [MESSAGES] * len(loras), SamplingParams(max_tokens=N, temperature=0, ignore_eos=True), lora=loras
+    )
     texts = dict(zip([None, *adapters], [o.text for o in outs]))
     assert len(set(texts.values())) == 3, texts  # visibly different outputs
     return texts
@@ -64,11 +76,17 @@ def expected(offline, adapters):
 def server(tmp_path_factory, offline):
     tmp = tmp_path_factory.mktemp("serve-lora")
     port = free_port()
-    env = {"FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}", "FAIRLANE_ENGINE__MODEL": MODEL,
-           "FAIRLANE_ENGINE__DTYPE": "float32", "FAIRLANE_ENGINE__NUM_THREADS": "1",
-           "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8", "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "256",
-           "FAIRLANE_ADAPTER_DIR": str(tmp / "adapters"), "FAIRLANE_CONFIG": "/nonexistent.yaml",
-           "FAIRLANE_REDIS_URL": ""}
+    env = {
+        "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
+        "FAIRLANE_ENGINE__MODEL": MODEL,
+        "FAIRLANE_ENGINE__DTYPE": "float32",
+        "FAIRLANE_ENGINE__NUM_THREADS": "1",
+        "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
+        "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "256",
+        "FAIRLANE_ADAPTER_DIR": str(tmp / "adapters"),
+        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_REDIS_URL": "",
+    }
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
     served.extra["adapter_dir"] = tmp / "adapters"
     try:
@@ -79,8 +97,9 @@ def server(tmp_path_factory, offline):
 
 @pytest.fixture(scope="module")
 def admin(server):
-    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {server.admin_token}"},
-                      timeout=60) as client:
+    with httpx.Client(
+        base_url=server.base_url, headers={"Authorization": f"Bearer {server.admin_token}"}, timeout=60
+    ) as client:
         yield client
 
 
@@ -90,8 +109,9 @@ def tenants(admin):
     out = {}
     for name in ("tenant-a", "tenant-b"):
         tenant = admin.post("/admin/tenants", json={"name": name}).json()
-        key = admin.post(f"/admin/tenants/{tenant['id']}/keys",
-                         json={"name": "k", "scopes": ["inference", "adapters"]}).json()["key"]
+        key = admin.post(
+            f"/admin/tenants/{tenant['id']}/keys", json={"name": "k", "scopes": ["inference", "adapters"]}
+        ).json()["key"]
         out[name] = {"id": tenant["id"], "key": key}
     return out
 
@@ -109,8 +129,10 @@ def _upload(admin, tenant_id, name, folder):
 @pytest.fixture(scope="module")
 def uploaded(admin, tenants, adapters):
     """tenant-a's support-bot and tenant-b's pirate-bot, uploaded to the running server."""
-    return {"support-bot": _upload(admin, tenants["tenant-a"]["id"], "support-bot", adapters["support-bot"]),
-            "pirate-bot": _upload(admin, tenants["tenant-b"]["id"], "pirate-bot", adapters["pirate-bot"])}
+    return {
+        "support-bot": _upload(admin, tenants["tenant-a"]["id"], "support-bot", adapters["support-bot"]),
+        "pirate-bot": _upload(admin, tenants["tenant-b"]["id"], "pirate-bot", adapters["pirate-bot"]),
+    }
 
 
 def _chat(client, model):
@@ -125,7 +147,9 @@ def test_an_uploaded_adapter_is_served_at_once(server, tenants, uploaded, expect
     assert reply.choices[0].message.content == expected["support-bot"]
     assert _chat(a, MODEL).choices[0].message.content == expected[None]
     metrics = httpx.get(server.base_url + "/metrics").text
-    loads = [line for line in metrics.splitlines() if line.startswith("fairlane_engine_lora_slot_loads_total")]
+    loads = [
+        line for line in metrics.splitlines() if line.startswith("fairlane_engine_lora_slot_loads_total")
+    ]
     assert loads and float(loads[0].split()[-1]) >= 1
 
 
@@ -140,8 +164,11 @@ def test_another_tenant_cannot_see_use_or_delete_an_adapter(server, admin, tenan
             b.completions.create(model=model, prompt="Hello", max_tokens=2)
     b_admin = {"Authorization": f"Bearer {tenants['tenant-b']['key']}"}
     support = uploaded["support-bot"]
-    for method, path in (("GET", f"/admin/adapters/{support['id']}"), ("DELETE", f"/admin/adapters/{support['id']}"),
-                         ("GET", f"/admin/tenants/{tenants['tenant-a']['id']}/adapters")):
+    for method, path in (
+        ("GET", f"/admin/adapters/{support['id']}"),
+        ("DELETE", f"/admin/adapters/{support['id']}"),
+        ("GET", f"/admin/tenants/{tenants['tenant-a']['id']}/adapters"),
+    ):
         assert httpx.request(method, server.base_url + path, headers=b_admin).status_code == 404
     assert admin.get(f"/admin/adapters/{support['id']}").status_code == 200  # still there
 
@@ -154,7 +181,9 @@ def test_two_tenants_adapters_in_flight_together_each_get_their_own(server, tena
 
     def run(i, client, adapter):
         barrier.wait()
-        texts[i] = _chat(client, MODEL if adapter is None else f"{MODEL}:{adapter}").choices[0].message.content
+        texts[i] = (
+            _chat(client, MODEL if adapter is None else f"{MODEL}:{adapter}").choices[0].message.content
+        )
 
     threads = [threading.Thread(target=run, args=(i, *job)) for i, job in enumerate(jobs)]
     for t in threads:
@@ -164,23 +193,36 @@ def test_two_tenants_adapters_in_flight_together_each_get_their_own(server, tena
     assert texts == [expected[adapter] for _client_, adapter in jobs]
 
 
-def test_delete_while_a_request_streams_lets_it_finish_then_404(server, admin, tenants, adapters, uploaded, expected):
+def test_delete_while_a_request_streams_lets_it_finish_then_404(
+    server, admin, tenants, adapters, uploaded, expected
+):
     a = _client(server, tenants["tenant-a"]["key"])
     config, weights = adapter_bytes(adapters["support-bot"])  # support-bot's weights, files of their own:
-    config = json.dumps({**json.loads(config), "revision": "short-lived"}).encode()  # deleting them removes them
-    response = admin.post(f"/admin/tenants/{tenants['tenant-a']['id']}/adapters",
-                          **multipart("short-lived", config, weights))
+    config = json.dumps(
+        {**json.loads(config), "revision": "short-lived"}
+    ).encode()  # deleting them removes them
+    response = admin.post(
+        f"/admin/tenants/{tenants['tenant-a']['id']}/adapters", **multipart("short-lived", config, weights)
+    )
     assert response.status_code == 201, response.text
     temp = response.json()
     assert temp["sha256"] != uploaded["support-bot"]["sha256"]
-    stream = a.chat.completions.create(model=f"{MODEL}:short-lived", messages=MESSAGES, max_tokens=48,
-                                       temperature=0, stream=True, extra_body=NO_EOS,
-                                       stream_options={"include_usage": True})
+    stream = a.chat.completions.create(
+        model=f"{MODEL}:short-lived",
+        messages=MESSAGES,
+        max_tokens=48,
+        temperature=0,
+        stream=True,
+        extra_body=NO_EOS,
+        stream_options={"include_usage": True},
+    )
     chunks = iter(stream)
     first = next(chunks)
     deleted = admin.delete(f"/admin/adapters/{temp['id']}")
     assert deleted.status_code == 200
-    assert not (server.extra["adapter_dir"] / temp["sha256"]).exists()  # its files are gone, the request goes on
+    assert not (
+        server.extra["adapter_dir"] / temp["sha256"]
+    ).exists()  # its files are gone, the request goes on
     rest = list(chunks)
     text = "".join(c.choices[0].delta.content or "" for c in [first, *rest] if c.choices)
     assert rest[-1].usage.completion_tokens == 48

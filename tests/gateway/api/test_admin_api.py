@@ -14,13 +14,22 @@ async def test_admin_needs_the_admin_token(app_client):
 
 async def test_tenant_lifecycle(app_client):
     h = admin_headers()
-    created = await app_client.post("/admin/tenants", headers=h, json={
-        "name": "acme", "weight": 2.5, "default_tier": "standard", "allowed_tiers": ["priority", "standard"]})
+    created = await app_client.post(
+        "/admin/tenants",
+        headers=h,
+        json={
+            "name": "acme",
+            "weight": 2.5,
+            "default_tier": "standard",
+            "allowed_tiers": ["priority", "standard"],
+        },
+    )
     assert created.status_code == 201
     tenant = created.json()
     assert (tenant["name"], tenant["weight"], tenant["status"]) == ("acme", 2.5, "active")
-    assert_openai_error(await app_client.post("/admin/tenants", headers=h, json={"name": "acme"}), 409,
-                        param="name")
+    assert_openai_error(
+        await app_client.post("/admin/tenants", headers=h, json={"name": "acme"}), 409, param="name"
+    )
     listed = (await app_client.get("/admin/tenants", headers=h)).json()
     assert listed["count"] == 1 and listed["data"][0]["id"] == tenant["id"]
     updated = await app_client.patch(f"/admin/tenants/{tenant['id']}", headers=h, json={"weight": 1.0})
@@ -34,17 +43,27 @@ async def test_tenant_lifecycle(app_client):
 
 async def test_tenant_input_is_validated(app_client):
     h = admin_headers()
-    assert_openai_error(await app_client.post("/admin/tenants", headers=h, json={"name": "x", "weight": -1}), 422,
-                        param="weight")
-    assert_openai_error(await app_client.post("/admin/tenants", headers=h, json={"name": "bad name!"}), 422,
-                        param="name")
-    assert_openai_error(await app_client.post("/admin/tenants", headers=h,
-                                              json={"name": "x", "allowed_tiers": ["gold"]}), 422)
-    assert_openai_error(await app_client.post("/admin/tenants", headers=h,
-                                              json={"name": "x", "default_tier": "priority"}), 422,
-                        param="default_tier")
-    assert_openai_error(await app_client.post("/admin/tenants", headers=h, json={"name": "x", "surprise": 1}), 422,
-                        param="surprise")
+    assert_openai_error(
+        await app_client.post("/admin/tenants", headers=h, json={"name": "x", "weight": -1}),
+        422,
+        param="weight",
+    )
+    assert_openai_error(
+        await app_client.post("/admin/tenants", headers=h, json={"name": "bad name!"}), 422, param="name"
+    )
+    assert_openai_error(
+        await app_client.post("/admin/tenants", headers=h, json={"name": "x", "allowed_tiers": ["gold"]}), 422
+    )
+    assert_openai_error(
+        await app_client.post("/admin/tenants", headers=h, json={"name": "x", "default_tier": "priority"}),
+        422,
+        param="default_tier",
+    )
+    assert_openai_error(
+        await app_client.post("/admin/tenants", headers=h, json={"name": "x", "surprise": 1}),
+        422,
+        param="surprise",
+    )
 
 
 async def test_keys_secret_shown_once_and_revocation(app_client):
@@ -61,7 +80,9 @@ async def test_keys_secret_shown_once_and_revocation(app_client):
     revoked = await app_client.post(f"/admin/keys/{listed['id']}/revoke", headers=h)
     assert revoked.json()["revoked_at"] is not None
     assert_openai_error(await app_client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}), 401)
-    active = (await app_client.get(f"/admin/tenants/{tenant['id']}/keys?include_revoked=false", headers=h)).json()
+    active = (
+        await app_client.get(f"/admin/tenants/{tenant['id']}/keys?include_revoked=false", headers=h)
+    ).json()
     assert active["count"] == 0
     assert_openai_error(await app_client.post("/admin/tenants/999/keys", headers=h, json={}), 404)
 
@@ -70,21 +91,38 @@ async def test_usage_report_counts_served_requests(app_client, running_worker, s
     h = admin_headers()
     tenant, key = await make_tenant_key(app_client, "acme")
     for max_tokens in (3, 4):
-        response = await app_client.post("/v1/completions", headers={"Authorization": f"Bearer {key}"}, json={
-            "model": settings.model_name, "prompt": "hello", "max_tokens": max_tokens, "ignore_eos": True})
+        response = await app_client.post(
+            "/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={
+                "model": settings.model_name,
+                "prompt": "hello",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            },
+        )
         assert response.status_code == 200, response.text
     usage = (await app_client.get(f"/admin/tenants/{tenant['id']}/usage", headers=h)).json()
     assert usage["totals"]["requests"] == 2 and usage["totals"]["completion_tokens"] == 7
     assert usage["totals"]["prompt_tokens"] == 10  # "hello": 5 byte tokens, twice
     assert usage["by_tier"]["standard"]["requests"] == 2
     assert usage["by_model"][settings.model_name]["total_tokens"] == 17
-    empty = (await app_client.get(f"/admin/tenants/{tenant['id']}/usage",
-                                  params={"since": "2001-01-01T00:00:00Z", "until": "2001-02-01T00:00:00Z"},
-                                  headers=h)).json()
+    empty = (
+        await app_client.get(
+            f"/admin/tenants/{tenant['id']}/usage",
+            params={"since": "2001-01-01T00:00:00Z", "until": "2001-02-01T00:00:00Z"},
+            headers=h,
+        )
+    ).json()
     assert empty["totals"]["requests"] == 0
-    assert_openai_error(await app_client.get(f"/admin/tenants/{tenant['id']}/usage",
-                                             params={"since": "2030-01-01T00:00:00Z",
-                                                     "until": "2001-01-01T00:00:00Z"}, headers=h), 422)
+    assert_openai_error(
+        await app_client.get(
+            f"/admin/tenants/{tenant['id']}/usage",
+            params={"since": "2030-01-01T00:00:00Z", "until": "2001-01-01T00:00:00Z"},
+            headers=h,
+        ),
+        422,
+    )
 
 
 async def test_openapi_docs_are_served(app_client):

@@ -24,10 +24,17 @@ def settings(redis_url, database_url, model_name):
     """The gateway tokenizes with SmolLM2's real tokenizer; the limits let 400K-character prompts in."""
     from gateway.settings import ApiSettings
 
-    return ApiSettings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url,
-                       engine={**TINY_ENGINE, "model": tiny_model()}, served_model_name=model_name,
-                       request_timeout_s=30, quota_key_prefix=f"fairlane:quota:{model_name}",
-                       max_body_bytes=4 * PROMPT_CHARS, max_prompt_chars=PROMPT_CHARS)
+    return ApiSettings(
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_url,
+        database_url=database_url,
+        engine={**TINY_ENGINE, "model": tiny_model()},
+        served_model_name=model_name,
+        request_timeout_s=30,
+        quota_key_prefix=f"fairlane:quota:{model_name}",
+        max_body_bytes=4 * PROMPT_CHARS,
+        max_prompt_chars=PROMPT_CHARS,
+    )
 
 
 async def test_health_answers_while_six_huge_prompts_are_tokenized(app_client, running_worker, settings):
@@ -53,10 +60,15 @@ async def test_health_answers_while_six_huge_prompts_are_tokenized(app_client, r
             await asyncio.sleep(0.01)
         return latencies
 
-    load = asyncio.ensure_future(asyncio.gather(*(app_client.post("/v1/chat/completions", content=body, headers=headers)
-                                                  for _ in range(CLIENTS))))
+    load = asyncio.ensure_future(
+        asyncio.gather(
+            *(app_client.post("/v1/chat/completions", content=body, headers=headers) for _ in range(CLIENTS))
+        )
+    )
     latencies = await probe(load)
-    for response in load.result():  # each was tokenized (the count is in the error), then refused by the context
+    for (
+        response
+    ) in load.result():  # each was tokenized (the count is in the error), then refused by the context
         assert_openai_error(response, 400, param="messages", code="context_length_exceeded")
         assert f"the prompt has {expected_tokens} tokens" in response.json()["error"]["message"]
     assert len(latencies) >= CLIENTS

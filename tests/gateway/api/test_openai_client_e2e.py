@@ -24,10 +24,14 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     port = free_port()
-    env = {"FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}", "FAIRLANE_ENGINE__MODEL": MODEL,
-           "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
-           "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "128",
-           "FAIRLANE_CONFIG": "/nonexistent.yaml"}
+    env = {
+        "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
+        "FAIRLANE_ENGINE__MODEL": MODEL,
+        "FAIRLANE_ENGINE__NUM_THREADS": "1",
+        "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
+        "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "128",
+        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+    }
     env = {**env, "FAIRLANE_REDIS_URL": ""}  # empty: the embedded server
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
     served.extra["database_url"] = env["FAIRLANE_DATABASE_URL"]
@@ -62,20 +66,36 @@ def test_chat_non_streaming_has_text_and_usage(greedy_chat):
 
 
 def test_chat_streaming_matches_and_reports_usage(client, greedy_chat):
-    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == greedy_chat.choices[0].message.content
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == greedy_chat.usage.completion_tokens
+    assert (
+        chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == greedy_chat.usage.completion_tokens
+    )
     assert chunks[-1].usage.prompt_tokens == greedy_chat.usage.prompt_tokens
 
 
 def test_completions_streamed_and_not(client):
-    plain = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0)
+    plain = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0
+    )
     assert plain.usage.completion_tokens == 6 and plain.choices[0].text
-    stream = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6,
-                                       temperature=0, stream=True, stream_options={"include_usage": True})
+    stream = client.completions.create(
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
     assert chunks[-1].usage.total_tokens == plain.usage.total_tokens
@@ -91,23 +111,26 @@ def test_client_exceptions_carry_our_messages(server, client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-9", messages=MESSAGES, max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="response_format.type must be one of"):
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
-                                       response_format={"type": "xml"})
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, response_format={"type": "xml"}
+        )
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=10**6)
 
 
 async def test_async_client_streams_and_raises(server, greedy_chat):
     client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0)
-    stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
-                                                  stream=True)
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+    )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == greedy_chat.choices[0].message.content
     completion = await client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=4, temperature=0)
     assert completion.usage.completion_tokens == 4
     with pytest.raises(openai.PermissionDeniedError, match="priority"):
-        await client.completions.create(model=MODEL, prompt="x", max_tokens=2,
-                                        extra_body={"service_tier": "priority"})
+        await client.completions.create(
+            model=MODEL, prompt="x", max_tokens=2, extra_body={"service_tier": "priority"}
+        )
     await client.close()
 
 
@@ -127,11 +150,18 @@ def test_client_disconnect_aborts_and_frees_blocks(server):
         assert time.monotonic() < deadline, blocks
         time.sleep(0.1)
     idle_free = blocks[0]
-    payload = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "stream": True,
-               "ignore_eos": True, "temperature": 0}
+    payload = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
-        with client.stream("POST", "/v1/completions", json=payload,
-                           headers={"Authorization": f"Bearer {server.api_key}"}) as response:
+        with client.stream(
+            "POST", "/v1/completions", json=payload, headers={"Authorization": f"Bearer {server.api_key}"}
+        ) as response:
             assert response.status_code == 200
             lines = response.iter_lines()
             for _ in range(6):  # a few tokens in: the request holds KV blocks
@@ -155,8 +185,12 @@ def test_non_streaming_client_that_gives_up_is_aborted_too(server):
     before = len(_cancelled(server))
     payload = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):  # the client stops waiting and closes its connection
-        httpx.post(server.base_url + "/v1/completions", json=payload, timeout=1.5,
-                   headers={"Authorization": f"Bearer {server.api_key}"})
+        httpx.post(
+            server.base_url + "/v1/completions",
+            json=payload,
+            timeout=1.5,
+            headers={"Authorization": f"Bearer {server.api_key}"},
+        )
     deadline = time.monotonic() + 5
     while _blocks(redis_url)[0] != blocks[0]:
         assert time.monotonic() < deadline, "the abandoned request kept its blocks"
@@ -172,6 +206,8 @@ def _cancelled(server) -> list[int]:
     """completion_tokens of every request recorded as cancelled."""
     engine = make_engine(server.extra["database_url"])
     with make_session_factory(engine)() as session:
-        rows = session.scalars(select(UsageRecord.completion_tokens).where(UsageRecord.status == "cancelled")).all()
+        rows = session.scalars(
+            select(UsageRecord.completion_tokens).where(UsageRecord.status == "cancelled")
+        ).all()
     engine.dispose()
     return list(rows)

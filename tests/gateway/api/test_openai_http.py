@@ -21,12 +21,18 @@ def _auth(key: str) -> dict[str, str]:
 
 
 def _chat(settings, **extra) -> dict:
-    return {"model": settings.model_name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
-            "ignore_eos": True, "temperature": 0, **extra}
+    return {
+        "model": settings.model_name,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def _events(text: str) -> list:
-    lines = [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    lines = [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     return [json.loads(line) for line in lines[:-1]]
 
@@ -35,11 +41,17 @@ async def test_chat_completion_with_usage(app_client, running_worker, settings, 
     response = await app_client.post("/v1/chat/completions", headers=_auth(key), json=_chat(settings))
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["object"] == "chat.completion" and body["id"] == "chatcmpl-" + response.headers["x-request-id"]
-    assert body["choices"][0]["finish_reason"] == "length" and body["service_tier"] == "default"  # OpenAI's name of our standard tier
+    assert (
+        body["object"] == "chat.completion" and body["id"] == "chatcmpl-" + response.headers["x-request-id"]
+    )
+    assert (
+        body["choices"][0]["finish_reason"] == "length" and body["service_tier"] == "default"
+    )  # OpenAI's name of our standard tier
     assert body["choices"][0]["message"]["content"].count(" t") == 4  # the tiny model's ids as text
-    assert body["usage"]["completion_tokens"] == 4 and body["usage"]["total_tokens"] == body["usage"][
-        "prompt_tokens"] + 4
+    assert (
+        body["usage"]["completion_tokens"] == 4
+        and body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 4
+    )
 
 
 async def test_streamed_chat_with_include_usage(app_client, running_worker, settings, key):
@@ -57,16 +69,29 @@ async def test_streamed_chat_with_include_usage(app_client, running_worker, sett
 
 
 async def test_streamed_completion_with_continuous_usage(app_client, running_worker, settings, key):
-    payload = {"model": settings.model_name, "prompt": "abc", "max_tokens": 3, "ignore_eos": True, "stream": True,
-               "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    payload = {
+        "model": settings.model_name,
+        "prompt": "abc",
+        "max_tokens": 3,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     response = await app_client.post("/v1/completions", headers=_auth(key), json=payload)
     events = _events(response.text)
     assert [e["usage"]["completion_tokens"] for e in events[:-1]] == [1, 2, 3]
     assert events[-1]["choices"] == [] and events[-1]["usage"] == {
-        "prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+        "prompt_tokens": 3,
+        "completion_tokens": 3,
+        "total_tokens": 6,
         "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0,
-                                      "rejected_prediction_tokens": 0}}
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
 
 
 async def test_completion_accepts_token_ids(app_client, running_worker, settings, key):
@@ -81,69 +106,135 @@ async def test_models_and_health(app_client, running_worker, settings, key):
     health = await app_client.get("/health")
     assert health.json() == {"status": "ok"} and health.headers["x-request-id"]
     ready = await app_client.get("/ready")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"redis": True, "database": True, "worker": True}
+    assert ready.status_code == 200 and ready.json()["checks"] == {
+        "redis": True,
+        "database": True,
+        "worker": True,
+    }
 
 
 async def test_no_worker_is_503_and_not_ready(app_client, settings, key):
-    assert_openai_error(await app_client.post("/v1/chat/completions", headers=_auth(key), json=_chat(settings)),
-                        503, code="service_unavailable")
+    assert_openai_error(
+        await app_client.post("/v1/chat/completions", headers=_auth(key), json=_chat(settings)),
+        503,
+        code="service_unavailable",
+    )
     assert (await app_client.get("/ready")).status_code == 503
 
 
 async def test_auth_errors(app_client, settings, key):
-    assert_openai_error(await app_client.post("/v1/chat/completions", json=_chat(settings)), 401,
-                        code="missing_api_key")
-    assert_openai_error(await app_client.post("/v1/chat/completions", headers=_auth(key[:-2] + "zz"),
-                                              json=_chat(settings)), 401, code="invalid_api_key")
+    assert_openai_error(
+        await app_client.post("/v1/chat/completions", json=_chat(settings)), 401, code="missing_api_key"
+    )
+    assert_openai_error(
+        await app_client.post("/v1/chat/completions", headers=_auth(key[:-2] + "zz"), json=_chat(settings)),
+        401,
+        code="invalid_api_key",
+    )
 
 
 async def test_tier_errors(app_client, settings, key):
-    error = assert_openai_error(await app_client.post(
-        "/v1/chat/completions", headers=_auth(key), json=_chat(settings, service_tier="priority")), 403,
-        param="service_tier", code="tier_not_allowed")
+    error = assert_openai_error(
+        await app_client.post(
+            "/v1/chat/completions", headers=_auth(key), json=_chat(settings, service_tier="priority")
+        ),
+        403,
+        param="service_tier",
+        code="tier_not_allowed",
+    )
     assert "priority" in error["message"]
-    assert_openai_error(await app_client.post("/v1/chat/completions", headers=_auth(key),
-                                              json=_chat(settings, service_tier="platinum")), 400,
-                        param="service_tier")
+    assert_openai_error(
+        await app_client.post(
+            "/v1/chat/completions", headers=_auth(key), json=_chat(settings, service_tier="platinum")
+        ),
+        400,
+        param="service_tier",
+    )
 
 
-@pytest.mark.parametrize("payload, status, param", [
-    ({"messages": [{"role": "user", "content": "x"}]}, 422, "model"),
-    ({"model": "M", "messages": []}, 422, "messages"),
-    ({"model": "M", "messages": [{"role": "wizard", "content": "x"}]}, 422, "messages.0.role"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, 422, "max_tokens"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "temperature": 7}, 422, "temperature"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "n": 129}, 422, "n"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools[0]"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
-     400, "stream_options"),
-    ([1, 2, 3], 422, None),
-])
+@pytest.mark.parametrize(
+    "payload, status, param",
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, 422, "model"),
+        ({"model": "M", "messages": []}, 422, "messages"),
+        ({"model": "M", "messages": [{"role": "wizard", "content": "x"}]}, 422, "messages.0.role"),
+        (
+            {"model": "M", "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"},
+            422,
+            "max_tokens",
+        ),
+        (
+            {"model": "M", "messages": [{"role": "user", "content": "x"}], "temperature": 7},
+            422,
+            "temperature",
+        ),
+        ({"model": "M", "messages": [{"role": "user", "content": "x"}], "n": 129}, 422, "n"),
+        (
+            {"model": "M", "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]},
+            400,
+            "stop",
+        ),
+        ({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+        (
+            {"model": "M", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            400,
+            "top_logprobs",
+        ),
+        (
+            {"model": "M", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            400,
+            "tools[0]",
+        ),
+        (
+            {
+                "model": "M",
+                "messages": [{"role": "user", "content": "x"}],
+                "stream_options": {"include_usage": True},
+            },
+            400,
+            "stream_options",
+        ),
+        ([1, 2, 3], 422, None),
+    ],
+)
 async def test_bad_chat_bodies(app_client, running_worker, settings, key, payload, status, param):
     if isinstance(payload, dict) and payload.get("model") == "M":
         payload["model"] = settings.model_name
-    error = assert_openai_error(await app_client.post("/v1/chat/completions", headers=_auth(key), json=payload),
-                                status, param=param)
+    error = assert_openai_error(
+        await app_client.post("/v1/chat/completions", headers=_auth(key), json=payload), status, param=param
+    )
     assert "input_value" not in error["message"] and "errors.pydantic.dev" not in error["message"]
 
 
 async def test_malformed_json_and_wrong_content(app_client, key):
     headers = {**_auth(key), "content-type": "application/json"}
-    assert_openai_error(await app_client.post("/v1/chat/completions", headers=headers, content=b'{"model": '),
-                        400, code="invalid_json")
+    assert_openai_error(
+        await app_client.post("/v1/chat/completions", headers=headers, content=b'{"model": '),
+        400,
+        code="invalid_json",
+    )
     assert_openai_error(await app_client.post("/v1/completions", headers=headers, content=b"\xff\xfe"), 400)
 
 
 async def test_prompt_over_the_context(app_client, running_worker, settings, key):
     long_prompt = {"model": settings.model_name, "prompt": "x" * 300, "max_tokens": 4}  # 256-token model
-    assert_openai_error(await app_client.post("/v1/completions", headers=_auth(key), json=long_prompt), 400,
-                        param="prompt", code="context_length_exceeded")
-    too_many = {"model": settings.model_name, "prompt": "x" * 200, "max_tokens": 100}  # refused before admission
-    error = assert_openai_error(await app_client.post("/v1/completions", headers=_auth(key), json=too_many), 400,
-                                param="max_tokens", code="context_length_exceeded")
+    assert_openai_error(
+        await app_client.post("/v1/completions", headers=_auth(key), json=long_prompt),
+        400,
+        param="prompt",
+        code="context_length_exceeded",
+    )
+    too_many = {
+        "model": settings.model_name,
+        "prompt": "x" * 200,
+        "max_tokens": 100,
+    }  # refused before admission
+    error = assert_openai_error(
+        await app_client.post("/v1/completions", headers=_auth(key), json=too_many),
+        400,
+        param="max_tokens",
+        code="context_length_exceeded",
+    )
     assert "maximum context length is 256" in error["message"]
 
 
@@ -154,7 +245,7 @@ async def test_oversized_bodies_are_413(app_client, settings, key):
 
     async def chunked():
         for start in range(0, len(big), 65536):
-            yield big[start:start + 65536]
+            yield big[start : start + 65536]
 
     assert_openai_error(await app_client.post("/v1/completions", headers=headers, content=chunked()), 413)
 
@@ -188,9 +279,13 @@ async def test_lane_entry_carries_tenant_tier_and_trace_context(app_client, sett
     tenant, key = await make_tenant_key(app_client, "lane-acme")
     redis.zadd(f"workers:{settings.model_name}", {"announced-only": time.time()})  # nobody consumes
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    request = asyncio.create_task(app_client.post(
-        "/v1/chat/completions", json=_chat(settings, service_tier="batch", max_tokens=5),
-        headers={**_auth(key), "traceparent": traceparent}))
+    request = asyncio.create_task(
+        app_client.post(
+            "/v1/chat/completions",
+            json=_chat(settings, service_tier="batch", max_tokens=5),
+            headers={**_auth(key), "traceparent": traceparent},
+        )
+    )
     lane = lane_key(settings.model_name, "batch")
     for _ in range(100):
         entries = redis.xrange(lane)
@@ -198,7 +293,7 @@ async def test_lane_entry_carries_tenant_tier_and_trace_context(app_client, sett
             break
         await asyncio.sleep(0.05)
     request.cancel()
-    (entry_id, fields), = entries
+    ((entry_id, fields),) = entries
     queued = LaneRequest.decode(fields)
     assert (queued.tenant, queued.tier, queued.traceparent) == (str(tenant["id"]), "batch", traceparent)
     assert queued.sampling.max_tokens == 5 and queued.sampling.temperature == 0 and queued.prompt_token_ids
@@ -216,8 +311,9 @@ async def test_usage_record_has_timings_and_outcome(app_client, running_worker, 
         make_session_factory,
     )
 
-    response = await app_client.post("/v1/chat/completions", headers=_auth(key),
-                                     json=_chat(settings, service_tier="batch"))
+    response = await app_client.post(
+        "/v1/chat/completions", headers=_auth(key), json=_chat(settings, service_tier="batch")
+    )
     assert response.status_code == 200
     engine = make_engine(settings.database_url)
     now = datetime.now(UTC)
@@ -227,5 +323,9 @@ async def test_usage_record_has_timings_and_outcome(app_client, running_worker, 
     engine.dispose()
     assert record.request_id == response.headers["x-request-id"]
     assert (record.model, record.tier, record.status, record.completion_tokens) == (
-        settings.model_name, "batch", "length", 4)
+        settings.model_name,
+        "batch",
+        "length",
+        4,
+    )
     assert 0 < record.ttft_ms <= record.latency_ms

@@ -38,9 +38,16 @@ def module_settings(tmp_path_factory, redis_url):
     database_url = f"sqlite:///{tmp_path_factory.mktemp('quotas') / 'fairlane.db'}"
     upgrade(database_url)
     prefix = f"fltest:gwquota:{uuid.uuid4().hex[:10]}"
-    yield ApiSettings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url, engine=TINY_ENGINE,
-                      served_model_name=f"test-{uuid.uuid4().hex[:10]}", max_tokens_default=8, request_timeout_s=30,
-                      quota_key_prefix=prefix)
+    yield ApiSettings(
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_url,
+        database_url=database_url,
+        engine=TINY_ENGINE,
+        served_model_name=f"test-{uuid.uuid4().hex[:10]}",
+        max_tokens_default=8,
+        request_timeout_s=30,
+        quota_key_prefix=prefix,
+    )
     client = redislib.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{prefix}:*", count=1000):
         client.delete(key)
@@ -64,8 +71,9 @@ class Gateway(InProcessGateway):
         name = f"t{uuid.uuid4().hex[:8]}"
         tenant, key = await make_tenant_key(self.http, name, allowed_tiers=["priority", "standard", "batch"])
         if quota:
-            response = await self.http.put(f"/admin/tenants/{tenant['id']}/quota", json=quota,
-                                           headers=admin_headers())
+            response = await self.http.put(
+                f"/admin/tenants/{tenant['id']}/quota", json=quota, headers=admin_headers()
+            )
             assert response.status_code == 200, response.text
         keys = (await self.http.get(f"/admin/tenants/{tenant['id']}/keys", headers=admin_headers())).json()
         return tenant, key, keys["data"][0]["id"]
@@ -94,8 +102,9 @@ async def test_openai_client_waits_out_a_429_then_succeeds(gw):
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app), event_hooks={"response": [record]})
     client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=key, http_client=http, max_retries=2)
     started = time.monotonic()
-    completion = await client.chat.completions.create(model=gw.settings.model_name, max_tokens=2,
-                                                      messages=[{"role": "user", "content": "Hi"}])
+    completion = await client.chat.completions.create(
+        model=gw.settings.model_name, max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
+    )
     elapsed = time.monotonic() - started
     await client.close()
     assert [r.status_code for r in seen] == [429, 200]
@@ -109,8 +118,9 @@ async def test_openai_client_waits_out_a_429_then_succeeds(gw):
 
 
 async def test_ratelimit_headers_on_every_response(gw):
-    tenant, key, key_id = await gw.tenant(requests_per_minute=100, tokens_per_minute=100_000,
-                                          max_tokens_per_request=50)
+    tenant, key, key_id = await gw.tenant(
+        requests_per_minute=100, tokens_per_minute=100_000, max_tokens_per_request=50
+    )
     response = await gw.chat(key)
     assert response.status_code == 200, response.text
     h = response.headers
@@ -128,12 +138,15 @@ async def test_ratelimit_headers_on_every_response(gw):
     over_context = await gw.complete(key, [1] * 250, max_tokens=40)  # refused before admission: no headers
     assert_openai_error(over_context, 400, code="context_length_exceeded")
     assert "x-ratelimit-limit-requests" not in over_context.headers
-    no_tokenizer = await gw.complete(key, [1] * 4, stop=["x"])  # the worker refuses (random weights, no tokenizer)
+    no_tokenizer = await gw.complete(
+        key, [1] * 4, stop=["x"]
+    )  # the worker refuses (random weights, no tokenizer)
     assert_openai_error(no_tokenizer, 400, param="stop")
     assert no_tokenizer.headers["x-ratelimit-limit-requests"] == "100"  # after admission: headers
 
-    response = await gw.http.put(f"/admin/keys/{key_id}/quota", json={"requests_per_minute": 3},
-                                 headers=admin_headers())
+    response = await gw.http.put(
+        f"/admin/keys/{key_id}/quota", json={"requests_per_minute": 3}, headers=admin_headers()
+    )
     assert response.status_code == 200, response.text
     statuses = [(await gw.chat(key, max_tokens=1)) for _ in range(4)]
     assert [r.status_code for r in statuses] == [200, 200, 200, 429]  # the key's own 3/min, in force at once
@@ -147,14 +160,16 @@ async def test_a_request_without_max_tokens_gets_the_default_capped_by_the_quota
     """The server default (8 here) is capped at the stricter max_tokens_per_request of the tenant (5)
     and the key (3) instead of being refused; a lowered cap applies at the next request."""
     tenant, key, key_id = await gw.tenant(max_tokens_per_request=5)
-    put = await gw.http.put(f"/admin/keys/{key_id}/quota", json={"max_tokens_per_request": 3},
-                            headers=admin_headers())
+    put = await gw.http.put(
+        f"/admin/keys/{key_id}/quota", json={"max_tokens_per_request": 3}, headers=admin_headers()
+    )
     assert put.status_code == 200, put.text
     response = await gw.chat(key, max_tokens=None)
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 3
-    put = await gw.http.put(f"/admin/keys/{key_id}/quota", json={"max_tokens_per_request": 2},
-                            headers=admin_headers())
+    put = await gw.http.put(
+        f"/admin/keys/{key_id}/quota", json={"max_tokens_per_request": 2}, headers=admin_headers()
+    )
     assert put.status_code == 200, put.text
     assert (await gw.chat(key, max_tokens=None)).json()["usage"]["completion_tokens"] == 2
     assert_openai_error(await gw.chat(key, max_tokens=3), 400, param="max_tokens")  # asked explicitly
@@ -166,16 +181,24 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
     empty = (await gw.http.get(f"/admin/tenants/{tid}/quota", headers=admin)).json()
     assert empty["configured"] is False and empty["requests_per_minute"] is None
 
-    quota = {"requests_per_minute": 10, "tokens_per_minute": 5000, "max_concurrency": 4,
-             "daily_token_budget": 100_000, "monthly_token_budget": 1_000_000, "max_tokens_per_request": 64,
-             "allowed_tiers": ["standard", "batch"], "tier_shares": {"batch": 0.5}}
+    quota = {
+        "requests_per_minute": 10,
+        "tokens_per_minute": 5000,
+        "max_concurrency": 4,
+        "daily_token_budget": 100_000,
+        "monthly_token_budget": 1_000_000,
+        "max_tokens_per_request": 64,
+        "allowed_tiers": ["standard", "batch"],
+        "tier_shares": {"batch": 0.5},
+    }
     put = await gw.http.put(f"/admin/tenants/{tid}/quota", json=quota, headers=admin)
     assert put.status_code == 200, put.text
     got = (await gw.http.get(f"/admin/tenants/{tid}/quota", headers=admin)).json()
     assert {k: got[k] for k in quota} == quota and got["configured"] and got["key_id"] is None
 
-    key_quota = (await gw.http.put(f"/admin/keys/{key_id}/quota", json={"daily_token_budget": 500},
-                                   headers=admin)).json()
+    key_quota = (
+        await gw.http.put(f"/admin/keys/{key_id}/quota", json={"daily_token_budget": 500}, headers=admin)
+    ).json()
     assert key_quota["tenant_id"] == tid and key_quota["key_id"] == key_id
     got_key = (await gw.http.get(f"/admin/keys/{key_id}/quota", headers=admin)).json()
     assert got_key["daily_token_budget"] == 500 and got_key["requests_per_minute"] is None
@@ -186,7 +209,11 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
     usage = await gw.quota_usage(tid)
     assert usage["configured"] and usage["in_flight"] == 0 and usage["max_concurrency"] == 4
     assert usage["requests"]["limit"] == 10 and usage["requests"]["remaining"] == 9
-    assert usage["daily"] == {"used": used, "remaining": 100_000 - used, "reset_after_s": usage["daily"]["reset_after_s"]}
+    assert usage["daily"] == {
+        "used": used,
+        "remaining": 100_000 - used,
+        "reset_after_s": usage["daily"]["reset_after_s"],
+    }
     assert 0 < usage["daily"]["reset_after_s"] <= 86_400 and usage["monthly"]["used"] == used
     key_usage = (await gw.http.get(f"/admin/keys/{key_id}/quota/usage", headers=admin)).json()
     assert key_usage["key_id"] == key_id and key_usage["daily"]["remaining"] == 500 - used
@@ -209,23 +236,30 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
         assert_openai_error(await gw.http.put(path, json=body, headers=admin), status)
     assert_openai_error(await gw.http.get("/admin/keys/999999/quota/usage", headers=admin), 404)
     assert_openai_error(await gw.http.get(f"/admin/tenants/{tid}/quota"), 401)
-    assert_openai_error(await gw.http.put(f"/admin/tenants/{tid}/quota", json={},
-                                          headers={"Authorization": "Bearer nope"}), 401)
+    assert_openai_error(
+        await gw.http.put(f"/admin/tenants/{tid}/quota", json={}, headers={"Authorization": "Bearer nope"}),
+        401,
+    )
 
 
 async def test_settlement_charges_exactly_the_usage_records(gw):
     """Completed (JSON, SSE), refused, failed-after-admission and disconnected-mid-stream requests:
     the tokens charged to the budget equal the tokens of the usage records of requests that ran."""
 
-    tenant, key, key_id = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10,
-                                          max_tokens_per_request=200)
+    tenant, key, key_id = await gw.tenant(
+        daily_token_budget=10**9, monthly_token_budget=10**10, max_tokens_per_request=200
+    )
     tid = tenant["id"]
     assert (await gw.chat(key)).status_code == 200
     assert (await gw.complete(key, "abc", max_tokens=6)).status_code == 200
     assert (await gw.chat(key, stream=True, stream_options={"include_usage": True})).status_code == 200
     assert (await gw.chat(key, max_tokens=201)).status_code == 400  # refused: never charged
-    assert (await gw.complete(key, [1] * 250, max_tokens=40)).status_code == 400  # over the context: never charged
-    assert (await gw.complete(key, "abc", stop=["x"])).status_code == 400  # the worker refuses (no tokenizer): refunded
+    assert (
+        await gw.complete(key, [1] * 250, max_tokens=40)
+    ).status_code == 400  # over the context: never charged
+    assert (
+        await gw.complete(key, "abc", stop=["x"])
+    ).status_code == 400  # the worker refuses (no tokenizer): refunded
 
     # A client that leaves mid-stream over a real socket: settled with the tokens produced.
     await _leave_a_stream(gw, key, "abc", 200, settled=lambda records: len(records) == 4, tenant_id=tid)
@@ -250,8 +284,9 @@ async def test_quota_redis_down(module_settings, module_worker, mode):
 
     server = ValkeyServer()
     server.start()
-    settings = module_settings.model_copy(update={"quota_redis_url": server.connection_url,
-                                                  "quota_on_redis_error": mode})
+    settings = module_settings.model_copy(
+        update={"quota_redis_url": server.connection_url, "quota_on_redis_error": mode}
+    )
     try:
         async with inproc_gateway(settings, Gateway) as gw:
             tenant, key, _ = await gw.tenant(requests_per_minute=1000)
@@ -302,14 +337,18 @@ async def test_several_prompts_share_one_admission_and_a_disconnect_aborts_them_
     """Three prompts × n=2: the quota's max_tokens cap applies to all six choices, one usage record
     and one settlement cover them; a client leaving mid-stream aborts every prompt's engine request."""
 
-    tenant, key, _ = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10, max_tokens_per_request=24)
+    tenant, key, _ = await gw.tenant(
+        daily_token_budget=10**9, monthly_token_budget=10**10, max_tokens_per_request=24
+    )
     prompts = ["abc", "de", "fghi"]  # 9 tokens (the tiny model has no tokenizer: one token a byte)
     done = await gw.complete(key, prompts, n=2, max_tokens=None)  # the default: the cap / 6 choices
     assert done.status_code == 200, done.text
     body = done.json()
     assert [c["index"] for c in body["choices"]] == list(range(6))
     assert (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]) == (9, 24)
-    assert_openai_error(await gw.complete(key, prompts, n=2, max_tokens=5), 400, param="max_tokens")  # 30 > 24
+    assert_openai_error(
+        await gw.complete(key, prompts, n=2, max_tokens=5), 400, param="max_tokens"
+    )  # 30 > 24
     (record,) = gw.records(tenant["id"])
     assert (record.prompt_tokens, record.completion_tokens) == (9, 24)
     assert (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 33
@@ -342,7 +381,9 @@ async def test_several_prompts_reserve_for_all_and_are_refunded_when_none_ran(mo
                 await asyncio.sleep(0.05)
             assert sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*")) == 3
             usage = await gw.quota_usage(tenant["id"])
-            assert usage["in_flight"] == 1 and usage["daily"]["used"] == 9 + 3 * 2 * 4  # one admission for all
+            assert (
+                usage["in_flight"] == 1 and usage["daily"]["used"] == 9 + 3 * 2 * 4
+            )  # one admission for all
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
             usage = await gw.quota_usage(tenant["id"])
@@ -367,11 +408,17 @@ async def _leave_a_stream(gw, key: str, prompt, max_tokens: int, *, settled, ten
     serving = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.05)
-    body = {"model": gw.settings.model_name, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": gw.settings.model_name,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        async with client.stream("POST", "/v1/completions", json=body,
-                                 headers={"Authorization": f"Bearer {key}"}) as response:
+        async with client.stream(
+            "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
             assert response.status_code == 200
             async for _line in response.aiter_lines():
                 break

@@ -17,7 +17,7 @@ MAX_TOKENS = 240  # long enough to be running when Redis goes (the tiny model: 2
 
 
 def _events(text: str) -> list:
-    lines = [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    lines = [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
     assert lines[-1] == "[DONE]", text[-300:]
     return [json.loads(line) for line in lines[:-1]]
 
@@ -31,8 +31,10 @@ async def test_streams_cut_by_a_redis_outage_end_with_an_error_and_usage(setting
         with inproc_worker(engine, own) as (worker, _client):
             async with inproc_gateway(own) as gw:
                 tenant, key = await make_tenant_key(gw.http, "outage")
-                tasks = [asyncio.create_task(gw.complete(key, f"p{i}", max_tokens=MAX_TOKENS, stream=True))
-                         for i in range(4)]
+                tasks = [
+                    asyncio.create_task(gw.complete(key, f"p{i}", max_tokens=MAX_TOKENS, stream=True))
+                    for i in range(4)
+                ]
                 deadline = time.monotonic() + 30
                 while len(worker.inflight) < 4 and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
@@ -43,7 +45,9 @@ async def test_streams_cut_by_a_redis_outage_end_with_an_error_and_usage(setting
                 process = server.spawn()  # the same port, empty
                 responses = await asyncio.gather(*tasks)
                 for response in responses:  # cut mid-stream, or (no token relayed yet) a 503
-                    error = (_events(response.text)[-1] if response.status_code == 200 else response.json())["error"]
+                    error = (_events(response.text)[-1] if response.status_code == 200 else response.json())[
+                        "error"
+                    ]
                     assert response.status_code in (200, 503) and error["type"] == "server_error"
                     assert error["code"] == "interrupted"
                 records = {r.request_id: r for r in gw.records(tenant["id"])}

@@ -9,7 +9,13 @@ import time
 import uuid
 
 import pytest
-from gateway_test_helpers import admin_headers, assert_openai_error, inproc_gateway, inproc_worker, make_tenant_key
+from gateway_test_helpers import (
+    admin_headers,
+    assert_openai_error,
+    inproc_gateway,
+    inproc_worker,
+    make_tenant_key,
+)
 
 from gateway.lanes.keys import lane_key, model_info_key, workers_key
 from gateway.lanes.messages import LaneRequest
@@ -48,7 +54,9 @@ async def test_over_the_context_is_refused_before_admission(quota_settings, redi
         chat_over = await gw.chat(key, messages=[{"role": "user", "content": "x" * 300}])  # the prompt alone
         assert_openai_error(chat_over, 400, param="messages", code="context_length_exceeded")
         usage = await gw.quota_usage(tenant["id"])
-        assert usage["requests"]["remaining"] == 10 and usage["daily"]["used"] == 0 and usage["in_flight"] == 0
+        assert (
+            usage["requests"]["remaining"] == 10 and usage["daily"]["used"] == 0 and usage["in_flight"] == 0
+        )
         assert _lane_lengths(redis, model) == [0, 0, 0] and gw.records(tenant["id"]) == []
 
         # The same request within the context is charged and queued: the check above could fail.
@@ -57,7 +65,7 @@ async def test_over_the_context_is_refused_before_admission(quota_settings, redi
             if sum(_lane_lengths(redis, model)):
                 break
             await asyncio.sleep(0.05)
-        (_, fields), = redis.xrange(lane_key(model, "standard"))
+        ((_, fields),) = redis.xrange(lane_key(model, "standard"))
         assert LaneRequest.decode(fields).sampling.max_tokens == 56
         usage = await gw.quota_usage(tenant["id"])
         assert usage["requests"]["remaining"] == 9
@@ -88,8 +96,9 @@ async def test_a_tenant_renamed_mid_load_keeps_its_fairness_key(settings, tiny_e
             watcher = asyncio.create_task(watch(first))
             while not seen:  # running under the old name
                 await asyncio.sleep(0.005)
-            renamed = await gw.http.patch(f"/admin/tenants/{tenant['id']}", json={"name": "after-rename"},
-                                          headers=admin_headers())
+            renamed = await gw.http.patch(
+                f"/admin/tenants/{tenant['id']}", json={"name": "after-rename"}, headers=admin_headers()
+            )
             assert renamed.status_code == 200 and renamed.json()["name"] == "after-rename"
             second = [asyncio.create_task(gw.complete(key, [6] * 16, **long_request)) for _ in range(2)]
             await watch(second)

@@ -33,9 +33,16 @@ def module_settings(tmp_path_factory, redis_url):
     database_url = f"sqlite:///{tmp_path_factory.mktemp('sampling') / 'fairlane.db'}"
     upgrade(database_url)
     prefix = f"fltest:sampling:{uuid.uuid4().hex[:10]}"
-    yield ApiSettings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url, engine=TINY_ENGINE,
-                      served_model_name=f"test-{uuid.uuid4().hex[:10]}", max_tokens_default=8, request_timeout_s=30,
-                      quota_key_prefix=prefix)
+    yield ApiSettings(
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_url,
+        database_url=database_url,
+        engine=TINY_ENGINE,
+        served_model_name=f"test-{uuid.uuid4().hex[:10]}",
+        max_tokens_default=8,
+        request_timeout_s=30,
+        quota_key_prefix=prefix,
+    )
     client = redislib.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{prefix}:*", count=1000):
         client.delete(key)
@@ -63,14 +70,17 @@ async def gw(module_settings, module_worker):
 @pytest.fixture
 async def tenant(gw):
     tenant, key = await make_tenant_key(gw.http, f"t{uuid.uuid4().hex[:8]}")
-    response = await gw.http.put(f"/admin/tenants/{tenant['id']}/quota", headers=admin_headers(),
-                                 json={"requests_per_minute": 100, "daily_token_budget": 100_000})
+    response = await gw.http.put(
+        f"/admin/tenants/{tenant['id']}/quota",
+        headers=admin_headers(),
+        json={"requests_per_minute": 100, "daily_token_budget": 100_000},
+    )
     assert response.status_code == 200, response.text
     return tenant["id"], key
 
 
 def _events(text: str) -> list[dict]:
-    lines = [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    lines = [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     return [json.loads(line) for line in lines[:-1]]
 
@@ -121,16 +131,25 @@ async def test_chat_logprobs_shape_streamed_and_not(gw, tenant):
     _, key = tenant
     body = (await gw.chat(key, max_tokens=5, logprobs=True, top_logprobs=3)).json()
     content = body["choices"][0]["logprobs"]["content"]
-    assert len(content) == 5 and body["choices"][0]["message"]["content"] == "".join(e["token"] for e in content)
+    assert len(content) == 5 and body["choices"][0]["message"]["content"] == "".join(
+        e["token"] for e in content
+    )
     for entry in content:
         assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"} and entry["logprob"] <= 0
         assert bytes(entry["bytes"]).decode() == entry["token"]
         tops = entry["top_logprobs"]
-        assert len(tops) == 3 and [t["logprob"] for t in tops] == sorted((t["logprob"] for t in tops), reverse=True)
+        assert len(tops) == 3 and [t["logprob"] for t in tops] == sorted(
+            (t["logprob"] for t in tops), reverse=True
+        )
         assert tops[0]["token"] == entry["token"]  # greedy: the chosen token is the most likely one
     response = await gw.chat(key, max_tokens=5, logprobs=True, top_logprobs=3, stream=True)
-    streamed = [e for event in _events(response.text) for c in event["choices"] if c["logprobs"]
-                for e in c["logprobs"]["content"]]
+    streamed = [
+        e
+        for event in _events(response.text)
+        for c in event["choices"]
+        if c["logprobs"]
+        for e in c["logprobs"]["content"]
+    ]
     assert streamed == content
     plain = (await gw.chat(key, max_tokens=5)).json()["choices"][0]
     assert plain["logprobs"] is None
@@ -142,7 +161,11 @@ async def test_completion_logprobs_zero_is_not_null(gw, tenant):
     _, key = tenant
     choice = (await gw.complete(key, "hello", max_tokens=3, logprobs=0)).json()["choices"][0]
     lp = choice["logprobs"]
-    assert len(lp["tokens"]) == 3 and all(v <= 0 for v in lp["token_logprobs"]) and lp["top_logprobs"] == [None] * 3
+    assert (
+        len(lp["tokens"]) == 3
+        and all(v <= 0 for v in lp["token_logprobs"])
+        and lp["top_logprobs"] == [None] * 3
+    )
     assert lp["text_offset"] == [0, len(lp["tokens"][0]), len(lp["tokens"][0]) + len(lp["tokens"][1])]
 
 
@@ -154,7 +177,9 @@ async def test_echo_with_and_without_generation(gw, tenant):
     assert choice["text"] == prompt and scored["usage"]["completion_tokens"] == 0
     assert choice["finish_reason"] == "length"
     lp = choice["logprobs"]
-    assert len(lp["tokens"]) == len(prompt) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert (
+        len(lp["tokens"]) == len(prompt) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    )
     assert all(v <= 0 for v in lp["token_logprobs"][1:]) and all(len(t) >= 2 for t in lp["top_logprobs"][1:])
     more = (await gw.complete(key, prompt, max_tokens=2, echo=True, logprobs=2)).json()["choices"][0]
     assert more["text"].startswith(prompt) and len(more["logprobs"]["tokens"]) == len(prompt) + 2
@@ -193,9 +218,12 @@ async def test_n_choices_streamed_and_not(gw, tenant):
     assert [c["index"] for c in choices] == [0, 1, 2] and len({c["text"] for c in choices}) == 3
     assert all(len(c["logprobs"]["tokens"]) == 4 for c in choices)
     prompt_tokens = body["usage"]["prompt_tokens"]
-    assert prompt_tokens == len("hello") and body["usage"]["completion_tokens"] == 12  # the prompt counts once
-    response = await gw.chat(key, max_tokens=4, n=3, temperature=1.0, seed=5, stream=True,
-                             stream_options={"include_usage": True})
+    assert (
+        prompt_tokens == len("hello") and body["usage"]["completion_tokens"] == 12
+    )  # the prompt counts once
+    response = await gw.chat(
+        key, max_tokens=4, n=3, temperature=1.0, seed=5, stream=True, stream_options={"include_usage": True}
+    )
     events = _events(response.text)
     texts: dict[int, str] = {}
     reasons: dict[int, str] = {}
@@ -219,7 +247,9 @@ async def test_best_of_returns_the_n_most_likely(gw, tenant):
     every = (await gw.complete(key, "hello", max_tokens=3, n=4, temperature=1.0, seed=9, logprobs=0)).json()
     totals = sorted((sum(c["logprobs"]["token_logprobs"]) for c in every["choices"]), reverse=True)
     best = (await gw.complete(key, "hello", max_tokens=3, n=2, best_of=4, temperature=1.0, seed=9)).json()
-    assert [c["index"] for c in best["choices"]] == [0, 1] and all(c["logprobs"] is None for c in best["choices"])
+    assert [c["index"] for c in best["choices"]] == [0, 1] and all(
+        c["logprobs"] is None for c in best["choices"]
+    )
     by_text = {c["text"]: sum(c["logprobs"]["token_logprobs"]) for c in every["choices"]}
     assert sorted((by_text[c["text"]] for c in best["choices"]), reverse=True) == pytest.approx(totals[:2])
     assert best["usage"]["completion_tokens"] == 12  # every candidate is billed

@@ -37,8 +37,11 @@ def served_app(settings):
     app = create_app(settings)
     with asgi.get_client(app) as client:
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        tenant = client.post("/admin/tenants", json={"name": "fuzz", "allowed_tiers": ["priority", "standard", "batch"]},
-                             headers=admin)
+        tenant = client.post(
+            "/admin/tenants",
+            json={"name": "fuzz", "allowed_tiers": ["priority", "standard", "batch"]},
+            headers=admin,
+        )
         assert tenant.status_code == 201, tenant.text
         key = client.post(f"/admin/tenants/{tenant.json()['id']}/keys", json={"name": "k"}, headers=admin)
         assert key.status_code == 201, key.text
@@ -46,13 +49,26 @@ def served_app(settings):
     asgi.shutdown_lifespans()
 
 
-def _run(operation, headers: dict, mode: GenerationMode, examples: int, failures: dict, statuses: Counter,
-         model: str) -> int:
+def _run(
+    operation,
+    headers: dict,
+    mode: GenerationMode,
+    examples: int,
+    failures: dict,
+    statuses: Counter,
+    model: str,
+) -> int:
     count = 0
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @hypothesis_settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-                         suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+    @hypothesis_settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
     def run(case) -> None:
         nonlocal count
         count += 1
@@ -62,11 +78,16 @@ def _run(operation, headers: dict, mode: GenerationMode, examples: int, failures
         statuses[(operation.path, response.status_code)] += 1
         try:
             case.validate_response(response, checks=CHECKS, headers=headers)
-        except (Exception, BaseExceptionGroup) as exc:  # collected: every distinct finding is reported at once
+        except (
+            Exception,
+            BaseExceptionGroup,
+        ) as exc:  # collected: every distinct finding is reported at once
             found = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
             kinds = ", ".join(sorted({getattr(f, "title", type(f).__name__) for f in found}))
-            failures.setdefault(f"{operation.label} [{mode.value}] -> {response.status_code}: {kinds}",
-                                f"{exc}\n{response.text[:300]}")
+            failures.setdefault(
+                f"{operation.label} [{mode.value}] -> {response.status_code}: {kinds}",
+                f"{exc}\n{response.text[:300]}",
+            )
 
     run()
     return count
@@ -75,10 +96,15 @@ def _run(operation, headers: dict, mode: GenerationMode, examples: int, failures
 def test_no_server_error_and_every_answer_in_our_spec(served_app, running_worker):
     app, key = served_app
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    headers = {"/v1": {"Authorization": f"Bearer {key}"}, "/admin": {"Authorization": f"Bearer {ADMIN_TOKEN}"}}
+    headers = {
+        "/v1": {"Authorization": f"Bearer {key}"},
+        "/admin": {"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    }
     operations = [result.ok() for result in schema.get_all_operations()]
     operations = [op for op in operations if op.path.startswith(("/v1/", "/admin/"))]
-    operations.sort(key=lambda op: not op.path.startswith("/v1/"))  # admin cases may revoke the key: /v1 first
+    operations.sort(
+        key=lambda op: not op.path.startswith("/v1/")
+    )  # admin cases may revoke the key: /v1 first
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= {op.path for op in operations}
     failures: dict[str, str] = {}  # what went wrong -> its first example
     statuses: Counter = Counter()  # (path, status) -> cases
@@ -86,10 +112,21 @@ def test_no_server_error_and_every_answer_in_our_spec(served_app, running_worker
     for operation in operations:
         prefix = "/v1" if operation.path.startswith("/v1/") else "/admin"
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            total += _run(operation, headers[prefix], mode, CASES_PER_MODE[prefix], failures, statuses,
-                          app.state.gateway.settings.model_name)
-    assert not failures, f"{len(failures)} distinct findings in {total} cases:\n" + "\n".join(failures) + \
-        "\n\n" + "\n\n".join(list(failures.values())[:10])
+            total += _run(
+                operation,
+                headers[prefix],
+                mode,
+                CASES_PER_MODE[prefix],
+                failures,
+                statuses,
+                app.state.gateway.settings.model_name,
+            )
+    assert not failures, (
+        f"{len(failures)} distinct findings in {total} cases:\n"
+        + "\n".join(failures)
+        + "\n\n"
+        + "\n\n".join(list(failures.values())[:10])
+    )
     assert total >= MIN_CASES, total
     served = statuses[("/v1/chat/completions", 200)] + statuses[("/v1/completions", 200)]
     assert served > 0, statuses  # some generated requests went all the way: quotas, the lane, the worker

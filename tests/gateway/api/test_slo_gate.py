@@ -19,29 +19,54 @@ from gateway.lanes.messages import LaneRequest, LoadReport
 TIERS = ["priority", "standard", "batch"]  # engine priorities 3, 2, 1
 
 
-def _load(worker="w", *, step_s=0.01, prefill_token_s=0.001, decode_seq_s=0.0, running=0, waiting=None,
-          tiered=True, at=None, budget=64) -> LoadReport:
-    load = SLOLoad(step_s=step_s, prefill_token_s=prefill_token_s, decode_seq_s=decode_seq_s,
-                   max_num_batched_tokens=budget, max_num_seqs=8, running=running, slot_wait_s=0.0,
-                   waiting_tokens=waiting or {}, tiered=tiered)
+def _load(
+    worker="w",
+    *,
+    step_s=0.01,
+    prefill_token_s=0.001,
+    decode_seq_s=0.0,
+    running=0,
+    waiting=None,
+    tiered=True,
+    at=None,
+    budget=64,
+) -> LoadReport:
+    load = SLOLoad(
+        step_s=step_s,
+        prefill_token_s=prefill_token_s,
+        decode_seq_s=decode_seq_s,
+        max_num_batched_tokens=budget,
+        max_num_seqs=8,
+        running=running,
+        slot_wait_s=0.0,
+        waiting_tokens=waiting or {},
+        tiered=tiered,
+    )
     return LoadReport(worker=worker, load=load, at=time.time() if at is None else at)
 
 
 @pytest.mark.parametrize("policy", ["priority+slo", "slo"])
-async def test_the_gate_predicts_what_the_engine_predicts(tiny_engine_factory, aredis, redis, model_name, policy):
+async def test_the_gate_predicts_what_the_engine_predicts(
+    tiny_engine_factory, aredis, redis, model_name, policy
+):
     engine = tiny_engine_factory(policy=policy, max_num_seqs=3, max_num_batched_tokens=96)
     for i, (priority, n) in enumerate([(3, 150), (2, 60), (1, 200), (2, 90), (1, 30)]):
-        engine.add_request(f"r{i}", [5 + i] * n, SamplingParams(max_tokens=20, ignore_eos=True), priority=priority)
+        engine.add_request(
+            f"r{i}", [5 + i] * n, SamplingParams(max_tokens=20, ignore_eos=True), priority=priority
+        )
     for _ in range(3):  # three at the sequence cap, the rest waiting; the cost model has seen real steps
         engine.step()
     load = engine.slo_load()
     assert load.running == 3 and load.slot_wait_s > 0 and load.waiting_tokens
-    redis.hset(load_key(model_name), "w", LoadReport(worker="w", load=load).encode())  # as a worker publishes it
+    redis.hset(
+        load_key(model_name), "w", LoadReport(worker="w", load=load).encode()
+    )  # as a worker publishes it
     gate = SLOGate(aredis, model=model_name, tiers=TIERS, cache_s=0)
     for tier, priority in zip(TIERS, (3, 2, 1)):
         for prompt_tokens in (1, 40, 97, 250):
             assert await gate.predict(tier, prompt_tokens) == pytest.approx(
-                engine.predict_ttft(prompt_tokens, priority), rel=1e-9)
+                engine.predict_ttft(prompt_tokens, priority), rel=1e-9
+            )
 
 
 @pytest.fixture
@@ -83,8 +108,14 @@ async def test_unread_lane_entries_and_this_gateways_queued_prompts_are_ahead(ar
     gate.note_queued("standard", 64)  # the mean prompt this gateway has seen: 64
     for tier in ("priority", "standard", "batch"):  # three entries nobody has read
         redis.xgroup_create(lane_key(model_name, tier), GROUP, id="0", mkstream=True)
-        req = LaneRequest(request_id=f"x-{tier}", model=model_name, tier=tier, tenant="t",
-                          prompt_token_ids=(1,) * 64, sampling=SamplingParams())
+        req = LaneRequest(
+            request_id=f"x-{tier}",
+            model=model_name,
+            tier=tier,
+            tenant="t",
+            prompt_token_ids=(1,) * 64,
+            sampling=SamplingParams(),
+        )
         redis.xadd(lane_key(model_name, tier), req.encode())
     redis.xreadgroup(GROUP, "someone", {lane_key(model_name, "batch"): ">"})  # read: pending, not unread
     # standard: its own lane and the priority lane are ahead (2 x 64 tokens), batch is not

@@ -38,10 +38,14 @@ ALL_TIERS = ["priority", "standard", "batch"]
 def slo_settings(settings, redis):
     """Tight TTFT targets (0.1 s) on the priority and standard lanes; quota keys of their own."""
     prefix = f"fltest:slo:{uuid.uuid4().hex[:10]}"
-    yield settings.model_copy(update={"engine": dataclasses.replace(settings.engine, policy="priority+slo"),
-                                      "quota_key_prefix": prefix,
-                                      "tier_ttft_targets": {"priority": 0.1, "standard": 0.1},
-                                      "tier_tpot_targets": {"standard": 2.0}})
+    yield settings.model_copy(
+        update={
+            "engine": dataclasses.replace(settings.engine, policy="priority+slo"),
+            "quota_key_prefix": prefix,
+            "tier_ttft_targets": {"priority": 0.1, "standard": 0.1},
+            "tier_tpot_targets": {"standard": 2.0},
+        }
+    )
     for key in redis.scan_iter(match=f"{prefix}:*", count=1000):
         redis.delete(key)
 
@@ -49,10 +53,14 @@ def slo_settings(settings, redis):
 class Gateway(InProcessGateway):
     async def tenant(self, **fields) -> tuple[dict, str]:
         """A tenant allowed every tier, with a key, a daily budget and a request rate (so charges show)."""
-        tenant, key = await make_tenant_key(self.http, f"t{uuid.uuid4().hex[:8]}", allowed_tiers=ALL_TIERS,
-                                            **fields)
-        response = await self.http.put(f"/admin/tenants/{tenant['id']}/quota", headers=admin_headers(),
-                                       json={"daily_token_budget": 10**6, "requests_per_minute": 1000})
+        tenant, key = await make_tenant_key(
+            self.http, f"t{uuid.uuid4().hex[:8]}", allowed_tiers=ALL_TIERS, **fields
+        )
+        response = await self.http.put(
+            f"/admin/tenants/{tenant['id']}/quota",
+            headers=admin_headers(),
+            json={"daily_token_budget": 10**6, "requests_per_minute": 1000},
+        )
         assert response.status_code == 200, response.text
         return tenant, key
 
@@ -64,7 +72,9 @@ class Gateway(InProcessGateway):
 
 def _parked_worker(engine, settings, redis) -> Worker:
     """A real Worker announced to the gateways, whose loop the test runs by hand."""
-    worker = Worker(engine, redis, model=settings.model_name, tiers=settings.tiers, worker_id="parked", block_ms=10)
+    worker = Worker(
+        engine, redis, model=settings.model_name, tiers=settings.tiers, worker_id="parked", block_ms=10
+    )
     worker.setup()
     redis.zadd(workers_key(settings.model_name), {"parked": time.time()})
     redis.hset(model_info_key(settings.model_name), "max_model_len", engine.max_model_len)
@@ -74,8 +84,12 @@ def _parked_worker(engine, settings, redis) -> Worker:
 def _backlog(engine, *, priority=2, n=4, prompt_len=200) -> None:
     """Work straight in the engine ahead of newcomers (no lane, no target)."""
     for i in range(n):
-        engine.add_request(f"backlog-{uuid.uuid4().hex[:6]}", [3 + i] * prompt_len,
-                           SamplingParams(max_tokens=4, ignore_eos=True), priority=priority)
+        engine.add_request(
+            f"backlog-{uuid.uuid4().hex[:6]}",
+            [3 + i] * prompt_len,
+            SamplingParams(max_tokens=4, ignore_eos=True),
+            priority=priority,
+        )
 
 
 async def _until_queued(redis, model: str, tier: str = "standard") -> None:
@@ -99,8 +113,9 @@ def _assert_refunded(records, charged) -> None:
     assert (record.status, record.prompt_tokens, record.completion_tokens) == ("slo_unattainable", 0, 0)
 
 
-async def test_refused_at_the_door_when_the_backlog_cannot_meet_the_target(slo_settings, tiny_engine_factory,
-                                                                           redis):
+async def test_refused_at_the_door_when_the_backlog_cannot_meet_the_target(
+    slo_settings, tiny_engine_factory, redis
+):
     engine = tiny_engine_factory(policy="priority+slo", max_num_batched_tokens=128, **SLOW_PRIOR)
     worker = _parked_worker(engine, slo_settings, redis)
     _backlog(engine)  # 800 standard tokens ahead: 7 steps of 74 ms, over the 0.1 s target
@@ -117,10 +132,13 @@ async def test_refused_at_the_door_when_the_backlog_cannot_meet_the_target(slo_s
         assert (await gw.quota_usage(tenant["id"]))["requests"]["remaining"] == 1000  # the count, too
 
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app))
-        client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=key, http_client=http, max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url="http://gateway/v1", api_key=key, http_client=http, max_retries=0
+        )
         with pytest.raises(openai.InternalServerError) as refused:
-            await client.chat.completions.create(model=gw.model, max_tokens=4,
-                                                 messages=[{"role": "user", "content": "Hi"}])
+            await client.chat.completions.create(
+                model=gw.model, max_tokens=4, messages=[{"role": "user", "content": "Hi"}]
+            )
         await client.close()
         error = refused.value
         assert error.status_code == 503 and error.code == "slo_unattainable"
@@ -150,8 +168,13 @@ async def test_refused_by_the_engine_at_a_step_start(slo_settings, tiny_engine_f
     # A near-zero cost prior predicts it in time on arrival; then it waits behind 800 priority
     # tokens (64 a step) past its 1 s target, and the next step start refuses it.
     settings = slo_settings.model_copy(update={"tier_ttft_targets": {"standard": 1.0}})
-    engine = tiny_engine_factory(policy="priority+slo", max_num_batched_tokens=64, cost_step_s=1e-4,
-                                 cost_prefill_token_s=1e-6, cost_decode_seq_s=1e-6)
+    engine = tiny_engine_factory(
+        policy="priority+slo",
+        max_num_batched_tokens=64,
+        cost_step_s=1e-4,
+        cost_prefill_token_s=1e-6,
+        cost_decode_seq_s=1e-6,
+    )
     worker = _parked_worker(engine, settings, redis)
     _backlog(engine, priority=3)
     worker.publish_load(force=True)
@@ -188,11 +211,13 @@ async def test_the_lane_request_carries_the_tenants_or_the_tiers_targets(slo_set
             await asyncio.gather(request, return_exceptions=True)
             expected = (30.0, 2.0) if key == plain else (20.0, 0.5)
             assert (queued.ttft_target_s, queued.tpot_target_s) == expected
-        cleared = await gw.http.patch(f"/admin/tenants/{own_tenant['id']}", json={"ttft_target_s": None},
-                                      headers=admin_headers())
+        cleared = await gw.http.patch(
+            f"/admin/tenants/{own_tenant['id']}", json={"ttft_target_s": None}, headers=admin_headers()
+        )
         assert cleared.json()["ttft_target_s"] is None and cleared.json()["tpot_target_s"] == 0.5
-        bad = await gw.http.patch(f"/admin/tenants/{own_tenant['id']}", json={"ttft_target_s": 0},
-                                  headers=admin_headers())
+        bad = await gw.http.patch(
+            f"/admin/tenants/{own_tenant['id']}", json={"ttft_target_s": 0}, headers=admin_headers()
+        )
         assert_openai_error(bad, 422, param="ttft_target_s")
 
 
@@ -205,7 +230,9 @@ async def test_generous_targets_are_served_as_usual(slo_settings, tiny_engine_fa
                 response = await gw.chat(key, **extra)
                 assert response.status_code == 200, response.text
             plain = (await gw.chat(key)).json()
-            assert plain["choices"][0]["finish_reason"] == "length" and plain["usage"]["completion_tokens"] == 4
+            assert (
+                plain["choices"][0]["finish_reason"] == "length" and plain["usage"]["completion_tokens"] == 4
+            )
             records = gw.records(tenant["id"])
             assert len(records) == 5 and {r.status for r in records} == {"length"}
             used = sum(r.prompt_tokens + r.completion_tokens for r in records)

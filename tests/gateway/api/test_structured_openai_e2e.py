@@ -22,8 +22,12 @@ MESSAGES = [{"role": "user", "content": "Give a small JSON example about a perso
 
 
 def _obj(required: dict, optional: dict | None = None) -> dict:
-    return {"type": "object", "properties": {**required, **(optional or {})}, "required": list(required),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "required": list(required),
+        "additionalProperties": False,
+    }
 
 
 def _str(n: int) -> dict:
@@ -42,27 +46,57 @@ SCHEMAS = {
     "color": _obj({"color": {"enum": ["red", "green", "blue"]}, "bright": {"type": "boolean"}}),
     "point": POINT,
     "polyline": {"type": "array", "items": POINT, "minItems": 1, "maxItems": 3},
-    "address": _obj({"street": _str(16), "city": _str(12), "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}),
-    "book": _obj({"title": _str(20), "year": _int(1900, 2025),
-                  "genres": {"type": "array", "items": {"enum": ["novel", "poetry", "essay"]}, "maxItems": 2}}),
+    "address": _obj(
+        {"street": _str(16), "city": _str(12), "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}
+    ),
+    "book": _obj(
+        {
+            "title": _str(20),
+            "year": _int(1900, 2025),
+            "genres": {"type": "array", "items": {"enum": ["novel", "poetry", "essay"]}, "maxItems": 2},
+        }
+    ),
     "flags": _obj({"read": {"type": "boolean"}, "write": {"type": "boolean"}, "admin": {"type": "boolean"}}),
-    "measure": _obj({"value": {"type": "number", "minimum": 0, "maximum": 100}, "unit": {"enum": ["cm", "m", "km"]}}),
+    "measure": _obj(
+        {"value": {"type": "number", "minimum": 0, "maximum": 100}, "unit": {"enum": ["cm", "m", "km"]}}
+    ),
     "profile": _obj({"name": _str(10)}, {"nickname": _str(8), "age": _int(0, 99)}),
     "ident": _obj({"id": {"anyOf": [_int(0, 999), _str(6)]}}),
     "account": _obj({"user": _obj({"name": _str(10), "email": _str(16)}), "active": {"type": "boolean"}}),
-    "grid": {"type": "array", "items": {"type": "array", "items": _int(0, 9), "minItems": 1, "maxItems": 3},
-             "minItems": 1, "maxItems": 2},
-    "order": _obj({"item": {"enum": ["tea", "coffee", "cake"]}, "quantity": _int(1, 10),
-                   "express": {"type": "boolean"}}),
-    "weather": _obj({"city": _str(12), "celsius": _int(-40, 50), "sky": {"enum": ["clear", "cloudy", "rain"]}}),
+    "grid": {
+        "type": "array",
+        "items": {"type": "array", "items": _int(0, 9), "minItems": 1, "maxItems": 3},
+        "minItems": 1,
+        "maxItems": 2,
+    },
+    "order": _obj(
+        {"item": {"enum": ["tea", "coffee", "cake"]}, "quantity": _int(1, 10), "express": {"type": "boolean"}}
+    ),
+    "weather": _obj(
+        {"city": _str(12), "celsius": _int(-40, 50), "sky": {"enum": ["clear", "cloudy", "rain"]}}
+    ),
     "tags": _obj({"tags": {"type": "array", "items": _str(8), "minItems": 1, "maxItems": 3}}),
     "rgb": _obj({"r": _int(0, 255), "g": _int(0, 255), "b": _int(0, 255)}),
-    "event": _obj({"name": _str(14), "day": {"enum": ["mon", "tue", "wed", "thu", "fri"]}, "hour": _int(0, 23),
-                   "online": {"type": "boolean"}}),
+    "event": _obj(
+        {
+            "name": _str(14),
+            "day": {"enum": ["mon", "tue", "wed", "thu", "fri"]},
+            "hour": _int(0, 23),
+            "online": {"type": "boolean"},
+        }
+    ),
     "letters": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 4},
     "note": _obj({"title": _str(10), "body": {"anyOf": [_str(12), {"type": "null"}]}}),
-    "shape": _obj({"shape": {"anyOf": [_obj({"kind": {"const": "circle"}, "radius": _int(1, 9)}),
-                                       _obj({"kind": {"const": "square"}, "side": _int(1, 9)})]}}),
+    "shape": _obj(
+        {
+            "shape": {
+                "anyOf": [
+                    _obj({"kind": {"const": "circle"}, "radius": _int(1, 9)}),
+                    _obj({"kind": {"const": "square"}, "side": _int(1, 9)}),
+                ]
+            }
+        }
+    ),
 }
 SEEDS = (1, 2, 3, 4, 5)
 
@@ -73,7 +107,9 @@ def _format(name: str) -> dict:
 
 def _preemptions(server) -> float:
     text = httpx.get(server.base_url + "/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(r"^fairlane_engine_preemptions_total\{[^}]*\} (\S+)$", text, re.M))
+    return sum(
+        float(v) for v in re.findall(r"^fairlane_engine_preemptions_total\{[^}]*\} (\S+)$", text, re.M)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +117,16 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-structured")
     port = free_port()
     # 22 blocks of 16 tokens for up to 16 sequences: the concurrent sweep below runs out and preempts
-    env = {"FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}", "FAIRLANE_ENGINE__MODEL": MODEL,
-           "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "16", "FAIRLANE_ENGINE__DTYPE": "float32",
-           "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "22", "FAIRLANE_CONFIG": "/nonexistent.yaml", "FAIRLANE_REDIS_URL": ""}
+    env = {
+        "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
+        "FAIRLANE_ENGINE__MODEL": MODEL,
+        "FAIRLANE_ENGINE__NUM_THREADS": "1",
+        "FAIRLANE_ENGINE__MAX_NUM_SEQS": "16",
+        "FAIRLANE_ENGINE__DTYPE": "float32",
+        "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "22",
+        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_REDIS_URL": "",
+    }
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
     served.extra["database_url"] = env["FAIRLANE_DATABASE_URL"]
     try:
@@ -101,13 +144,20 @@ async def test_twenty_schemas_five_seeds_sampled_together_under_preemption(serve
     """100 requests at temperature 1, sent at once so that the worker batches them and, with its
     small KV cache, preempts some: every output parses and validates; each schema's fifth seed is
     streamed."""
-    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0,
-                                timeout=600)
+    client = openai.AsyncOpenAI(
+        base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0, timeout=600
+    )
 
     async def ask(name: str, seed: int) -> tuple[str, str | None]:
         messages = [{"role": "user", "content": f"Reply with JSON example number {seed} of a {name}."}]
-        kwargs = dict(model=MODEL, messages=messages, max_tokens=128, temperature=1.0, seed=seed,
-                      response_format=_format(name))
+        kwargs = dict(
+            model=MODEL,
+            messages=messages,
+            max_tokens=128,
+            temperature=1.0,
+            seed=seed,
+            response_format=_format(name),
+        )
         if seed != SEEDS[-1]:
             choice = (await client.chat.completions.create(**kwargs)).choices[0]
             return choice.message.content, choice.finish_reason
@@ -128,15 +178,24 @@ async def test_twenty_schemas_five_seeds_sampled_together_under_preemption(serve
     for (name, seed), (text, reason) in zip(jobs, replies):
         assert reason == "stop", (name, seed, text)
         jsonschema.validate(json.loads(text), SCHEMAS[name])
-    varied = [name for name in SCHEMAS if len({text for (n, _), (text, _) in zip(jobs, replies) if n == name}) > 1]
+    varied = [
+        name for name in SCHEMAS if len({text for (n, _), (text, _) in zip(jobs, replies) if n == name}) > 1
+    ]
     assert len(varied) >= 15, varied  # seeds differ, so outputs do (a schema of few values may repeat one)
 
 
 def test_streamed_json_schema_equals_the_whole_answer(client):
-    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=48, temperature=0,
-                                           response_format=_format("person"))
-    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=48, temperature=0,
-                                            response_format=_format("person"), stream=True)
+    whole = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=48, temperature=0, response_format=_format("person")
+    )
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=48,
+        temperature=0,
+        response_format=_format("person"),
+        stream=True,
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -149,68 +208,131 @@ def test_the_clients_parse_helper_gets_its_model(client):
         x: int
         y: int
 
-    parsed = client.chat.completions.parse(model=MODEL, messages=MESSAGES, max_tokens=48, temperature=0,
-                                           response_format=Point)
+    parsed = client.chat.completions.parse(
+        model=MODEL, messages=MESSAGES, max_tokens=48, temperature=0, response_format=Point
+    )
     point = parsed.choices[0].message.parsed
     assert isinstance(point, Point) and parsed.choices[0].finish_reason == "stop"
 
 
 def test_guided_regex_and_completions(client):
-    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0,
-                                           extra_body={"guided_regex": r"\d{3}-\d{4}"})
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=24,
+        temperature=0,
+        extra_body={"guided_regex": r"\d{3}-\d{4}"},
+    )
     assert re.fullmatch(r"\d{3}-\d{4}", reply.choices[0].message.content)
-    completion = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=8, temperature=0,
-                                           extra_body={"guided_grammar": 'root ::= " " ("yes" | "no")'})
+    completion = client.completions.create(
+        model=MODEL,
+        prompt="Is the sky blue? Answer:",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"guided_grammar": 'root ::= " " ("yes" | "no")'},
+    )
     assert completion.choices[0].text in (" yes", " no") and completion.choices[0].finish_reason == "stop"
-    picked = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=1.0, seed=2,
-                                            extra_body={"guided_choice": ["red", "green", "blue"]})
+    picked = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=1.0,
+        seed=2,
+        extra_body={"guided_choice": ["red", "green", "blue"]},
+    )
     assert picked.choices[0].message.content in ("red", "green", "blue")
 
 
 def test_a_schema_xgrammar_refuses_is_a_400_and_charges_nothing(server, client):
-    bad = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "integer", "minimum": 9, "maximum": 1}}}
+    bad = {
+        "type": "json_schema",
+        "json_schema": {"name": "bad", "schema": {"type": "integer", "minimum": 9, "maximum": 1}},
+    }
     with pytest.raises(openai.BadRequestError, match="minimum greater than maximum") as err:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, response_format=bad)
     assert err.value.param == "response_format"
     records = request_usage_records(server, err.value.response.headers["x-request-id"])
     assert [(r.prompt_tokens, r.completion_tokens) for r in records] == [(0, 0)]  # refunded in full
     with pytest.raises(openai.BadRequestError, match="must be a JSON Schema object") as err:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, response_format={
-            "type": "json_schema", "json_schema": {"name": "bad", "schema": "integer"}})
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": "integer"}},
+        )
     assert err.value.param == "response_format.json_schema.schema"
-    assert request_usage_records(server, err.value.response.headers["x-request-id"]) == []  # refused before the quota
+    assert (
+        request_usage_records(server, err.value.response.headers["x-request-id"]) == []
+    )  # refused before the quota
 
 
-WEATHER_ARGS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                 "unit": {"enum": ["celsius", "fahrenheit"]}},
-                "required": ["city", "unit"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                           "parameters": WEATHER_ARGS}},
-         {"type": "function", "function": {"name": "get_time", "description": "The time in a city", "parameters": {
-             "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
-             "additionalProperties": False}}}]
+WEATHER_ARGS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": WEATHER_ARGS,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 def test_named_tool_choice_calls_it_with_valid_arguments(client):
-    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=NAMED, max_tokens=48,
-                                           temperature=1.0, seed=3)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice=NAMED, max_tokens=48, temperature=1.0, seed=3
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_ARGS)
     # the call and its result go back in the next request: role "tool" is accepted
-    follow = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0, tools=TOOLS, messages=[
-        *ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "unit": "celsius"}'}])
+    follow = client.chat.completions.create(
+        model=MODEL,
+        max_tokens=8,
+        temperature=0,
+        tools=TOOLS,
+        messages=[
+            *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "unit": "celsius"}'},
+        ],
+    )
     assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
 def test_required_tool_choice_streams_delta_tool_calls(client):
-    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                            max_tokens=48, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=48,
+        temperature=0,
+        stream=True,
+    )
     chunks = [c for c in stream if c.choices]
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name in ("get_weather", "get_time")
@@ -225,8 +347,16 @@ def test_tools_on_completions_stay_a_400(client):
 
 
 def test_named_tool_choice_streamed_calls_it_with_valid_arguments(client):
-    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=NAMED, max_tokens=48,
-                                            temperature=1.0, seed=4, stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=NAMED,
+        max_tokens=48,
+        temperature=1.0,
+        seed=4,
+        stream=True,
+    )
     chunks = [c for c in stream if c.choices]
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert len(calls) == 1 and calls[0].function.name == "get_weather" and calls[0].id.startswith("call_")

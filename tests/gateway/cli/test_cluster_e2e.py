@@ -24,9 +24,17 @@ from gateway.lanes.messages import LaneRequest
 from tenancy import UsageRecord, make_engine, make_session_factory
 
 # Peaked logits (large init std) keep greedy answers identical under any batch composition.
-MODEL_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                    initializer_range=0.5)
+MODEL_CONFIG = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    initializer_range=0.5,
+)
 PROMPTS = [f"prompt number {i}: tell me something" for i in range(8)]
 MAX_TOKENS = 24
 
@@ -36,21 +44,38 @@ def cluster(tmp_path_factory, redis_url):
     tmp = tmp_path_factory.mktemp("cluster")
     model = f"test-{uuid.uuid4().hex[:10]}"
     database_url = f"sqlite:///{tmp / 'fairlane.db'}"
-    env = {"FAIRLANE_REDIS_URL": redis_url, "FAIRLANE_DATABASE_URL": database_url, "FAIRLANE_ENGINE__MODEL": "dummy",
-           "FAIRLANE_SERVED_MODEL_NAME": model, "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(MODEL_CONFIG),
-           "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN, "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__DTYPE": "float32",
-           "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "256", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "48",
-           "FAIRLANE_WORKER_CLAIM_IDLE_MS": "1500", "FAIRLANE_CONFIG": "/nonexistent",
-           "FAIRLANE_QUOTA_KEY_PREFIX": f"fairlane:quota:{model}"}  # tenant ids repeat across test databases
+    env = {
+        "FAIRLANE_REDIS_URL": redis_url,
+        "FAIRLANE_DATABASE_URL": database_url,
+        "FAIRLANE_ENGINE__MODEL": "dummy",
+        "FAIRLANE_SERVED_MODEL_NAME": model,
+        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(MODEL_CONFIG),
+        "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "FAIRLANE_ENGINE__NUM_THREADS": "1",
+        "FAIRLANE_ENGINE__DTYPE": "float32",
+        "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "256",
+        "FAIRLANE_ENGINE__MAX_NUM_SEQS": "48",
+        "FAIRLANE_WORKER_CLAIM_IDLE_MS": "1500",
+        "FAIRLANE_CONFIG": "/nonexistent",
+        "FAIRLANE_QUOTA_KEY_PREFIX": f"fairlane:quota:{model}",
+    }  # tenant ids repeat across test databases
     procs = {}
     try:
         for name in ("worker-a", "worker-b"):
-            procs[name] = start(["worker"], {**env, "FAIRLANE_WORKER_ID": name,  # one /metrics port each
-                                             "FAIRLANE_WORKER_METRICS_PORT": str(free_port())}, str(tmp / f"{name}.log"))
+            procs[name] = start(
+                ["worker"],
+                {
+                    **env,
+                    "FAIRLANE_WORKER_ID": name,  # one /metrics port each
+                    "FAIRLANE_WORKER_METRICS_PORT": str(free_port()),
+                },
+                str(tmp / f"{name}.log"),
+            )
         for name in ("gateway-1", "gateway-2"):
             port = free_port()
-            procs[name] = start(["serve", "--workers", "0", "--port", str(port)], env, str(tmp / f"{name}.log"),
-                                port=port)
+            procs[name] = start(
+                ["serve", "--workers", "0", "--port", str(port)], env, str(tmp / f"{name}.log"), port=port
+            )
         for name in ("gateway-1", "gateway-2"):
             wait_ready(procs[name], timeout_s=300)
         yield {"procs": procs, "model": model, "database_url": database_url}
@@ -64,8 +89,9 @@ def cluster(tmp_path_factory, redis_url):
 
 
 def _admin(served, method, path, **kw):
-    response = httpx.request(method, served.base_url + path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                             timeout=30, **kw)
+    response = httpx.request(
+        method, served.base_url + path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30, **kw
+    )
     assert response.status_code < 300, response.text
     return response.json()
 
@@ -76,8 +102,14 @@ def _tenant_key(served, name: str) -> str:
 
 
 async def _stream(client, model, prompt, progress: dict, rid_box: list) -> str:
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                             stream=True, extra_body={"ignore_eos": True})
+    stream = await client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     parts = []
     async for chunk in stream:
         rid_box.append(chunk.id)
@@ -104,8 +136,11 @@ async def test_200_streams_3_tenants_with_a_worker_killed_mid_stream(cluster, re
     procs, model = cluster["procs"], cluster["model"]
     gateways = [procs["gateway-1"], procs["gateway-2"]]
     keys = [_tenant_key(gateways[0], f"tenant-{i}") for i in range(3)]
-    clients = [openai.AsyncOpenAI(base_url=g.base_url + "/v1", api_key=k, max_retries=0, timeout=300)
-               for g in gateways for k in keys]
+    clients = [
+        openai.AsyncOpenAI(base_url=g.base_url + "/v1", api_key=k, max_retries=0, timeout=300)
+        for g in gateways
+        for k in keys
+    ]
     # The undisturbed greedy answers, one request at a time.
     reference = {}
     for prompt in PROMPTS:
@@ -113,8 +148,12 @@ async def test_200_streams_3_tenants_with_a_worker_killed_mid_stream(cluster, re
         assert reference[prompt].count(" t") == MAX_TOKENS
     progress: dict = {}
     rids: list[list[str]] = [[] for _ in range(200)]
-    jobs = [asyncio.create_task(_stream(clients[i % len(clients)], model, PROMPTS[i % len(PROMPTS)], progress,
-                                        rids[i])) for i in range(200)]
+    jobs = [
+        asyncio.create_task(
+            _stream(clients[i % len(clients)], model, PROMPTS[i % len(PROMPTS)], progress, rids[i])
+        )
+        for i in range(200)
+    ]
     deadline = time.monotonic() + 120
     # Kill worker-a while it holds many requests mid-answer: watched on the lane, not on the clients,
     # whose relayed streams may lag behind a fast engine (it might have finished everything).
@@ -130,14 +169,19 @@ async def test_200_streams_3_tenants_with_a_worker_killed_mid_stream(cluster, re
     assert len(request_ids) == 200
     engine = make_engine(cluster["database_url"])
     with make_session_factory(engine)() as session:
-        rows = session.execute(select(UsageRecord.request_id, UsageRecord.completion_tokens, UsageRecord.status)
-                               .where(UsageRecord.request_id.in_(request_ids))).all()
-        per_tenant = session.execute(select(UsageRecord.tenant_id, func.count()).group_by(UsageRecord.tenant_id)
-                                     .where(UsageRecord.request_id.in_(request_ids))).all()
+        rows = session.execute(
+            select(UsageRecord.request_id, UsageRecord.completion_tokens, UsageRecord.status).where(
+                UsageRecord.request_id.in_(request_ids)
+            )
+        ).all()
+        per_tenant = session.execute(
+            select(UsageRecord.tenant_id, func.count())
+            .group_by(UsageRecord.tenant_id)
+            .where(UsageRecord.request_id.in_(request_ids))
+        ).all()
     engine.dispose()
     assert len(rows) == 200 and {r.completion_tokens for r in rows} == {MAX_TOKENS}
     assert {r.status for r in rows} == {"length"}
     assert sorted(n for _t, n in per_tenant) == [66, 67, 67]
     for client in clients:
         await client.close()
-

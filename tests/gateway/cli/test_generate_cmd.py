@@ -1,4 +1,5 @@
 """`fairlane generate` as a user runs it: a JSONL in, a JSONL out, resumable."""
+
 import json
 import subprocess
 import sys
@@ -11,9 +12,17 @@ from transformers import LlamaConfig, LlamaForCausalLM
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, eos_token_id=1)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=1,
+    )
     path = tmp_path_factory.mktemp("cli-model")
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
@@ -21,9 +30,26 @@ def tiny_model(tmp_path_factory):
 
 def run(model, inp, out):
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "generate", "--model", str(model), "--input", str(inp),
-         "--output", str(out), "--dtype", "float32", "--kv-cache-gib", "0.01", "--no-progress"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "generate",
+            "--model",
+            str(model),
+            "--input",
+            str(inp),
+            "--output",
+            str(out),
+            "--dtype",
+            "float32",
+            "--kv-cache-gib",
+            "0.01",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -43,12 +69,17 @@ def test_generate_writes_results_and_errors_then_resumes(tiny_model, tmp_path):
     assert first.returncode == 1, first.stderr  # errors are reported, not fatal
     got = {r["id"]: r for r in lines(out)}
     assert set(got) == {"a", "b", "bad", "line-4"}
-    assert len(got["a"]["token_ids"]) == 6 and got["a"]["usage"] == {"prompt_tokens": 3, "completion_tokens": 6}
+    assert len(got["a"]["token_ids"]) == 6 and got["a"]["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 6,
+    }
     assert got["bad"]["error"]["param"] == "max_tokens"
     assert "invalid JSON" in got["line-4"]["error"]["message"]
 
     with inp.open("a") as f:
-        f.write(json.dumps({"id": "c", "prompt_token_ids": [11, 12], "max_tokens": 3, "ignore_eos": True}) + "\n")
+        f.write(
+            json.dumps({"id": "c", "prompt_token_ids": [11, 12], "max_tokens": 3, "ignore_eos": True}) + "\n"
+        )
     second = run(tiny_model, inp, out)
     assert second.returncode == 0, second.stderr
     ids = [r["id"] for r in lines(out)]

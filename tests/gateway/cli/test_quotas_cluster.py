@@ -21,7 +21,8 @@ from tenancy import upgrade
 pytestmark = pytest.mark.skipif(
     os.environ.get("FAIRLANE_TEST_QUOTA_CLUSTER") != "1",
     reason="about 3 min on 2 busy cores (set FAIRLANE_TEST_QUOTA_CLUSTER=1); the quotas suite proves "
-           "exactness with 2 processes calling the limiter directly")
+    "exactness with 2 processes calling the limiter directly",
+)
 
 N = 5  # one request per 12 s refills: the burst of 400 ends well before a slot comes back
 PER_GATEWAY = 200
@@ -35,20 +36,37 @@ def gateways(tmp_path_factory, redis_url, tiny_engine_factory):
     model, prefix = f"test-{uuid.uuid4().hex[:10]}", f"fltest:gwquota:{uuid.uuid4().hex[:10]}"
     database_url = f"sqlite:///{tmp / 'fairlane.db'}"
     upgrade(database_url)
-    env = {"FAIRLANE_REDIS_URL": redis_url, "FAIRLANE_DATABASE_URL": database_url, "FAIRLANE_ENGINE__MODEL": "dummy",
-           "FAIRLANE_SERVED_MODEL_NAME": model, "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
-           "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN, "FAIRLANE_QUOTA_KEY_PREFIX": prefix,
-           "FAIRLANE_CONFIG": "/nonexistent"}
-    settings = ApiSettings(admin_token=ADMIN_TOKEN, redis_url=redis_url, database_url=database_url,
-                           engine={"model": "dummy", "dummy_config": TINY}, served_model_name=model)
+    env = {
+        "FAIRLANE_REDIS_URL": redis_url,
+        "FAIRLANE_DATABASE_URL": database_url,
+        "FAIRLANE_ENGINE__MODEL": "dummy",
+        "FAIRLANE_SERVED_MODEL_NAME": model,
+        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
+        "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "FAIRLANE_QUOTA_KEY_PREFIX": prefix,
+        "FAIRLANE_CONFIG": "/nonexistent",
+    }
+    settings = ApiSettings(
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_url,
+        database_url=database_url,
+        engine={"model": "dummy", "dummy_config": TINY},
+        served_model_name=model,
+    )
     procs = []
     try:
         with inproc_worker(tiny_engine_factory(num_threads=None), settings):
             try:
                 for i in range(2):
                     port = free_port()
-                    procs.append(start(["serve", "--workers", "0", "--port", str(port)], env,
-                                       str(tmp / f"gw{i}.log"), port=port))
+                    procs.append(
+                        start(
+                            ["serve", "--workers", "0", "--port", str(port)],
+                            env,
+                            str(tmp / f"gw{i}.log"),
+                            port=port,
+                        )
+                    )
                 yield [wait_ready(served, timeout_s=120) for served in procs]
             finally:
                 for served in procs:
@@ -70,16 +88,22 @@ async def test_two_gateways_admit_exactly_n_per_minute(gateways):
         response = await admin.put(f"/admin/tenants/{tenant['id']}/quota", json={"requests_per_minute": N})
         assert response.status_code == 200, response.text
 
-    model = json.loads(httpx.get(first.base_url + "/v1/models",
-                                 headers={"Authorization": f"Bearer {key}"}).text)["data"][0]["id"]
+    model = json.loads(
+        httpx.get(first.base_url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).text
+    )["data"][0]["id"]
     body = {"model": model, "prompt": [1, 2, 3], "max_tokens": 1, "ignore_eos": True}
     limits = httpx.Limits(max_connections=PER_GATEWAY, max_keepalive_connections=PER_GATEWAY)
-    clients = [httpx.AsyncClient(base_url=s.base_url, timeout=60, limits=limits,
-                                 headers={"Authorization": f"Bearer {key}"}) for s in gateways]
+    clients = [
+        httpx.AsyncClient(
+            base_url=s.base_url, timeout=60, limits=limits, headers={"Authorization": f"Bearer {key}"}
+        )
+        for s in gateways
+    ]
     started = time.monotonic()
     try:
-        responses = await asyncio.gather(*(c.post("/v1/completions", json=body)
-                                           for c in clients for _ in range(PER_GATEWAY)))
+        responses = await asyncio.gather(
+            *(c.post("/v1/completions", json=body) for c in clients for _ in range(PER_GATEWAY))
+        )
     finally:
         for c in clients:
             await c.aclose()
@@ -94,5 +118,7 @@ async def test_two_gateways_admit_exactly_n_per_minute(gateways):
         assert counts[200] == N and counts[429] == 2 * PER_GATEWAY - N, (counts, elapsed)
     refused = [r for r in responses if r.status_code == 429]
     assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in refused)
-    assert all(int(r.headers["retry-after"]) >= 1 and r.headers["x-ratelimit-limit-requests"] == str(N)
-               for r in refused)
+    assert all(
+        int(r.headers["retry-after"]) >= 1 and r.headers["x-ratelimit-limit-requests"] == str(N)
+        for r in refused
+    )

@@ -22,17 +22,30 @@ from serve_process import REPO, fairlane_command, free_port, start, wait_ready
 
 from tenancy import UsageRecord, make_engine, make_session_factory
 
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, initializer_range=0.5)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    initializer_range=0.5,
+)
 PROMPTS = [f"stream {i}: tell me a long story" for i in range(8)]
 MAX_TOKENS = 400
 
 
 def _env(tmp) -> dict[str, str]:
-    return {"FAIRLANE_ENGINE__MODEL": "dummy", "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
-            "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "512", "FAIRLANE_ENGINE__NUM_THREADS": "1",
-            "FAIRLANE_ENGINE__DTYPE": "float32",
-            "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}"}
+    return {
+        "FAIRLANE_ENGINE__MODEL": "dummy",
+        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
+        "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "512",
+        "FAIRLANE_ENGINE__NUM_THREADS": "1",
+        "FAIRLANE_ENGINE__DTYPE": "float32",
+        "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
+    }
 
 
 def _serve(tmp, name: str):
@@ -47,10 +60,18 @@ def _processes(served) -> dict:
 
 async def _stream(http: httpx.AsyncClient, key: str, prompt: str, progress: list, index: int) -> dict:
     """One streamed completion, parsed by hand: its text, finish reason, error event, request id."""
-    body = {"model": "dummy", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": "dummy",
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     out = {"text": "", "finish": None, "error": None, "done": False, "keepalives": 0}
-    async with http.stream("POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+    async with http.stream(
+        "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as r:
         assert r.status_code == 200, await r.aread()
         out["request_id"] = r.headers["x-request-id"]
         async for line in r.aiter_lines():
@@ -58,7 +79,7 @@ async def _stream(http: httpx.AsyncClient, key: str, prompt: str, progress: list
                 out["keepalives"] += 1
             if not line.startswith("data: "):
                 continue
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             if data == "[DONE]":
                 out["done"] = True
                 continue
@@ -77,7 +98,9 @@ async def _streams(served, *, during=None) -> list[dict]:
     """8 concurrent streams; ``during()`` runs once every stream has received a chunk."""
     progress = [0] * len(PROMPTS)
     async with httpx.AsyncClient(base_url=served.base_url, timeout=120) as http:
-        tasks = [asyncio.create_task(_stream(http, served.api_key, p, progress, i)) for i, p in enumerate(PROMPTS)]
+        tasks = [
+            asyncio.create_task(_stream(http, served.api_key, p, progress, i)) for i, p in enumerate(PROMPTS)
+        ]
         if during is not None:
             while not all(progress) and not any(t.done() for t in tasks):
                 await asyncio.sleep(0.01)
@@ -190,8 +213,14 @@ def test_a_taken_port_stops_serve_at_once_naming_it(tmp_path):
         port = taken.getsockname()[1]
         env = {**os.environ, "PYTHONPATH": REPO, **_env(tmp_path)}
         began = time.monotonic()
-        result = subprocess.run([*fairlane_command(), "serve", "--dev", "--port", str(port)], env=env, cwd=REPO,
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [*fairlane_command(), "serve", "--dev", "--port", str(port)],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         took = time.monotonic() - began
     output = result.stdout + result.stderr
     assert result.returncode != 0

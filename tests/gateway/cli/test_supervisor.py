@@ -29,7 +29,7 @@ def test_a_dead_child_is_restarted_and_reported_to_the_exit_hook():
     supervisor.stop()
     assert len(exits) >= 2, exits
     assert [name for name, _ in exits] == ["crasher"] * len(exits)
-    assert [pid for _, pid in exits] == pids[:len(exits)]  # each exit names the process that ended
+    assert [pid for _, pid in exits] == pids[: len(exits)]  # each exit names the process that ended
     assert supervisor.status()["crasher"]["restarts"] >= 1
     assert supervisor.status()["crasher"]["last_exit"] == 3
 
@@ -76,7 +76,9 @@ def test_forget_process_drops_a_dead_workers_live_gauges(tmp_path):
         """)
         args = [sys.executable, "-c", probe] + ([str(pid)] if forget else [])
         out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
-        values = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("fairlane_test_running ")]
+        values = [
+            float(line.split()[-1]) for line in out.splitlines() if line.startswith("fairlane_test_running ")
+        ]
         return sum(values)
 
     forget = False

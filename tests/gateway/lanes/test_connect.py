@@ -27,8 +27,12 @@ async def test_more_requests_waiting_on_results_than_the_default_pool_holds():
         waiters = [asyncio.create_task(wait(i)) for i in ids]
         await asyncio.sleep(0.5)  # every waiter is blocked in its XREAD, each on its own connection
         for request_id in ids:
-            await redis.xadd(out_key(request_id), LaneResult(request_id=request_id, token_ids=(7,), text="x", finished=True,
-                                                             finish_reason="stop").encode())
+            await redis.xadd(
+                out_key(request_id),
+                LaneResult(
+                    request_id=request_id, token_ids=(7,), text="x", finished=True, finish_reason="stop"
+                ).encode(),
+            )
         finished = await asyncio.gather(*waiters)
     finally:
         await redis.delete(*(out_key(i) for i in ids))

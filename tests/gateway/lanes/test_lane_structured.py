@@ -9,16 +9,33 @@ import pytest
 from engine import SamplingParams, StructuredSpec
 from gateway.lanes.messages import LaneRequest, MessageError
 
-SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["b", "a"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+    "required": ["b", "a"],
+}
 
 
 def _request(spec: StructuredSpec) -> LaneRequest:
-    return LaneRequest(request_id="r1", model="m", tier="standard", tenant="1", prompt_token_ids=(1, 2),
-                       sampling=SamplingParams(max_tokens=8, structured=spec))
+    return LaneRequest(
+        request_id="r1",
+        model="m",
+        tier="standard",
+        tenant="1",
+        prompt_token_ids=(1, 2),
+        sampling=SamplingParams(max_tokens=8, structured=spec),
+    )
 
 
-@pytest.mark.parametrize("spec", [StructuredSpec.json_schema(SCHEMA), StructuredSpec("json_object"),
-                                  StructuredSpec("regex", r"\d+"), StructuredSpec("grammar", 'root ::= "a"')])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        StructuredSpec.json_schema(SCHEMA),
+        StructuredSpec("json_object"),
+        StructuredSpec("regex", r"\d+"),
+        StructuredSpec("grammar", 'root ::= "a"'),
+    ],
+)
 def test_round_trip(spec):
     original = _request(spec)
     fields = {k.encode(): v.encode() for k, v in original.encode().items()}

@@ -12,9 +12,17 @@ from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageE
 
 
 def _request() -> LaneRequest:
-    return LaneRequest(request_id="r1", model="m", tier="standard", tenant="17", prompt_token_ids=(1, 2, 3),
-                       sampling=SamplingParams(max_tokens=4, temperature=0.0, stop=("\n",), stop_token_ids=(7,)),
-                       weight=2.0, ttft_target_s=1.5, traceparent="00-abc-def-01")
+    return LaneRequest(
+        request_id="r1",
+        model="m",
+        tier="standard",
+        tenant="17",
+        prompt_token_ids=(1, 2, 3),
+        sampling=SamplingParams(max_tokens=4, temperature=0.0, stop=("\n",), stop_token_ids=(7,)),
+        weight=2.0,
+        ttft_target_s=1.5,
+        traceparent="00-abc-def-01",
+    )
 
 
 def test_request_round_trip_through_bytes():
@@ -33,8 +41,17 @@ def test_sampling_the_engine_refuses_is_a_malformed_entry():
 
 
 def test_result_round_trip():
-    result = LaneResult(request_id="r1", token_ids=(5, 6), text="hi", offset=3, finished=True, finish_reason="stop",
-                        num_prompt_tokens=3, num_output_tokens=5, worker="w1")
+    result = LaneResult(
+        request_id="r1",
+        token_ids=(5, 6),
+        text="hi",
+        offset=3,
+        finished=True,
+        finish_reason="stop",
+        num_prompt_tokens=3,
+        num_output_tokens=5,
+        worker="w1",
+    )
     assert LaneResult.decode(result.encode()) == result
 
 
@@ -45,8 +62,16 @@ def test_unknown_version_is_refused():
         LaneRequest.decode(fields)
 
 
-@pytest.mark.parametrize("fields", [{}, {"v": "1"}, {"v": "1", "body": "{not json"}, {"v": "x", "body": "{}"},
-                                    {"v": "1", "body": json.dumps({"request_id": "r"})}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"v": "1"},
+        {"v": "1", "body": "{not json"},
+        {"v": "x", "body": "{}"},
+        {"v": "1", "body": json.dumps({"request_id": "r"})},
+    ],
+)
 def test_malformed_entries_raise_message_error(fields):
     with pytest.raises(MessageError):
         LaneRequest.decode(fields)
@@ -61,8 +86,17 @@ def test_unknown_result_kind_is_refused():
 
 
 def test_load_report_round_trips_and_refuses_what_it_cannot_read():
-    load = SLOLoad(step_s=0.01, prefill_token_s=2e-4, decode_seq_s=1e-3, max_num_batched_tokens=512, max_num_seqs=64,
-                   running=3, slot_wait_s=0.0, waiting_tokens={3: 120, 1: 40}, tiered=True)
+    load = SLOLoad(
+        step_s=0.01,
+        prefill_token_s=2e-4,
+        decode_seq_s=1e-3,
+        max_num_batched_tokens=512,
+        max_num_seqs=64,
+        running=3,
+        slot_wait_s=0.0,
+        waiting_tokens={3: 120, 1: 40},
+        tiered=True,
+    )
     report = LoadReport(worker="w1", load=load)
     assert LoadReport.decode(report.encode()) == report
     assert LoadReport.decode(report.encode().encode()) == report  # as bytes, the way Redis returns it
@@ -75,7 +109,9 @@ def test_load_report_round_trips_and_refuses_what_it_cannot_read():
 
 
 def test_an_slo_error_result_carries_its_retry_after():
-    result = LaneResult(request_id="r", kind="error", finished=True, error_code="slo_unattainable", retry_after_s=3.0)
+    result = LaneResult(
+        request_id="r", kind="error", finished=True, error_code="slo_unattainable", retry_after_s=3.0
+    )
     assert LaneResult.decode(result.encode()).retry_after_s == 3.0
 
 

@@ -21,11 +21,19 @@ async def lanes(redis_url):
     await client.aclose()
 
 
-async def _publish(lanes: LaneClient, request_id: str, chunks: list[tuple[int, tuple[int, ...], bool]]) -> None:
+async def _publish(
+    lanes: LaneClient, request_id: str, chunks: list[tuple[int, tuple[int, ...], bool]]
+) -> None:
     for offset, tokens, finished in chunks:
-        result = LaneResult(request_id=request_id, token_ids=tokens, text="".join(f" t{t}" for t in tokens),
-                            offset=offset, finished=finished, finish_reason="length" if finished else None,
-                            num_output_tokens=offset + len(tokens))
+        result = LaneResult(
+            request_id=request_id,
+            token_ids=tokens,
+            text="".join(f" t{t}" for t in tokens),
+            offset=offset,
+            finished=finished,
+            finish_reason="length" if finished else None,
+            num_output_tokens=offset + len(tokens),
+        )
         await lanes.redis.xadd(out_key(request_id), result.encode())
     await lanes.redis.expire(out_key(request_id), 60)
 

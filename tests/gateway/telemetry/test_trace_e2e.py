@@ -17,9 +17,17 @@ from serve_process import free_port, start, wait_ready
 
 # A tiny random Llama; a KV cache of 24 blocks of 4 tokens (96 slots) for two requests of ~45
 # prompt tokens each that grow while decoding: one of them is preempted.
-MODEL_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                    initializer_range=0.5)
+MODEL_CONFIG = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    initializer_range=0.5,
+)
 PROMPT = "zebra quokka marmalade 7341: please write something"  # must never be logged nor traced
 SERVER_SPAN = "POST /v1/chat/completions"
 
@@ -30,20 +38,31 @@ def traced(tmp_path_factory, redis_url):
     model = f"test-{uuid.uuid4().hex[:10]}"
     port = free_port()
     with OTLPReceiver() as receiver:
-        env = {"FAIRLANE_REDIS_URL": redis_url, "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
-               "FAIRLANE_ENGINE__MODEL": "dummy", "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(MODEL_CONFIG),
-               "FAIRLANE_SERVED_MODEL_NAME": model, "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN,
-               "FAIRLANE_ENGINE__NUM_THREADS": "1", "FAIRLANE_ENGINE__BLOCK_SIZE": "4",
-               "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "24", "FAIRLANE_ENGINE__ENABLE_PREFIX_CACHING": "false",
-               "FAIRLANE_OTEL_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
-               "FAIRLANE_LOG_LEVEL": "DEBUG", "FAIRLANE_LOG_FORMAT": "json", "FAIRLANE_CONFIG": "/nonexistent"}
+        env = {
+            "FAIRLANE_REDIS_URL": redis_url,
+            "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
+            "FAIRLANE_ENGINE__MODEL": "dummy",
+            "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(MODEL_CONFIG),
+            "FAIRLANE_SERVED_MODEL_NAME": model,
+            "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN,
+            "FAIRLANE_ENGINE__NUM_THREADS": "1",
+            "FAIRLANE_ENGINE__BLOCK_SIZE": "4",
+            "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "24",
+            "FAIRLANE_ENGINE__ENABLE_PREFIX_CACHING": "false",
+            "FAIRLANE_OTEL_ENDPOINT": receiver.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "FAIRLANE_LOG_LEVEL": "DEBUG",
+            "FAIRLANE_LOG_FORMAT": "json",
+            "FAIRLANE_CONFIG": "/nonexistent",
+        }
         served = start(["serve", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
         try:
             wait_ready(served, timeout_s=300)
             with httpx.Client(base_url=served.base_url, timeout=120) as http:
                 tenant = http.post("/admin/tenants", json={"name": "traced"}, headers=admin_headers()).json()
-                key = http.post(f"/admin/tenants/{tenant['id']}/keys", json={"name": "k"},
-                                headers=admin_headers()).json()["key"]
+                key = http.post(
+                    f"/admin/tenants/{tenant['id']}/keys", json={"name": "k"}, headers=admin_headers()
+                ).json()["key"]
                 yield {"served": served, "receiver": receiver, "http": http, "key": key, "model": model}
         finally:
             served.stop()
@@ -54,22 +73,38 @@ def traced(tmp_path_factory, redis_url):
 
 def chat(traced, *, max_tokens=8, headers=None, content=PROMPT) -> httpx.Response:
     response = traced["http"].post(
-        "/v1/chat/completions", headers={"Authorization": f"Bearer {traced['key']}", **(headers or {})},
-        json={"model": traced["model"], "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {traced['key']}", **(headers or {})},
+        json={
+            "model": traced["model"],
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+        },
+    )
     assert response.status_code == 200, response.text
     return response
 
 
 def spans_of(traced, request_id: str) -> list[dict]:
     """Every span of the request's trace, once the gateway's and the worker's have all arrived."""
+
     def complete(spans):
-        mine = [s for s in spans if request_id in (s["attributes"].get("fairlane.request_id"),
-                                                   s["attributes"].get("gen_ai.response.id"))]
+        mine = [
+            s
+            for s in spans
+            if request_id
+            in (s["attributes"].get("fairlane.request_id"), s["attributes"].get("gen_ai.response.id"))
+        ]
         names = {s["name"] for s in mine}
         return {SERVER_SPAN, "engine.request", "lane.wait"} <= names
+
     spans = traced["receiver"].wait_for(complete)
-    trace_ids = {s["trace_id"] for s in spans if request_id in (s["attributes"].get("fairlane.request_id"),
-                                                                 s["attributes"].get("gen_ai.response.id"))}
+    trace_ids = {
+        s["trace_id"]
+        for s in spans
+        if request_id
+        in (s["attributes"].get("fairlane.request_id"), s["attributes"].get("gen_ai.response.id"))
+    }
     assert len(trace_ids) == 1, trace_ids  # exactly one trace for one request
     (trace_id,) = trace_ids
     names = {"auth", "quota.admit", "lane.relay", "engine.prefill", "engine.decode"}
@@ -89,7 +124,11 @@ def test_one_request_is_one_trace_from_gateway_through_lane_to_engine(traced):
     request_id, usage = response.headers["x-request-id"], response.json()["usage"]
     spans = spans_of(traced, request_id)
     server = one(spans, SERVER_SPAN)
-    assert server["parent_span_id"] is None and server["kind"] == "SERVER" and server["service"] == "fairlane-gateway"
+    assert (
+        server["parent_span_id"] is None
+        and server["kind"] == "SERVER"
+        and server["service"] == "fairlane-gateway"
+    )
     for child in ("auth", "quota.admit", "lane.relay"):
         assert one(spans, child)["parent_span_id"] == server["span_id"], child
     lane, engine_span = one(spans, "lane.wait"), one(spans, "engine.request")
@@ -148,31 +187,57 @@ def test_a_preempted_request_shows_the_preemption(traced):
 def test_no_key_token_or_prompt_in_any_log_line_or_span_attribute(traced):
     http, model = traced["http"], traced["model"]
     wrong_key = "fl-AAAAAAAA_" + "w" * 43
-    bad = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {wrong_key}"},
-                    json={"model": model, "messages": [{"role": "user", "content": PROMPT}]})
+    bad = http.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {wrong_key}"},
+        json={"model": model, "messages": [{"role": "user", "content": PROMPT}]},
+    )
     assert bad.status_code == 401
-    refused = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {traced['key']}"},
-                        json={"model": model, "messages": [{"role": "user", "content": PROMPT}], "tools": [{"type": "function"}]})
+    refused = http.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {traced['key']}"},
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "tools": [{"type": "function"}],
+        },
+    )
     assert refused.status_code == 400
-    malformed = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {traced['key']}"},
-                          json={"model": model, "messages": [{"role": "user", "content": PROMPT}],
-                                "max_tokens": PROMPT})
+    malformed = http.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {traced['key']}"},
+        json={"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": PROMPT},
+    )
     assert malformed.status_code in (400, 422)
     response = chat(traced)  # at least one request, and its trace complete, before looking
     request_id = response.headers["x-request-id"]
     spans = spans_of(traced, request_id)
     log = traced["served"].log()
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    finished = [line for line in lines if line.get("logger") == "fairlane.request" and line["request_id"] == request_id]
+    finished = [
+        line
+        for line in lines
+        if line.get("logger") == "fairlane.request" and line["request_id"] == request_id
+    ]
     assert len(finished) == 1  # one line per request, at completion
     line = finished[0]
     assert line["trace_id"] == spans[0]["trace_id"] and line["status"] in ("stop", "length")
     assert line["completion_tokens"] == response.json()["usage"]["completion_tokens"] and line["ttft_ms"] > 0
     assert any(line["level"] == "DEBUG" for line in lines)  # everything a run logs, debug included
-    secrets = {"api key": traced["key"], "wrong key": wrong_key, "key secret": traced["key"].split("_", 1)[1], "admin token": ADMIN_TOKEN,
-               "prompt": PROMPT, "prompt part": "quokka marmalade"}
-    every_attribute = json.dumps([[s["attributes"], [e["attributes"] for e in s["events"]], s["name"]]
-                                  for s in traced["receiver"].spans])
+    secrets = {
+        "api key": traced["key"],
+        "wrong key": wrong_key,
+        "key secret": traced["key"].split("_", 1)[1],
+        "admin token": ADMIN_TOKEN,
+        "prompt": PROMPT,
+        "prompt part": "quokka marmalade",
+    }
+    every_attribute = json.dumps(
+        [
+            [s["attributes"], [e["attributes"] for e in s["events"]], s["name"]]
+            for s in traced["receiver"].spans
+        ]
+    )
     for what, secret in secrets.items():
         assert secret not in log, f"the {what} is in the log"
         assert secret not in every_attribute, f"the {what} is in a span"

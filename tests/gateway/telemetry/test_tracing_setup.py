@@ -21,22 +21,30 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 def run(code: str, **env) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FAIRLANE_OTEL"))}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
-                            env={**clean, "PYTHONPATH": REPO, "FAIRLANE_CONFIG": "/nonexistent", **env})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**clean, "PYTHONPATH": REPO, "FAIRLANE_CONFIG": "/nonexistent", **env},
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
 
-PROBE = ("import sys\n"
-         "from gateway.api.app import create_app\n"
-         "from gateway.settings import ApiSettings\n"
-         "from gateway.telemetry import tracing\n"
-         "app = create_app(ApiSettings(dev=True, redis_url='redis://127.0.0.1:1'))\n"
-         "names = [m.cls.__name__ for m in app.user_middleware]\n"
-         "from opentelemetry import trace\n"
-         "exporters = any(m.startswith('opentelemetry.exporter') for m in sys.modules)\n"
-         "print(tracing.enabled(), exporters, type(trace.get_tracer_provider()).__name__,"
-         " 'TracingMiddleware' in names, type(tracing.span('x')).__name__)")
+PROBE = (
+    "import sys\n"
+    "from gateway.api.app import create_app\n"
+    "from gateway.settings import ApiSettings\n"
+    "from gateway.telemetry import tracing\n"
+    "app = create_app(ApiSettings(dev=True, redis_url='redis://127.0.0.1:1'))\n"
+    "names = [m.cls.__name__ for m in app.user_middleware]\n"
+    "from opentelemetry import trace\n"
+    "exporters = any(m.startswith('opentelemetry.exporter') for m in sys.modules)\n"
+    "print(tracing.enabled(), exporters, type(trace.get_tracer_provider()).__name__,"
+    " 'TracingMiddleware' in names, type(tracing.span('x')).__name__)"
+)
 
 
 def test_off_by_default_costs_nothing():
@@ -44,8 +52,13 @@ def test_off_by_default_costs_nothing():
     assert run(PROBE) == "False False ProxyTracerProvider False nullcontext"
 
 
-@pytest.mark.parametrize("env", [{"FAIRLANE_OTEL_ENDPOINT": "http://127.0.0.1:4318"},
-                                 {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FAIRLANE_OTEL_ENDPOINT": "http://127.0.0.1:4318"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"},
+    ],
+)
 def test_an_endpoint_turns_it_on(env):
     assert run(PROBE, **env) == "True True TracerProvider True _AgnosticContextManager"
 
@@ -69,7 +82,9 @@ def test_traceparent_round_trip_and_garbage():
 
 
 def test_json_log_lines_carry_extra_fields():
-    record = logging.LogRecord("fairlane.request", logging.INFO, __file__, 1, "request %s", ("finished",), None)
+    record = logging.LogRecord(
+        "fairlane.request", logging.INFO, __file__, 1, "request %s", ("finished",), None
+    )
     record.request_id, record.ttft_ms = "abc", 12.5
     line = json.loads(JsonFormatter("gateway").format(record))
     assert line["msg"] == "request finished" and line["request_id"] == "abc" and line["ttft_ms"] == 12.5

@@ -15,8 +15,14 @@ TIERS = ["priority", "standard", "batch"]
 
 def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8, request_id=None):
     rid = request_id or f"req-{uuid.uuid4().hex[:12]}"
-    req = LaneRequest(request_id=rid, model=model, tier=tier, tenant="acme", prompt_token_ids=tuple(prompt),
-                      sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    req = LaneRequest(
+        request_id=rid,
+        model=model,
+        tier=tier,
+        tenant="acme",
+        prompt_token_ids=tuple(prompt),
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
     redis.xadd(lane_key(model, tier), req.encode())
     return rid
 
@@ -34,13 +40,17 @@ def _run_until_done(worker, redis, rids, max_iters=500):
 
 
 def _worker(engine, redis, model, **kw):
-    worker = Worker(engine, redis, model=model, tiers=TIERS, worker_id=kw.pop("worker_id", "w1"), block_ms=10, **kw)
+    worker = Worker(
+        engine, redis, model=model, tiers=TIERS, worker_id=kw.pop("worker_id", "w1"), block_ms=10, **kw
+    )
     worker.setup()
     return worker
 
 
 def _greedy(engine, prompt, max_tokens):
-    engine.add_request("ref", list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    engine.add_request(
+        "ref", list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    )
     tokens = []
     while engine.has_unfinished():
         for out in engine.step():
@@ -135,7 +145,9 @@ def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, red
     _run_until_done(gone, redis, [rid])  # "gone" is now a consumer of the group with nothing pending
     redis.delete(out_key(rid))
     live = _worker(engine, redis, model_name, worker_id="live")
-    names = lambda: {_s(c["name"]) for c in redis.xinfo_consumers(lane_key(model_name, "standard"), "workers")}
+    names = lambda: {
+        _s(c["name"]) for c in redis.xinfo_consumers(lane_key(model_name, "standard"), "workers")
+    }
     assert "gone" in names()
     assert live.prune_consumers(idle_ms=60_000) == 0  # not idle long enough
     time.sleep(0.05)
@@ -156,7 +168,9 @@ def test_a_started_worker_beats_at_once(tiny_engine_factory, redis, model_name):
 
     worker = _worker(tiny_engine_factory(), redis, model_name, worker_id="fresh")
     stop = threading.Event()
-    thread = threading.Thread(target=heartbeat, args=(worker, redis, stop), kwargs={"every_s": 60}, daemon=True)
+    thread = threading.Thread(
+        target=heartbeat, args=(worker, redis, stop), kwargs={"every_s": 60}, daemon=True
+    )
     started = time.time()
     thread.start()
     try:
@@ -175,7 +189,9 @@ def test_a_lane_deleted_under_a_blocked_worker_is_re_created(tiny_engine_factory
     re-creates its lanes and serves on, it does not die."""
     import threading
 
-    worker = Worker(tiny_engine_factory(), redis, model=model_name, tiers=TIERS, worker_id="w1", block_ms=2000)
+    worker = Worker(
+        tiny_engine_factory(), redis, model=model_name, tiers=TIERS, worker_id="w1", block_ms=2000
+    )
     stop = threading.Event()
     thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
     thread.start()
@@ -186,7 +202,9 @@ def test_a_lane_deleted_under_a_blocked_worker_is_re_created(tiny_engine_factory
         assert thread.is_alive()
         rid = _submit(redis, model_name, max_tokens=3)
         deadline = time.monotonic() + 30
-        while not (_results(redis, rid) and _results(redis, rid)[-1].finished) and time.monotonic() < deadline:
+        while (
+            not (_results(redis, rid) and _results(redis, rid)[-1].finished) and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert sum(len(r.token_ids) for r in _results(redis, rid)) == 3
     finally:

@@ -26,8 +26,10 @@ N = 8
 @pytest.fixture(scope="module")
 def adapter_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("peft-tiny")
-    return [make_peft_adapter(root / f"a{i}", TINY, r=r, targets=targets, seed=10 + i, b_std=2.0)
-            for i, (r, targets) in enumerate([(4, ("q_proj", "v_proj")), (8, ALL), (2, ("down_proj",))])]
+    return [
+        make_peft_adapter(root / f"a{i}", TINY, r=r, targets=targets, seed=10 + i, b_std=2.0)
+        for i, (r, targets) in enumerate([(4, ("q_proj", "v_proj")), (8, ALL), (2, ("down_proj",))])
+    ]
 
 
 @pytest.fixture
@@ -44,8 +46,15 @@ def stored(adapter_dirs, tmp_path):
 
 def _submit(redis, model, lora=None, max_tokens=N):
     rid = f"req-{uuid.uuid4().hex[:12]}"
-    req = LaneRequest(request_id=rid, model=model, tier="standard", tenant="acme", prompt_token_ids=PROMPT,
-                      sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), lora=lora)
+    req = LaneRequest(
+        request_id=rid,
+        model=model,
+        tier="standard",
+        tenant="acme",
+        prompt_token_ids=PROMPT,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        lora=lora,
+    )
     redis.xadd(lane_key(model, "standard"), req.encode())
     return rid
 
@@ -64,7 +73,9 @@ def _run(worker, redis, rids, max_iters=500) -> dict[str, list[LaneResult]]:
 
 
 def _offline(engine, lora) -> list[int]:
-    engine.add_request("ref", list(PROMPT), SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True), lora=lora)
+    engine.add_request(
+        "ref", list(PROMPT), SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True), lora=lora
+    )
     tokens = []
     while engine.has_unfinished():
         for out in engine.step():
@@ -76,12 +87,20 @@ def _counter(name, worker_id) -> float:
     return REGISTRY.get_sample_value(f"fairlane_engine_{name}_total", {"worker": worker_id}) or 0.0
 
 
-def test_each_request_runs_with_its_own_adapter_from_the_store(tiny_engine_factory, redis, model_name, stored,
-                                                               adapter_dirs):
+def test_each_request_runs_with_its_own_adapter_from_the_store(
+    tiny_engine_factory, redis, model_name, stored, adapter_dirs
+):
     store, refs = stored
     worker_id = f"w-{uuid.uuid4().hex[:6]}"
-    worker = Worker(tiny_engine_factory(), redis, model=model_name, tiers=TIERS, worker_id=worker_id, block_ms=10,
-                    adapter_dir=store.root)
+    worker = Worker(
+        tiny_engine_factory(),
+        redis,
+        model=model_name,
+        tiers=TIERS,
+        worker_id=worker_id,
+        block_ms=10,
+        adapter_dir=store.root,
+    )
     worker.setup()
     loras = [refs[0], None, refs[1], refs[2], refs[0]]
     rids = [_submit(redis, model_name, lora) for lora in loras]
@@ -97,26 +116,42 @@ def test_each_request_runs_with_its_own_adapter_from_the_store(tiny_engine_facto
     assert _counter("lora_slot_loads", worker_id) == 3
 
 
-def test_more_adapters_than_slots_are_evicted_and_counted(tiny_engine_factory, redis, model_name, stored,
-                                                          adapter_dirs):
+def test_more_adapters_than_slots_are_evicted_and_counted(
+    tiny_engine_factory, redis, model_name, stored, adapter_dirs
+):
     store, refs = stored
     worker_id = f"w-{uuid.uuid4().hex[:6]}"
-    worker = Worker(tiny_engine_factory(max_loras=1), redis, model=model_name, tiers=TIERS, worker_id=worker_id,
-                    block_ms=10, adapter_dir=store.root)
+    worker = Worker(
+        tiny_engine_factory(max_loras=1),
+        redis,
+        model=model_name,
+        tiers=TIERS,
+        worker_id=worker_id,
+        block_ms=10,
+        adapter_dir=store.root,
+    )
     worker.setup()
     rids = [_submit(redis, model_name, ref) for ref in refs]
     results = _run(worker, redis, rids)
     reference = tiny_engine_factory()
     assert [[t for r in results[rid] for t in r.token_ids] for rid in rids] == [
-        _offline(reference, LoRARequest(ref.name, str(folder))) for ref, folder in zip(refs, adapter_dirs)]
+        _offline(reference, LoRARequest(ref.name, str(folder))) for ref, folder in zip(refs, adapter_dirs)
+    ]
     assert worker.engine.stats.lora_slot_evictions == 2
     assert _counter("lora_slot_loads", worker_id) == 3 and _counter("lora_slot_evictions", worker_id) == 2
 
 
 def test_an_adapter_gone_from_the_store_is_model_not_found(tiny_engine_factory, redis, model_name, stored):
     store, refs = stored
-    worker = Worker(tiny_engine_factory(), redis, model=model_name, tiers=TIERS, worker_id="w-gone", block_ms=10,
-                    adapter_dir=store.root)
+    worker = Worker(
+        tiny_engine_factory(),
+        redis,
+        model=model_name,
+        tiers=TIERS,
+        worker_id="w-gone",
+        block_ms=10,
+        adapter_dir=store.root,
+    )
     worker.setup()
     store.remove(refs[0].sha256)
     gone, fine = _submit(redis, model_name, refs[0]), _submit(redis, model_name, refs[1])

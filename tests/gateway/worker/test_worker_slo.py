@@ -18,8 +18,15 @@ SLOW_PRIOR = dict(cost_step_s=0.01, cost_prefill_token_s=0.0005, cost_decode_seq
 
 def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8, **fields) -> str:
     rid = f"req-{uuid.uuid4().hex[:12]}"
-    req = LaneRequest(request_id=rid, model=model, tier=tier, tenant="acme", prompt_token_ids=tuple(prompt),
-                      sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), **fields)
+    req = LaneRequest(
+        request_id=rid,
+        model=model,
+        tier=tier,
+        tenant="acme",
+        prompt_token_ids=tuple(prompt),
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        **fields,
+    )
     redis.xadd(lane_key(model, tier), req.encode())
     return rid
 
@@ -37,8 +44,12 @@ def _worker(engine, redis, model, worker_id="w1") -> Worker:
 def _backlog(engine, n=4, prompt_len=200, priority=2) -> None:
     """Requests added straight to the engine (no lane, no target): work ahead of newcomers."""
     for i in range(n):
-        engine.add_request(f"backlog-{i}", [3 + i] * prompt_len, SamplingParams(max_tokens=4, ignore_eos=True),
-                           priority=priority)
+        engine.add_request(
+            f"backlog-{i}",
+            [3 + i] * prompt_len,
+            SamplingParams(max_tokens=4, ignore_eos=True),
+            priority=priority,
+        )
 
 
 def test_targets_of_the_lane_request_reach_the_engine(tiny_engine_factory, redis, model_name):
@@ -81,9 +92,19 @@ def test_load_is_published_only_with_an_slo_policy(tiny_engine_factory, redis, m
 
 def test_stale_loads_of_dead_workers_are_pruned(tiny_engine_factory, redis, model_name):
     worker = _worker(tiny_engine_factory(policy="slo"), redis, model_name, worker_id="live")
-    dead = LoadReport(worker="dead", at=time.time() - 3600, load=SLOLoad(
-        step_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0, max_num_batched_tokens=64, max_num_seqs=4, running=0,
-        slot_wait_s=0.0))
+    dead = LoadReport(
+        worker="dead",
+        at=time.time() - 3600,
+        load=SLOLoad(
+            step_s=0.01,
+            prefill_token_s=0.0,
+            decode_seq_s=0.0,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            running=0,
+            slot_wait_s=0.0,
+        ),
+    )
     redis.hset(load_key(model_name), mapping={"dead": dead.encode(), "garbled": "{"})
     worker.publish_load(force=True)
     assert worker.prune_loads() == 2
@@ -107,11 +128,18 @@ def test_refused_on_arrival_is_an_slo_error_with_retry_after(tiny_engine_factory
     redis.delete(out_key(rid))
 
 
-def test_refused_at_a_step_start_is_an_slo_error_and_frees_nothing_twice(tiny_engine_factory, redis, model_name):
+def test_refused_at_a_step_start_is_an_slo_error_and_frees_nothing_twice(
+    tiny_engine_factory, redis, model_name
+):
     # A near-zero cost prior admits it on arrival; then it waits behind 800 tokens of a higher tier
     # (64 a step) for longer than its target, and the next step start refuses it.
-    engine = tiny_engine_factory(policy="priority+slo", max_num_batched_tokens=64, cost_step_s=1e-4,
-                                 cost_prefill_token_s=1e-6, cost_decode_seq_s=1e-6)
+    engine = tiny_engine_factory(
+        policy="priority+slo",
+        max_num_batched_tokens=64,
+        cost_step_s=1e-4,
+        cost_prefill_token_s=1e-6,
+        cost_decode_seq_s=1e-6,
+    )
     worker = _worker(engine, redis, model_name)
     _backlog(engine, priority=3)
     rid = _submit(redis, model_name, prompt=[9] * 20, ttft_target_s=0.5)
