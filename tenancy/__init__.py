@@ -36,6 +36,7 @@ from tenancy.models import (
     Base,
     Quota,
     Tenant,
+    UsageHourly,
     UsageRecord,
 )
 from tenancy.quota_rows import QUOTA_FIELDS, get_quota, list_quotas, set_quota
@@ -49,8 +50,10 @@ from tenancy.tenants import (
     update_tenant,
 )
 from tenancy.usage import UsageSummary, UsageTotals, list_usage, record_usage, usage_summary
+from tenancy.usage_rollup import COUNTERS, UsagePoint, add_refusals, hour_of, usage_series, usage_totals
 
 __all__ = [
+    "COUNTERS",
     "DEFAULT_ALLOWED_TIERS",
     "DEFAULT_DATABASE_URL",
     "QUOTA_FIELDS",
@@ -66,10 +69,13 @@ __all__ = [
     "Quota",
     "TenancyError",
     "Tenant",
+    "UsageHourly",
+    "UsagePoint",
     "UsageRecord",
     "UsageSummary",
     "UsageTotals",
     "ValidationError",
+    "add_refusals",
     "alembic_config",
     "authenticate_key",
     "create_adapter",
@@ -88,6 +94,7 @@ __all__ = [
     "get_tenant",
     "get_tenant_by_name",
     "hash_key",
+    "hour_of",
     "key_prefix",
     "list_adapters",
     "list_api_keys",
@@ -102,6 +109,8 @@ __all__ = [
     "touch_api_key",
     "update_tenant",
     "upgrade",
+    "usage_series",
     "usage_summary",
+    "usage_totals",
     "verify_key",
 ]

@@ -145,3 +145,24 @@ class UsageRecord(Base):
     latency_ms: Mapped[float | None] = mapped_column(Float, default=None)
     status: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UsageHourly(Base):
+    """Usage of one tenant's key (key_id 0: no key) in one UTC hour: what the console's charts read.
+
+    Kept in step with usage_records by ``record_usage`` (same transaction), so a chart never scans
+    raw rows; ``rate_limited`` counts quota refusals (429s), which leave no usage record.
+    """
+
+    __tablename__ = "usage_hourly"
+    __table_args__ = (Index("ix_usage_hourly_hour", "hour"),)  # every tenant over a range
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    key_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0: no key
+    hour: Mapped[datetime] = mapped_column(primary_key=True)  # UTC, truncated to the hour
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    errors: Mapped[int] = mapped_column(Integer, default=0)  # requests that ended in an error
+    slo_refusals: Mapped[int] = mapped_column(Integer, default=0)  # refused for their latency target
+    rate_limited: Mapped[int] = mapped_column(Integer, default=0)  # refused by a quota (429)

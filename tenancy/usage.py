@@ -1,4 +1,8 @@
-"""Usage records (one per request) and their per-tenant summaries over a period."""
+"""Usage records (one per request) and their per-tenant summaries over a period.
+
+``record_usage`` is the one writer of usage records; it updates the hourly roll-up
+(tenancy/usage_rollup.py) in the same transaction.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tenancy.models import UsageRecord
+from tenancy.models import UsageRecord, utcnow
+from tenancy.usage_rollup import ERROR_STATUS, SLO_STATUS, add_to_rollup
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,21 @@ def record_usage(
         ttft_ms=ttft_ms,
         latency_ms=latency_ms,
         status=status,
+        created_at=utcnow(),
     )
     session.add(record)
+    session.flush()  # a second record of the request fails here (IntegrityError), before the roll-up
+    add_to_rollup(
+        session,
+        tenant_id=tenant_id,
+        key_id=key_id,
+        hour=record.created_at,
+        requests=1,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        errors=int(status == ERROR_STATUS),
+        slo_refusals=int(status == SLO_STATUS),
+    )
     session.commit()
     return record
 

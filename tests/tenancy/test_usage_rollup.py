@@ -1,0 +1,107 @@
+"""Hourly roll-ups: kept by record_usage in its transaction, filled by migration 0004 from old
+records, read per hour and per day, per tenant and per key, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError
+
+from tenancy import (
+    UsageHourly,
+    add_refusals,
+    create_api_key,
+    create_tenant,
+    downgrade,
+    hour_of,
+    make_session_factory,
+    record_usage,
+    upgrade,
+    usage_series,
+    usage_totals,
+)
+
+
+def _record(session, tenant_id, key_id, rid, status="stop", prompt=10, completion=5):
+    return record_usage(
+        session,
+        request_id=rid,
+        tenant_id=tenant_id,
+        key_id=key_id,
+        model="m",
+        tier="standard",
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        status=status,
+    )
+
+
+def test_record_usage_updates_its_hour_once(session):
+    tenant = create_tenant(session, name="acme")
+    key = create_api_key(session, tenant_id=tenant.id).api_key
+    _record(session, tenant.id, key.id, "r1")
+    _record(session, tenant.id, key.id, "r2", status="error", completion=0)
+    _record(session, tenant.id, None, "r3", status="slo_unattainable", prompt=0, completion=0)
+    with pytest.raises(IntegrityError):  # the same request again: neither row nor roll-up changes
+        _record(session, tenant.id, key.id, "r1")
+    session.rollback()
+    add_refusals(session, {(tenant.id, key.id, datetime.now(UTC)): 3})
+    rows = {r.key_id: r for r in session.scalars(select(UsageHourly))}
+    assert set(rows) == {key.id, 0}
+    by_key = rows[key.id]
+    assert (by_key.requests, by_key.prompt_tokens, by_key.completion_tokens) == (2, 20, 5)
+    assert (by_key.errors, by_key.slo_refusals, by_key.rate_limited) == (1, 0, 3)
+    assert (rows[0].requests, rows[0].slo_refusals) == (1, 1)
+    assert hour_of(by_key.hour) == hour_of(datetime.now(UTC))
+
+
+def test_series_per_hour_and_day_per_tenant_and_key(session):
+    a, b = create_tenant(session, name="a"), create_tenant(session, name="b")
+    key = create_api_key(session, tenant_id=a.id).api_key
+    day = datetime(2026, 11, 20, tzinfo=UTC)
+    add_refusals(session, {(a.id, key.id, day + timedelta(hours=h)): 1 for h in (1, 2, 25)})
+    add_refusals(session, {(b.id, None, day + timedelta(hours=2, minutes=30)): 4})
+    since, until = day, day + timedelta(days=2)
+    hourly = usage_series(session, since=since, until=until, group_by="tenant")
+    assert [(p.start.hour, p.owner, p.rate_limited) for p in hourly] == [
+        (1, a.id, 1),
+        (2, a.id, 1),
+        (2, b.id, 4),
+        (1, a.id, 1),
+    ]
+    daily = usage_series(session, since=since, until=until, tenant_id=a.id, bucket="day")
+    assert [(p.start, p.rate_limited) for p in daily] == [(day, 2), (day + timedelta(days=1), 1)]
+    per_key = usage_series(session, since=since, until=day + timedelta(days=1), key_id=key.id)
+    assert sum(p.rate_limited for p in per_key) == 2
+    totals = usage_totals(session, since=since, until=until)
+    assert {t: p.rate_limited for t, p in totals.items()} == {a.id: 3, b.id: 4}
+    keys = usage_totals(session, since=since, until=until, group_by="key", tenant_id=a.id)
+    assert {k: p.rate_limited for k, p in keys.items()} == {key.id: 3}
+
+
+def test_migration_0004_rolls_up_existing_records(migrated_url, db_engine):
+    with make_session_factory(db_engine)() as session:
+        tenant = create_tenant(session, name="old")
+        for i in range(3):
+            _record(session, tenant.id, None, f"old-{i}", status="error" if i == 0 else "stop")
+    db_engine.dispose()
+    downgrade(migrated_url, "0003")
+    with db_engine.begin() as connection:  # a record written at 0003 in another hour
+        connection.execute(
+            text(
+                "INSERT INTO usage_records (request_id, tenant_id, model, tier, prompt_tokens, "
+                "completion_tokens, status, created_at) VALUES ('older', :t, 'm', 'standard', 7, 1, "
+                "'stop', :at)"
+            ),
+            {"t": tenant.id, "at": datetime(2026, 1, 2, 3, 45, tzinfo=UTC)},
+        )
+    db_engine.dispose()
+    upgrade(migrated_url)
+    db_engine.dispose()
+    with make_session_factory(db_engine)() as session:
+        rows = sorted(session.scalars(select(UsageHourly)), key=lambda r: hour_of(r.hour))
+        assert [(hour_of(r.hour).hour, r.requests, r.errors) for r in rows][0] == (3, 1, 0)
+        assert (rows[-1].requests, rows[-1].prompt_tokens, rows[-1].errors) == (3, 30, 1)
+        assert hour_of(rows[0].hour) == datetime(2026, 1, 2, 3, tzinfo=UTC)
