@@ -39,7 +39,8 @@ def model_info_key(model: str) -> str:
 
 
 def worker_info_key(model: str, worker_id: str) -> str:
-    """Hash of one worker's live state (free_blocks, total_blocks, running); expires with the worker."""
+    """Hash of one worker's live state (free_blocks, total_blocks, running, live: JSON for the console,
+    gateway/worker/live_stats.py); expires with the worker."""
     return f"worker:{model}:{worker_id}"
 
 

@@ -1,8 +1,9 @@
 """The worker's heartbeat thread: tells gateways it is alive and keeps its running lane entries claimed.
 
 Every beat, in one round trip: the worker's score in ``workers:{model}`` (and ids that stopped
-beating pruned), the model's max_model_len, the worker's KV blocks and running requests (a hash
-that expires with it), and an XCLAIM of every entry it runs, which resets their idle time so that
+beating pruned), the model's max_model_len, the worker's KV blocks, running requests and live
+statistics for the console (gateway/worker/live_stats.py; a hash that expires with it), and an
+XCLAIM of every entry it runs, which resets their idle time so that
 no other worker mistakes them for a dead worker's.
 """
 
@@ -12,6 +13,7 @@ import logging
 import threading
 import time
 
+import orjson
 import redis as redislib
 
 from gateway.lanes.keys import (
@@ -22,13 +24,14 @@ from gateway.lanes.keys import (
     worker_info_key,
     workers_key,
 )
+from gateway.worker.live_stats import LIVE_FIELD, PreemptionRate, live_stats
 from gateway.worker.loop import Worker
 
 log = logging.getLogger(__name__)
 
 
-def beat(worker: Worker, redis: redislib.Redis) -> None:
-    """One heartbeat (see the module docstring)."""
+def beat(worker: Worker, redis: redislib.Redis, rate: PreemptionRate | None = None) -> None:
+    """One heartbeat (see the module docstring); ``rate`` tracks preemptions across beats."""
     model, now = worker.model, time.time()
     pipe = redis.pipeline(transaction=False)
     pipe.zadd(workers_key(model), {worker.worker_id: now})
@@ -41,6 +44,7 @@ def beat(worker: Worker, redis: redislib.Redis) -> None:
             "free_blocks": worker.engine.num_free_blocks,
             "total_blocks": worker.engine.num_total_blocks,
             "running": len(worker.inflight),
+            LIVE_FIELD: orjson.dumps(live_stats(worker.engine, rate or PreemptionRate())),
         },
     )
     pipe.expire(info, int(WORKER_ALIVE_S))
@@ -63,9 +67,10 @@ def heartbeat(worker: Worker, redis: redislib.Redis, stop: threading.Event, *, e
     """Beat at once, then every ``every_s`` seconds until ``stop`` is set (run in a thread). The
     first beat is not delayed: a restarted worker serves the requests it claims at once, and a
     gateway answers 503 to new ones until it sees the worker beat."""
+    rate = PreemptionRate()
     while True:
         try:
-            beat(worker, redis)
+            beat(worker, redis, rate)
         except redislib.RedisError as exc:  # keep beating; the main loop reports persistent failures
             log.warning("heartbeat failed: %s", exc)
         if stop.wait(every_s):
