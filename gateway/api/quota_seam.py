@@ -51,6 +51,7 @@ from gateway.api.errors import (
     quota_unavailable,
 )
 from gateway.api.ratelimit_headers import publish
+from gateway.api.refusal_tally import RefusalTally
 from gateway.settings import ApiSettings
 from gateway.telemetry import metrics, tracing
 from quotas import (
@@ -136,8 +137,11 @@ class QuotaSeam:
     ``queues_lanes``: the limiter's Redis holds the lanes too, so an admission may queue the request.
     """
 
-    def __init__(self, limiter: Limiter | None = None, *, queues_lanes: bool = False) -> None:
+    def __init__(
+        self, limiter: Limiter | None = None, *, queues_lanes: bool = False, tally: RefusalTally | None = None
+    ) -> None:
         self.limiter = limiter
+        self.tally = tally  # counts refusals into the hourly usage roll-ups
         self.queues_lanes = queues_lanes and limiter is not None
         self._open: dict[str, Admission] = {}  # request id → admission not yet settled
         self._renewer: asyncio.Task | None = None
@@ -153,7 +157,7 @@ class QuotaSeam:
             lease_ttl=settings.quota_lease_ttl_s,
             loader=tenancy_loader(session_factory),
         )
-        return cls(limiter, queues_lanes=url == settings.redis_url)
+        return cls(limiter, queues_lanes=url == settings.redis_url, tally=RefusalTally(session_factory))
 
     async def admit(
         self,
@@ -205,6 +209,8 @@ class QuotaSeam:
         publish(admission.headers)
         if not decision.allowed:
             metrics.QUOTA_REFUSALS.labels(tier, decision.limit or "unknown").inc()
+            if self.tally is not None:
+                self.tally.note(auth.tenant_id, auth.key_id)
             raise refusal(decision, admission.headers)
         admission.reservation = decision.reservation
         admission.queued = decision.entry_id is not None
@@ -244,6 +250,8 @@ class QuotaSeam:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)
             self._renewer = None
+        if self.tally is not None:
+            await self.tally.aclose()
         if self.limiter is not None:
             await self.limiter.aclose()
             await self.limiter.redis.aclose()
