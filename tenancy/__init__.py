@@ -50,9 +50,18 @@ from tenancy.tenants import (
     update_tenant,
 )
 from tenancy.usage import UsageSummary, UsageTotals, list_usage, record_usage, usage_summary
-from tenancy.usage_rollup import COUNTERS, UsagePoint, add_refusals, hour_of, usage_series, usage_totals
+from tenancy.usage_rollup import (
+    BUCKETS,
+    COUNTERS,
+    UsagePoint,
+    add_refusals,
+    hour_of,
+    usage_series,
+    usage_totals,
+)
 
 __all__ = [
+    "BUCKETS",
     "COUNTERS",
     "DEFAULT_ALLOWED_TIERS",
     "DEFAULT_DATABASE_URL",

@@ -16,6 +16,7 @@ from gateway.api.routes import (
     admin_keys,
     admin_quotas,
     admin_tenants,
+    admin_usage,
     completions,
     health,
     metrics,
@@ -25,6 +26,7 @@ from gateway.api.routes.admin_adapters import UPLOAD_OVERHEAD_BYTES
 from gateway.api.routes.health import Supervised
 from gateway.api.state import GatewayState
 from gateway.api.tracing_middleware import TracingMiddleware
+from gateway.console import install as install_console
 from gateway.settings import ApiSettings, load_settings
 from gateway.telemetry import tracing
 
@@ -79,9 +81,11 @@ def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | 
         admin_keys.router,
         admin_quotas.router,
         admin_adapters.router,
+        admin_usage.router,
         metrics.router,
     ):
         app.include_router(router)
+    install_console(app)
     if traced:  # innermost of the middleware: the request id is known, the span covers the route
         app.add_middleware(TracingMiddleware)
     app.add_middleware(
