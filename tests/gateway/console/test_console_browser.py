@@ -3,7 +3,7 @@
 secret shown once, then used with the openai client) and a quota, send traffic and see it in the
 usage charts and the live view, upload and delete an adapter, revoke the key and see the client
 refused; a tenant key opens nothing; the browser logs no error. The tests run in order and share
-one server and one browser. With FAIRLANE_CONSOLE_SCREENSHOTS=<folder> each page is saved there
+one server and one browser. With FAIRLANE_TEST_CONSOLE_SCREENSHOTS=<folder> each page is saved there
 (docs/console/*.png are made this way)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ DUMMY = dict(
     head_dim=16,
     max_position_embeddings=4096,
 )
-SHOTS = os.environ.get("FAIRLANE_CONSOLE_SCREENSHOTS")
+SHOTS = os.environ.get("FAIRLANE_TEST_CONSOLE_SCREENSHOTS")
 PAGES = ("tenants", "tenant", "keys", "quotas", "adapters", "usage", "live", "login")
 
 
