@@ -1,4 +1,4 @@
-"""The ``fairlane`` command: argparse subcommands (serve, worker, generate), each in its own module.
+"""The ``fairlane`` command: argparse subcommands (serve, worker, generate, admin), each in its own module.
 
 Subcommand modules are imported when their command runs: ``fairlane generate`` loads the engine
 (torch), ``fairlane serve`` does not.
@@ -22,6 +22,12 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin(args: argparse.Namespace) -> int:
+    from gateway.cli import admin
+
+    return admin.main(args)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from gateway.cli import generate
 
@@ -38,7 +44,7 @@ def add_policy_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway.cli import generate, serve
+    from gateway.cli import admin, generate, serve
 
     parser = argparse.ArgumentParser(prog="fairlane", description="Multi-tenant LLM gateway and engine.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -55,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate_parser = commands.add_parser("generate", help="offline batch generation from a JSONL file")
     generate.add_arguments(generate_parser)
     generate_parser.set_defaults(func=_generate)
+
+    admin_parser = commands.add_parser(
+        "admin", help="tenants, keys, quotas and usage (a gateway or the database)"
+    )
+    admin.add_arguments(admin_parser)
+    admin_parser.set_defaults(func=_admin)
     return parser
 
 
