@@ -39,7 +39,7 @@ from tenancy.models import (
     UsageHourly,
     UsageRecord,
 )
-from tenancy.quota_rows import QUOTA_FIELDS, get_quota, list_quotas, set_quota
+from tenancy.quota_rows import QUOTA_FIELDS, get_quota, list_quotas, set_quota, tenant_quotas
 from tenancy.tenants import (
     DEFAULT_ALLOWED_TIERS,
     create_tenant,
@@ -115,6 +115,7 @@ __all__ = [
     "record_usage",
     "revoke_api_key",
     "set_quota",
+    "tenant_quotas",
     "touch_api_key",
     "update_tenant",
     "upgrade",

@@ -50,3 +50,8 @@ def set_quota(session: Session, *, tenant_id: int, key_id: int | None = None, **
 
 def list_quotas(session: Session, *, tenant_id: int) -> list[Quota]:
     return list(session.scalars(select(Quota).where(Quota.tenant_id == tenant_id).order_by(Quota.id)))
+
+
+def tenant_quotas(session: Session) -> dict[int, Quota]:
+    """Every tenant's own quota row (not its keys'), by tenant id: one query."""
+    return {row.tenant_id: row for row in session.scalars(select(Quota).where(Quota.key_id.is_(None)))}

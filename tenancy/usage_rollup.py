@@ -1,14 +1,16 @@
 """Hourly usage roll-ups (``usage_hourly``): kept as requests settle, read by the console's charts.
 
 ``add_to_rollup`` is called by ``record_usage`` in the transaction that writes the usage record, so a
-roll-up never counts a request twice and never misses one that was recorded. Quota refusals (429s)
-leave no usage record; gateways add them in batches with ``add_refusals``. Readers group roll-up
-rows, never usage records: a chart over a month reads at most 720 rows per key.
+roll-up never counts a request twice and never misses one that was recorded. Each request adds to
+two rows of its hour: its key's (``key_id`` 0 when it had none) and its tenant's total (``key_id``
+ALL_KEYS), so that views of every tenant read one row per tenant and hour, and views of one tenant's
+keys one row per key and hour. Quota refusals (429s) leave no usage record; gateways add them in
+batches with ``add_refusals``. Readers group roll-up rows, never usage records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 
@@ -22,8 +24,10 @@ from tenancy.models import UsageHourly
 ERROR_STATUS = "error"  # usage status of a request that ended in an error
 SLO_STATUS = "slo_unattainable"  # usage status of a request refused for its latency target
 NO_KEY = 0  # key_id of roll-ups of records without a key
+ALL_KEYS = -1  # key_id of a tenant's total over all its keys (and none)
 COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "errors", "slo_refusals", "rate_limited")
 BUCKETS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
+GROUPS = ("tenant", "key", None)
 
 
 def hour_of(moment: datetime) -> datetime:
@@ -35,12 +39,15 @@ def hour_of(moment: datetime) -> datetime:
 def add_to_rollup(
     session: Session, *, tenant_id: int, key_id: int | None, hour: datetime, **counts: int
 ) -> None:
-    """Add ``counts`` (names from COUNTERS) to one roll-up row, creating it; the caller commits."""
+    """Add ``counts`` (names from COUNTERS) to the key's and the tenant's rows of an hour, creating
+    them; the caller commits."""
     values = {name: int(counts.get(name, 0)) for name in COUNTERS}
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    statement = insert(UsageHourly).values(
-        tenant_id=tenant_id, key_id=key_id or NO_KEY, hour=hour_of(hour), **values
-    )
+    rows = [
+        {"tenant_id": tenant_id, "key_id": k, "hour": hour_of(hour), **values}
+        for k in (key_id or NO_KEY, ALL_KEYS)
+    ]
+    statement = insert(UsageHourly).values(rows)
     table = UsageHourly.__table__
     statement = statement.on_conflict_do_update(
         index_elements=["tenant_id", "key_id", "hour"],
@@ -77,6 +84,48 @@ class UsagePoint:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"total_tokens": self.total_tokens}
 
 
+def _scoped(query, *, since, until, tenant_id, key_id, group_by, owners):
+    """Roll-up rows of the range for a view: by key (of one tenant, or one key) read the key rows,
+    everything else the tenants' total rows."""
+    if group_by not in GROUPS:
+        raise ValueError(f"group_by must be one of {GROUPS}")
+    query = query.where(UsageHourly.hour >= hour_of(since), UsageHourly.hour < until)
+    if tenant_id is not None:
+        query = query.where(UsageHourly.tenant_id == tenant_id)
+    if key_id is not None:
+        query = query.where(UsageHourly.key_id == key_id)
+    elif group_by == "key":
+        query = query.where(UsageHourly.key_id != ALL_KEYS)
+    else:
+        query = query.where(UsageHourly.key_id == ALL_KEYS)
+    if owners is not None:
+        owner = UsageHourly.key_id if group_by == "key" else UsageHourly.tenant_id
+        query = query.where(owner.in_(list(owners)))
+    return query
+
+
+def _sums():
+    return [func.sum(getattr(UsageHourly, name)) for name in COUNTERS]
+
+
+def _bucket_column(session: Session, bucket: str):
+    """The SQL expression of a row's bucket: its hour, or its UTC day (grouped in the database)."""
+    if bucket == "hour":
+        return UsageHourly.hour
+    if session.get_bind().dialect.name == "postgresql":
+        return func.date_trunc("day", func.timezone("UTC", UsageHourly.hour))
+    return func.strftime("%Y-%m-%d 00:00:00", UsageHourly.hour)
+
+
+def _utc(value) -> datetime:
+    """A bucket as the database returns it (aware, naive UTC, or SQLite's text) as an aware UTC time."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value if value.utcoffset() == timedelta(0) else value.astimezone(UTC)
+
+
 def usage_series(
     session: Session,
     *,
@@ -85,31 +134,30 @@ def usage_series(
     tenant_id: int | None = None,
     key_id: int | None = None,
     group_by: str | None = None,
+    owners: Collection[int] | None = None,
     bucket: str = "hour",
 ) -> list[UsagePoint]:
     """Usage per bucket ("hour" or "day") in [since, until), of every tenant, one tenant or one key,
-    split by "tenant" or "key" (``group_by``) or not; ordered by bucket, then owner."""
+    split by "tenant" or "key" (``group_by``; only ``owners`` when given) or not; ordered by bucket,
+    then owner. One row per bucket and owner comes back from the database."""
     if bucket not in BUCKETS:
         raise ValueError(f"bucket must be one of {sorted(BUCKETS)}")
-    owner = {"tenant": UsageHourly.tenant_id, "key": UsageHourly.key_id, None: None}[group_by]
-    columns = [UsageHourly.hour] + ([owner] if owner is not None else [])
-    query = select(*columns, *(func.sum(getattr(UsageHourly, name)) for name in COUNTERS))
-    query = query.where(UsageHourly.hour >= hour_of(since), UsageHourly.hour < until)
-    if tenant_id is not None:
-        query = query.where(UsageHourly.tenant_id == tenant_id)
-    if key_id is not None:
-        query = query.where(UsageHourly.key_id == key_id)
+    owner = {"tenant": UsageHourly.tenant_id, "key": UsageHourly.key_id, None: None}.get(group_by)
+    start = _bucket_column(session, bucket).label("start")
+    columns = [start] + ([owner] if owner is not None else [])
+    query = _scoped(
+        select(*columns, *_sums()),
+        since=since,
+        until=until,
+        tenant_id=tenant_id,
+        key_id=key_id,
+        group_by=group_by,
+        owners=owners,
+    )
     query = query.group_by(*columns).order_by(*columns)
-    points: dict[tuple[datetime, int | None], list[int]] = {}
-    for row in session.execute(query):
-        start = hour_of(row[0])
-        if bucket == "day":
-            start = start.replace(hour=0)
-        who = row[1] if owner is not None else None
-        sums = points.setdefault((start, who), [0] * len(COUNTERS))
-        for i, value in enumerate(row[len(columns) :]):
-            sums[i] += int(value or 0)
-    return [UsagePoint(start, who, *sums) for (start, who), sums in sorted(points.items(), key=_order)]
+    if owner is None:
+        return [UsagePoint(_utc(row[0]), None, *map(int, row[1:])) for row in session.execute(query)]
+    return [UsagePoint(_utc(row[0]), row[1], *map(int, row[2:])) for row in session.execute(query)]
 
 
 def usage_totals(
@@ -119,19 +167,20 @@ def usage_totals(
     until: datetime,
     group_by: str = "tenant",
     tenant_id: int | None = None,
+    key_id: int | None = None,
 ) -> dict[int, UsagePoint]:
     """Totals in [since, until) per tenant or per key (of one tenant when ``tenant_id`` is given)."""
     owner = UsageHourly.tenant_id if group_by == "tenant" else UsageHourly.key_id
-    query = select(owner, *(func.sum(getattr(UsageHourly, name)) for name in COUNTERS))
-    query = query.where(UsageHourly.hour >= hour_of(since), UsageHourly.hour < until)
-    if tenant_id is not None:
-        query = query.where(UsageHourly.tenant_id == tenant_id)
+    query = _scoped(
+        select(owner, *_sums()),
+        since=since,
+        until=until,
+        tenant_id=tenant_id,
+        key_id=key_id,
+        group_by=group_by,
+        owners=None,
+    )
     totals = {}
     for who, *sums in session.execute(query.group_by(owner)):
         totals[who] = UsagePoint(hour_of(since), who, *(int(v or 0) for v in sums))
     return totals
-
-
-def _order(item):
-    (start, who), _sums = item
-    return start, who if who is not None else -1

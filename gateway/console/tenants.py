@@ -14,7 +14,7 @@ from gateway.api.schemas.admin import TenantCreate, TenantUpdate
 from gateway.api.schemas.quotas import QuotaPublic, QuotaSet
 from gateway.console.session import PREFIX, Change, SignedIn
 from gateway.console.views import ACTION_ERRORS, error_text, number, render, tier_shares
-from tenancy import TENANT_ACTIVE, TENANT_DISABLED, get_quota, get_tenant, list_tenants
+from tenancy import TENANT_ACTIVE, TENANT_DISABLED, get_quota, get_tenant, list_tenants, tenant_quotas
 
 router = APIRouter()
 
@@ -27,8 +27,8 @@ def _quota_of(db, tenant_id: int) -> QuotaPublic | None:
 async def _list_page(request: Request, session, state, **context):
     def read():
         with state.session_factory() as db:
-            tenants = list_tenants(db)
-            return tenants, {t.id: _quota_of(db, t.id) for t in tenants}
+            quotas = {t: QuotaPublic.model_validate(q) for t, q in tenant_quotas(db).items()}
+            return list_tenants(db), quotas
 
     tenants, quotas = await run_in_threadpool(read)
     return render(request, "tenants.html", session, page="tenants", tenants=tenants, quotas=quotas, **context)

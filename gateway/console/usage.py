@@ -14,61 +14,70 @@ from gateway.api.deps import StateDep
 from gateway.api.routes.admin_usage import csv_text, series, usage_range
 from gateway.console.session import SignedIn
 from gateway.console.views import render
-from tenancy import BUCKETS, list_api_keys, list_tenants
+from tenancy import BUCKETS, list_api_keys, list_tenants, usage_series, usage_totals
 
 router = APIRouter()
 RANGES = {"1": "24 hours", "7": "7 days", "30": "30 days", "90": "90 days"}
 TOP = 8  # owners charted one by one; the rest are summed as "others"
+MAX_HOURLY_DAYS = 7  # longer ranges are charted per day: a chart (and a query) stays under ~1,500 points
 
 
-def _chart(rows: list[dict], by: str, names: dict, since, until, bucket: str) -> dict:
-    step = BUCKETS[bucket]
-    start = since.replace(hour=0) if bucket == "day" else since
-    labels, at = [], start
+def _chart(top: list, overall: list, since, until, bucket: str, names: dict) -> dict:
+    """Dense series over the range: each top owner's tokens and requests, the rest as "others",
+    and the errors, SLO refusals and 429s of all."""
+    step, labels, at = BUCKETS[bucket], [], since.replace(hour=0) if bucket == "day" else since
     while at < until:
         labels.append(at)
         at += step
     index = {label: i for i, label in enumerate(labels)}
-    owner_key = f"{by}_id"
-    totals: dict = {}
-    for row in rows:
-        totals[row[owner_key]] = totals.get(row[owner_key], 0) + row["total_tokens"]
-    top = sorted(totals, key=lambda o: -totals[o])[:TOP]
-    series_of = {o: {"tokens": [0] * len(labels), "requests": [0] * len(labels)} for o in [*top, "others"]}
+    empty = {"tokens": [0] * len(labels), "requests": [0] * len(labels)}
+    series = {}
+    for point in top:
+        chart = series.setdefault(point.owner, {k: list(v) for k, v in empty.items()})
+        if point.start in index:
+            chart["tokens"][index[point.start]] += point.total_tokens
+            chart["requests"][index[point.start]] += point.requests
+    others = {k: list(v) for k, v in empty.items()}
     problems = {name: [0] * len(labels) for name in ("errors", "slo_refusals", "rate_limited")}
-    for row in rows:
-        i = index.get(row["start"])
+    for point in overall:
+        i = index.get(point.start)
         if i is None:
             continue
-        chart = series_of[row[owner_key] if row[owner_key] in top else "others"]
-        chart["tokens"][i] += row["total_tokens"]
-        chart["requests"][i] += row["requests"]
+        others["tokens"][i] += point.total_tokens - sum(s["tokens"][i] for s in series.values())
+        others["requests"][i] += point.requests - sum(s["requests"][i] for s in series.values())
         for name in problems:
-            problems[name][i] += row[name]
+            problems[name][i] += getattr(point, name)
+    charted = [{"label": names.get(o, str(o)), **v} for o, v in series.items()]
+    if any(others["tokens"]) or any(others["requests"]):
+        charted.append({"label": "others", **others})
     fmt = "%m-%d %H:00" if bucket == "hour" else "%Y-%m-%d"
-    return {
-        "labels": [label.strftime(fmt) for label in labels],
-        "series": [
-            {"label": names.get(o, str(o)) if o != "others" else "others", **series_of[o]}
-            for o in [*top, "others"]
-            if o != "others" or any(series_of[o]["tokens"]) or any(series_of[o]["requests"])
-        ],
-        "problems": problems,
-    }
+    return {"labels": [label.strftime(fmt) for label in labels], "series": charted, "problems": problems}
 
 
 async def _read(state, tenant_id, key_id, days, bucket):
+    """The page's four queries, all on the roll-ups: totals per owner, the top owners' series, the
+    series of everything in view, and the names."""
     since, until = usage_range(None, None, days=days)
+    by = "key" if tenant_id is not None else "tenant"
+    scope = {"since": since, "until": until, "tenant_id": tenant_id, "key_id": key_id}
 
     def read():
         with state.session_factory() as db:
+            totals = usage_totals(db, group_by=by, **scope)
+            top = sorted(totals, key=lambda o: -totals[o].total_tokens)[:TOP]
+            top_points = usage_series(db, group_by=by, owners=top, bucket=bucket, **scope) if top else []
+            overall = usage_series(db, bucket=bucket, **scope)
             tenants = list_tenants(db)
             keys = list_api_keys(db, tenant_id=tenant_id) if tenant_id is not None else []
-            rows, by = series(db, since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket=bucket)
-            return tenants, keys, rows, by
+            return totals, top_points, overall, tenants, keys
 
-    tenants, keys, rows, by = await run_in_threadpool(read)
-    return since, until, tenants, keys, rows, by
+    totals, top_points, overall, tenants, keys = await run_in_threadpool(read)
+    if by == "tenant":
+        names = {t.id: t.name for t in tenants}
+    else:
+        names = {k.id: k.name or k.prefix for k in keys} | {0: "(no key)"}
+    chart = _chart(top_points, overall, since, until, bucket, names)
+    return since, until, by, tenants, keys, totals, names, chart
 
 
 @router.get("/usage")
@@ -82,21 +91,10 @@ async def usage(
     bucket: str = Query("hour", pattern="^(hour|day)$"),
 ):
     """Usage charts and totals for every tenant, one tenant (split by key) or one key."""
-    since, until, tenants, keys, rows, by = await _read(state, tenant_id, key_id, days, bucket)
-    names = {t.id: t.name for t in tenants} if by == "tenant" else {k.id: k.name or k.prefix for k in keys}
-    names[0] = "(no key)"
-    totals: dict = {}
-    for row in rows:
-        total = totals.setdefault(row[f"{by}_id"], dict.fromkeys(("requests", "prompt_tokens"), 0))
-        for name in (
-            "requests",
-            "prompt_tokens",
-            "completion_tokens",
-            "errors",
-            "slo_refusals",
-            "rate_limited",
-        ):
-            total[name] = total.get(name, 0) + row[name]
+    bucket = "day" if days > MAX_HOURLY_DAYS else bucket
+    since, until, by, tenants, keys, totals, names, chart = await _read(
+        state, tenant_id, key_id, days, bucket
+    )
     query = request.url.query
     return render(
         request,
@@ -115,7 +113,7 @@ async def usage(
         by=by,
         names=names,
         totals=totals,
-        chart=_chart(rows, by, names, since, until, bucket),
+        chart=chart,
         csv_query=query,
     )
 
@@ -130,7 +128,14 @@ async def usage_csv(
     bucket: str = Query("hour", pattern="^(hour|day)$"),
 ):
     """The usage shown on the page, one row per bucket and tenant (or key), as CSV."""
-    *_rest, rows, _by = await _read(state, tenant_id, key_id, days, bucket)
+    bucket = "day" if days > MAX_HOURLY_DAYS else bucket
+    since, until = usage_range(None, None, days=days)
+
+    def read():
+        with state.session_factory() as db:
+            return series(db, since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket=bucket)[0]
+
+    rows = await run_in_threadpool(read)
     return Response(
         csv_text(rows),
         media_type="text/csv",

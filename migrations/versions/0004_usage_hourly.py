@@ -5,7 +5,8 @@ Revises: 0003
 Create Date: 2026-11-25 16:00:00
 
 The table is filled from the existing usage records, so charts cover the history from the start.
-Key ids are 0 where a record has none (a primary key column cannot be NULL).
+Key ids are 0 where a record has none (a primary key column cannot be NULL); -1 marks a tenant's
+total over all its keys in that hour (tenancy/usage_rollup.py).
 """
 
 import sqlalchemy as sa
@@ -24,6 +25,13 @@ SELECT {hour} AS h, tenant_id, COALESCE(key_id, 0) AS k, COUNT(*), SUM(prompt_to
        SUM(completion_tokens), SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END),
        SUM(CASE WHEN status = 'slo_unattainable' THEN 1 ELSE 0 END), 0
 FROM usage_records GROUP BY h, tenant_id, k
+"""
+TENANT_TOTALS = """
+INSERT INTO usage_hourly (hour, tenant_id, key_id, requests, prompt_tokens, completion_tokens,
+                          errors, slo_refusals, rate_limited)
+SELECT hour, tenant_id, -1, SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), SUM(errors),
+       SUM(slo_refusals), SUM(rate_limited)
+FROM usage_hourly GROUP BY hour, tenant_id
 """
 
 
@@ -50,6 +58,7 @@ def upgrade() -> None:
     else:  # SQLite stores 'YYYY-MM-DD HH:MM:SS.ffffff' (UTC)
         hour = "strftime('%Y-%m-%d %H:00:00.000000', created_at)"
     op.execute(BACKFILL.format(hour=hour))
+    op.execute(TENANT_TOTALS)
 
 
 def downgrade() -> None:

@@ -49,7 +49,8 @@ def test_record_usage_updates_its_hour_once(session):
     session.rollback()
     add_refusals(session, {(tenant.id, key.id, datetime.now(UTC)): 3})
     rows = {r.key_id: r for r in session.scalars(select(UsageHourly))}
-    assert set(rows) == {key.id, 0}
+    assert set(rows) == {key.id, 0, -1}  # the key's, no key's, and the tenant's total
+    assert (rows[-1].requests, rows[-1].rate_limited, rows[-1].slo_refusals) == (3, 3, 1)
     by_key = rows[key.id]
     assert (by_key.requests, by_key.prompt_tokens, by_key.completion_tokens) == (2, 20, 5)
     assert (by_key.errors, by_key.slo_refusals, by_key.rate_limited) == (1, 0, 3)
@@ -75,6 +76,10 @@ def test_series_per_hour_and_day_per_tenant_and_key(session):
     assert [(p.start, p.rate_limited) for p in daily] == [(day, 2), (day + timedelta(days=1), 1)]
     per_key = usage_series(session, since=since, until=day + timedelta(days=1), key_id=key.id)
     assert sum(p.rate_limited for p in per_key) == 2
+    by_key = usage_series(session, since=since, until=until, tenant_id=a.id, group_by="key")
+    assert {p.owner for p in by_key} == {key.id}
+    only_b = usage_series(session, since=since, until=until, group_by="tenant", owners=[b.id])
+    assert [(p.owner, p.rate_limited) for p in only_b] == [(b.id, 4)]
     totals = usage_totals(session, since=since, until=until)
     assert {t: p.rate_limited for t, p in totals.items()} == {a.id: 3, b.id: 4}
     keys = usage_totals(session, since=since, until=until, group_by="key", tenant_id=a.id)
@@ -101,7 +106,10 @@ def test_migration_0004_rolls_up_existing_records(migrated_url, db_engine):
     upgrade(migrated_url)
     db_engine.dispose()
     with make_session_factory(db_engine)() as session:
-        rows = sorted(session.scalars(select(UsageHourly)), key=lambda r: hour_of(r.hour))
+        everything = list(session.scalars(select(UsageHourly)))
+        totals = {hour_of(r.hour): r.requests for r in everything if r.key_id == -1}
+        rows = sorted((r for r in everything if r.key_id != -1), key=lambda r: hour_of(r.hour))
         assert [(hour_of(r.hour).hour, r.requests, r.errors) for r in rows][0] == (3, 1, 0)
         assert (rows[-1].requests, rows[-1].prompt_tokens, rows[-1].errors) == (3, 30, 1)
         assert hour_of(rows[0].hour) == datetime(2026, 1, 2, 3, tzinfo=UTC)
+        assert sorted(totals.values()) == [1, 3]
