@@ -19,13 +19,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from tenancy.models import UsageHourly
+from tenancy.models import ROLLUP_COUNTERS, UsageHourly
 
 ERROR_STATUS = "error"  # usage status of a request that ended in an error
 SLO_STATUS = "slo_unattainable"  # usage status of a request refused for its latency target
 NO_KEY = 0  # key_id of roll-ups of records without a key
 ALL_KEYS = -1  # key_id of a tenant's total over all its keys (and none)
-COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "errors", "slo_refusals", "rate_limited")
+COUNTERS = ROLLUP_COUNTERS
 BUCKETS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
 GROUPS = ("tenant", "key", None)
 

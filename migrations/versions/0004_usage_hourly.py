@@ -52,7 +52,13 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("tenant_id", "key_id", "hour", name=op.f("pk_usage_hourly")),
     )
-    op.create_index("ix_usage_hourly_hour", "usage_hourly", ["hour"], unique=False)
+    op.create_index(
+        "ix_usage_hourly_key_id_hour",
+        "usage_hourly",
+        ["key_id", "hour"],
+        unique=False,
+        postgresql_include=["tenant_id", *COUNTERS],
+    )
     if op.get_bind().dialect.name == "postgresql":
         hour = "date_trunc('hour', created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
     else:  # SQLite stores 'YYYY-MM-DD HH:MM:SS.ffffff' (UTC)
@@ -62,5 +68,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index("ix_usage_hourly_hour", table_name="usage_hourly")
+    op.drop_index("ix_usage_hourly_key_id_hour", table_name="usage_hourly")
     op.drop_table("usage_hourly")
