@@ -166,14 +166,15 @@ def seed(url: str, *, rows: int, tenants: int, keys: int, days: int, now: dateti
 def queries(now: datetime) -> dict:
     """name -> fn(session): what each console page asks the database (gateway/console/*.py)."""
     until = hour_of(now) + timedelta(hours=1)
-    week, month = until - timedelta(days=7), until - timedelta(days=30)
+    week = until - timedelta(days=7)
+    month = (until - timedelta(days=30)).replace(hour=0)  # day views start at a day's start
     busiest = 1  # seeded tenant 1 has the most records
 
     def page(since, bucket, **scope):
         by = "key" if scope.get("tenant_id") else "tenant"
 
         def totals(s):
-            return usage_totals(s, since=since, until=until, group_by=by, **scope)
+            return usage_totals(s, since=since, until=until, group_by=by, bucket=bucket, **scope)
 
         def top_series(s):
             top = sorted(totals(s).items(), key=lambda i: -i[1].total_tokens)[:TOP]

@@ -2,9 +2,10 @@
 
 ``add_to_rollup`` is called by ``record_usage`` in the transaction that writes the usage record, so a
 roll-up never counts a request twice and never misses one that was recorded. Each request adds to
-two rows of its hour: its key's (``key_id`` 0 when it had none) and its tenant's total (``key_id``
-ALL_KEYS), so that views of every tenant read one row per tenant and hour, and views of one tenant's
-keys one row per key and hour. Quota refusals (429s) leave no usage record; gateways add them in
+three rows: its key's in its hour (``key_id`` 0 when it had none), its tenant's total in its hour
+(``key_id`` ALL_KEYS) and its tenant's total in its UTC day (ALL_KEYS_DAY), so that views of every
+tenant read one row per tenant and hour (or day), and views of one tenant's keys one row per key
+and hour. Quota refusals (429s) leave no usage record; gateways add them in
 batches with ``add_refusals``. Readers group roll-up rows, never usage records.
 """
 
@@ -24,7 +25,8 @@ from tenancy.models import ROLLUP_COUNTERS, UsageHourly
 ERROR_STATUS = "error"  # usage status of a request that ended in an error
 SLO_STATUS = "slo_unattainable"  # usage status of a request refused for its latency target
 NO_KEY = 0  # key_id of roll-ups of records without a key
-ALL_KEYS = -1  # key_id of a tenant's total over all its keys (and none)
+ALL_KEYS = -1  # key_id of a tenant's total over all its keys (and none) in an hour
+ALL_KEYS_DAY = -2  # key_id of a tenant's total over a UTC day, stored at the day's first hour
 COUNTERS = ROLLUP_COUNTERS
 BUCKETS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
 GROUPS = ("tenant", "key", None)
@@ -39,13 +41,14 @@ def hour_of(moment: datetime) -> datetime:
 def add_to_rollup(
     session: Session, *, tenant_id: int, key_id: int | None, hour: datetime, **counts: int
 ) -> None:
-    """Add ``counts`` (names from COUNTERS) to the key's and the tenant's rows of an hour, creating
-    them; the caller commits."""
+    """Add ``counts`` (names from COUNTERS) to the key's and the tenant's rows of an hour and the
+    tenant's row of its day, creating them; the caller commits."""
     values = {name: int(counts.get(name, 0)) for name in COUNTERS}
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    hour = hour_of(hour)
     rows = [
-        {"tenant_id": tenant_id, "key_id": k, "hour": hour_of(hour), **values}
-        for k in (key_id or NO_KEY, ALL_KEYS)
+        {"tenant_id": tenant_id, "key_id": k, "hour": at, **values}
+        for k, at in ((key_id or NO_KEY, hour), (ALL_KEYS, hour), (ALL_KEYS_DAY, hour.replace(hour=0)))
     ]
     statement = insert(UsageHourly).values(rows)
     table = UsageHourly.__table__
@@ -84,20 +87,23 @@ class UsagePoint:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"total_tokens": self.total_tokens}
 
 
-def _scoped(query, *, since, until, tenant_id, key_id, group_by, owners):
+def _scoped(query, *, since, until, tenant_id, key_id, group_by, owners, bucket):
     """Roll-up rows of the range for a view: by key (of one tenant, or one key) read the key rows,
-    everything else the tenants' total rows."""
+    everything else the tenants' totals per hour, or per day (``bucket``; then ``since`` should be
+    a day's start)."""
     if group_by not in GROUPS:
         raise ValueError(f"group_by must be one of {GROUPS}")
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket must be one of {sorted(BUCKETS)}")
     query = query.where(UsageHourly.hour >= hour_of(since), UsageHourly.hour < until)
     if tenant_id is not None:
         query = query.where(UsageHourly.tenant_id == tenant_id)
     if key_id is not None:
         query = query.where(UsageHourly.key_id == key_id)
     elif group_by == "key":
-        query = query.where(UsageHourly.key_id != ALL_KEYS)
+        query = query.where(UsageHourly.key_id >= NO_KEY)
     else:
-        query = query.where(UsageHourly.key_id == ALL_KEYS)
+        query = query.where(UsageHourly.key_id == (ALL_KEYS_DAY if bucket == "day" else ALL_KEYS))
     if owners is not None:
         owner = UsageHourly.key_id if group_by == "key" else UsageHourly.tenant_id
         query = query.where(owner.in_(list(owners)))
@@ -108,9 +114,9 @@ def _sums():
     return [func.sum(getattr(UsageHourly, name)) for name in COUNTERS]
 
 
-def _bucket_column(session: Session, bucket: str):
+def _bucket_column(session: Session, bucket: str, *, day_rows: bool):
     """The SQL expression of a row's bucket: its hour, or its UTC day (grouped in the database)."""
-    if bucket == "hour":
+    if bucket == "hour" or day_rows:
         return UsageHourly.hour
     if session.get_bind().dialect.name == "postgresql":
         return func.date_trunc("day", func.timezone("UTC", UsageHourly.hour))
@@ -140,10 +146,9 @@ def usage_series(
     """Usage per bucket ("hour" or "day") in [since, until), of every tenant, one tenant or one key,
     split by "tenant" or "key" (``group_by``; only ``owners`` when given) or not; ordered by bucket,
     then owner. One row per bucket and owner comes back from the database."""
-    if bucket not in BUCKETS:
-        raise ValueError(f"bucket must be one of {sorted(BUCKETS)}")
     owner = {"tenant": UsageHourly.tenant_id, "key": UsageHourly.key_id, None: None}.get(group_by)
-    start = _bucket_column(session, bucket).label("start")
+    day_rows = group_by != "key" and key_id is None  # the tenants' day totals serve it
+    start = _bucket_column(session, bucket, day_rows=day_rows).label("start")
     columns = [start] + ([owner] if owner is not None else [])
     query = _scoped(
         select(*columns, *_sums()),
@@ -153,6 +158,7 @@ def usage_series(
         key_id=key_id,
         group_by=group_by,
         owners=owners,
+        bucket=bucket,
     )
     query = query.group_by(*columns).order_by(*columns)
     if owner is None:
@@ -168,8 +174,10 @@ def usage_totals(
     group_by: str = "tenant",
     tenant_id: int | None = None,
     key_id: int | None = None,
+    bucket: str = "hour",
 ) -> dict[int, UsagePoint]:
-    """Totals in [since, until) per tenant or per key (of one tenant when ``tenant_id`` is given)."""
+    """Totals in [since, until) per tenant or per key (of one tenant when ``tenant_id`` is given);
+    ``bucket`` "day" reads the tenants' day totals (``since`` a day's start)."""
     owner = UsageHourly.tenant_id if group_by == "tenant" else UsageHourly.key_id
     query = _scoped(
         select(owner, *_sums()),
@@ -179,6 +187,7 @@ def usage_totals(
         key_id=key_id,
         group_by=group_by,
         owners=None,
+        bucket=bucket,
     )
     totals = {}
     for who, *sums in session.execute(query.group_by(owner)):

@@ -169,7 +169,7 @@ class DatabaseBackend:
 
     def usage(self, *, tenant_id, key_id, since: datetime, until: datetime | None, bucket: str, csv: bool):
         try:
-            since, until = usage_range(since, until)
+            since, until = usage_range(since, until, bucket=bucket)
         except Exception as exc:
             raise AdminError(getattr(exc, "message", str(exc))) from None
         rows, _by = self._run(

@@ -1,7 +1,8 @@
 """The live view's data, read from Redis only (never the database): the lanes (entries no worker has
 read, and how long the oldest has waited) and what each worker publishes with its heartbeat
 (gateway/worker/live_stats.py): running sequences per tenant, latencies per priority, KV blocks,
-preemptions per minute, the adapters it holds. Two pipelined round trips per refresh."""
+preemptions per minute, the adapters it holds. Four round trips per refresh, whatever the number of
+workers and lanes (pipelines)."""
 
 from __future__ import annotations
 

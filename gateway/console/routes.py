@@ -31,7 +31,6 @@ from tenancy import list_tenants
 router = APIRouter()
 STATIC = Path(__file__).parent / "static"
 NAMES_TTL_S = 30.0  # the live view's tenant names are re-read from the database this often at most
-_names: dict = {"at": float("-inf"), "names": {}}
 
 
 @router.get("", include_in_schema=False)
@@ -77,35 +76,41 @@ async def logout(session: Change):
     return response
 
 
-async def _tenant_names(state) -> dict[str, str]:
-    if time.monotonic() - _names["at"] > NAMES_TTL_S:
+async def _tenant_names(request: Request, state) -> dict[str, str]:
+    """Tenant id -> name, kept on the app for NAMES_TTL_S (the live view reads no database otherwise)."""
+    cached = getattr(request.app.state, "console_names", None)
+    if cached is None or time.monotonic() - cached[0] > NAMES_TTL_S:
 
         def read():
             with state.session_factory() as db:
                 return {str(t.id): t.name for t in list_tenants(db)}
 
-        _names["names"], _names["at"] = await run_in_threadpool(read), time.monotonic()
-    return _names["names"]
+        cached = request.app.state.console_names = (time.monotonic(), await run_in_threadpool(read))
+    return cached[1]
 
 
-async def _live_context(state) -> dict:
+async def _live_context(request: Request, state) -> dict:
     try:
         live = await read_live(state.redis, state.settings)
     except Exception as exc:  # Redis down: say so, keep polling
         return {"live": None, "error": f"Redis unreachable: {exc}"}
-    return {"live": live, "names": await _tenant_names(state), "at": time.strftime("%H:%M:%S", time.gmtime())}
+    return {
+        "live": live,
+        "names": await _tenant_names(request, state),
+        "at": time.strftime("%H:%M:%S", time.gmtime()),
+    }
 
 
 @router.get("/live")
 async def live(request: Request, session: SignedIn, state: StateDep):
     """Lanes, workers, each tenant's running sequences against its weighted share, and each tier's
     latencies against its targets; refreshed every 2 s from Redis."""
-    return render(request, "live.html", session, page="live", **await _live_context(state))
+    return render(request, "live.html", session, page="live", **await _live_context(request, state))
 
 
 @router.get("/live/panel")
 async def live_panel(request: Request, session: SignedIn, state: StateDep):
-    return render(request, "live_panel.html", session, **await _live_context(state))
+    return render(request, "live_panel.html", session, **await _live_context(request, state))
 
 
 def _not_signed_in(request: Request, _exc: Exception) -> Response:

@@ -57,13 +57,13 @@ def _chart(top: list, overall: list, since, until, bucket: str, names: dict) -> 
 async def _read(state, tenant_id, key_id, days, bucket):
     """The page's four queries, all on the roll-ups: totals per owner, the top owners' series, the
     series of everything in view, and the names."""
-    since, until = usage_range(None, None, days=days)
+    since, until = usage_range(None, None, days=days, bucket=bucket)
     by = "key" if tenant_id is not None else "tenant"
     scope = {"since": since, "until": until, "tenant_id": tenant_id, "key_id": key_id}
 
     def read():
         with state.session_factory() as db:
-            totals = usage_totals(db, group_by=by, **scope)
+            totals = usage_totals(db, group_by=by, bucket=bucket, **scope)
             top = sorted(totals, key=lambda o: -totals[o].total_tokens)[:TOP]
             top_points = usage_series(db, group_by=by, owners=top, bucket=bucket, **scope) if top else []
             overall = usage_series(db, bucket=bucket, **scope)
@@ -129,7 +129,7 @@ async def usage_csv(
 ):
     """The usage shown on the page, one row per bucket and tenant (or key), as CSV."""
     bucket = "day" if days > MAX_HOURLY_DAYS else bucket
-    since, until = usage_range(None, None, days=days)
+    since, until = usage_range(None, None, days=days, bucket=bucket)
 
     def read():
         with state.session_factory() as db:

@@ -6,7 +6,8 @@ Create Date: 2026-11-25 16:00:00
 
 The table is filled from the existing usage records, so charts cover the history from the start.
 Key ids are 0 where a record has none (a primary key column cannot be NULL); -1 marks a tenant's
-total over all its keys in that hour (tenancy/usage_rollup.py).
+total over all its keys in that hour, -2 its total over a UTC day, stored at the day's first hour
+(tenancy/usage_rollup.py).
 """
 
 import sqlalchemy as sa
@@ -32,6 +33,13 @@ INSERT INTO usage_hourly (hour, tenant_id, key_id, requests, prompt_tokens, comp
 SELECT hour, tenant_id, -1, SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), SUM(errors),
        SUM(slo_refusals), SUM(rate_limited)
 FROM usage_hourly GROUP BY hour, tenant_id
+"""
+DAY_TOTALS = """
+INSERT INTO usage_hourly (hour, tenant_id, key_id, requests, prompt_tokens, completion_tokens,
+                          errors, slo_refusals, rate_limited)
+SELECT {day} AS d, tenant_id, -2, SUM(requests), SUM(prompt_tokens), SUM(completion_tokens),
+       SUM(errors), SUM(slo_refusals), SUM(rate_limited)
+FROM usage_hourly WHERE key_id = -1 GROUP BY d, tenant_id
 """
 
 
@@ -61,10 +69,13 @@ def upgrade() -> None:
     )
     if op.get_bind().dialect.name == "postgresql":
         hour = "date_trunc('hour', created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
+        day = "date_trunc('day', hour AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
     else:  # SQLite stores 'YYYY-MM-DD HH:MM:SS.ffffff' (UTC)
         hour = "strftime('%Y-%m-%d %H:00:00.000000', created_at)"
+        day = "strftime('%Y-%m-%d 00:00:00.000000', hour)"
     op.execute(BACKFILL.format(hour=hour))
     op.execute(TENANT_TOTALS)
+    op.execute(DAY_TOTALS.format(day=day))
 
 
 def downgrade() -> None:

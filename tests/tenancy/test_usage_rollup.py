@@ -49,8 +49,9 @@ def test_record_usage_updates_its_hour_once(session):
     session.rollback()
     add_refusals(session, {(tenant.id, key.id, datetime.now(UTC)): 3})
     rows = {r.key_id: r for r in session.scalars(select(UsageHourly))}
-    assert set(rows) == {key.id, 0, -1}  # the key's, no key's, and the tenant's total
+    assert set(rows) == {key.id, 0, -1, -2}  # the key's, no key's, the tenant's hour and day totals
     assert (rows[-1].requests, rows[-1].rate_limited, rows[-1].slo_refusals) == (3, 3, 1)
+    assert (rows[-2].requests, rows[-2].prompt_tokens, hour_of(rows[-2].hour).hour) == (3, 20, 0)
     by_key = rows[key.id]
     assert (by_key.requests, by_key.prompt_tokens, by_key.completion_tokens) == (2, 20, 5)
     assert (by_key.errors, by_key.slo_refusals, by_key.rate_limited) == (1, 0, 3)
@@ -108,8 +109,10 @@ def test_migration_0004_rolls_up_existing_records(migrated_url, db_engine):
     with make_session_factory(db_engine)() as session:
         everything = list(session.scalars(select(UsageHourly)))
         totals = {hour_of(r.hour): r.requests for r in everything if r.key_id == -1}
-        rows = sorted((r for r in everything if r.key_id != -1), key=lambda r: hour_of(r.hour))
+        rows = sorted((r for r in everything if r.key_id >= 0), key=lambda r: hour_of(r.hour))
+        days = {hour_of(r.hour): r.requests for r in everything if r.key_id == -2}
         assert [(hour_of(r.hour).hour, r.requests, r.errors) for r in rows][0] == (3, 1, 0)
         assert (rows[-1].requests, rows[-1].prompt_tokens, rows[-1].errors) == (3, 30, 1)
         assert hour_of(rows[0].hour) == datetime(2026, 1, 2, 3, tzinfo=UTC)
-        assert sorted(totals.values()) == [1, 3]
+        assert sorted(totals.values()) == [1, 3] and sorted(days.values()) == [1, 3]
+        assert datetime(2026, 1, 2, tzinfo=UTC) in days

@@ -46,10 +46,15 @@ class UsageSeriesPublic(BaseModel):
     data: list[UsagePointPublic]
 
 
-def usage_range(since: datetime | None, until: datetime | None, days: int = DEFAULT_DAYS):
-    """[since, until) in UTC, whole hours: until defaults to the end of this hour."""
+def usage_range(
+    since: datetime | None, until: datetime | None, days: int = DEFAULT_DAYS, bucket: str = "hour"
+):
+    """[since, until) in UTC, whole hours (``since`` a whole day per day): until defaults to the end
+    of this hour."""
     until = _aware(until) or hour_of(datetime.now(UTC)) + timedelta(hours=1)
     since = hour_of(_aware(since) or until - timedelta(days=days))
+    if bucket == "day":
+        since = since.replace(hour=0)
     if since >= until:
         raise UnprocessableEntity("'since' must be before 'until'.", param="since")
     if until - since > timedelta(days=MAX_DAYS):
@@ -96,7 +101,7 @@ def usage_over_time(
 ):
     """Usage per hour or day in [since, until) (default: the last 7 days): requests, tokens, errors,
     SLO refusals and 429s, split by tenant, or by key of ``tenant_id``; ``format=csv`` for a file."""
-    since, until = usage_range(since, until)
+    since, until = usage_range(since, until, bucket=bucket)
     rows, _by = series(session, since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket=bucket)
     if format == "csv":
         return Response(

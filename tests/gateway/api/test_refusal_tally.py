@@ -22,5 +22,5 @@ async def test_refusals_are_counted_and_flushed_in_one_write(database_url):
     with factory() as session:
         rows = {r.key_id: r.rate_limited for r in session.scalars(select(UsageHourly))}
     engine.dispose()
-    assert rows == {key.id: 5, 0: 1, -1: 6}  # -1: the tenant's total
+    assert rows == {key.id: 5, 0: 1, -1: 6, -2: 6}  # -1, -2: the tenant's hour and day totals
     assert not tally.counts
