@@ -11,9 +11,16 @@ from dataclasses import dataclass, field
 import orjson
 import redis.asyncio as aioredis
 
-from gateway.lanes.keys import GROUP, WORKER_ALIVE_S, lane_key, tier_priorities, worker_info_key, workers_key
+from gateway.lanes.keys import (
+    GROUP,
+    WORKER_ALIVE_S,
+    WORKER_LIVE_FIELD,
+    lane_key,
+    tier_priorities,
+    worker_info_key,
+    workers_key,
+)
 from gateway.settings import ApiSettings
-from gateway.worker.live_stats import LIVE_FIELD
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ async def read_workers(redis: aioredis.Redis, model: str) -> list[WorkerView]:
     views = []
     for worker, info in zip(ids, await pipe.execute()):
         info = {_s(k): v for k, v in info.items()}
-        live = orjson.loads(info[LIVE_FIELD]) if LIVE_FIELD in info else {}
+        live = orjson.loads(info[WORKER_LIVE_FIELD]) if WORKER_LIVE_FIELD in info else {}
         total = int(info.get("total_blocks", 0))
         views.append(
             WorkerView(

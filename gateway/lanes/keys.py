@@ -44,6 +44,9 @@ def worker_info_key(model: str, worker_id: str) -> str:
     return f"worker:{model}:{worker_id}"
 
 
+WORKER_LIVE_FIELD = "live"  # the field of a worker's info hash with its live statistics (JSON)
+
+
 def load_key(model: str) -> str:
     """Hash of the workers' LoadReport messages (field: worker id); see gateway/api/slo_gate.py."""
     return f"load:{model}"

@@ -20,11 +20,12 @@ from gateway.lanes.keys import (
     GROUP,
     WORKER_ALIVE_S,
     WORKER_FORGOTTEN_S,
+    WORKER_LIVE_FIELD,
     model_info_key,
     worker_info_key,
     workers_key,
 )
-from gateway.worker.live_stats import LIVE_FIELD, PreemptionRate, live_stats
+from gateway.worker.live_stats import PreemptionRate, live_stats
 from gateway.worker.loop import Worker
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def beat(worker: Worker, redis: redislib.Redis, rate: PreemptionRate | None = No
             "free_blocks": worker.engine.num_free_blocks,
             "total_blocks": worker.engine.num_total_blocks,
             "running": len(worker.inflight),
-            LIVE_FIELD: orjson.dumps(live_stats(worker.engine, rate or PreemptionRate())),
+            WORKER_LIVE_FIELD: orjson.dumps(live_stats(worker.engine, rate or PreemptionRate())),
         },
     )
     pipe.expire(info, int(WORKER_ALIVE_S))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
-from engine import Engine
+if TYPE_CHECKING:
+    from engine import Engine
 
 PREEMPTION_WINDOW_S = 60.0  # preemptions per minute are counted over the last minute
-LIVE_FIELD = "live"  # the field of the worker's info hash (gateway/lanes/keys.py) holding this
 
 
 class PreemptionRate:
