@@ -171,17 +171,17 @@ def queries(now: datetime) -> dict:
     busiest = 1  # seeded tenant 1 has the most records
 
     def page(since, bucket, **scope):
+        """The usage page's three queries: totals per owner, the top owners' series, everything's."""
         by = "key" if scope.get("tenant_id") else "tenant"
+        top: list[int] = []
 
         def totals(s):
-            return usage_totals(s, since=since, until=until, group_by=by, bucket=bucket, **scope)
+            found = usage_totals(s, since=since, until=until, group_by=by, bucket=bucket, **scope)
+            top[:] = sorted(found, key=lambda o: -found[o].total_tokens)[:TOP]  # as the page picks them
+            return found
 
         def top_series(s):
-            top = sorted(totals(s).items(), key=lambda i: -i[1].total_tokens)[:TOP]
-            owners = [o for o, _ in top]
-            return usage_series(
-                s, since=since, until=until, group_by=by, owners=owners, bucket=bucket, **scope
-            )
+            return usage_series(s, since=since, until=until, group_by=by, owners=top, bucket=bucket, **scope)
 
         def overall(s):
             return usage_series(s, since=since, until=until, bucket=bucket, **scope)
@@ -201,7 +201,7 @@ def queries(now: datetime) -> dict:
     ):
         totals, top_series, overall = page(since, bucket, **scope)
         found[f"usage, {label}: totals"] = totals
-        found[f"usage, {label}: top {TOP} (totals, then their series)"] = top_series
+        found[f"usage, {label}: series of the top {TOP}"] = top_series
         found[f"usage, {label}: overall series"] = overall
     found["CSV: one tenant by key, 30 days per day"] = lambda s: series(
         s, since=month, until=until, tenant_id=busiest, bucket="day"
@@ -266,18 +266,20 @@ def plot(result: dict, path: Path) -> None:
     names = list(result["queries"])
     p50 = [result["queries"][n]["p50_ms"] for n in names]
     p99 = [result["queries"][n]["p99_ms"] for n in names]
-    fig, ax = plt.subplots(figsize=(11, 0.42 * len(names) + 1.6))
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(names) + 1.6))
     y = range(len(names))
     ax.barh([i + 0.2 for i in y], p50, height=0.4, label="p50", color="#2563eb")
     ax.barh([i - 0.2 for i in y], p99, height=0.4, label="p99", color="#93c5fd")
     ax.axvline(BUDGET_MS, color="#dc2626", linestyle="--", label=f"budget {BUDGET_MS:g} ms")
     ax.set_yticks(list(y), names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("milliseconds")
+    ax.set_xscale("log")  # a stall of the machine must not hide the rest
+    ax.set_xlabel("milliseconds (log scale)")
     seeded = result["seed"]
     ax.set_title(
         f"Console queries, {seeded['usage_records']:,} usage records "
-        f"({seeded['usage_hourly']:,} roll-up rows), {result['backend']}",
+        f"({seeded['usage_hourly']:,} roll-up rows), {result['backend']}\nload average "
+        f"{result['machine'].get('load_average_1_5_15_min', ['?'])[0]} on {result['machine']['cpus']} CPUs",
         fontsize=10,
     )
     ax.legend(loc="lower right")
@@ -307,6 +309,7 @@ def main() -> int:
         measured = measure(url, now, args.repeats)
     finally:
         drop()
+    load = os.getloadavg()
     worst = max(q["p99_ms"] for q in measured["queries"].values())
     result = {
         "smoke": args.smoke,
@@ -317,7 +320,7 @@ def main() -> int:
         "seed": {"tenants": args.tenants, "keys_per_tenant": args.keys, "days": args.days, **seeded},
         "repeats": args.repeats,
         **measured,
-        "machine": machine(),
+        "machine": {**machine(), "load_average_1_5_15_min": [round(x, 1) for x in load]},
     }
     (out / "console_queries.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "console_queries.png")
