@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import StateDep
 from gateway.api.routes import admin_adapters
+from gateway.api.schemas.admin import DbId
 from gateway.console.live import read_workers
 from gateway.console.session import Change, SignedIn
 from gateway.console.views import ACTION_ERRORS, error_text, render
@@ -54,7 +55,7 @@ async def adapters(request: Request, session: SignedIn, state: StateDep, tenant_
 
 
 @router.post("/tenants/{tenant_id}/adapters")
-async def upload(tenant_id: int, request: Request, session: Change, state: StateDep):
+async def upload(tenant_id: DbId, request: Request, session: Change, state: StateDep):
     try:
         row = await admin_adapters.upload(tenant_id, request, state, admin_adapters.AdapterCaller(None))
     except ACTION_ERRORS as exc:
@@ -63,7 +64,7 @@ async def upload(tenant_id: int, request: Request, session: Change, state: State
 
 
 @router.post("/adapters/{adapter_id}/delete")
-async def delete(adapter_id: int, request: Request, session: Change, state: StateDep):
+async def delete(adapter_id: DbId, request: Request, session: Change, state: StateDep):
     tenant_id = None
     try:
         row = await admin_adapters.delete(adapter_id, state, admin_adapters.AdapterCaller(None))

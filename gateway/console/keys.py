@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import StateDep
 from gateway.api.routes import admin_keys, admin_quotas
-from gateway.api.schemas.admin import ApiKeyCreate
+from gateway.api.schemas.admin import ApiKeyCreate, DbId
 from gateway.api.schemas.quotas import QuotaSet
 from gateway.console.session import PREFIX, Change, SignedIn
 from gateway.console.views import ACTION_ERRORS, error_text, number, render, tier_shares
@@ -43,13 +43,13 @@ async def _keys_page(request: Request, session, state, tenant_id: int, **context
 
 
 @router.get("/tenants/{tenant_id}/keys")
-async def keys(tenant_id: int, request: Request, session: SignedIn, state: StateDep):
+async def keys(tenant_id: DbId, request: Request, session: SignedIn, state: StateDep):
     """A tenant's keys: prefixes, scopes, when created, last used and revoked."""
     return await _keys_page(request, session, state, tenant_id)
 
 
 @router.post("/tenants/{tenant_id}/keys")
-async def create_key(tenant_id: int, request: Request, session: Change, state: StateDep):
+async def create_key(tenant_id: DbId, request: Request, session: Change, state: StateDep):
     form = await request.form()
     try:
         body = ApiKeyCreate(
@@ -67,7 +67,7 @@ async def create_key(tenant_id: int, request: Request, session: Change, state: S
 
 
 @router.post("/keys/{key_id}/revoke")
-async def revoke_key(key_id: int, session: Change, request: Request, state: StateDep):
+async def revoke_key(key_id: DbId, session: Change, request: Request, state: StateDep):
     try:
         with state.session_factory() as db:
             key = await admin_keys.revoke_key(key_id, db, state)
@@ -121,7 +121,7 @@ async def _quota_page(request: Request, session, state, tenant_id: int, key_id: 
 
 @router.get("/tenants/{tenant_id}/quotas")
 async def quotas(
-    tenant_id: int, request: Request, session: SignedIn, state: StateDep, key_id: int | None = None
+    tenant_id: DbId, request: Request, session: SignedIn, state: StateDep, key_id: int | None = None
 ):
     """Every limit of a tenant (or of one of its keys) with the live usage beside it."""
     return await _quota_page(request, session, state, tenant_id, key_id)
@@ -129,7 +129,7 @@ async def quotas(
 
 @router.post("/tenants/{tenant_id}/quotas")
 async def set_quota(
-    tenant_id: int, request: Request, session: Change, state: StateDep, key_id: int | None = None
+    tenant_id: DbId, request: Request, session: Change, state: StateDep, key_id: int | None = None
 ):
     form = await request.form()
     try:

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import StateDep
 from gateway.api.routes import admin_quotas, admin_tenants
-from gateway.api.schemas.admin import TenantCreate, TenantUpdate
+from gateway.api.schemas.admin import DbId, TenantCreate, TenantUpdate
 from gateway.api.schemas.quotas import QuotaPublic, QuotaSet
 from gateway.console.session import PREFIX, Change, SignedIn
 from gateway.console.views import ACTION_ERRORS, error_text, number, render, tier_shares
@@ -76,13 +76,13 @@ async def _edit_page(request: Request, session, state, tenant_id: int, **context
 
 
 @router.get("/tenants/{tenant_id}")
-async def edit(tenant_id: int, request: Request, session: SignedIn, state: StateDep):
+async def edit(tenant_id: DbId, request: Request, session: SignedIn, state: StateDep):
     """One tenant's settings."""
     return await _edit_page(request, session, state, tenant_id)
 
 
 @router.post("/tenants/{tenant_id}")
-async def update(tenant_id: int, request: Request, session: Change, state: StateDep):
+async def update(tenant_id: DbId, request: Request, session: Change, state: StateDep):
     form = await request.form()
     try:
         body = TenantUpdate(
@@ -109,7 +109,7 @@ async def update(tenant_id: int, request: Request, session: Change, state: State
 
 
 @router.post("/tenants/{tenant_id}/status")
-async def set_status(tenant_id: int, request: Request, session: Change, state: StateDep):
+async def set_status(tenant_id: DbId, request: Request, session: Change, state: StateDep):
     form = await request.form()
     status = TENANT_DISABLED if form.get("status") == TENANT_DISABLED else TENANT_ACTIVE
     try:

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import StateDep
 from gateway.api.routes.admin_usage import csv_text, series, usage_range
+from gateway.api.schemas.admin import DB_ID_MAX
 from gateway.console.session import SignedIn
 from gateway.console.views import render
 from tenancy import BUCKETS, list_api_keys, list_tenants, usage_series, usage_totals
@@ -85,8 +86,8 @@ async def usage(
     request: Request,
     session: SignedIn,
     state: StateDep,
-    tenant_id: int | None = Query(None, ge=1),
-    key_id: int | None = Query(None, ge=1),
+    tenant_id: int | None = Query(None, ge=1, le=DB_ID_MAX),
+    key_id: int | None = Query(None, ge=1, le=DB_ID_MAX),
     days: int = Query(7, ge=1, le=400),
     bucket: str = Query("hour", pattern="^(hour|day)$"),
 ):
@@ -122,8 +123,8 @@ async def usage(
 async def usage_csv(
     session: SignedIn,
     state: StateDep,
-    tenant_id: int | None = Query(None, ge=1),
-    key_id: int | None = Query(None, ge=1),
+    tenant_id: int | None = Query(None, ge=1, le=DB_ID_MAX),
+    key_id: int | None = Query(None, ge=1, le=DB_ID_MAX),
     days: int = Query(7, ge=1, le=400),
     bucket: str = Query("hour", pattern="^(hour|day)$"),
 ):

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from gateway.api.deps import AdminDep, SessionDep
 from gateway.api.errors import ADMIN_ERROR_RESPONSES, UnprocessableEntity
-from gateway.api.schemas.admin import UtcDatetime
+from gateway.api.schemas.admin import DB_ID_MAX, UtcDatetime
 from tenancy import COUNTERS, UsagePoint, hour_of, usage_series
 
 router = APIRouter(
@@ -52,7 +52,10 @@ def usage_range(
     """[since, until) in UTC, whole hours (``since`` a whole day per day): until defaults to the end
     of this hour."""
     until = _aware(until) or hour_of(datetime.now(UTC)) + timedelta(hours=1)
-    since = hour_of(_aware(since) or until - timedelta(days=days))
+    try:
+        since = hour_of(_aware(since) or until - timedelta(days=days))
+    except OverflowError:
+        raise UnprocessableEntity("'until' is out of range.", param="until") from None
     if bucket == "day":
         since = since.replace(hour=0)
     if since >= until:
@@ -89,11 +92,15 @@ def csv_text(rows: list[dict]) -> str:
     return out.getvalue()
 
 
-@router.get("/usage", response_model=UsageSeriesPublic)
+@router.get(
+    "/usage",
+    response_model=UsageSeriesPublic,
+    responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}}}},
+)
 def usage_over_time(
     session: SessionDep,
-    tenant_id: int | None = Query(None, ge=1),
-    key_id: int | None = Query(None, ge=1),
+    tenant_id: int | None = Query(None, ge=1, le=DB_ID_MAX),
+    key_id: int | None = Query(None, ge=1, le=DB_ID_MAX),
     since: datetime | None = None,
     until: datetime | None = None,
     bucket: Bucket = "hour",
