@@ -16,7 +16,7 @@ SIGKILLed (serve restarts it; its requests are claimed and resume),
 two thirds of the way in the embedded Redis is SIGKILLed (serve restarts it; streams cut by it end
 with an error event).
 
-At the end:
+At the end (counted by benchmarks/soak_checks.py):
 - every KV block of the live worker is free (its heartbeat in Redis);
 - every quota lease is released (``in_flight`` 0 in each tenant's live quota usage);
 - one usage record per admitted request (each answered 200, or cut after admission), none for
@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import difflib
 import json
 import os
 import random
 import re
 import signal
-import sqlite3
 import tempfile
 import time
 from collections import Counter
@@ -47,6 +45,7 @@ import httpx
 
 from benchmarks.common import add_common_args, done, machine, out_dir
 from benchmarks.round_trip import serve
+from benchmarks.soak_checks import check, outcome, passed, tokens
 
 TINY = dict(
     vocab_size=512,
@@ -64,11 +63,6 @@ PROMPTS = [
     (f"soak prompt {i}: " + "tell me more " * (i % 4), 8 + 6 * i) for i in range(8)
 ]  # (text, max_tokens)
 MODEL = "dummy"
-
-
-def _tokens(text: str) -> list[int]:
-    """The token ids of a random-weight model's text (its worker writes each token as ' t<id>')."""
-    return [int(t) for t in re.findall(r" t(\d+)", text)]
 
 
 class Soak:
@@ -111,7 +105,7 @@ class Soak:
                 },
             )
             assert response.status_code == 200, response.text
-            self.reference[index] = _tokens(response.json()["choices"][0]["text"])
+            self.reference[index] = tokens(response.json()["choices"][0]["text"])
             assert len(self.reference[index]) == max_tokens
 
     async def one(self, http: httpx.AsyncClient, rng: random.Random) -> None:
@@ -226,150 +220,6 @@ class Soak:
             await asyncio.gather(*(caller() for _ in range(self.args.concurrency)))
             self.elapsed = time.monotonic() - self.started
 
-    # ---- the checks ----------------------------------------------------------------------------
-    def kv_blocks_left(self, timeout_s: float = 30.0) -> dict:
-        """Blocks held on the live worker once everything has ended (0: all free)."""
-        import redis
-
-        from gateway.lanes.keys import WORKER_ALIVE_S, worker_info_key, workers_key
-
-        client = redis.Redis.from_url(self.served.redis_url)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            live = client.zrangebyscore(workers_key(MODEL), time.time() - WORKER_ALIVE_S, "+inf")
-            infos = [client.hgetall(worker_info_key(MODEL, w.decode())) for w in live]
-            held = {
-                w.decode(): int(i[b"total_blocks"]) - int(i[b"free_blocks"])
-                for w, i in zip(live, infos, strict=True)
-                if i
-            }
-            if (held and not any(held.values())) or time.monotonic() > deadline:
-                client.close()
-                return held
-            time.sleep(0.5)
-
-    def leases_left(self, timeout_s: float = 30.0) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            in_flight = {
-                t["id"]: httpx.get(
-                    f"{self.served.base_url}/admin/tenants/{t['id']}/quota/usage",
-                    headers=self.admin,
-                    timeout=10,
-                ).json()["in_flight"]
-                for t in self.tenants
-            }
-            if not any(in_flight.values()) or time.monotonic() > deadline:
-                return {k: v for k, v in in_flight.items() if v}
-            time.sleep(0.5)
-
-    def usage_records(self, db: Path) -> dict[str, list[tuple]]:
-        with sqlite3.connect(db) as connection:
-            rows = connection.execute(
-                "SELECT request_id, status, completion_tokens FROM usage_records"
-            ).fetchall()
-        records: dict[str, list[tuple]] = {}
-        for request_id, status, completion_tokens in rows:
-            records.setdefault(request_id, []).append((status, completion_tokens))
-        return records
-
-    def counter(self, name: str) -> float:
-        """A counter of the workers, summed over its labels, from serve's /metrics."""
-        text = httpx.get(self.served.base_url + "/metrics", timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
-
-    def check(self, db: Path) -> dict:
-        kv = self.kv_blocks_left()
-        leases = self.leases_left()
-        time.sleep(1.0)  # the last usage records are written after each response
-        records = self.usage_records(db)
-        ours = {r["request_id"] for r in self.results if r["request_id"]}
-        admitted = [r for r in self.results if r["status"] == 200 or r["error"] in ("interrupted", "timeout")]
-        missing = [r["request_id"] for r in admitted if r["request_id"] not in records]
-        refused = [r for r in self.results if r not in admitted]
-        recorded_refusals = [r["request_id"] for r in refused if r["request_id"] in records]
-        twice = [rid for rid, rows in records.items() if len(rows) > 1]
-        unknown = [rid for rid in records if rid not in ours]  # (the reference runs are known too, below)
-        lost = extra = 0
-        finished = [
-            r for r in self.results if r["finish"] == "length" and r["error"] is None and not r["dropped"]
-        ]
-        short_records, wrong_tokens = [], []
-        for r in finished:
-            got, want = _tokens(r["text"]), self.reference[r["prompt"]]
-            diff = [
-                op
-                for op in difflib.SequenceMatcher(a=want, b=got, autojunk=False).get_opcodes()
-                if op[0] != "equal"
-            ]
-            for tag, i1, i2, j1, j2 in diff:
-                if tag in ("delete", "replace"):
-                    lost += i2 - i1
-                if tag in ("insert", "replace"):
-                    extra += j2 - j1
-            if diff:
-                wrong_tokens.append(
-                    {
-                        "request_id": r["request_id"],
-                        "stream": r["stream"],
-                        "ended_at": r["at"],
-                        "usage": r["usage"],
-                        "expected": len(want),
-                        "got": len(got),
-                        "diff": diff,
-                    }
-                )
-            rows = records.get(r["request_id"], [])
-            if rows and rows[0][1] != len(want):
-                short_records.append(r["request_id"])
-        return {
-            "admissions": self.counter("fairlane_engine_admissions_total"),
-            "preemptions": self.counter("fairlane_engine_preemptions_total"),
-            "kv_blocks_held": kv,
-            "quota_leases_held": leases,
-            "admitted": len(admitted),
-            "refused": len(refused),
-            "usage_records": len(records),
-            "missing_usage_records": len(missing),
-            "usage_records_of_refused_requests": len(recorded_refusals),
-            "duplicate_usage_records": len(twice),
-            "usage_records_of_unknown_requests": max(0, len(unknown) - len(PROMPTS)),
-            "finished_compared": len(finished),
-            "lost_tokens": lost,
-            "duplicated_tokens": extra,
-            "records_with_wrong_token_count": len(short_records),
-            "examples": {
-                "missing": missing[:5],
-                "recorded_refusals": recorded_refusals[:5],
-                "twice": twice[:5],
-                "wrong_count": short_records[:5],
-                "wrong_tokens": wrong_tokens[:5],
-            },
-        }
-
-
-def passed(checks: dict) -> bool:
-    return (
-        bool(checks["kv_blocks_held"])
-        and not any(checks["kv_blocks_held"].values())
-        and not checks["quota_leases_held"]
-        and not checks["missing_usage_records"]
-        and not checks["usage_records_of_refused_requests"]
-        and not checks["duplicate_usage_records"]
-        and not checks["usage_records_of_unknown_requests"]
-        and not checks["lost_tokens"]
-        and not checks["duplicated_tokens"]
-        and not checks["records_with_wrong_token_count"]
-    )
-
-
-def outcome(r: dict) -> str:
-    if r["dropped"]:
-        return "dropped by client"
-    if r["status"] == 200:
-        return "finished" if r["error"] is None else f"cut: {r['error']}"
-    return f"{r['status']}: {r['error']}"
-
 
 def plot(result: dict, results: list[dict], path: Path) -> None:
     import matplotlib
@@ -423,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
             admin = re.search(r"admin token:\s+(\S+)", banner).group(1)
             soak = Soak(served, admin, args)
             asyncio.run(soak.run())
-            checks = soak.check(Path(workdir) / "serve.db")
+            checks = check(soak, Path(workdir) / "serve.db", MODEL)
             processes = soak.processes()
         finally:
             served.stop()

