@@ -29,6 +29,7 @@ class ErrorCode(str, enum.Enum):
     MODEL_NOT_FOUND = "model_not_found"  # the model, or the request's adapter, does not exist
     INTERRUPTED = "interrupted"  # the lanes' Redis stopped answering, or lost the request
     TIMEOUT = "timeout"  # no result came back within the wait limit
+    WORKER_LOST = "worker_lost"  # the worker running it stopped and no live worker resumed it
 
     def __str__(self) -> str:
         return self.value

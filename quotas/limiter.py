@@ -1,4 +1,4 @@
-"""The seam the gateway calls: admit a request, then settle or refund its reservation.
+"""What the gateway calls: admit a request, then settle or refund its reservation.
 
 Admission is one EVALSHA of ``admit.lua``: every limit of the tenant and of the API key is
 checked and charged together, or nothing is charged. Settlement is one EVALSHA of

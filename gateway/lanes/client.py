@@ -85,7 +85,7 @@ class LaneClient:
         keepalive_s: float | None = None,
         epoch: str | None = None,
     ) -> AsyncIterator[LaneResult | None]:
-        """Every result of a request in order, until a finished one; drops chunks already seen, and
+        """Every result of a request in order, until the last one (``done``); drops chunks already seen, and
         never skips any: a result past a gap (tokens lost with a restarted Redis) ends the relay.
 
         ``None`` every ``keepalive_s`` seconds without a result (when given). Raises ResultTimeout
@@ -131,7 +131,7 @@ class LaneClient:
                     )
                 relayed[result.index] = max(done_before, end)
                 yield result
-                if result.finished:
+                if result.done:
                     return
 
     async def cancel(self, request_id: str) -> None:
@@ -166,15 +166,16 @@ class LaneClient:
         """Drop a relayed request's result stream."""
         await self.redis.delete(out_key(request_id))
 
-    async def has_worker(self, model: str) -> bool:
+    async def has_worker(self, model: str, *, fresh: bool = False) -> bool:
         """Whether a worker serving ``model`` beat within WORKER_ALIVE_S (by Redis's clock).
 
         It is asked on every request: a live worker once seen is trusted for WORKER_SEEN_S, so
         Redis is asked at most about once a second per model while workers are up. A worker that
         dies meanwhile is like one dying just after the check: its requests wait in the lane.
+        ``fresh``: ask Redis now (a relay that heard nothing for long asks whether a worker is left).
         """
         seen = time.monotonic()
-        if seen - self._worker_seen.get(model, float("-inf")) < WORKER_SEEN_S:
+        if not fresh and seen - self._worker_seen.get(model, float("-inf")) < WORKER_SEEN_S:
             return True
         async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
             pipe.time()

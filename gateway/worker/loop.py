@@ -21,7 +21,7 @@ import redis as redislib
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from engine import Engine, EngineError, LoRARequest, RequestOutput
+from engine import Engine, EngineError, ErrorCode, LoRARequest, RequestOutput
 from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
 from gateway.lanes.keys import (
@@ -49,7 +49,7 @@ BLOCK_MS = 100  # an idle worker waits on its lanes this long per iteration
 class AdapterGone(EngineError):
     """The request's adapter is no longer in the store (deleted after the gateway checked it)."""
 
-    code = "model_not_found"
+    code = ErrorCode.MODEL_NOT_FOUND
 
 
 @dataclass
@@ -292,7 +292,7 @@ class Worker:
         resume: list[int] = []
         for _id, result_fields in published:
             result = LaneResult.decode(result_fields)
-            if result.finished:  # finished before its worker could ACK
+            if result.done:  # it ended before its worker could ACK
                 cancelled = True
             resume.extend(result.token_ids)
         if cancelled:
@@ -310,18 +310,13 @@ class Worker:
             else None
         )
         try:
-            self.engine.add_request(
-                req.request_id,
-                list(req.prompt_token_ids),
-                req.sampling,
-                tenant=req.tenant,
-                weight=req.weight,
-                priority=self.priorities[lane],
-                arrival_time=time.monotonic() - waited,
-                ttft_target_s=None if resume else req.ttft_target_s,
-                tpot_target_s=req.tpot_target_s,
-                resume_token_ids=tuple(resume),
-                lora=self._lora(req),
+            self.engine.add(
+                req.to_engine(
+                    priority=self.priorities[lane],
+                    arrival_time=time.monotonic() - waited,
+                    resume_token_ids=tuple(resume),
+                    lora=self._lora(req),
+                )
             )
         except AdapterNotFoundError:  # deleted while the request waited in its lane: as if it never existed
             exc = AdapterGone(
@@ -368,13 +363,13 @@ class Worker:
         return LaneResult(
             request_id=request_id,
             kind="error",
-            finished=True,
+            done=True,
             offset=offset,
             worker=self.worker_id,
             num_prompt_tokens=num_prompt_tokens,
             error_message=getattr(exc, "message", str(exc)),
             error_param=getattr(exc, "param", None),
-            error_code=getattr(exc, "code", "engine_error"),
+            error_code=str(getattr(exc, "code", ErrorCode.ENGINE_ERROR)),
             retry_after_s=getattr(exc, "retry_after", None),
         )
 
@@ -391,7 +386,7 @@ class Worker:
             token_ids=tuple(out.new_token_ids),
             text=text,
             offset=f.offset_of(out.index),
-            finished=out.done,
+            done=out.done,
             finish_reason=out.finish_reason,
             num_prompt_tokens=out.num_prompt_tokens,
             index=out.index,
@@ -446,7 +441,7 @@ class Worker:
             f.trace.aborted()
         result = LaneResult(
             request_id=request_id,
-            finished=True,
+            done=True,
             finish_reason="abort",
             offset=f.offset,
             worker=self.worker_id,
