@@ -149,9 +149,9 @@ def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, red
         _s(c["name"]) for c in redis.xinfo_consumers(lane_key(model_name, "standard"), "workers")
     }
     assert "gone" in names()
-    assert live.prune_consumers(idle_ms=60_000) == 0  # not idle long enough
+    assert live.lane_io.prune_consumers(idle_ms=60_000) == 0  # not idle long enough
     time.sleep(0.05)
-    assert live.prune_consumers(idle_ms=10) >= 1
+    assert live.lane_io.prune_consumers(idle_ms=10) >= 1
     assert "gone" not in names()
 
 

@@ -107,7 +107,7 @@ def test_stale_loads_of_dead_workers_are_pruned(tiny_engine_factory, redis, mode
     )
     redis.hset(load_key(model_name), mapping={"dead": dead.encode(), "garbled": "{"})
     worker.publish_load(force=True)
-    assert worker.prune_loads() == 2
+    assert worker.lane_io.prune_loads() == 2
     assert set(redis.hgetall(load_key(model_name))) == {b"live"}
 
 
