@@ -91,7 +91,7 @@ def decode_admit(reply: Sequence, demand: Demand, reservation_id: str) -> Decisi
         return Decision(True, reservation=reservation, requests=requests, tokens=tokens, entry_id=entry_id)
     return Decision(
         False,
-        limit=limit,
+        limit=limit,  # type: ignore[arg-type]  # one of LimitName: admit.lua's own vocabulary
         scope=scope,  # type: ignore[arg-type]
         retry_after=None if retry_us < 0 else retry_us / US,
         requests=requests,

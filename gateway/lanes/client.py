@@ -16,12 +16,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.lanes.keys import WORKER_ALIVE_S, cancel_key, lane_key, out_key, workers_key
+from gateway.lanes.keys import WORKER_ALIVE_S, as_text, cancel_key, lane_key, out_key, workers_key
 from gateway.lanes.messages import LaneRequest, LaneResult
 
 WORKER_SEEN_S = 1.0  # a replica trusts a live worker it saw this long without asking Redis again
@@ -56,7 +57,7 @@ class LaneClient:
         if self._epoch is None:
             await self.redis.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
             value = await self.redis.get(EPOCH_KEY)
-            self._epoch = value.decode() if isinstance(value, bytes) else value
+            self._epoch = "" if value is None else as_text(value)  # "": deleted at once (a flush)
         return self._epoch
 
     async def _same_epoch(self, epoch: str) -> bool:
@@ -73,8 +74,9 @@ class LaneClient:
 
     async def submit(self, request: LaneRequest) -> str:
         """XADD the request to its lane; returns the entry id."""
-        entry_id = await self.redis.xadd(*self.entry(request))
-        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        lane, fields = self.entry(request)
+        entry_id = await self.redis.xadd(lane, dict[Any, Any](fields))
+        return as_text(entry_id)
 
     async def results(
         self,
@@ -100,7 +102,7 @@ class LaneClient:
         while True:
             try:
                 epoch = epoch or await self.epoch()
-                reply = await self.redis.xread({key: last_id}, block=self.poll_ms, count=RELAY_BATCH)
+                reply: Any = await self.redis.xread({key: last_id}, block=self.poll_ms, count=RELAY_BATCH)
                 if not reply and not await self._same_epoch(epoch):
                     raise QueueUnavailable("Redis restarted and lost the request")
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
