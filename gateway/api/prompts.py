@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from engine import EngineError, check_prompt
+from engine import EngineError, ErrorCode, check_prompt
 from gateway.api.errors import InvalidRequest, refused_by_engine_checks
 from gateway.api.state import GatewayState
 
@@ -18,7 +18,7 @@ def _too_long(name: str, chars: int, limit: int, param: str) -> InvalidRequest:
     return InvalidRequest(
         f"{name} has {chars} characters; this server accepts at most {limit}.",
         param=param,
-        code="context_length_exceeded",
+        code=ErrorCode.CONTEXT_LENGTH_EXCEEDED.value,
     )
 
 
