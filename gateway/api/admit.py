@@ -75,15 +75,14 @@ async def start(
 
     Everything that can refuse the request from what it asks runs before the quota admission:
     such a refusal charges nothing and queues nothing."""
-    adapter = ask.adapter
+    model = state.settings.model_name
+    shown = model if ask.adapter is None else adapter_model_name(model, ask.adapter.name)
     context = RequestContext(
         state,
         quota,
         auth,
         ask.request_id,
-        model=state.settings.model_name
-        if adapter is None
-        else adapter_model_name(state.settings.model_name, adapter.name),
+        model=shown,  # as responses and usage name it
         tier=ask.tier,
         span=trace.get_current_span() if tracing.enabled() else None,
     )
@@ -106,55 +105,70 @@ async def start(
         if plan.door_check:
             await _door_check(context, plan)
         if not context.admission.queued:
-            with tracing.span("lane.enqueue", kind=SpanKind.PRODUCER, attributes={"fairlane.tier": ask.tier}):
-                for lane_request in plan.lane_requests:
-                    await state.lanes.submit(lane_request)
-        for lane_request in plan.lane_requests:
+            await _submit(state, plan)
+        for lane_request in plan.lane_requests:  # backlog for the door check until its next read
             state.slo_gate.note_queued(ask.tier, len(lane_request.prompt_token_ids))
         if context.span is not None:
             relay_span = tracing.tracer().start_span("lane.relay")
         streams = [_results(state, r.request_id, epoch) for r in plan.lane_requests]
-        try:
-            firsts = await _first_results(streams, got)
-        except (ResultTimeout, QueueUnavailable) as exc:
-            status, error = await relay_failure(state, exc)
-            raise _Failed(status, error) from exc
+        firsts = await _first_results(state, streams, got)
     except BaseException as exc:  # admitted, then not every first result: what ran is charged
         if relay_span is not None:
             relay_span.end()
-        with anyio.CancelScope(shield=True):
-            if not isinstance(exc, SLOUnattainable):  # refused at the door: nothing was queued
-                for lane_request in plan.lane_requests:
-                    state.lanes.cancel_soon(lane_request.request_id)
-            await settle(context, _outcome_before_first_results(exc, got))
+        await _settle_before_first_results(context, plan, exc, got)
         if isinstance(exc, _Failed):
             raise exc.error from exc.__cause__
         raise
-    n = plan.sampling.n
-    relays = [
-        Relay(
-            request_id=r.request_id,
-            offset=i * n,
-            first=first,
-            results=stream,
-            prompt_tokens=len(r.prompt_token_ids),
-        )
-        for i, (r, first, stream) in enumerate(zip(plan.lane_requests, firsts, streams))
-    ]
-    generation = Generation(context=context, relays=relays, relay_span=relay_span)
     tracing.set_attributes({"fairlane.quota.decision": "allowed"}, context.span)
+    generation = Generation(context=context, relays=_relays(plan, firsts, streams), relay_span=relay_span)
     refused = next((first for first in firsts if first.kind == "error"), None)
     if refused is not None:  # refused by the worker (bad input, or its SLO): settled by close()
-        for relay in relays:
-            assert relay.first is not None
-            relay.done = relay.first.kind == "error"
-            relay.ran = not relay.done
-            if relay.ran:  # what its first result counted is charged
-                relay.choice_tokens[relay.first.index] = relay.first.num_output_tokens
         generation.failure = refusal_status(refused)
         await generation.close()
         raise lane_error(refused, ask.prompt_param)
     return generation
+
+
+async def _submit(state: GatewayState, plan: LanePlan) -> None:
+    """Queue what the admission did not: every engine request of the plan, in its lane."""
+    tier = plan.lane_requests[0].tier
+    with tracing.span("lane.enqueue", kind=SpanKind.PRODUCER, attributes={"fairlane.tier": tier}):
+        for lane_request in plan.lane_requests:
+            await state.lanes.submit(lane_request)
+
+
+def _relays(
+    plan: LanePlan, firsts: list[LaneResult], streams: list[AsyncIterator[LaneResult | None]]
+) -> list[Relay]:
+    """One Relay per prompt, starting at its first result. When the worker refused one prompt,
+    the others' first results are what they ran (charged); the refused one is done."""
+    n = plan.sampling.n
+    relays = []
+    for i, (lane_request, first, stream) in enumerate(zip(plan.lane_requests, firsts, streams)):
+        relay = Relay(
+            request_id=lane_request.request_id,
+            offset=i * n,
+            first=first,
+            results=stream,
+            prompt_tokens=len(lane_request.prompt_token_ids),
+        )
+        if any(f.kind == "error" for f in firsts):
+            relay.done = first.kind == "error"
+            relay.ran = not relay.done
+            if relay.ran:
+                relay.choice_tokens[first.index] = first.num_output_tokens
+        relays.append(relay)
+    return relays
+
+
+async def _settle_before_first_results(
+    context: RequestContext, plan: LanePlan, exc: BaseException, got: dict[int, LaneResult]
+) -> None:
+    with anyio.CancelScope(shield=True):
+        if not isinstance(exc, SLOUnattainable):  # refused at the door: nothing was queued
+            for lane_request in plan.lane_requests:
+                context.state.lanes.cancel_soon(lane_request.request_id)
+        await settle(context, _outcome_before_first_results(exc, got))
 
 
 class _Failed(Exception):
@@ -347,10 +361,21 @@ def _results(state: GatewayState, request_id: str, epoch: str) -> AsyncIterator[
 
 
 async def _first_results(
-    streams: list[AsyncIterator[LaneResult | None]], got: dict[int, LaneResult]
+    state: GatewayState, streams: list[AsyncIterator[LaneResult | None]], got: dict[int, LaneResult]
 ) -> list[LaneResult]:
     """The first result of each stream (keep-alives skipped), waited for together; each lands in
-    ``got`` (stream position → result) as it comes, so that a failure knows which prompts ran."""
+    ``got`` (stream position → result) as it comes, so that a failure knows which prompts ran.
+    A relay failure is raised as ``_Failed`` (its status and the client's error)."""
+    try:
+        return await _wait_first_results(streams, got)
+    except (ResultTimeout, QueueUnavailable) as exc:
+        status, error = await relay_failure(state, exc)
+        raise _Failed(status, error) from exc
+
+
+async def _wait_first_results(
+    streams: list[AsyncIterator[LaneResult | None]], got: dict[int, LaneResult]
+) -> list[LaneResult]:
 
     async def first(i: int, stream: AsyncIterator[LaneResult | None]) -> LaneResult:
         result = await anext(stream)
