@@ -54,7 +54,7 @@ def null_engine(redis_url: str, model: str, ready, stop) -> None:
             result = LaneResult(
                 request_id=req.request_id,
                 token_ids=out,
-                finished=True,
+                done=True,
                 finish_reason="length",
                 num_prompt_tokens=len(req.prompt_token_ids),
                 num_output_tokens=len(out),
