@@ -11,9 +11,9 @@
    serving path: HTTP, auth, quotas, lanes, the worker and the relay. p50 and p99 at concurrency 1
    and ``--concurrency`` (closed loop).
 2. Stages (the gateway's own path, in process): the route's steps in the order of
-   ``gateway.api.generation.start``: auth (``KeyCache.lookup`` on a real SQLite database made by
+   ``gateway.api.admit.start``: auth (``KeyCache.lookup`` on a real SQLite database made by
    tenancy), checks (a worker serves the model, its context length: both cached per replica),
-   quotas (``QuotaSeam.admit``: one Lua call checking RPM, TPM, concurrency and budgets, which
+   quotas (``QuotaService.admit``: one Lua call checking RPM, TPM, concurrency and budgets, which
    also queues the request in its lane when quotas and lanes share a Redis, as here by default;
    the stage includes building the lane entry) and enqueue (``LaneClient.submit``: an XADD of its
    own, only with ``--separate-enqueue``, as with a quota Redis of its own). A null engine in

@@ -14,6 +14,7 @@ import uuid
 import tenancy
 from engine import SamplingParams
 from gateway.api.auth import AuthContext
+from gateway.api.outcome import RequestOutcome, Status
 from gateway.api.request_telemetry import request_attributes
 from gateway.api.state import GatewayState
 from gateway.lanes.keys import lane_key, model_info_key, out_key, workers_key
@@ -53,7 +54,7 @@ def null_engine(redis_url: str, model: str, ready, stop) -> None:
             result = LaneResult(
                 request_id=req.request_id,
                 token_ids=out,
-                finished=True,
+                done=True,
                 finish_reason="length",
                 num_prompt_tokens=len(req.prompt_token_ids),
                 num_output_tokens=len(out),
@@ -120,15 +121,15 @@ class OTLPSink:
 
 
 class StagedPath:
-    """The gateway's request path (``gateway.api.generation.start``), instrumented (seconds per stage)."""
+    """The gateway's request path (``gateway.api.admit.start``), instrumented (seconds per stage)."""
 
     def __init__(self, state: GatewayState) -> None:
-        self.state, self.quota = state, state.quota_seam
+        self.state, self.quota = state, state.quota_service
         self.model = state.settings.model_name
 
     async def request(self, key: str) -> dict[str, float]:
         # With --trace, the gateway's spans of a request (the server span, auth, quota.admit inside
-        # the seam, the lane's traceparent); off, tracing.span is a null context.
+        # the quota service, the lane's traceparent); off, tracing.span is a null context.
         with tracing.span("POST /v1/chat/completions"):
             return await self._request(key)
 
@@ -171,7 +172,10 @@ class StagedPath:
         async for result in state.lanes.results(rid, timeout_s=10):
             completion += len(result.token_ids)
         t5 = time.perf_counter()
-        await self.quota.settle(admission, completion_tokens=completion, status="length")
+        outcome = RequestOutcome(
+            Status.FINISHED, prompt_tokens=len(PROMPT), completion_tokens=completion, finish_reason="length"
+        )
+        await self.quota.settle(admission, outcome)
         t6 = time.perf_counter()
         await state.lanes.discard(rid)
         return {
@@ -256,7 +260,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         quota_key_prefix=f"bench:{model}",
     )
     state = GatewayState.open(settings)
-    state.quota_seam.queues_lanes = not args.separate_enqueue  # separate: as with a quota Redis of its own
+    state.quota_service.queues_lanes = not args.separate_enqueue  # separate: as with a quota Redis of its own
     receiver = None
     if args.trace:  # spans exported over OTLP/HTTP to a local receiver that decodes them (a collector's cost)
         receiver = OTLPSink()

@@ -2,7 +2,8 @@
 
 Public API (other packages import only these names):
     Engine, EngineConfig, LLM, SamplingParams, TokenLogprob, StructuredSpec, RequestOutput, SLOLoad,
-    LoRARequest, errors
+    LoRARequest, EngineRequest (what Engine.add takes), ErrorCode and FinishReason (engine/codes.py),
+    check_prompt and check_context (engine/prompt_checks.py), errors
     (AdapterError and its subclasses in engine.lora).
 
 Names are resolved lazily (PEP 562): ``from engine import SamplingParams`` loads only the
@@ -25,7 +26,11 @@ _EXPORTS = {
     "EngineError": "engine.errors",
     "InvalidRequestError": "engine.errors",
     "SLOUnattainableError": "engine.errors",
-    "FinishReason": "engine.request",
+    "ErrorCode": "engine.codes",
+    "FinishReason": "engine.codes",
+    "EngineRequest": "engine.engine_request",
+    "check_context": "engine.prompt_checks",
+    "check_prompt": "engine.prompt_checks",
     "RequestOutput": "engine.request",
     "SamplingParams": "engine.request",
     "TokenLogprob": "engine.request",
@@ -44,8 +49,10 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from engine.codes import ErrorCode, FinishReason
     from engine.config import CacheConfig, EngineConfig, LoRAConfig, SchedulerConfig
     from engine.engine import Engine
+    from engine.engine_request import EngineRequest
     from engine.errors import (
         ContextLengthExceededError,
         DuplicateRequestError,
@@ -56,7 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from engine.llm import LLM, Completion
     from engine.lora.errors import AdapterError
     from engine.lora.request import LoRARequest
-    from engine.request import FinishReason, RequestOutput, SamplingParams, TokenLogprob
+    from engine.prompt_checks import check_context, check_prompt
+    from engine.request import RequestOutput, SamplingParams, TokenLogprob
     from engine.scheduler.load import SLOLoad, predict_ttft
     from engine.scheduler.registry import POLICY_PARTS, parse_policy
     from engine.structured.spec import StructuredSpec

@@ -12,8 +12,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer, DetokState, find_stop, holdback
 from engine.device import resolve_device, resolve_dtype
+from engine.engine_request import EngineRequest
 from engine.errors import (
-    ContextLengthExceededError,
     DuplicateRequestError,
     InvalidRequestError,
     SLOUnattainableError,
@@ -22,6 +22,7 @@ from engine.loader import load_model
 from engine.lora.errors import LoRADisabledError
 from engine.lora.request import LoRARequest
 from engine.model_runner import ModelRunner
+from engine.prompt_checks import check_context, check_prompt
 from engine.request import FinishReason, RequestOutput, SamplingParams, Sequence, SequenceStatus
 from engine.scheduler import Scheduler
 from engine.stats import EngineStats
@@ -98,9 +99,7 @@ class Engine:
         """Raise InvalidRequestError (with a clear message and the offending param) for bad input."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", param="params")
-        self._check_ids(prompt_token_ids, "prompt")
-        if len(prompt_token_ids) == 0:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
+        check_prompt(prompt_token_ids, vocab_size=self.vocab_size)
         if resume_token_ids:
             if params.n > 1:
                 raise InvalidRequestError(
@@ -111,14 +110,7 @@ class Engine:
                 raise InvalidRequestError(
                     "resume_token_ids already reach max_tokens", param="resume_token_ids"
                 )
-        total = len(prompt_token_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ContextLengthExceededError(
-                f"this model's maximum context length is {self.max_model_len} tokens, but "
-                f"{total} were requested ({len(prompt_token_ids)} in the prompt, {params.max_tokens} "
-                "for the completion); shorten the prompt or lower max_tokens",
-                param="max_tokens" if len(prompt_token_ids) < self.max_model_len else "prompt",
-            )
+        check_context(len(prompt_token_ids), params.max_tokens, max_model_len=self.max_model_len)
         bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(
@@ -152,6 +144,22 @@ class Engine:
             raise InvalidRequestError(
                 f"{name} holds token ids outside the vocabulary [0, {self.vocab_size})", param=name
             )
+
+    def add(self, request: EngineRequest) -> None:
+        """Queue a request (``add_request`` with its fields)."""
+        self.add_request(
+            request.request_id,
+            list(request.prompt_token_ids),
+            request.sampling,
+            tenant=request.tenant,
+            weight=request.weight,
+            priority=request.priority,
+            arrival_time=request.arrival_time,
+            ttft_target_s=request.ttft_target_s,
+            tpot_target_s=request.tpot_target_s,
+            lora=request.lora,
+            resume_token_ids=request.resume_token_ids,
+        )
 
     def add_request(
         self,

@@ -1,10 +1,12 @@
 """Named errors a caller of the engine can meet. The gateway maps each to one HTTP status."""
 
+from engine.codes import ErrorCode
+
 
 class EngineError(Exception):
     """Base class of every error the engine raises on purpose."""
 
-    code = "engine_error"
+    code: str = ErrorCode.ENGINE_ERROR
 
     def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message)
@@ -15,26 +17,26 @@ class EngineError(Exception):
 class InvalidRequestError(EngineError, ValueError):
     """The request is malformed or cannot fit the model; raised before anything is scheduled."""
 
-    code = "invalid_request"
+    code = ErrorCode.INVALID_REQUEST
 
 
 class ContextLengthExceededError(InvalidRequestError):
     """Prompt plus max_tokens do not fit the model's context window."""
 
-    code = "context_length_exceeded"
+    code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
 
 
 class DuplicateRequestError(InvalidRequestError):
     """A request id that is already running was added again."""
 
-    code = "duplicate_request"
+    code = ErrorCode.DUPLICATE_REQUEST
 
 
 class SLOUnattainableError(EngineError):
     """The request cannot meet its latency target (TTFT) given the work ahead of it; it is refused
     before it starts. The gateway answers 503 with Retry-After: retry_after seconds."""
 
-    code = "slo_unattainable"
+    code = ErrorCode.SLO_UNATTAINABLE
 
     def __init__(
         self,

@@ -6,15 +6,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from engine.codes import FinishReason
 from engine.errors import InvalidRequestError
 from engine.structured.spec import StructuredSpec
-
-
-class FinishReason(str, enum.Enum):
-    STOP = "stop"  # EOS, a stop token or a stop string
-    LENGTH = "length"  # max_tokens or the model's context
-    ABORT = "abort"
-    SLO_UNATTAINABLE = "slo_unattainable"  # refused before it started: it would miss its TTFT target
 
 
 class SequenceStatus(enum.Enum):

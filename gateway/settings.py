@@ -48,7 +48,7 @@ SERVER_TARGETS = ("tier_ttft_targets", "tier_tpot_targets")
 
 # EngineConfig itself, validated by pydantic (its __post_init__ checks included); unknown fields refused.
 EngineSection = pydantic_dataclass(EngineConfig, frozen=True, config=ConfigDict(extra="forbid"))
-ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+ENGINE_FIELDS = frozenset(field.name for field in dataclasses.fields(EngineConfig))
 
 
 def config_file() -> Path | None:

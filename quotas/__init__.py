@@ -2,7 +2,7 @@
 
 Kept apart as in the ``limits`` library: *what* is limited (``limits.py``), *how* it is
 counted (``lua/*.lua``, one atomic script per admission and per settlement) and *where* it
-is stored (``keys.py``, ``store.py``). ``Limiter`` is the one seam the gateway calls::
+is stored (``keys.py``, ``store.py``). ``Limiter`` is the one entry point the gateway calls::
 
     limiter = Limiter(connect(url), loader=load_limits_from_db)
     decision = await limiter.admit(Demand(tenant, prompt_tokens, max_tokens, key=key, tier=tier))

@@ -9,6 +9,8 @@ for a connection (up to ``pool_timeout``) rather than looking like a Redis outag
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -22,7 +24,7 @@ def connect(
     retries: int = 1,
     max_connections: int = 64,
     pool_timeout: float = 2.0,
-    **kwargs,
+    **kwargs: Any,
 ) -> Redis:
     """An asyncio Redis client for ``url`` (``redis://``, ``rediss://`` or ``unix://``).
 
@@ -34,7 +36,8 @@ def connect(
     retry = Retry(
         ExponentialBackoff(cap=0.1, base=0.01),
         retries,
-        supported_errors=(ConnectionError, TimeoutError, OSError),
+        # OSError too (a refused connection), which redis-py's annotation leaves out
+        supported_errors=(ConnectionError, TimeoutError, OSError),  # type: ignore[arg-type]
     )
     pool = BlockingConnectionPool.from_url(
         url,

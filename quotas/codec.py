@@ -39,7 +39,7 @@ def encode_limits(limits: QuotaLimits) -> dict[str, str]:
 
 def decode_limits(fields: Mapping[bytes | str, bytes | str]) -> QuotaLimits | None:
     """The inverse of ``encode_limits``; None for a missing hash."""
-    f = {_s(k): _s(v) for k, v in fields.items()}
+    f = {as_text(k): as_text(v) for k, v in fields.items()}
     if "v" not in f:
         return None
     kwargs: dict = {attr: int(f[name]) for attr, name in _INT_FIELDS.items() if name in f}
@@ -56,7 +56,7 @@ def now_arg(now: float | None) -> str:
     return "" if now is None else str(round(now * US))
 
 
-def _s(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -68,7 +68,7 @@ def _rate(limit: int, remaining: int, reset_us: bytes | int) -> RateInfo | None:
 
 def missing_scope(reply: Sequence) -> str | None:
     """``"tenant"`` or ``"key"`` when admit.lua found no limits for that scope, else None."""
-    return _s(reply[2]) if int(reply[0]) == -1 else None
+    return as_text(reply[2]) if int(reply[0]) == -1 else None
 
 
 def decode_admit(reply: Sequence, demand: Demand, reservation_id: str) -> Decision:
@@ -76,7 +76,7 @@ def decode_admit(reply: Sequence, demand: Demand, reservation_id: str) -> Decisi
 
     An admission that queued a stream entry replies its id as an 11th element.
     """
-    status, limit, scope, retry_us = int(reply[0]), _s(reply[1]), _s(reply[2]), int(reply[3])
+    status, limit, scope, retry_us = int(reply[0]), as_text(reply[1]), as_text(reply[2]), int(reply[3])
     requests, tokens = _rate(*reply[4:7]), _rate(*reply[7:10])
     if status == 1:
         reservation = Reservation(
@@ -87,11 +87,11 @@ def decode_admit(reply: Sequence, demand: Demand, reservation_id: str) -> Decisi
             reserved_tokens=demand.tokens,
             lease_id=reservation_id,
         )
-        entry_id = _s(reply[10]) if len(reply) > 10 and reply[10] else None
+        entry_id = as_text(reply[10]) if len(reply) > 10 and reply[10] else None
         return Decision(True, reservation=reservation, requests=requests, tokens=tokens, entry_id=entry_id)
     return Decision(
         False,
-        limit=limit,
+        limit=limit,  # type: ignore[arg-type]  # one of LimitName: admit.lua's own vocabulary
         scope=scope,  # type: ignore[arg-type]
         retry_after=None if retry_us < 0 else retry_us / US,
         requests=requests,

@@ -1,4 +1,4 @@
-"""The seam the gateway calls: admit a request, then settle or refund its reservation.
+"""What the gateway calls: admit a request, then settle or refund its reservation.
 
 Admission is one EVALSHA of ``admit.lua``: every limit of the tenant and of the API key is
 checked and charged together, or nothing is charged. Settlement is one EVALSHA of
@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from typing import Literal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, ReadOnlyError, TimeoutError
@@ -139,7 +139,7 @@ class Limiter:
         if not reservation.charged:
             return False
         keys = [self.keys.reservation(reservation.tenant, reservation.id)]
-        args = [
+        args: list[Any] = [
             codec.now_arg(now),
             reservation.lease_id,
             self._lease_ttl_us,
@@ -166,7 +166,7 @@ class Limiter:
     ) -> tuple[list[str], list]:
         """KEYS and ARGV of admit.lua for ``demand`` under reservation id ``rid``."""
         keys = [self.keys.reservation(demand.tenant, rid)]
-        args = [
+        args: list[Any] = [
             codec.now_arg(now),
             demand.tier,
             demand.tokens,
@@ -187,7 +187,7 @@ class Limiter:
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
-    def _in_background(self, coro) -> None:
+    def _in_background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)  # keep a reference until done
         task.add_done_callback(self._background.discard)
@@ -208,7 +208,7 @@ class Limiter:
         if not res.charged:
             return "not_charged"
         keys = [self.keys.reservation(res.tenant, res.id)]
-        args = [
+        args: list[Any] = [
             codec.now_arg(now),
             used,
             res.lease_id,

@@ -7,6 +7,8 @@ expire. The database (tenancy) stays the source of truth; ``put`` copies a row i
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.asyncio import Redis
 
 from . import codec
@@ -33,7 +35,8 @@ class QuotaStore:
         name = self.keys.limits(tenant, key)
         async with self.redis.pipeline(transaction=True) as pipe:  # MULTI: never half-written
             pipe.delete(name)
-            pipe.hset(name, mapping=codec.encode_limits(limits))
+            fields: dict[Any, Any] = codec.encode_limits(limits)
+            pipe.hset(name, mapping=fields)
             await pipe.execute()
 
     async def get(self, tenant: str, key: str | None = None) -> QuotaLimits | None:

@@ -12,6 +12,7 @@ import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -24,7 +25,7 @@ DEFAULT_DATABASE_URL = "sqlite:///fairlane.db"
 SQLITE_BUSY_S = 30  # a writer waits this long for another process's write (several gateways, one file)
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     """Foreign keys on; write-ahead log (readers never block the writer, so gateways and serve's
     processes sharing one file do not fail with "database is locked") with fsync at checkpoints
     only (synchronous=NORMAL): a commit (the gateway writes a usage row before each response) costs
@@ -37,7 +38,7 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
-def make_engine(url: str = DEFAULT_DATABASE_URL, **kwargs) -> Engine:
+def make_engine(url: str = DEFAULT_DATABASE_URL, **kwargs: Any) -> Engine:
     """An Engine for ``url``; SQLite gets foreign keys on, a write-ahead log, and may be shared
     across threads."""
     if url.startswith("sqlite"):

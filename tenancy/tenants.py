@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -98,7 +99,7 @@ def update_tenant(
     tenant = get_tenant(session, tenant_id=tenant_id)
     for param, value in (("ttft_target_s", ttft_target_s), ("tpot_target_s", tpot_target_s)):
         if value is not _UNSET:
-            _check_target(value, param)
+            _check_target(cast("float | None", value), param)
             setattr(tenant, param, value)
     if name is not None and name != tenant.name:
         if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -97,7 +98,7 @@ def list_usage(session: Session, *, tenant_id: int, since: datetime, until: date
 
 
 def usage_summary(session: Session, *, tenant_id: int, since: datetime, until: datetime) -> UsageSummary:
-    def grouped(column):
+    def grouped(column: Any) -> Any:
         query = (
             select(
                 column,

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, Select, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -87,7 +88,17 @@ class UsagePoint:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"total_tokens": self.total_tokens}
 
 
-def _scoped(query, *, since, until, tenant_id, key_id, group_by, owners, bucket):
+def _scoped(
+    query: Select[Any],
+    *,
+    since: datetime,
+    until: datetime,
+    tenant_id: int | None,
+    key_id: int | None,
+    group_by: str | None,
+    owners: Collection[int] | None,
+    bucket: str,
+) -> Select[Any]:
     """Roll-up rows of the range for a view: by key (of one tenant, or one key) read the key rows,
     everything else the tenants' totals per hour, or per day (``bucket``; then ``since`` should be
     a day's start)."""
@@ -110,11 +121,11 @@ def _scoped(query, *, since, until, tenant_id, key_id, group_by, owners, bucket)
     return query
 
 
-def _sums():
+def _sums() -> list[ColumnElement[Any]]:
     return [func.sum(getattr(UsageHourly, name)) for name in COUNTERS]
 
 
-def _bucket_column(session: Session, bucket: str, *, day_rows: bool):
+def _bucket_column(session: Session, bucket: str, *, day_rows: bool) -> Any:
     """The SQL expression of a row's bucket: its hour, or its UTC day (grouped in the database)."""
     if bucket == "hour" or day_rows:
         return UsageHourly.hour
@@ -123,7 +134,7 @@ def _bucket_column(session: Session, bucket: str, *, day_rows: bool):
     return func.strftime("%Y-%m-%d 00:00:00", UsageHourly.hour)
 
 
-def _utc(value) -> datetime:
+def _utc(value: Any) -> datetime:
     """A bucket as the database returns it (aware, naive UTC, or SQLite's text) as an aware UTC time."""
     if isinstance(value, str):
         value = datetime.fromisoformat(value)

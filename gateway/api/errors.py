@@ -17,12 +17,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine import EngineError, ErrorCode
 from tenancy import ConflictError, NotFoundError, TenancyError
 
 log = logging.getLogger(__name__)
-SLO_UNATTAINABLE = (
-    "slo_unattainable"  # the error code (and usage status) of a request refused for its TTFT target
-)
+SLO_UNATTAINABLE = ErrorCode.SLO_UNATTAINABLE.value  # the code of a request refused for its TTFT target
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a response nobody is listening to any more
 NO_WORKER_RETRY_S = 5  # retry-after when no worker serves the model (workers start in seconds)
 REDIS_DOWN_RETRY_S = 2  # retry-after when the lanes' Redis does not answer
@@ -104,30 +103,14 @@ class SLOUnattainable(ServiceUnavailable):
 
 
 class GatewayTimeout(GatewayError):
-    status_code, error_type, code = 504, "server_error", "timeout"
+    status_code, error_type, code = 504, "server_error", ErrorCode.TIMEOUT.value
 
 
 # The messages of errors raised in more than one place, or worth reading side by side.
-def context_length_exceeded(
-    max_model_len: int, prompt_tokens: int, max_tokens: int, prompt_param: str
-) -> InvalidRequest:
-    """400: prompt + max_tokens do not fit the model's context (found before anything is charged)."""
-    if prompt_tokens >= max_model_len:
-        return InvalidRequest(
-            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
-            f"{prompt_tokens} tokens.",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    return InvalidRequest(
-        f"This model's maximum context length is {max_model_len} tokens, but {prompt_tokens + max_tokens} "
-        "were "
-        f"requested ({prompt_tokens} in the prompt, {max_tokens} for the completion); shorten the prompt "
-        "or lower "
-        "max_tokens.",
-        param="max_tokens",
-        code="context_length_exceeded",
-    )
+def refused_by_engine_checks(exc: EngineError, *, prefix: str = "") -> InvalidRequest:
+    """400 for a request the engine's own checks refuse (engine/prompt_checks.py, SamplingParams),
+    found before anything is charged; ``prefix`` names one prompt of several ("Prompt 1: ")."""
+    return InvalidRequest(prefix + exc.message, param=exc.param, code=str(exc.code))
 
 
 def no_worker(model: str) -> ServiceUnavailable:
@@ -139,6 +122,25 @@ def no_worker(model: str) -> ServiceUnavailable:
 
 def engine_timeout(detail: Exception) -> GatewayTimeout:
     return GatewayTimeout(f"The engine did not answer in time: {detail}.")
+
+
+def queue_lost(detail: object) -> ServiceUnavailable:
+    """503: the lanes' Redis stopped answering, or restarted and lost the request."""
+    return ServiceUnavailable(
+        f"The request was interrupted: the request queue became unavailable ({detail}). Retry it.",
+        code=ErrorCode.INTERRUPTED.value,
+        headers={"retry-after": str(REDIS_DOWN_RETRY_S)},
+    )
+
+
+def worker_lost(model: str) -> ServiceUnavailable:
+    """503: the worker running the request stopped and no live worker was left to resume it."""
+    return ServiceUnavailable(
+        f"The engine worker running this request on {model!r} stopped and no other worker took it "
+        "over; retry shortly.",
+        code=ErrorCode.WORKER_LOST.value,
+        headers={"retry-after": str(NO_WORKER_RETRY_S)},
+    )
 
 
 def slo_unattainable(target_s: float, predicted_s: float) -> SLOUnattainable:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
+from engine import ErrorCode
 from gateway.api.auth import AuthContext
 from gateway.api.errors import NotFound
 from gateway.api.state import GatewayState
@@ -23,7 +24,7 @@ def model_not_found(model: str) -> NotFound:
     return NotFound(
         f"The model '{model}' does not exist or you do not have access to it.",
         param="model",
-        code="model_not_found",
+        code=ErrorCode.MODEL_NOT_FOUND.value,
     )
 
 

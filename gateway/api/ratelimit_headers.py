@@ -1,6 +1,6 @@
 """OpenAI's ``x-ratelimit-*`` headers on every /v1 response that went through the quota check.
 
-The quota seam publishes a decision's headers for the request being served; this middleware adds
+The quota service publishes a decision's headers for the request being served; this middleware adds
 them to whatever response leaves for that request: the 200 (JSON or SSE), the 429, and errors met
 after admission (a worker refusing the request, a timeout). Headers a response already carries
 win. A pure ASGI middleware: streaming bodies pass through untouched.

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.api.auth import KeyCache
-from gateway.api.quota_seam import QuotaSeam
+from gateway.api.quota_service import QuotaService
 from gateway.api.slo_gate import SLOGate
 from gateway.api.tokenization import PromptTokenizer, load_prompt_tokenizer
 from gateway.lanes.client import LaneClient
@@ -32,7 +32,7 @@ class GatewayState:
     tokenizer: PromptTokenizer
     lanes: LaneClient
     key_cache: KeyCache
-    quota_seam: QuotaSeam
+    quota_service: QuotaService
     slo_gate: SLOGate
     tokenize_limiter: anyio.CapacityLimiter  # threads tokenizing long prompts
     _max_model_len: int | None = None
@@ -54,7 +54,7 @@ class GatewayState:
             tokenizer=load_prompt_tokenizer(settings.engine.model, dummy_config=settings.engine.dummy_config),
             lanes=LaneClient(redis, result_ttl_s=settings.result_ttl_s),
             key_cache=KeyCache(session_factory, redis, refresh_s=settings.auth_refresh_s),
-            quota_seam=QuotaSeam.open(settings, session_factory),
+            quota_service=QuotaService.open(settings, session_factory),
             slo_gate=SLOGate(
                 redis, model=settings.model_name, tiers=settings.tiers, cache_s=settings.slo_gate_cache_s
             ),
@@ -63,7 +63,7 @@ class GatewayState:
 
     async def close(self) -> None:
         await self.lanes.aclose()
-        await self.quota_seam.aclose()
+        await self.quota_service.aclose()
         await self.redis.aclose()
         self.db_engine.dispose()
 

@@ -51,10 +51,14 @@ class HermesFormat:
             json.dumps(
                 {
                     "type": "function",
-                    "function": {"name": f.name, "description": f.description, "parameters": f.parameters},
+                    "function": {
+                        "name": function.name,
+                        "description": function.description,
+                        "parameters": function.parameters,
+                    },
                 }
             )
-            for f in functions
+            for function in functions
         )
         return (
             "You may call one or more functions to help with the user's request. The functions:\n<tools>\n"
@@ -105,21 +109,21 @@ class ToolPlan:
         """required / named: one call, as JSON, whose arguments follow the function's parameters."""
         if not self.forced:
             return None
-        chosen = [f for f in self.functions if self.choice in ("required", f.name)]
+        chosen = [function for function in self.functions if self.choice in ("required", function.name)]
         variants = [
             {
                 "type": "object",
-                "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+                "properties": {"name": {"const": function.name}, "arguments": function.parameters},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
-            for f in chosen
+            for function in chosen
         ]
         return StructuredSpec.json_schema(variants[0] if len(variants) == 1 else {"anyOf": variants})
 
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, OpenAI tool_calls) of the output; no calls: (text, [])."""
-        names = {f.name for f in self.functions}
+        names = {function.name for function in self.functions}
         if self.forced:
             call = _call(text, names)
             calls = [call] if call is not None else []
@@ -163,12 +167,12 @@ def plan(
     if not tools:
         return None
     functions = [_function(i, tool) for i, tool in enumerate(tools)]
-    if len({f.name for f in functions}) != len(functions):
+    if len({function.name for function in functions}) != len(functions):
         raise InvalidRequest("Function names must be unique.", param="tools")
     choice = "auto" if tool_choice is None else tool_choice
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-        if name not in {f.name for f in functions}:
+        if name not in {function.name for function in functions}:
             raise InvalidRequest(
                 'tool_choice must name one of the tools: {"type": "function", "function": {"name": ...}}.',
                 param="tool_choice",

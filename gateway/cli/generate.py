@@ -18,7 +18,9 @@ from pathlib import Path
 
 from engine import SamplingParams
 
-SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))  # a line may set any of them
+SAMPLING_FIELDS = tuple(
+    field.name for field in dataclasses.fields(SamplingParams)
+)  # a line may set any of them
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,12 +16,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.lanes.keys import WORKER_ALIVE_S, cancel_key, lane_key, out_key, workers_key
+from gateway.lanes.keys import WORKER_ALIVE_S, as_text, cancel_key, lane_key, out_key, workers_key
 from gateway.lanes.messages import LaneRequest, LaneResult
 
 WORKER_SEEN_S = 1.0  # a replica trusts a live worker it saw this long without asking Redis again
@@ -56,7 +57,7 @@ class LaneClient:
         if self._epoch is None:
             await self.redis.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
             value = await self.redis.get(EPOCH_KEY)
-            self._epoch = value.decode() if isinstance(value, bytes) else value
+            self._epoch = "" if value is None else as_text(value)  # "": deleted at once (a flush)
         return self._epoch
 
     async def _same_epoch(self, epoch: str) -> bool:
@@ -73,8 +74,9 @@ class LaneClient:
 
     async def submit(self, request: LaneRequest) -> str:
         """XADD the request to its lane; returns the entry id."""
-        entry_id = await self.redis.xadd(*self.entry(request))
-        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        lane, fields = self.entry(request)
+        entry_id = await self.redis.xadd(lane, dict[Any, Any](fields))
+        return as_text(entry_id)
 
     async def results(
         self,
@@ -85,7 +87,7 @@ class LaneClient:
         keepalive_s: float | None = None,
         epoch: str | None = None,
     ) -> AsyncIterator[LaneResult | None]:
-        """Every result of a request in order, until a finished one; drops chunks already seen, and
+        """Every result of a request in order, until the last one (``done``); drops chunks already seen, and
         never skips any: a result past a gap (tokens lost with a restarted Redis) ends the relay.
 
         ``None`` every ``keepalive_s`` seconds without a result (when given). Raises ResultTimeout
@@ -100,7 +102,7 @@ class LaneClient:
         while True:
             try:
                 epoch = epoch or await self.epoch()
-                reply = await self.redis.xread({key: last_id}, block=self.poll_ms, count=RELAY_BATCH)
+                reply: Any = await self.redis.xread({key: last_id}, block=self.poll_ms, count=RELAY_BATCH)
                 if not reply and not await self._same_epoch(epoch):
                     raise QueueUnavailable("Redis restarted and lost the request")
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
@@ -131,7 +133,7 @@ class LaneClient:
                     )
                 relayed[result.index] = max(done_before, end)
                 yield result
-                if result.finished:
+                if result.done:
                     return
 
     async def cancel(self, request_id: str) -> None:
@@ -166,15 +168,16 @@ class LaneClient:
         """Drop a relayed request's result stream."""
         await self.redis.delete(out_key(request_id))
 
-    async def has_worker(self, model: str) -> bool:
+    async def has_worker(self, model: str, *, fresh: bool = False) -> bool:
         """Whether a worker serving ``model`` beat within WORKER_ALIVE_S (by Redis's clock).
 
         It is asked on every request: a live worker once seen is trusted for WORKER_SEEN_S, so
         Redis is asked at most about once a second per model while workers are up. A worker that
         dies meanwhile is like one dying just after the check: its requests wait in the lane.
+        ``fresh``: ask Redis now (a relay that heard nothing for long asks whether a worker is left).
         """
         seen = time.monotonic()
-        if seen - self._worker_seen.get(model, float("-inf")) < WORKER_SEEN_S:
+        if not fresh and seen - self._worker_seen.get(model, float("-inf")) < WORKER_SEEN_S:
             return True
         async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
             pipe.time()

@@ -48,6 +48,8 @@ def async_client(url: str, *, max_connections: int = 4096) -> aioredis.Redis:
     from redis.asyncio.retry import Retry
 
     retry = Retry(
-        ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES, supported_errors=ERRORS
+        ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S),
+        RETRIES,
+        supported_errors=ERRORS,  # type: ignore[arg-type]  # OSError too, which redis-py's annotation leaves out
     )
     return aioredis.Redis.from_url(url, retry=retry, max_connections=max_connections, **_options())

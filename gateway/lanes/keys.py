@@ -17,6 +17,11 @@ from __future__ import annotations
 GROUP = "workers"
 
 
+def as_text(value: bytes | str) -> str:
+    """A key, field or id as Redis returns it (bytes without decode_responses), as text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def lane_key(model: str, tier: str) -> str:
     return f"lanes:{model}:{tier}"
 

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 import orjson
 
-from engine import EngineError, SamplingParams, SLOLoad, TokenLogprob
+from engine import EngineError, EngineRequest, LoRARequest, SamplingParams, SLOLoad, TokenLogprob
 
-MESSAGE_VERSION = 1
+MESSAGE_VERSION = 2
 HEX = frozenset("0123456789abcdef")
 
 
@@ -80,6 +80,32 @@ class LaneRequest:
 
     encode = _encode
 
+    def to_engine(
+        self,
+        *,
+        priority: int,
+        arrival_time: float | None = None,
+        resume_token_ids: tuple[int, ...] = (),
+        lora: LoRARequest | None = None,
+    ) -> EngineRequest:
+        """The engine's request: ``priority`` of its lane's tier, ``arrival_time`` (monotonic) when
+        it entered the lane, ``resume_token_ids`` already streamed by a dead worker (a resumed
+        request's first token went out long ago: only its TPOT target still applies), ``lora``: its
+        adapter's folder on this worker."""
+        return EngineRequest(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling=self.sampling,
+            tenant=self.tenant,
+            weight=self.weight,
+            priority=priority,
+            arrival_time=arrival_time,
+            ttft_target_s=None if resume_token_ids else self.ttft_target_s,
+            tpot_target_s=self.tpot_target_s,
+            lora=lora,
+            resume_token_ids=resume_token_ids,
+        )
+
     @classmethod
     def decode(cls, fields: dict[Any, Any]) -> LaneRequest:
         body = _decode_fields(fields)
@@ -108,8 +134,8 @@ class LaneResult:
     token_ids: tuple[int, ...] = ()
     text: str = ""
     offset: int = 0
-    finished: bool = False
-    finish_reason: str | None = None
+    done: bool = False  # the whole request is over (its last result), as RequestOutput.done
+    finish_reason: str | None = None  # this choice ended (as RequestOutput.finished + its reason)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     worker: str = ""
@@ -122,7 +148,7 @@ class LaneResult:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, in the first result
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     # n > 1: the choice these tokens belong to (offset and num_output_tokens are that choice's); its
-    # end is a finish_reason, `finished` the end of the whole request (its last choice)
+    # end is a finish_reason, `done` the end of the whole request (its last choice)
     index: int = 0
 
     encode = _encode

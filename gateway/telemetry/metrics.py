@@ -62,6 +62,11 @@ E2E = Histogram(
 QUOTA_REFUSALS = Counter(
     "fairlane_quota_refusals", "Requests refused by a quota, by the limit that refused", ("tier", "limit")
 )
+QUOTA_SETTLEMENTS = Counter(
+    "fairlane_quota_settlements",
+    "Admitted requests settled, by usage status and whether they were charged or refunded",
+    ("status", "action"),
+)
 QUOTA_STORE_ERRORS = Counter(
     "fairlane_quota_store_errors",
     "Admissions that could not reach the quota Redis (refused fail-closed, or admitted unchecked fail-open)",

@@ -21,6 +21,7 @@ from gateway.lanes.keys import (
     WORKER_ALIVE_S,
     WORKER_FORGOTTEN_S,
     WORKER_LIVE_FIELD,
+    as_text,
     model_info_key,
     worker_info_key,
     workers_key,
@@ -54,14 +55,10 @@ def beat(worker: Worker, redis: redislib.Redis, rate: PreemptionRate | None = No
         pipe.xclaim(lane, GROUP, worker.worker_id, 0, ids, justid=True)
     replies = pipe.execute()
     for (lane, ids), claimed in zip(owned.items(), replies[len(replies) - len(owned) :]):
-        kept = {_s(e) for e in claimed}
+        kept = {as_text(e) for e in claimed}
         lost = [e for e in ids if e not in kept]
         if lost:
             worker.mark_lost(lane, lost)
-
-
-def _s(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def heartbeat(worker: Worker, redis: redislib.Redis, stop: threading.Event, *, every_s: float) -> None:

@@ -21,7 +21,7 @@ import time
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
-from engine import Engine, RequestOutput
+from engine import Engine, ErrorCode, RequestOutput
 from gateway.lanes.messages import LaneRequest
 from gateway.telemetry import metrics, tracing
 from gateway.telemetry.tracing import ns
@@ -100,8 +100,9 @@ class RequestTrace:
 
     def refused(self, exc: Exception) -> None:
         """The engine refused the request on arrival (bad input, or its TTFT target)."""
-        code = getattr(exc, "code", "engine_error")
-        self.span.add_event("slo_refused" if code == "slo_unattainable" else "refused", {"code": code})
+        code = str(getattr(exc, "code", ErrorCode.ENGINE_ERROR))
+        event = "slo_refused" if code == ErrorCode.SLO_UNATTAINABLE else "refused"
+        self.span.add_event(event, {"code": code})
         self.span.set_status(StatusCode.ERROR, code)
         self.finish(None, status=code, num_output_tokens=0)
 
@@ -124,7 +125,7 @@ class RequestTrace:
             attributes["fairlane.engine.first_token_s"] = self.first_token_at - self.span.start_time / 1e9
         self.span.set_attributes(attributes)
         if out is not None and out.error is not None:
-            self.span.set_status(StatusCode.ERROR, getattr(out.error, "code", "engine_error"))
+            self.span.set_status(StatusCode.ERROR, str(getattr(out.error, "code", ErrorCode.ENGINE_ERROR)))
         self.span.end(end_time=ns(now))
 
 

@@ -18,7 +18,9 @@ REPLICA_MODULES = [
     "gateway.settings",
     "gateway.lanes.client",
     "gateway.api.slo_gate",
-    "gateway.api.generation",
+    "gateway.api.admit",
+    "gateway.api.relay",
+    "gateway.api.settle",
 ]
 
 

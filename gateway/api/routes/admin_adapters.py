@@ -60,8 +60,8 @@ UPLOAD_OPENAPI = {
                             "description": "Unique within the tenant; clients call '<model>:<name>'.",
                         },
                         **{
-                            f: {"type": "string", "format": "binary", "description": d}
-                            for f, d in FILES.items()
+                            name: {"type": "string", "format": "binary", "description": description}
+                            for name, description in FILES.items()
                         },
                     },
                 }

@@ -25,7 +25,7 @@ router = APIRouter(
 
 
 def _store(state: StateDep) -> QuotaStore:
-    limiter = state.quota_seam.limiter
+    limiter = state.quota_service.limiter
     if limiter is None:
         raise UnprocessableEntity("Quotas are not enabled on this gateway.")
     return limiter.store

@@ -11,15 +11,17 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway.api import generation as gen
 from gateway.api import logprobs_format as lp_fmt
 from gateway.api import openai_format as fmt
 from gateway.api import tools
+from gateway.api.admit import GenerationRequest, start
 from gateway.api.auth import AuthContext
 from gateway.api.deps import CurrentKey, StateDep
 from gateway.api.errors import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, GatewayError, InvalidRequest
 from gateway.api.model_selection import select_model
-from gateway.api.quota_seam import QuotaDep
+from gateway.api.prompts import completion_prompt_ids, tokenize
+from gateway.api.quota_service import QuotaDep
+from gateway.api.relay import Generation
 from gateway.api.schemas.openai import ChatCompletionRequest, CompletionRequest
 from gateway.api.state import GatewayState
 from gateway.api.tiers import openai_tier, resolve_tier
@@ -59,26 +61,6 @@ def _check_token_ids(state: GatewayState, body) -> None:
         )
 
 
-async def _tokenize(state: GatewayState, encode, arg, chars: int, param: str) -> list[int]:
-    """Tokenize, refusing over-long prompts before any work."""
-    limit = state.settings.max_prompt_chars
-    if chars > limit:
-        raise InvalidRequest(
-            f"The prompt has {chars} characters; this server accepts at most {limit}.",
-            param=param,
-            code="context_length_exceeded",
-        )
-    return await _encode(state, encode, arg, chars)
-
-
-async def _encode(state: GatewayState, encode, arg, chars: int):
-    """``encode(arg)``, in a thread when ``chars`` is long, so that one client's huge prompt never
-    delays another's request."""
-    if chars <= state.settings.tokenize_inline_chars:
-        return encode(arg)
-    return await anyio.to_thread.run_sync(encode, arg, limiter=state.tokenize_limiter)
-
-
 @router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, auth: CurrentKey, state: StateDep, quota: QuotaDep
@@ -106,17 +88,14 @@ async def chat_completions(
             options["structured"] = tool_plan.structured()
     chars = sum(len(m["content"]) for m in messages)
     try:
-        prompt_ids = await _tokenize(state, state.tokenizer.encode_chat, messages, chars, "messages")
+        prompt_ids = await tokenize(state, state.tokenizer.encode_chat, messages, chars, "messages")
     except InvalidRequest:
         raise
     except Exception as exc:  # jinja errors, bad roles for this template…
         raise InvalidRequest(
             f"These messages cannot be rendered by the model's chat template: {exc}", param="messages"
         ) from exc
-    generation = await gen.start(
-        state,
-        quota,
-        auth,
+    ask = GenerationRequest(
         request_id=request.state.request_id,
         tier=tier,
         prompts=[prompt_ids],
@@ -125,6 +104,7 @@ async def chat_completions(
         traceparent=request.headers.get("traceparent"),
         adapter=adapter,
     )
+    generation = await start(state, quota, auth, ask)
     return await _respond(generation, body, request, chat=True, tool_plan=tool_plan)
 
 
@@ -144,17 +124,14 @@ async def completions(
             f"The request has {len(prompts)} prompts; this server accepts at most {limit} in one request.",
             param="prompt",
         )
-    prompt_ids = await _prompt_ids(state, prompts)
+    prompt_ids = await completion_prompt_ids(state, prompts)
     echo = None
     if body.echo:
         echo = [
             (p if isinstance(p, str) else state.tokenizer.decode(ids), ids)
             for p, ids in zip(prompts, prompt_ids)
         ]
-    generation = await gen.start(
-        state,
-        quota,
-        auth,
+    ask = GenerationRequest(
         request_id=request.state.request_id,
         tier=tier,
         prompts=prompt_ids,
@@ -164,46 +141,15 @@ async def completions(
         traceparent=request.headers.get("traceparent"),
         adapter=adapter,
     )
+    generation = await start(state, quota, auth, ask)
     return await _respond(generation, body, request, chat=False, echo=echo)
-
-
-async def _prompt_ids(state: GatewayState, prompts: list[str | list[int]]) -> list[list[int]]:
-    """Each prompt's token ids; any bad prompt (too long, empty, a token id outside the
-    vocabulary) refuses the whole request, naming it, before anything is charged or queued."""
-    vocab = state.tokenizer.vocab_size
-    texts = [p for p in prompts if isinstance(p, str)]
-    name = (lambda i: "The prompt") if len(prompts) == 1 else (lambda i: f"Prompt {i}")
-    for i, prompt in enumerate(prompts):
-        if isinstance(prompt, str) and len(prompt) > state.settings.max_prompt_chars:
-            raise InvalidRequest(
-                f"{name(i)} has {len(prompt)} characters; this server accepts at most "
-                f"{state.settings.max_prompt_chars}.",
-                param="prompt",
-                code="context_length_exceeded",
-            )
-    encoded = iter(
-        await _encode(
-            state, lambda ts: [state.tokenizer.encode_prompt(t) for t in ts], texts, sum(map(len, texts))
-        )
-    )
-    out = []
-    for i, prompt in enumerate(prompts):
-        ids = next(encoded) if isinstance(prompt, str) else list(prompt)
-        if any(t >= vocab for t in ids):
-            raise InvalidRequest(
-                f"{name(i)}'s token ids must be below the vocabulary size ({vocab}).", param="prompt"
-            )
-        if not ids:
-            raise InvalidRequest(f"{name(i)} is empty.", param="prompt")
-        out.append(ids)
-    return out
 
 
 Echo = list[tuple[str, list[int]]]  # (text, token ids) of each prompt of a request that asked for them back
 
 
 async def _respond(
-    generation: gen.Generation,
+    generation: Generation,
     body,
     request: Request,
     *,
@@ -214,7 +160,7 @@ async def _respond(
     """echo: the prompts of a completions request that asked for them back; tool_plan: a chat
     request's tools (gateway/api/tools.py), whose calls are parsed from the output. Choice
     ``prompt_index * n + i`` is the i-th choice of that prompt (OpenAI's order)."""
-    headers = generation.admission.headers
+    headers = generation.headers
     ids = dict(
         request_id=generation.request_id,
         created=generation.created,
@@ -227,7 +173,7 @@ async def _respond(
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
-    parts: dict[int, list[str]] = {}  # choice index ->
+    parts: dict[int, list[str]] = {}  # choice index -> its text pieces
     logprobs: dict[int, list] = {}
     reasons: dict[int, str | None] = {}
     failure: list[BaseException] = []
@@ -298,7 +244,7 @@ async def _respond(
 
 
 def _choice(
-    generation: gen.Generation,
+    generation: Generation,
     body,
     chat: bool,
     echo: tuple[str, list[int]] | None,
@@ -320,7 +266,7 @@ def _choice(
 
 
 async def _stream(
-    generation: gen.Generation,
+    generation: Generation,
     body,
     chat: bool,
     ids: dict,
@@ -347,16 +293,16 @@ async def _stream(
         if chat:
             for index in range(body.n or 1):
                 yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}, index=index))
-        held: list[str] = []  # with tools: the whole output, sent as one piece at the end
+        tool_output: list[str] = []  # with tools: the whole output, sent as one piece at the end
         async for result in generation:
             if result is None:
                 yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
                 continue
             if tool_plan is not None:  # one choice (n > 1 is refused with tools)
-                held.append(result.text)
+                tool_output.append(result.text)
                 if result.finish_reason is None:
                     continue
-                yield fmt.sse(chunk(delta=tools.stream_delta(tool_plan, "".join(held))))
+                yield fmt.sse(chunk(delta=tools.stream_delta(tool_plan, "".join(tool_output))))
                 result = replace(
                     result, text="", finish_reason="tool_calls" if tool_plan.called else result.finish_reason
                 )

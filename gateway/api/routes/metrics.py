@@ -71,7 +71,7 @@ async def _lanes(state) -> tuple[dict[str, int], dict[str, int]]:
 
 
 async def _quota_up(state) -> bool:
-    limiter = state.quota_seam.limiter
+    limiter = state.quota_service.limiter
     if limiter is None:
         return True
     try:

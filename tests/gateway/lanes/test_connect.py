@@ -30,7 +30,7 @@ async def test_more_requests_waiting_on_results_than_the_default_pool_holds():
             await redis.xadd(
                 out_key(request_id),
                 LaneResult(
-                    request_id=request_id, token_ids=(7,), text="x", finished=True, finish_reason="stop"
+                    request_id=request_id, token_ids=(7,), text="x", done=True, finish_reason="stop"
                 ).encode(),
             )
         finished = await asyncio.gather(*waiters)

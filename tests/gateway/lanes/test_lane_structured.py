@@ -48,4 +48,4 @@ def test_a_malformed_constraint_is_a_malformed_entry():
     body = json.loads(_request(StructuredSpec("regex", "x")).encode()["body"])
     body["sampling"]["structured"] = {"kind": "xml", "value": "<a/>"}
     with pytest.raises(MessageError, match="xml"):
-        LaneRequest.decode({"v": "1", "body": json.dumps(body)})
+        LaneRequest.decode({"v": "2", "body": json.dumps(body)})

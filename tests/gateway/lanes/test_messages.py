@@ -37,7 +37,7 @@ def test_sampling_the_engine_refuses_is_a_malformed_entry():
     body = json.loads(fields["body"])
     body["sampling"]["top_p"] = 0  # SamplingParams' own check: top_p in (0, 1]
     with pytest.raises(MessageError, match="top_p"):
-        LaneRequest.decode({"v": "1", "body": json.dumps(body)})
+        LaneRequest.decode({"v": "2", "body": json.dumps(body)})
 
 
 def test_result_round_trip():
@@ -46,7 +46,7 @@ def test_result_round_trip():
         token_ids=(5, 6),
         text="hi",
         offset=3,
-        finished=True,
+        done=True,
         finish_reason="stop",
         num_prompt_tokens=3,
         num_output_tokens=5,
@@ -66,10 +66,10 @@ def test_unknown_version_is_refused():
     "fields",
     [
         {},
-        {"v": "1"},
-        {"v": "1", "body": "{not json"},
+        {"v": "2"},
+        {"v": "2", "body": "{not json"},
         {"v": "x", "body": "{}"},
-        {"v": "1", "body": json.dumps({"request_id": "r"})},
+        {"v": "2", "body": json.dumps({"request_id": "r"})},
     ],
 )
 def test_malformed_entries_raise_message_error(fields):
@@ -82,7 +82,7 @@ def test_unknown_result_kind_is_refused():
     body = json.loads(fields["body"])
     body["kind"] = "surprise"
     with pytest.raises(MessageError, match="surprise"):
-        LaneResult.decode({"v": "1", "body": json.dumps(body)})
+        LaneResult.decode({"v": "2", "body": json.dumps(body)})
 
 
 def test_load_report_round_trips_and_refuses_what_it_cannot_read():
@@ -110,7 +110,7 @@ def test_load_report_round_trips_and_refuses_what_it_cannot_read():
 
 def test_an_slo_error_result_carries_its_retry_after():
     result = LaneResult(
-        request_id="r", kind="error", finished=True, error_code="slo_unattainable", retry_after_s=3.0
+        request_id="r", kind="error", done=True, error_code="slo_unattainable", retry_after_s=3.0
     )
     assert LaneResult.decode(result.encode()).retry_after_s == 3.0
 
@@ -128,4 +128,4 @@ def test_a_request_with_an_adapter_round_trips_and_a_bad_digest_is_malformed():
         body = json.loads(original.encode()["body"])
         body["lora"]["sha256"] = digest
         with pytest.raises(MessageError, match="digest"):
-            LaneRequest.decode({"v": "1", "body": json.dumps(body)})
+            LaneRequest.decode({"v": "2", "body": json.dumps(body)})

@@ -30,7 +30,7 @@ async def _publish(
             token_ids=tokens,
             text="".join(f" t{t}" for t in tokens),
             offset=offset,
-            finished=finished,
+            done=finished,
             finish_reason="length" if finished else None,
             num_output_tokens=offset + len(tokens),
         )

@@ -34,7 +34,7 @@ def _results(redis, rid) -> list[LaneResult]:
 def _run_until_done(worker, redis, rids, max_iters=500):
     for _ in range(max_iters):
         worker.run_once()
-        if all(r and r[-1].finished for r in (_results(redis, rid) for rid in rids)):
+        if all(r and r[-1].done for r in (_results(redis, rid) for rid in rids)):
             return
     raise AssertionError("requests did not finish")
 
@@ -82,7 +82,7 @@ def test_highest_tier_is_pulled_first(tiny_engine_factory, redis, model_name):
     batch = _submit(redis, model_name, "batch", max_tokens=1)
     priority = _submit(redis, model_name, "priority", max_tokens=1)
     worker.run_once()  # room for one request: the priority one, though it arrived second
-    assert _results(redis, priority)[-1].finished
+    assert _results(redis, priority)[-1].done
     assert _results(redis, batch) == []
     _run_until_done(worker, redis, [batch])
     redis.delete(out_key(batch), out_key(priority))
@@ -99,7 +99,7 @@ def test_cancel_aborts_within_one_step_and_frees_blocks(tiny_engine_factory, red
     redis.set(cancel_key(rid), b"1", ex=60)
     worker.run_once()
     last = _results(redis, rid)[-1]
-    assert last.finished and last.finish_reason == "abort" and last.num_output_tokens == 0
+    assert last.done and last.finish_reason == "abort" and last.num_output_tokens == 0
     assert engine.num_free_blocks == idle_free and not engine.has_unfinished()
     assert redis.xlen(lane_key(model_name, "standard")) == 0
     redis.delete(out_key(rid), cancel_key(rid))
@@ -110,7 +110,7 @@ def test_invalid_request_comes_back_as_an_error_result(tiny_engine_factory, redi
     rid = _submit(redis, model_name, prompt=[1] * 250, max_tokens=50)  # the tiny model holds 256 positions
     worker.run_once()
     (error,) = _results(redis, rid)
-    assert error.kind == "error" and error.finished and error.error_code == "context_length_exceeded"
+    assert error.kind == "error" and error.done and error.error_code == "context_length_exceeded"
     assert "maximum context length" in error.error_message
     assert redis.xlen(lane_key(model_name, "standard")) == 0
     redis.delete(out_key(rid))
@@ -149,9 +149,9 @@ def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, red
         _s(c["name"]) for c in redis.xinfo_consumers(lane_key(model_name, "standard"), "workers")
     }
     assert "gone" in names()
-    assert live.prune_consumers(idle_ms=60_000) == 0  # not idle long enough
+    assert live.lane_io.prune_consumers(idle_ms=60_000) == 0  # not idle long enough
     time.sleep(0.05)
-    assert live.prune_consumers(idle_ms=10) >= 1
+    assert live.lane_io.prune_consumers(idle_ms=10) >= 1
     assert "gone" not in names()
 
 
@@ -202,9 +202,7 @@ def test_a_lane_deleted_under_a_blocked_worker_is_re_created(tiny_engine_factory
         assert thread.is_alive()
         rid = _submit(redis, model_name, max_tokens=3)
         deadline = time.monotonic() + 30
-        while (
-            not (_results(redis, rid) and _results(redis, rid)[-1].finished) and time.monotonic() < deadline
-        ):
+        while not (_results(redis, rid) and _results(redis, rid)[-1].done) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sum(len(r.token_ids) for r in _results(redis, rid)) == 3
     finally:

@@ -67,7 +67,7 @@ def _run(worker, redis, rids, max_iters=500) -> dict[str, list[LaneResult]]:
     for _ in range(max_iters):
         worker.run_once()
         results = {rid: _results(redis, rid) for rid in rids}
-        if all(r and r[-1].finished for r in results.values()):
+        if all(r and r[-1].done for r in results.values()):
             return results
     raise AssertionError("requests did not finish")
 

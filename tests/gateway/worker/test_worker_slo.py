@@ -107,7 +107,7 @@ def test_stale_loads_of_dead_workers_are_pruned(tiny_engine_factory, redis, mode
     )
     redis.hset(load_key(model_name), mapping={"dead": dead.encode(), "garbled": "{"})
     worker.publish_load(force=True)
-    assert worker.prune_loads() == 2
+    assert worker.lane_io.prune_loads() == 2
     assert set(redis.hgetall(load_key(model_name))) == {b"live"}
 
 
@@ -118,7 +118,7 @@ def test_refused_on_arrival_is_an_slo_error_with_retry_after(tiny_engine_factory
     rid = _submit(redis, model_name, prompt=[9] * 20, ttft_target_s=0.1)
     worker.run_once()  # refused on arrival, before the step (the prior cost model still holds)
     (error,) = _results(redis, rid)
-    assert error.kind == "error" and error.finished and error.error_code == "slo_unattainable"
+    assert error.kind == "error" and error.done and error.error_code == "slo_unattainable"
     assert error.retry_after_s == 1 and "time-to-first-token" in error.error_message
     assert rid not in engine.seqs and rid not in worker.inflight
     assert redis.xlen(lane_key(model_name, "standard")) == 0  # ACKed and deleted

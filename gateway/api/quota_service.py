@@ -1,4 +1,4 @@
-"""The quotas seam: the one dependency in the request path that admits and settles requests.
+"""The quota service: the one dependency in the request path that admits and settles requests.
 
 ``admit`` runs ``quotas.Limiter.admit`` (one Lua call on Redis: RPM, TPM on prompt + max_tokens,
 concurrency lease, daily/monthly token budgets, max_tokens, tier; the tenant's limits and the API
@@ -43,13 +43,13 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api.auth import AuthContext
 from gateway.api.errors import (
-    SLO_UNATTAINABLE,
     InsufficientQuota,
     InvalidRequest,
     PermissionDenied,
     RateLimited,
     quota_unavailable,
 )
+from gateway.api.outcome import RequestOutcome
 from gateway.api.ratelimit_headers import publish
 from gateway.api.refusal_tally import RefusalTally
 from gateway.settings import ApiSettings
@@ -124,13 +124,7 @@ def refusal(decision: Decision, headers: dict[str, str]) -> Exception:
     return RateLimited(message, headers=headers)
 
 
-def never_ran(status: str, completion_tokens: int) -> bool:
-    """A request that failed (or was refused for its SLO) before producing anything is refunded in
-    full and recorded as 0 tokens."""
-    return status in ("error", SLO_UNATTAINABLE, "interrupted", "timeout") and completion_tokens == 0
-
-
-class QuotaSeam:
+class QuotaService:
     """admit/settle for one gateway replica (limits and counters live in Redis).
 
     Without a limiter only the key's enabled flag is checked (tools and tests that run no quotas).
@@ -147,8 +141,8 @@ class QuotaSeam:
         self._renewer: asyncio.Task | None = None
 
     @classmethod
-    def open(cls, settings: ApiSettings, session_factory: sessionmaker[Session]) -> QuotaSeam:
-        """A seam on the quota Redis of ``settings`` (no I/O until the first request)."""
+    def open(cls, settings: ApiSettings, session_factory: sessionmaker[Session]) -> QuotaService:
+        """A quota service on the quota Redis of ``settings`` (no I/O until the first request)."""
         url = settings.quota_redis_url or settings.redis_url
         limiter = Limiter(
             connect(url),
@@ -171,7 +165,7 @@ class QuotaSeam:
     ) -> Admission:
         """Check and charge every limit of the key and its tenant, or raise the refusal's error.
 
-        ``lane_entry`` (stream, fields): queue it with the admission when this seam can
+        ``lane_entry`` (stream, fields): queue it with the admission when this service can
         (``Admission.queued``); otherwise the caller submits it after admission. A refusal queues
         nothing.
         """
@@ -219,30 +213,23 @@ class QuotaSeam:
             self._start_renewer()
         return admission
 
-    async def settle(
-        self, admission: Admission, *, completion_tokens: int, status: str, prompt_tokens: int | None = None
-    ) -> None:
-        """Charge what the request used, or refund it all if it failed before running; idempotent.
-
-        ``status`` is the request's outcome (a finish reason, ``cancelled``, ``error`` or
-        ``slo_unattainable``); ``error`` or ``slo_unattainable`` with no completion token means it
-        never ran (refund), anything else is charged prompt + completion tokens. ``prompt_tokens``:
-        those of the prompts that ran, when fewer than all that were reserved (several prompts).
-        """
+    async def settle(self, admission: Admission, outcome: RequestOutcome) -> None:
+        """Charge what the request used (``outcome.charged_tokens``), or refund it all if it did not
+        run (``outcome.ran``); idempotent. Called by gateway/api/settle.py only."""
         if admission.settled:
             return
         admission.settled = True
         self._open.pop(admission.request_id, None)
+        metrics.QUOTA_SETTLEMENTS.labels(outcome.usage_status, "charged" if outcome.ran else "refunded").inc()
         reservation = admission.reservation
         if reservation is None or self.limiter is None:
             return
-        if never_ran(status, completion_tokens):
-            outcome = await self.limiter.refund(reservation)
+        if outcome.ran:
+            result = await self.limiter.settle(reservation, outcome.charged_tokens)
         else:
-            prompt = admission.prompt_tokens if prompt_tokens is None else prompt_tokens
-            outcome = await self.limiter.settle(reservation, prompt + completion_tokens)
-        if outcome not in ("settled", "not_charged"):
-            log.warning("quota settlement of %s: %s", admission.request_id, outcome)
+            result = await self.limiter.refund(reservation)
+        if result not in ("settled", "not_charged"):
+            log.warning("quota settlement of %s: %s", admission.request_id, result)
 
     async def aclose(self) -> None:
         """Stop renewing leases and wait for the limiter's background refunds (at shutdown)."""
@@ -276,8 +263,8 @@ class QuotaSeam:
                     log.warning("quota lease renewal of %s failed: %s", admission.request_id, result)
 
 
-def get_quota_seam(request: Request) -> QuotaSeam:
-    return request.app.state.gateway.quota_seam
+def get_quota_service(request: Request) -> QuotaService:
+    return request.app.state.gateway.quota_service
 
 
-QuotaDep = Annotated[QuotaSeam, Depends(get_quota_seam)]
+QuotaDep = Annotated[QuotaService, Depends(get_quota_service)]

@@ -1,0 +1,281 @@
+"""Relay a running request's results from its lanes' result streams to the response, counting
+tokens and timing as they pass, and close it: cancel what is unfinished and settle its outcome.
+
+A relay that fails ends with an error, never silently: no result for ``stream_idle_timeout_s``
+(``TIMED_OUT``, or ``WORKER_LOST`` when no live worker is left to resume it), Redis unreachable or
+the request lost by a restarted Redis (``REDIS_LOST``, 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field, replace
+
+import anyio
+from opentelemetry.trace import Span
+
+from engine import ErrorCode
+from gateway.api.errors import (
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    SLOUnattainable,
+    engine_timeout,
+    queue_lost,
+    worker_lost,
+)
+from gateway.api.outcome import RequestOutcome, Status
+from gateway.api.settle import RequestContext, settle
+from gateway.api.state import GatewayState
+from gateway.lanes.client import QueueUnavailable, ResultTimeout
+from gateway.lanes.messages import LaneResult
+from gateway.telemetry import metrics
+
+log = logging.getLogger(__name__)
+
+
+def lane_error(result: LaneResult, prompt_param: str = "messages") -> GatewayError:
+    """The HTTP error of a worker's error result: 503 + retry-after for an SLO refusal, else 400."""
+    if result.error_code == ErrorCode.SLO_UNATTAINABLE:
+        return SLOUnattainable(
+            result.error_message or "The request cannot meet its latency target now.",
+            retry_after_s=result.retry_after_s or 1.0,
+        )
+    if result.error_code == ErrorCode.MODEL_NOT_FOUND:  # its adapter was deleted while it waited
+        return NotFound(
+            result.error_message or "The model does not exist.", param="model", code=ErrorCode.MODEL_NOT_FOUND
+        )
+    return InvalidRequest(
+        result.error_message or "The engine refused the request.",
+        param=prompt_param if result.error_param == "prompt" else result.error_param,
+        code=result.error_code,
+    )
+
+
+async def relay_failure(
+    state: GatewayState, exc: ResultTimeout | QueueUnavailable
+) -> tuple[Status, GatewayError]:
+    """The status and the client's error of a relay that failed with ``exc``. No result in time
+    while no live worker serves the model: its worker was lost (and none was left to resume it)."""
+    if isinstance(exc, QueueUnavailable):
+        return Status.REDIS_LOST, queue_lost(exc)
+    model = state.settings.model_name  # the base model: its workers run its adapters too
+    try:
+        alive = await state.lanes.has_worker(model, fresh=True)
+    except Exception:  # Redis answers the relay but not this: say what we know
+        alive = True
+    if alive:
+        return Status.TIMED_OUT, engine_timeout(exc)
+    return Status.WORKER_LOST, worker_lost(model)
+
+
+def refusal_status(result: LaneResult) -> Status:
+    """The status of a request a worker refused with the error result ``result``."""
+    return Status.SLO_REFUSED if result.error_code == ErrorCode.SLO_UNATTAINABLE else Status.WORKER_REFUSED
+
+
+@dataclass
+class Relay:
+    """One engine request of a Generation (one prompt): its lane results and its own counts.
+
+    Its choices are ``offset .. offset + n - 1`` of the response (OpenAI's ``prompt_index * n + choice``).
+    """
+
+    request_id: str
+    offset: int
+    first: LaneResult | None
+    results: AsyncIterator[LaneResult | None]
+    prompt_tokens: int
+    choice_tokens: dict[int, int] = field(default_factory=dict)  # output tokens per choice index
+    cached_tokens: int = 0  # prompt tokens the worker found in its prefix cache
+    prompt_logprobs: tuple | None = None  # the prompt's TokenLogprobs (first None), when asked for
+    done: bool = False
+    ran: bool = False  # a result (not an error) came back: its prompt was computed
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.choice_tokens.values())
+
+
+@dataclass
+class Generation:
+    """One HTTP request's generation once its first results are back: one engine request per
+    prompt (``relays``: one, except for a completions request with several prompts)."""
+
+    context: RequestContext
+    relays: list[Relay]
+    relay_span: Span | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finish_reason: str | None = None  # the last choice's, once every relay is done
+    failure: Status | None = None  # why the relay stopped before the end
+    closed: bool = False
+
+    @property
+    def state(self) -> GatewayState:
+        return self.context.state
+
+    @property
+    def request_id(self) -> str:
+        return self.context.request_id
+
+    @property
+    def model(self) -> str:
+        return self.context.model
+
+    @property
+    def tier(self) -> str:
+        return self.context.tier
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The quota's x-ratelimit-* headers, sent with the response."""
+        return {} if self.context.admission is None else self.context.admission.headers
+
+    @property
+    def done(self) -> bool:
+        return all(relay.done for relay in self.relays)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(relay.prompt_tokens for relay in self.relays)
+
+    @property
+    def completion_tokens(self) -> int:  # n > 1: every choice's tokens; the prompt counts once
+        return sum(relay.completion_tokens for relay in self.relays)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(relay.cached_tokens for relay in self.relays)
+
+    def prompt_index(self, index: int) -> int:
+        """The position in the request's prompts of the prompt that choice ``index`` continues."""
+        return next(i for i in range(len(self.relays) - 1, -1, -1) if self.relays[i].offset <= index)
+
+    def prompt_logprobs(self, index: int) -> tuple | None:
+        """The prompt logprobs (first None) of the prompt that choice ``index`` continues, when asked for."""
+        return self.relays[self.prompt_index(index)].prompt_logprobs
+
+    async def __aiter__(self) -> AsyncIterator[LaneResult | None]:
+        """Every result of every prompt, the first ones included, its ``index`` that of the
+        response's choice, and ``None`` as a keep-alive while none comes; records token counts and
+        token timing as they pass. Several prompts: their results in the order they come."""
+        if len(self.relays) == 1:
+            async for result in self._relay(self.relays[0]):
+                yield result
+            return
+        streams = [self._relay(relay).__aiter__() for relay in self.relays]
+        pending = {asyncio.ensure_future(anext(stream)): i for i, stream in enumerate(streams)}
+        try:
+            while pending:
+                ready, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(ready, key=pending.__getitem__):
+                    i = pending.pop(task)
+                    try:
+                        result = task.result()
+                    except StopAsyncIteration:
+                        continue
+                    pending[asyncio.ensure_future(anext(streams[i]))] = i
+                    yield result
+        finally:
+            for task in pending:
+                task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(*pending, return_exceptions=True)
+                for stream in streams:
+                    with contextlib.suppress(Exception):
+                        await stream.aclose()
+
+    async def _relay(self, relay: Relay) -> AsyncIterator[LaneResult | None]:
+        try:
+            result, relay.first = relay.first, None
+            while True:
+                if result is None:
+                    yield None
+                    result = await anext(relay.results)
+                    continue
+                if result.kind == "error":  # e.g. refused at a step start after a worker took it over
+                    relay.done = True
+                    self.failure = refusal_status(result)
+                    raise lane_error(result)
+                self._count(relay, result)
+                yield replace(result, index=relay.offset + result.index) if relay.offset else result
+                if result.done:
+                    return
+                result = await anext(relay.results)
+        except (ResultTimeout, QueueUnavailable) as exc:
+            self.failure, error = await relay_failure(self.state, exc)
+            raise error from exc
+
+    def _count(self, relay: Relay, result: LaneResult) -> None:
+        relay.ran = True
+        if result.token_ids:
+            now = time.monotonic()
+            if self.first_token_at is None:
+                self.first_token_at = now
+            elif self.last_token_at is not None:
+                metrics.INTER_TOKEN.labels(self.tier).observe(
+                    (now - self.last_token_at) / len(result.token_ids)
+                )
+            self.last_token_at = now
+        relay.prompt_tokens = result.num_prompt_tokens or relay.prompt_tokens
+        relay.choice_tokens[result.index] = max(
+            relay.choice_tokens.get(result.index, 0), result.num_output_tokens
+        )
+        if result.index == 0:  # the prompt's own (choices > 0 share its blocks by design)
+            relay.cached_tokens = max(relay.cached_tokens, result.num_cached_tokens)
+        if result.prompt_logprobs is not None and relay.prompt_logprobs is None:
+            relay.prompt_logprobs = result.prompt_logprobs
+        if result.done:
+            relay.done = True
+            if self.done:
+                self.finish_reason = result.finish_reason
+
+    def outcome(self) -> RequestOutcome:
+        """How the request ended, as far as the relay saw it."""
+        if self.failure is not None:
+            status = self.failure
+        elif self.done:
+            status = Status.FINISHED
+        else:
+            status = Status.CANCELLED_AFTER_FIRST_TOKEN
+        return RequestOutcome(
+            status,
+            prompt_tokens=sum(relay.prompt_tokens for relay in self.relays if relay.ran),
+            completion_tokens=self.completion_tokens,
+            finish_reason=self.finish_reason,
+            first_token_at=self.first_token_at,
+        )
+
+    async def close(self) -> None:
+        """Cancel what is unfinished, drop the result streams and settle the outcome (shielded:
+        runs even when the client has gone and this task is being cancelled); once."""
+        if self.closed:
+            return
+        self.closed = True
+        with anyio.CancelScope(shield=True):
+            outcome = self.outcome()
+            lanes = self.state.lanes
+            for relay in self.relays:
+                if not relay.done or outcome.status is Status.REDIS_LOST:
+                    lanes.cancel_soon(relay.request_id)
+            for relay in self.relays:
+                await _quietly(lanes.discard(relay.request_id))
+            if self.relay_span is not None:
+                self.relay_span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)
+                self.relay_span.end()
+            await settle(self.context, outcome)
+
+
+async def _quietly(call: Awaitable[object]) -> None:
+    """A Redis call that may fail during an outage without failing the request's bookkeeping
+    (a cancel mark or a result stream left behind expires after result_ttl_s)."""
+    try:
+        await call
+    except Exception as exc:
+        log.warning("redis call skipped during an outage: %s", exc)

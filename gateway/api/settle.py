@@ -1,0 +1,95 @@
+"""The one place where a request's life on the gateway ends: from its ``RequestOutcome``, settle
+its quota, write its usage record and report it (metrics, span, log line), in that order.
+
+``settle`` runs once per request, shielded from cancellation (the client may be gone): by the
+relay when it closes (gateway/api/relay.py), or by the admission when the request fails before
+its first results (gateway/api/admit.py). A request refused before admission has nothing to settle
+or record: only its report is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import anyio
+from opentelemetry.trace import Span
+from sqlalchemy.exc import IntegrityError
+from starlette.concurrency import run_in_threadpool
+
+from gateway.api.auth import AuthContext
+from gateway.api.outcome import RequestOutcome
+from gateway.api.quota_service import Admission, QuotaService
+from gateway.api.request_telemetry import finish_request
+from gateway.api.state import GatewayState
+from tenancy import record_usage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestContext:
+    """What every stage of one request knows about it: who asked, for what, since when."""
+
+    state: GatewayState
+    quota: QuotaService
+    auth: AuthContext
+    request_id: str
+    model: str  # as responses and usage name it (``base:adapter`` for an adapter)
+    tier: str
+    span: Span | None = None  # the gateway's request span (None while tracing is off)
+    started: float = field(default_factory=time.monotonic)  # TTFT and latency count time queued
+    admission: Admission | None = None  # None until the quota let it in
+
+
+async def settle(context: RequestContext, outcome: RequestOutcome) -> None:
+    """Settle the quota, record the usage and report the request, all from ``outcome``."""
+    with anyio.CancelScope(shield=True):
+        if context.admission is not None:
+            await context.quota.settle(context.admission, outcome)
+            await _record_usage(context, outcome)
+        finish_request(
+            span=context.span,
+            tenant_label=context.state.settings.metrics_tenant_label,
+            request_id=context.request_id,
+            auth=context.auth,
+            tier=context.tier,
+            model=context.model,
+            status=outcome.usage_status,
+            prompt_tokens=outcome.charged_prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            started=context.started,
+            first_token_at=outcome.first_token_at,
+            ran=context.admission is not None,
+        )
+
+
+async def _record_usage(context: RequestContext, outcome: RequestOutcome) -> None:
+    latency_ms = (time.monotonic() - context.started) * 1000
+    ttft_ms = None if outcome.first_token_at is None else (outcome.first_token_at - context.started) * 1000
+    auth = context.auth
+
+    def write() -> None:
+        with context.state.session_factory() as session:
+            try:
+                record_usage(
+                    session,
+                    request_id=context.request_id,
+                    tenant_id=auth.tenant_id,
+                    key_id=auth.key_id,
+                    model=context.model,
+                    tier=context.tier,
+                    prompt_tokens=outcome.charged_prompt_tokens,
+                    completion_tokens=outcome.completion_tokens,
+                    status=outcome.usage_status,
+                    ttft_ms=ttft_ms,
+                    latency_ms=latency_ms,
+                )
+            except IntegrityError:  # already recorded
+                session.rollback()
+
+    try:
+        await run_in_threadpool(write)
+    except Exception:  # usage is bookkeeping: never fail the response because of it
+        log.exception("could not record usage of %s", context.request_id)

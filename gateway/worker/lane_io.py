@@ -1,0 +1,220 @@
+"""The worker's lane I/O on Redis, apart from the engine: one way in (``take``: a dead worker's
+entries first, then new entries highest tier first) and one way out (``publish``: results, ACKs,
+the load and the cancel marks, in one MULTI/EXEC round trip).
+
+Every write that carries an engine step's tokens is retried through a Redis outage for as long as
+the worker runs (``stop`` not set): tokens a step produced must not be dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis as redislib
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.lanes.keys import GROUP, WORKER_FORGOTTEN_S, as_text, cancel_key, lane_key, load_key, out_key
+from gateway.lanes.messages import LaneResult, LoadReport, MessageError
+
+log = logging.getLogger(__name__)
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # backoff: doubles from the first wait up to the longest
+PRUNE_EVERY_S = 60.0  # how often dead consumers and stale loads are removed
+CONSUMER_IDLE_MS = 600_000  # a consumer with nothing pending, idle this long, belongs to a dead worker
+CLAIMS_PER_IDLE = 4  # look for a dead worker's entries this many times per claim_idle_ms
+BLOCK_MS = 100  # an idle worker waits on its lanes this long per take
+
+
+@dataclass(frozen=True)
+class LaneEntry:
+    """One lane entry taken by this worker; ``claimed``: from a dead worker (it may have run)."""
+
+    lane: str
+    entry_id: str
+    fields: dict[Any, Any]
+    claimed: bool = False
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What the result stream and the cancel mark say of a request before this worker runs it."""
+
+    over: bool  # cancelled, or it ended before its worker could ACK: nothing to run
+    resume_token_ids: tuple[int, ...]  # tokens a dead worker already published
+
+
+class LaneIO:
+    """The lanes of one model, as one worker reads and writes them (``worker_id``: its consumer)."""
+
+    def __init__(
+        self,
+        redis: redislib.Redis,
+        *,
+        model: str,
+        tiers: list[str],
+        worker_id: str,
+        result_ttl_s: int = 300,
+        claim_idle_ms: int = 3000,
+        block_ms: int = BLOCK_MS,
+    ) -> None:
+        self.redis, self.worker_id = redis, worker_id
+        self.lanes = [lane_key(model, tier) for tier in tiers]  # highest tier first
+        self.load_key = load_key(model)
+        self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
+        self.stop = threading.Event()  # set by the worker's caller: ends retries too
+        self._last_claim = 0.0
+        self._last_prune = time.monotonic()
+
+    def setup(self) -> None:
+        """Create the consumer group of every lane (idempotent)."""
+        for lane in self.lanes:
+            try:
+                self.redis.xgroup_create(lane, GROUP, id="0", mkstream=True)
+            except redislib.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    # ---- in --------------------------------------------------------------------------------
+    def take(self, room: Callable[[], bool], *, wait: bool = False) -> Iterator[LaneEntry]:
+        """Entries for this worker while ``room()``: a dead worker's first (every claim_idle_ms /
+        CLAIMS_PER_IDLE), then new ones, highest tier first. ``wait``: nothing came, so wait up to
+        block_ms on every lane at once for one."""
+        if wait:
+            reply = self.redis.xreadgroup(
+                GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=self.block_ms
+            )
+            for lane, entries in sorted(reply or [], key=lambda r: self.lanes.index(as_text(r[0]))):
+                for entry_id, fields in entries:
+                    yield LaneEntry(as_text(lane), as_text(entry_id), fields)
+            return
+        if self._claim_due():
+            for lane in self.lanes:
+                while room():
+                    _next, entries, *_ = self.redis.xautoclaim(
+                        lane, GROUP, self.worker_id, min_idle_time=self.claim_idle_ms, count=1
+                    )
+                    entries = [e for e in entries if e and e[1]]
+                    if not entries:
+                        break
+                    entry_id, fields = entries[0]
+                    log.warning("worker %s claims %s from a dead worker", self.worker_id, as_text(entry_id))
+                    yield LaneEntry(lane, as_text(entry_id), fields, claimed=True)
+        for lane in self.lanes:
+            while room():
+                reply = self.redis.xreadgroup(GROUP, self.worker_id, {lane: ">"}, count=1)
+                if not reply or not reply[0][1]:
+                    break
+                entry_id, fields = reply[0][1][0]
+                yield LaneEntry(lane, as_text(entry_id), fields)
+
+    def _claim_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_claim < self.claim_idle_ms / 1000 / CLAIMS_PER_IDLE:
+            return False
+        self._last_claim = now
+        if now - self._last_prune > PRUNE_EVERY_S:
+            self._last_prune = now
+            self.prune_consumers()
+            self.prune_loads()
+        return True
+
+    def prior(self, request_id: str, *, claimed: bool) -> Prior:
+        """Whether the request was cancelled or already ended, and (claimed) the tokens its dead
+        worker published, where this worker resumes it from."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(cancel_key(request_id))
+        if claimed:
+            pipe.xrange(out_key(request_id))
+        replies = pipe.execute()
+        over, published = bool(replies[0]), replies[1] if claimed else []
+        resume: list[int] = []
+        for _id, fields in published:
+            result = LaneResult.decode(fields)
+            over = over or result.done  # it ended before its worker could ACK
+            resume.extend(result.token_ids)
+        return Prior(over, tuple(resume))
+
+    # ---- out -------------------------------------------------------------------------------
+    def publish(
+        self,
+        results: Sequence[LaneResult] = (),
+        *,
+        done: Sequence[tuple[str, str | None]] = (),
+        load: str | None = None,
+        watch: Sequence[str] = (),
+    ) -> list[bool]:
+        """One MULTI/EXEC: each result appended to its request's result stream (expiry renewed),
+        each ``done`` (lane, entry id) ACKed and deleted (None: Redis lost it, nothing to ACK), the
+        encoded load; returns whether each request of ``watch`` has a cancel mark."""
+        pipe = self.redis.pipeline(transaction=True)
+        for result in results:
+            key = out_key(result.request_id)
+            pipe.xadd(key, result.encode())
+            pipe.expire(key, self.result_ttl_s)
+        for lane, entry_id in done:
+            if entry_id is not None:
+                pipe.xack(lane, GROUP, entry_id)
+                pipe.xdel(lane, entry_id)
+        if load is not None:
+            pipe.hset(self.load_key, self.worker_id, load)
+        if watch:
+            pipe.mget([cancel_key(request_id) for request_id in watch])
+        if not len(pipe):
+            return []
+        replies = self._execute(pipe)
+        return [flag is not None for flag in replies[-1]] if watch else []
+
+    def _execute(self, pipe: Any) -> list:
+        """Run a pipeline, retrying with backoff through a Redis outage for as long as the worker
+        runs. A MULTI/EXEC retried after an unanswered EXEC may apply twice, which readers
+        tolerate (results carry offsets)."""
+        commands = list(pipe.command_stack)  # execute() empties the stack, even when it fails
+        wait = RETRY_FIRST_S
+        while True:
+            try:
+                return pipe.execute()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if self.stop.is_set():
+                    raise
+                log.warning("redis unavailable (%s); publishing again in %.2f s", exc, wait)
+                self.stop.wait(wait)
+                wait = min(wait * 2, RETRY_MAX_S)
+                pipe.reset()
+                pipe.command_stack.extend(commands)
+
+    # ---- housekeeping ----------------------------------------------------------------------
+    def write_load(self, encoded: str) -> None:
+        self.redis.hset(self.load_key, self.worker_id, encoded)
+
+    def withdraw_load(self) -> None:
+        """Remove this worker's load (at exit), so gateways stop counting on it at once."""
+        self.redis.hdel(self.load_key, self.worker_id)
+
+    def prune_loads(self) -> int:
+        """Drop the loads of workers that stopped publishing long ago (dead ones)."""
+        cutoff, stale = time.time() - WORKER_FORGOTTEN_S, []
+        for worker, raw in self.redis.hgetall(self.load_key).items():
+            try:
+                if LoadReport.decode(raw).at < cutoff:
+                    stale.append(worker)
+            except MessageError:
+                stale.append(worker)
+        if stale:
+            self.redis.hdel(self.load_key, *stale)
+        return len(stale)
+
+    def prune_consumers(self, *, idle_ms: int = CONSUMER_IDLE_MS) -> int:
+        """Forget consumers (dead workers) with nothing pending that were idle for ``idle_ms``."""
+        pruned = 0
+        for lane in self.lanes:
+            for consumer in self.redis.xinfo_consumers(lane, GROUP):
+                name = as_text(consumer["name"])
+                if name != self.worker_id and consumer["pending"] == 0 and consumer["idle"] >= idle_ms:
+                    self.redis.xgroup_delconsumer(lane, GROUP, name)
+                    pruned += 1
+        return pruned
