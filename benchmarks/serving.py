@@ -144,6 +144,8 @@ def run_aiperf(
         "itl_p50_s": itl.get("p50", 0) / 1000,
         "itl_p99_s": itl.get("p99", 0) / 1000,
         "requests": requests,
+        "tokens_per_request": metric("output_sequence_length").get("avg"),
+        "prompt_tokens_per_request": metric("input_sequence_length").get("avg"),
         "driver": "aiperf",
     }
 
