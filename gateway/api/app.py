@@ -29,6 +29,7 @@ from gateway.api.tracing_middleware import TracingMiddleware
 from gateway.console import install as install_console
 from gateway.settings import ApiSettings, load_settings
 from gateway.telemetry import tracing
+from gateway.telemetry.loop_lag import LoopLagMonitor
 
 # FastAPI releases with native OpenTelemetry (a `telemetry` argument) would add a second server span,
 # spans per dependency, and log records of validation failures that may quote the request body
@@ -57,9 +58,12 @@ def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.gateway = await run_in_threadpool(GatewayState.open, settings)
+        lag = LoopLagMonitor()
+        lag.start()
         try:
             yield
         finally:
+            await lag.stop()
             await app.state.gateway.close()
             if traced:
                 await run_in_threadpool(tracing.shutdown_tracing)  # exports what is queued

@@ -73,6 +73,21 @@ QUOTA_STORE_ERRORS = Counter(
     ("mode",),
 )
 
+# ---- gateway: the replica's event loop (gateway/telemetry/loop_lag.py) -------------------------------
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+LOOP_LAG = Histogram(
+    "fairlane_event_loop_lag_seconds",
+    "How late the gateway's event loop woke a task that asked to run (every 10 ms): what it adds to "
+    "every request in flight",
+    buckets=LAG_BUCKETS,
+)
+GC_PAUSE = Histogram(
+    "fairlane_gc_pause_seconds",
+    "Garbage collections of gateway processes, by generation",
+    ("generation",),
+    buckets=LAG_BUCKETS,
+)
+
 # ---- worker: lanes and engine (label worker: the worker id) ------------------------------------------
 LANE_QUEUE = Histogram(
     "fairlane_lane_queue_seconds",
