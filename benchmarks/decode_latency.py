@@ -1,5 +1,5 @@
 """One stream at a time: milliseconds per output token at batch 1 (decode steps after the first
-token), for fairlane in fp32 and with INT8 weights, Hugging Face `generate` and, from their own
+token), for fairlane in fp32, bf16 and with INT8 weights, Hugging Face `generate` and, from their own
 Python environments, vLLM and llama.cpp; each against the memory-bandwidth bound of its weight
 bytes (a batch-1 decode step reads every weight once).
 
@@ -120,6 +120,7 @@ def main() -> None:
     ids = fp32.encode(PROMPT)
     for name, llm in (
         ("fairlane", fp32),
+        ("fairlane_bf16", LLM(model=model, dtype="bfloat16", num_threads=args.threads)),
         ("fairlane_int8", LLM(model=model, dtype="float32", num_threads=args.threads, quantization="int8")),
     ):
         print(f"{name} ...", flush=True)
