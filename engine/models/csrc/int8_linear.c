@@ -6,7 +6,8 @@
  * fp32 or NULL, y [M, N] fp32. N % 4 == 0, K % 32 == 0.
  *
  * Each call first quantizes the activations dynamically, in blocks of 32 along K (as llama.cpp's
- * Q8_0 does for its quantized dot products): d = max |x| / 127 over the block, xq = round(x / d).
+ * Q8_0 does for its quantized dot products): d = max |x| / 127 over the block,
+ * xq = round(x * (127 / max |x|)).
  * The products then run on 8-bit integers: per 32 weights, one unsigned x signed multiply-add into
  * 16 bits (|w| times x with w's sign, at most 2 * 127 * 127, no saturation), one into 32 bits,
  * then the block's int32 sums are converted and scaled by d into fp32 accumulators. On AVX2 that is
@@ -39,10 +40,11 @@ static void quantize_rows(const float *restrict x, int8_t *restrict xq, float *r
         const float *v = x + r * QK;
         float amax = 0.f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(v[i]));
-        /* d through a volatile: -ffast-math would otherwise fold 1 / (amax / 127) into 127 / amax, an
-         * inverse one ulp away from `reference`'s, and round some values (ties of x / d) the other way */
-        volatile float dv = amax * (1.f / 127.f);
-        const float d = dv, inv = d > 0.f ? 1.f / d : 0.f;
+        /* inv = 127 / amax, one true division as `reference` computes it: amax goes through a volatile
+         * so that -ffast-math cannot rewrite it into 1 / d (one ulp away, and some x * inv near a tie
+         * would round the other way) */
+        volatile float av = amax;
+        const float d = amax * (1.f / 127.f), inv = amax > 0.f ? 127.f / av : 0.f;
         xd[r] = d;
         for (int i = 0; i < QK; i++) xq[r * QK + i] = (int8_t)lrintf(v[i] * inv);
     }
