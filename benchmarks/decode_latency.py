@@ -1,5 +1,5 @@
 """One stream at a time: milliseconds per output token at batch 1 (decode steps after the first
-token), for fairlane in fp32 and with INT8 weights, Hugging Face `generate` and, from their own
+token), for fairlane in fp32, bf16 and with INT8 weights, Hugging Face `generate` and, from their own
 Python environments, vLLM and llama.cpp; each against the memory-bandwidth bound of its weight
 bytes (a batch-1 decode step reads every weight once).
 
@@ -8,9 +8,10 @@ bytes (a batch-1 decode step reads every weight once).
         --llamacpp-python VENV2/bin/python --gguf F32.gguf --gguf Q4_1.gguf
     python -m benchmarks.decode_latency --smoke               # a tiny random model, in seconds
 
-The bound: weight bytes / the read bandwidth `torch.sum` reaches over a 1 GiB buffer with the
-same threads (measured in the same run). Writes decode_latency.json and decode_latency.png
-under --out (benchmarks/results).
+The bound: weight bytes / the machine's read bandwidth (benchmarks/bandwidth.py: a vectorised C
+read over a 1 GiB buffer, best of several passes with up to the same threads), measured before and
+after the systems in the same run, the better of the two counting. Writes decode_latency.json and
+decode_latency.png under --out (benchmarks/results).
 """
 
 from __future__ import annotations
@@ -26,21 +27,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.bandwidth import read_bandwidth
 from benchmarks.common import add_common_args, done, machine, out_dir, result_line, tiny_model
 from benchmarks.throughput import run_vllm
 from engine import LLM, SamplingParams
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
 LLAMACPP_RUNNER = Path(__file__).parent / "external" / "llamacpp_runner.py"
-
-
-def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
-    """Bytes per second `torch.sum` reads from a buffer far larger than the caches (best of repeats)."""
-    torch.set_num_threads(threads)
-    buf = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
-    buf.sum()
-    best = min(_timed(buf.sum) for _ in range(repeats))
-    return buf.numel() * 4 / best
 
 
 def _timed(fn) -> float:
@@ -127,6 +120,7 @@ def main() -> None:
     ids = fp32.encode(PROMPT)
     for name, llm in (
         ("fairlane", fp32),
+        ("fairlane_bf16", LLM(model=model, dtype="bfloat16", num_threads=args.threads)),
         ("fairlane_int8", LLM(model=model, dtype="float32", num_threads=args.threads, quantization="int8")),
     ):
         print(f"{name} ...", flush=True)
@@ -159,6 +153,7 @@ def main() -> None:
             **llamacpp_ms_per_token(args.llamacpp_python, gguf, ids, tokens, args.threads),
             "weight_bytes": os.path.getsize(gguf),
         }
+    bandwidth = max(bandwidth, read_bandwidth(args.threads, gib=0.25 if args.smoke else 1.0))
     for r in runs.values():
         r["bound_ms"] = 1000 * r["weight_bytes"] / bandwidth
         r["fraction_of_bound"] = r["bound_ms"] / r["ms_per_token"]

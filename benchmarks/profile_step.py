@@ -2,7 +2,7 @@
 preparation of the batch, the linear layers, attention, RMSNorm with the residual adds, the rest
 of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling (with penalties and biases)
 and the rest of the step (output bookkeeping, detokenization), for fp32 and INT8 weights at batch 1
-and a larger batch. Each
+and a larger batch, batch 1 against its memory-bandwidth bound (benchmarks/bandwidth.py). Each
 precision runs twice: as the engine runs it (a decode-only step's layers in one C call,
 `one_call_forward`, engine/models/decode.py) and "per-op" (the same kernels called one by one from
 Python, each part timed).
@@ -30,7 +30,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.bandwidth import read_bandwidth
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
+from benchmarks.decode_latency import weight_bytes
 from benchmarks.workloads import chat_prompts
 from engine import LLM, SamplingParams
 
@@ -201,10 +203,16 @@ def main() -> None:
                     runs.setdefault(f"{name} batch {batch}", {}),
                     profile(llm, prompts[:batch], steps // rounds),
                 )
+    bandwidth = read_bandwidth(args.threads, gib=0.25 if args.smoke else 1.0)
+    for name, run in runs.items():  # batch 1 reads every weight once a step: its bound
+        if run["batch"] == 1:
+            run["bound_ms"] = 1000 * weight_bytes(llms[name.rsplit(" batch", 1)[0]]) / bandwidth
+            run["fraction_of_bound"] = run["bound_ms"] / run["step_ms"]
     report = {
         "model": "tiny-random" if args.smoke else "SmolLM2-135M-Instruct",
         "smoke": args.smoke,
         "threads": args.threads,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
         "machine": machine(),
         "torch": torch.__version__,
         "runs": runs,
@@ -215,8 +223,16 @@ def main() -> None:
     for part in PARTS:
         print(f"| {part} | " + " | ".join(f"{r['parts_ms'][part]:.2f}" for r in runs.values()) + " |")
     print("| **step** | " + " | ".join(f"{r['step_ms']:.2f}" for r in runs.values()) + " |")
+    print("| bound (weights / read bandwidth) | " + " | ".join(_bound(r) for r in runs.values()) + " |")
+    print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py)")
     plot(runs, out / "profile_step.png", f"{report['model']}, {args.threads} threads")
     done(out)
+
+
+def _bound(run: dict) -> str:
+    if "bound_ms" not in run:
+        return ""
+    return f"{run['bound_ms']:.2f} ({run['fraction_of_bound']:.2f})"
 
 
 def plot(runs: dict, path: Path, what: str) -> None:

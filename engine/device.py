@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import torch
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,17 +29,32 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
-    """A config dtype as torch's. "auto": bfloat16 where the device computes it natively (a CUDA
-    GPU with bf16; a CPU with AVX512-BF16 or AMX, as oneDNN reports), else float32: on an AVX2-only
-    CPU bf16 matmuls are emulated and measured 6x slower than float32 (docs/structures.md)."""
+    """A config dtype as torch's. "auto": the fastest measured dtype for the device
+    (docs/performance.md, "Which dtype auto picks"): bfloat16 on a CUDA GPU with bf16; on an x86
+    CPU, bfloat16 where it has native bf16 dot products (AVX512-BF16 or AMX-BF16: the bf16 C linear,
+    faster than float32 in batched steps), else float32 (AVX2, where oneDNN emulates bf16, measured
+    6x slower than float32; AVX-512 without BF16, where bf16 would run without the own kernels); on
+    other CPUs, bfloat16 where oneDNN reports native bf16."""
     if name != "auto":
         return TORCH_DTYPES[name]
     device = device or resolve_device("auto")
     if device.type == "cuda":
         native = torch.cuda.is_bf16_supported()
+    elif platform.machine().lower() in ("x86_64", "amd64"):
+        native = bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
     else:
         native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return torch.bfloat16 if native else torch.float32
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (/proc/cpuinfo); empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

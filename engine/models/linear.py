@@ -6,10 +6,11 @@ x NR channels in vector registers, one FMA chain per output over k: every panel 
 stream (a decode step reads each weight once), no horizontal sums, and a row's result does not
 depend on its batch. The panels are the only copy of the weight (`Linear.weight` unpacks one).
 Measurements in docs/performance.md.
-bf16 on CPU: oneDNN's blocked weight layout lets its AMX / AVX-512 kernels skip the per-call
-reorder that `F.linear` pays; on the 2-core Xeon we measured 1.4x (batch 64) to 1.9x (LM head)
-faster matmuls with bit-identical results. Everywhere else (GPU, no oneDNN, no C compiler) it is
-plain `F.linear`.
+bf16 on CPU with AVX512-BF16 and the own kernels on: `csrc/bf16_linear.c` over panels packed
+once (engine/models/bf16_linear.py). Other bf16 on CPU: oneDNN's blocked weight layout lets its
+AMX / AVX-512 kernels skip the per-call reorder that `F.linear` pays; on the 2-core Xeon we
+measured 1.4x (batch 64) to 1.9x (LM head) faster matmuls with bit-identical results. Everywhere
+else (GPU, no oneDNN, no C compiler) it is plain `F.linear`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
+from engine.models.bf16_linear import BF16Panels
 
 PACK_BATCH_HINT = 64  # oneDNN picks its blocking for about this many rows; any row count works
 SOURCE = Path(__file__).parent / "csrc" / "f32_linear.c"
@@ -62,8 +64,8 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 
 class Linear:
-    """y = x @ weight.T + bias. weight: [out, in]. `cpu_kernel`: allow the fp32 C kernel (CPU), which
-    keeps the weight only in its panels (`weight` then unpacks a copy)."""
+    """y = x @ weight.T + bias. weight: [out, in]. `cpu_kernel`: allow the fp32 and bf16 C kernels
+    (CPU), which keep the weight only in their panels (`weight` then unpacks a copy)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, cpu_kernel: bool = True):
         self._weight = weight
@@ -71,6 +73,7 @@ class Linear:
         self.packed = None
         self.lib = None
         self.panels = None
+        self.bf16 = BF16Panels.make(weight, bias) if cpu_kernel else None  # AVX512-BF16 CPUs
         self.out_features = weight.shape[0]
         if cpu_kernel and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2:
             self.lib = f32_library()
@@ -78,7 +81,9 @@ class Linear:
                 self.panels = pack(self.lib, weight.contiguous())
                 self._weight = None  # the panels are the only copy
                 self._bias = bias.contiguous() if bias is not None else None
-        if _can_pack(weight):
+        if self.bf16 is not None:
+            self._weight = None  # the panels are the only copy
+        elif _can_pack(weight):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
                 probe = torch.zeros(1, weight.shape[1], dtype=weight.dtype)
@@ -89,8 +94,10 @@ class Linear:
 
     @property
     def weight(self) -> torch.Tensor:
-        """[out, in]; with the C kernel, a copy unpacked from its panels."""
-        return self._weight if self._weight is not None else unpack(self.panels, self.out_features)
+        """[out, in]; with a C kernel, a copy unpacked from its panels."""
+        if self._weight is not None:
+            return self._weight
+        return self.bf16.weight if self.bf16 is not None else unpack(self.panels, self.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.lib is not None and x.dim() == 2 and x.shape[0] > 0 and x.dtype == torch.float32:
@@ -108,6 +115,8 @@ class Linear:
                 torch.get_num_threads(),
             )
             return y
+        if self.bf16 is not None and x.dim() == 2 and x.shape[0] > 0 and x.dtype == torch.bfloat16:
+            return self.bf16(x)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -44,8 +44,10 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] float (K % BLOCK == 0) -> (int8 values [M, K], fp32 block scales [M, K / BLOCK])."""
     blocks = x.float().reshape(x.shape[0], -1, BLOCK)
-    d = blocks.abs().amax(dim=-1) * (1.0 / 127.0)  # the C kernel's arithmetic, to the bit
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    amax = blocks.abs().amax(dim=-1)
+    d = amax * (1.0 / 127.0)  # the C kernel's arithmetic, to the bit
+    # a true division (a scalar over a tensor would be 127 * reciprocal(amax): one ulp away)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.round(blocks * inv[..., None]).clamp(-127, 127).to(torch.int8)
     return q.reshape(x.shape), d
 

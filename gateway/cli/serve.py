@@ -8,7 +8,8 @@ the gateway. The workers and the embedded Redis run under a supervisor that rest
 they die (gateway/cli/supervisor.py). On SIGTERM or SIGINT the gateway stops accepting and lets
 in-flight requests finish for up to ``drain_timeout_s``, then the workers stop, then Redis, its
 temporary folder is removed and serve exits 0. The workers read the same environment and YAML
-file; what the command line overrides and the Redis it started reach them as FAIRLANE_* variables.
+file; what the command line overrides and the Redis it started reach them as FAIRLANE_* variables,
+with the thread policy of a shared host (gateway/cli/threads.py) where the operator set none.
 """
 
 from __future__ import annotations
@@ -103,9 +104,11 @@ def _demo_key(database_url: str) -> str:
 
 def _worker_spawner(settings: ServeSettings, redis_url: str):
     from gateway.cli.supervisor import child_setup
+    from gateway.cli.threads import worker_env
 
     env = {
         **os.environ,
+        **worker_env(os.environ, settings.engine.num_threads, settings.workers),
         "FAIRLANE_REDIS_URL": redis_url,
         "FAIRLANE_ENGINE__MODEL": settings.engine.model,
         "FAIRLANE_ENGINE__POLICY": settings.engine.policy,

@@ -54,3 +54,16 @@ def test_the_triton_backend_refuses_a_cpu_without_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         make_backend("triton", 4, 2, 64, "cpu")
+
+
+def test_auto_on_the_cpu_is_bfloat16_exactly_where_it_has_native_bf16_dot_products():
+    import platform
+
+    from engine.device import cpu_flags
+    from engine.models.bf16_linear import bf16_library
+
+    auto = resolve_dtype("auto", torch.device("cpu"))
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        native = bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+        assert auto == (torch.bfloat16 if native else torch.float32)
+        assert (bf16_library() is not None) == ("avx512_bf16" in cpu_flags())  # auto bf16 has the kernel

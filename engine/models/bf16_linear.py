@@ -1,0 +1,89 @@
+"""bf16 linears on CPUs with AVX512-BF16: `csrc/bf16_linear.c` (`vdpbf16ps`).
+
+The weight is packed once, at load, into panels of 32 output channels with pairs of k side by
+side, [ceil(N / 32), K / 2, 32, 2]: per pair of k the kernel loads the panel's 64 weights and adds
+x[k] w[n, k] + x[k+1] w[n, k+1] into fp32 sums (one instruction per 16 channels and row), then
+rounds each output to bf16 once, as torch's bf16 matmul does. The panels are the only copy of the
+weight. Where the CPU lacks AVX512-BF16 (AVX2 machines), without a C compiler, or when K is odd,
+`BF16Panels.make` answers None and the layer keeps torch's matmul.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from engine import native
+
+SOURCE = Path(__file__).parent / "csrc" / "bf16_linear.c"
+
+
+def bf16_library() -> ctypes.CDLL | None:
+    """The bf16 C kernel where the CPU runs it (AVX512-BF16), else None."""
+    lib = native.library(
+        SOURCE,
+        {
+            "bf16_linear": [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4,
+            "bf16_panel_width": [],
+            "bf16_linear_available": [],
+        },
+    )
+    if lib is None:
+        return None
+    lib.bf16_panel_width.restype = lib.bf16_linear_available.restype = ctypes.c_int
+    return lib if lib.bf16_linear_available() else None
+
+
+def pack(weight: torch.Tensor, nr: int = 32) -> torch.Tensor:
+    """[N, K] bf16 rows (K even) -> panels [ceil(N / nr), K / 2, nr, 2], zero-padded channels."""
+    N, K = weight.shape
+    panels = -(-N // nr)
+    if panels * nr != N:
+        weight = torch.cat([weight, weight.new_zeros(panels * nr - N, K)])
+    return weight.reshape(panels, nr, K // 2, 2).transpose(1, 2).contiguous()
+
+
+def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """`pack`'s inverse: the first n channels as [n, K] rows."""
+    panels, half, nr, _ = packed.shape
+    return packed.transpose(1, 2).reshape(panels * nr, 2 * half)[:n]
+
+
+class BF16Panels:
+    """One bf16 weight in the kernel's panels: y = x @ weight.T + bias for bf16 x [M, K]."""
+
+    def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.lib, self.out_features = lib, weight.shape[0]
+        self.panels = pack(weight.contiguous(), lib.bf16_panel_width())
+        self.bias = bias.contiguous() if bias is not None else None
+
+    @staticmethod
+    def make(weight: torch.Tensor, bias: torch.Tensor | None) -> BF16Panels | None:
+        if not (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2):
+            return None
+        if weight.shape[1] % 2 or (bias is not None and bias.dtype != torch.bfloat16):
+            return None
+        lib = bf16_library()
+        return BF16Panels(lib, weight, bias) if lib is not None else None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return unpack(self.panels, self.out_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        M, K = x.shape
+        y = torch.empty(M, self.out_features, dtype=torch.bfloat16)
+        self.lib.bf16_linear(
+            x.data_ptr(),
+            self.panels.data_ptr(),
+            self.bias.data_ptr() if self.bias is not None else None,
+            y.data_ptr(),
+            M,
+            self.out_features,
+            K,
+            torch.get_num_threads(),
+        )
+        return y

@@ -1,0 +1,57 @@
+"""bf16 linears on CPU (engine/models/bf16_linear.py): where the CPU has AVX512-BF16 the C kernel
+(`vdpbf16ps` over packed panels) agrees with torch's bf16 matmul within bf16 rounding, for any
+batch, ragged output widths and a bias; elsewhere the layer keeps torch's matmul."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models import bf16_linear
+from engine.models.linear import Linear
+
+HAS_BF16 = bf16_linear.bf16_library() is not None
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the CPU has no AVX512-BF16")
+
+
+def test_pack_round_trips():
+    w = torch.randn(70, 48).bfloat16()
+    packed = bf16_linear.pack(w)
+    assert packed.shape == (3, 24, 32, 2)
+    assert torch.equal(bf16_linear.unpack(packed, 70), w)
+
+
+@needs_bf16
+@pytest.mark.parametrize("M", [1, 2, 7, 8, 9, 33, 200])
+@pytest.mark.parametrize("N,K,bias", [(32, 64, False), (70, 96, True), (1536, 576, False), (100, 2, True)])
+def test_kernel_matches_torch_within_bf16_rounding(M, N, K, bias):
+    torch.manual_seed(M + N + K)
+    w, x = torch.randn(N, K).bfloat16(), torch.randn(M, K).bfloat16()
+    b = torch.randn(N).bfloat16() if bias else None
+    layer = Linear(w, b)
+    assert layer.bf16 is not None and layer._weight is None  # the panels are the only copy
+    y = layer(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (M, N)
+    exact = F.linear(x.double(), w.double(), b.double() if bias else None)
+    ours, theirs = (y.double() - exact).abs(), (F.linear(x, w, b).double() - exact).abs()
+    # fp32 sums rounded once to bf16: within one bf16 step (2^-8 relative) of the exact value
+    assert (ours <= exact.abs() * 2**-8 + 1e-3 * K**0.5).all()
+    assert ours.mean() <= 1.5 * theirs.mean() + 1e-6
+    assert torch.equal(layer.weight, w)
+
+
+@needs_bf16
+def test_a_row_does_not_depend_on_its_batch():
+    torch.manual_seed(0)
+    layer = Linear(torch.randn(96, 128).bfloat16())
+    x = torch.randn(17, 128).bfloat16()
+    assert torch.equal(layer(x)[5:6], layer(x[5:6]))
+
+
+def test_without_the_kernel_the_layer_is_torch():
+    w, x = torch.randn(40, 64).bfloat16(), torch.randn(3, 64).bfloat16()
+    layer = Linear(w, cpu_kernel=False)
+    assert layer.bf16 is None
+    assert torch.equal(layer(x), F.linear(x, w))
+    assert bf16_linear.BF16Panels.make(torch.randn(4, 7).bfloat16(), None) is None  # odd K: torch
