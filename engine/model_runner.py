@@ -11,7 +11,7 @@ import torch
 from engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk, make_backend
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.device import host_to_device, resolve_device, resolve_dtype
+from engine.device import host_to_device, resolve_device, resolve_dtype, select_device
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
 from engine.models import SUPPORTED_ARCHITECTURES
@@ -25,6 +25,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
         cfg = loaded.config
         self.device = resolve_device(config.device)
+        select_device(self.device)  # cuda:N, N != 0: Triton launches on the current device
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         num_heads = cfg.num_attention_heads
@@ -101,6 +102,7 @@ class ModelRunner:
         reached its sequence's end. Prefill chunks of sequences that asked for prompt logprobs
         append them to seq.prompt_logprobs (from this forward's hidden states: no second forward).
         `structured`: the engine's StructuredOutputs (engine/structured), which masks constrained rows."""
+        select_device(self.device)  # the step may run in another thread than the one that built us
         items, hidden, sample_rows = self.forward(plan)
         self._prompt_logprobs(items, hidden)
         samplers = [it for it in items if it.samples]
