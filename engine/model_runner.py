@@ -70,6 +70,10 @@ class ModelRunner:
         if config.preemption_mode == "auto" and type(backend).block_view is AttentionBackend.block_view:
             num_host_blocks = 0  # this backend's cache layout cannot be swapped: recompute only
         self.swap_space = SwapSpace(backend, self.kv_caches, self.block_size, num_host_blocks)
+        if self.device.type == "cuda":
+            from engine.kernels.warmup import warm_up  # imports triton
+
+            warm_up(self.model, self.kv_caches, self.block_size)  # no compile stalls while serving
         self.graphs: DecodeGraphs | None = None
         if config.cuda_graphs and self.device.type == "cuda" and backend.supports_cuda_graphs:
             self.graphs = DecodeGraphs(

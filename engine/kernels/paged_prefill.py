@@ -21,7 +21,7 @@ BLOCK_R = 64  # query rows (tokens x heads of a group) per program
 BLOCK_N = 64  # keys per inner iteration
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tc"])  # the block-table width changes every step
 def _prefill_kernel(
     q_ptr,
     cache_ptr,
