@@ -182,9 +182,12 @@ def paged_decode(
     scale: float,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; kv_cache: [2, KVH, slots, D]; block_tables: [B, max_blocks] int; context_lens:
-    [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype."""
+    [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype.
+    `partials`: the split outputs and log-sum-exps ([B, H, S, D], [B, H, S] fp32) to use, with
+    S >= the split count (default: allocated here)."""
     B, H, D = q.shape
     KVH = kv_cache.shape[1]
     G = H // KVH
@@ -197,8 +200,13 @@ def paged_decode(
     splits = num_splits or choose_splits(B, KVH, max_blocks, block_size, q.device)
     splits = max(1, min(splits, -(-max_blocks * block_size // BLOCK_N)))  # no split without a tile
     # fp32 partials even with one split (unused then): the pointer types never change the variant
-    part_o = torch.empty(B, H, splits if splits > 1 else 1, D, dtype=torch.float32, device=q.device)
-    part_lse = torch.empty(B, H, splits if splits > 1 else 1, dtype=torch.float32, device=q.device)
+    if partials is None:
+        part_o = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o, part_lse = partials
+        assert part_o.is_contiguous() and part_lse.is_contiguous() and part_o.shape[2] >= splits
+    S = part_o.shape[2]  # partial rows a (sequence, head) owns; the first `splits` are written
     warps = num_warps(D)
     _decode_kernel[(B, KVH, splits)](
         q,
@@ -218,8 +226,8 @@ def paged_decode(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        H * splits * D,
-        splits * D,
+        H * S * D,
+        S * D,
         D,
         G=G,
         G_PAD=max(16, next_pow2(G)),
@@ -236,8 +244,8 @@ def paged_decode(
             part_lse,
             out,
             splits,
-            H * splits * D,
-            splits * D,
+            H * S * D,
+            S * D,
             D,
             out.stride(0),
             out.stride(1),
