@@ -125,12 +125,11 @@ class ModelRunner:
                 for i, s in enumerate(seqs)
                 if s.params.structured is not None and s.num_output_tokens < s.params.min_tokens
             ]
-            if banned:
-                rows = host_to_device(torch.tensor(banned), self.device)
-                dead = rows[torch.isinf(logits[rows]).all(dim=-1)]
-                if len(dead):  # the grammar allows nothing but EOS there: EOS wins
-                    eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
-                    logits[dead[:, None], eos[None, :]] = 0.0
+            if banned:  # where the grammar allows nothing but EOS, EOS wins (no mask read back)
+                rows = host_to_device(torch.tensor(banned), self.device)[:, None]
+                dead = torch.isinf(logits[rows[:, 0]]).all(dim=-1, keepdim=True)  # [B, 1]
+                eos = host_to_device(torch.tensor(sorted(self.eos_token_ids)), self.device)[None, :]
+                logits[rows, eos] = torch.where(dead, 0.0, logits[rows, eos])
         params = [s.params for s in seqs]
         gens = [generators.get(s.request_id) for s in seqs]
         tokens = sample_ids(logits, params, gens)  # [S] on the device

@@ -29,9 +29,10 @@ REDUCE_CHUNK = 16  # splits the reduce kernel combines per iteration
 DECODE_VARYING = ["num_splits", "stride_tb", "stride_pb", "stride_ph", "stride_ps"]
 
 
-def num_warps(head_dim: int) -> int:
-    """4 warps up to head dim 128; 8 at 256 (the [G_PAD, 256] fp32 accumulator and K/V tiles)."""
-    return 8 if head_dim > 128 else 4
+def num_warps(head_dim: int, dtype: torch.dtype) -> int:
+    """4 warps up to head dim 128 (64 for fp32); 8 above, where the fp32 accumulator and K/V tiles
+    spill from 4 warps' registers (ptxas for sm_90a: tests/engine/kernels/test_offline_sm90.py)."""
+    return 8 if head_dim > 128 or (dtype == torch.float32 and head_dim > 64) else 4
 
 
 @triton.jit(do_not_specialize=DECODE_VARYING)
@@ -207,7 +208,7 @@ def paged_decode(
         part_o, part_lse = partials
         assert part_o.is_contiguous() and part_lse.is_contiguous() and part_o.shape[2] >= splits
     S = part_o.shape[2]  # partial rows a (sequence, head) owns; the first `splits` are written
-    warps = num_warps(D)
+    warps = num_warps(D, q.dtype)
     _decode_kernel[(B, KVH, splits)](
         q,
         kv_cache,

@@ -22,6 +22,7 @@ KERNEL_MODULES = {
     "engine.kernels.paged_decode": ["_decode_kernel", "_reduce_kernel"],
     "engine.kernels.paged_prefill": ["_prefill_kernel"],
     "engine.kernels.fused_ops": ["_add_rms_norm_kernel", "_rope_kernel", "_silu_mul_kernel"],
+    "engine.lora.kernels.triton_sgmv": ["_shrink", "_expand"],
 }
 OPTIONS = ("num_warps", "num_stages")
 FREE_OPS = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::lift_fresh", "aten::detach"}
@@ -50,6 +51,7 @@ def _binder(kernel):
 
 def specialization_key(kernel, *args, **kwargs) -> str:
     """The variant a launch with these arguments compiles to on an sm_90 GPU."""
+    kwargs = dict(kwargs)
     options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
     _, specialization, _ = _binder(kernel)(*args, **kwargs)
     return repr((specialization, sorted(options.items())))
@@ -63,13 +65,16 @@ class VariantLog:
     def __init__(self, execute: bool = True):
         self.keys: dict[str, set[str]] = defaultdict(set)
         self.launches: Counter[str] = Counter()
+        self.examples: dict[str, dict[str, tuple]] = defaultdict(dict)  # one launch's arguments a key
         self._patched = []
         for name, kernel in kernels().items():
             original = kernel.run
 
             def run(*args, _name=name, _kernel=kernel, _run=original, grid, warmup=False, **kwargs):
                 self.launches[_name] += 1
-                self.keys[_name].add(specialization_key(_kernel, *args, **kwargs))
+                key = specialization_key(_kernel, *args, **kwargs)
+                self.keys[_name].add(key)
+                self.examples[_name].setdefault(key, (args, dict(kwargs)))
                 return _run(*args, grid=grid, warmup=warmup, **kwargs) if execute else None
 
             kernel.run = run
