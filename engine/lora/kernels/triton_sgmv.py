@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.device import host_to_device
 from engine.lora.kernels.base import LoRAKernel, Segment
 
 BLOCK_M = 16  # rows of a program
@@ -130,7 +131,9 @@ class TritonSGMV(LoRAKernel):
     name = "triton"
 
     def prepare(self, segments: list[Segment], device: torch.device) -> SegmentTensors:
-        cols = torch.tensor([list(s) for s in segments], dtype=torch.int32).T.contiguous().to(device)
+        cols = host_to_device(
+            torch.tensor([list(s) for s in segments], dtype=torch.int32).T.contiguous(), device
+        )
         return SegmentTensors(
             cols[0],
             cols[1],
