@@ -27,7 +27,7 @@ BLOCK_N = 32  # output columns of a program
 BLOCK_K = 32  # reduction step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # 1 for o/down, 2 or 3 for the fused projections
 def _shrink(
     x_ptr,
     a_ptr,
@@ -72,7 +72,7 @@ def _shrink(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "KMAX"])  # KMAX: the step's largest rank x M
 def _expand(
     xa_ptr,
     b_ptr,
