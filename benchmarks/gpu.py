@@ -2,8 +2,7 @@
 
     python3 -m benchmarks.gpu                      # 1B and 8B shapes, every part (tens of minutes)
     python3 -m benchmarks.gpu --models 1b --parts bandwidth,decode --hf-requests 64
-    python3 -m benchmarks.gpu --smoke              # CPU, tiny shape, seconds; results to a temp dir
-    python3 -m benchmarks.gpu --dry-run            # CPU, tiny shape, every ratio of the real decode grid
+    python3 -m benchmarks.gpu --smoke              # CPU, tiny shape, seconds (--dry-run: the real grid)
 
 Needs only torch, triton, transformers and safetensors (no model files, no network): random
 weights at real shapes in bf16, token-id prompts. Parts: `bandwidth` (a device-to-device copy,
@@ -135,14 +134,7 @@ def sizes(shape: dict, dtype: torch.dtype) -> tuple[int, int]:
     return params * dtype.itemsize, layers * 2 * kvh * hd * dtype.itemsize
 
 
-def make_llm(
-    shape: dict,
-    device: torch.device,
-    dtype: torch.dtype,
-    kv_gib: float,
-    max_seqs: int,
-    max_batched_tokens: int = MAX_BATCHED_TOKENS,
-) -> LLM:
+def make_llm(shape: dict, device, dtype: torch.dtype, kv_gib: float, max_seqs: int, max_batched: int) -> LLM:
     return LLM(
         model="dummy",
         dummy_config=shape,
@@ -150,17 +142,16 @@ def make_llm(
         dtype=str(dtype).removeprefix("torch."),
         kv_cache_gib=kv_gib,
         max_num_seqs=max_seqs,
-        max_num_batched_tokens=max_batched_tokens,
+        max_num_batched_tokens=max_batched,
         max_model_len=min(MAX_MODEL_LEN, shape["max_position_embeddings"]),
         swap_space_gib=1.0,
     )
 
 
 def decode_tokens(batch: int, context: int, steps: int, max_batched_tokens: int) -> int:
-    """Tokens each request asks for so that `steps` steps see every sequence decoding: the prompts
-    take about batch x context / (max_batched_tokens - batch) prefill steps (the decodes of the
-    sequences already prefilled share the budget), and the first requests decode during all of
-    them (chunked prefill), so they must outlast the last one's prefill."""
+    """Tokens a request asks for so that `steps` steps see every sequence decoding: the first
+    requests decode through the batch x context / (budget - batch) prefill steps (chunked prefill;
+    decodes share the budget), so they must outlast the last one's prefill."""
     assert max_batched_tokens > batch, "the prefill budget must exceed the batch"
     prefill_steps = -(-batch * context // (max_batched_tokens - batch)) + 1
     return steps + prefill_steps + 4
@@ -183,7 +174,7 @@ def decode_step_ms(
         eng.step()
         if decoding:
             times.append(time.perf_counter() - t)
-        if len(times) == steps + 2:  # the rest of the budget is slack: stop timing, drain
+        if len(times) == steps + 2:  # the rest of the budget is slack
             for i in range(batch):
                 eng.abort(f"d{batch}-{context}-{i}")
     if not times:
@@ -326,12 +317,7 @@ def baseline(into: dict, key: str, args, measure) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shape, a handful of requests, a temp dir")
-    ap.add_argument(
-        "--dry-run",
-        action="store_true",
-        help=f"the --smoke setting with the real decode grid: batches 1-128, contexts and prefill "
-        f"budget / {DRY_RUN_SCALE}, {32} timed steps",
-    )
+    ap.add_argument("--dry-run", action="store_true", help="--smoke with the real decode grid, scaled")
     ap.add_argument(
         "--out", type=Path, help="results folder (default benchmarks/results; a temp dir with --smoke)"
     )
