@@ -2,7 +2,7 @@
 
     python3 -m benchmarks.gpu                      # 1B and 8B shapes, every part (tens of minutes)
     python3 -m benchmarks.gpu --models 1b --parts bandwidth,decode --hf-requests 64
-    python3 -m benchmarks.gpu --smoke              # CPU, tiny shape, seconds; results to a temp dir
+    python3 -m benchmarks.gpu --smoke              # CPU, tiny shape, seconds (--dry-run: the real grid)
 
 Needs only torch, triton, transformers and safetensors (no model files, no network): random
 weights at real shapes in bf16, token-id prompts. Parts: `bandwidth` (a device-to-device copy,
@@ -90,6 +90,8 @@ SHAPES = {  # LlamaConfig kwargs of each model's published config.json
 }
 NAMES = {"135m": "SmolLM2-135M shape", "1b": "Llama-3.2-1B shape", "8b": "Llama-3-8B shape", "tiny": "tiny"}
 MAX_MODEL_LEN = 8192
+MAX_BATCHED_TOKENS = 8192  # the engine's prefill budget a step
+DRY_RUN_SCALE = 32  # --dry-run divides contexts and the prefill budget by this (every ratio kept)
 
 
 def workload(n: int, vocab: int, seed: int = 0, prompts=(24, 1000), outputs=(16, 768)):
@@ -132,7 +134,7 @@ def sizes(shape: dict, dtype: torch.dtype) -> tuple[int, int]:
     return params * dtype.itemsize, layers * 2 * kvh * hd * dtype.itemsize
 
 
-def make_llm(shape: dict, device: torch.device, dtype: torch.dtype, kv_gib: float, max_seqs: int) -> LLM:
+def make_llm(shape: dict, device, dtype: torch.dtype, kv_gib: float, max_seqs: int, max_batched: int) -> LLM:
     return LLM(
         model="dummy",
         dummy_config=shape,
@@ -140,17 +142,29 @@ def make_llm(shape: dict, device: torch.device, dtype: torch.dtype, kv_gib: floa
         dtype=str(dtype).removeprefix("torch."),
         kv_cache_gib=kv_gib,
         max_num_seqs=max_seqs,
-        max_num_batched_tokens=8192,
+        max_num_batched_tokens=max_batched,
         max_model_len=min(MAX_MODEL_LEN, shape["max_position_embeddings"]),
         swap_space_gib=1.0,
     )
 
 
-def decode_step_ms(llm: LLM, batch: int, context: int, steps: int, vocab: int) -> float:
+def decode_tokens(batch: int, context: int, steps: int, max_batched_tokens: int) -> int:
+    """Tokens a request asks for so that `steps` steps see every sequence decoding: the first
+    requests decode through the batch x context / (budget - batch) prefill steps (chunked prefill;
+    decodes share the budget), so they must outlast the last one's prefill."""
+    assert max_batched_tokens > batch, "the prefill budget must exceed the batch"
+    prefill_steps = -(-batch * context // (max_batched_tokens - batch)) + 1
+    return steps + prefill_steps + 4
+
+
+def decode_step_ms(
+    llm: LLM, batch: int, context: int, steps: int, vocab: int, max_batched_tokens: int = MAX_BATCHED_TOKENS
+) -> float:
     """Median wall time of an engine step (schedule, forward, sample, outputs) while `batch`
     sequences of `context` tokens all decode; prefill steps are not counted."""
     eng, rng = llm.engine, random.Random(batch * 7919 + context)
-    params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+    max_tokens = decode_tokens(batch, context, steps, max_batched_tokens)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for i in range(batch):
         eng.add_request(f"d{batch}-{context}-{i}", [rng.randrange(2, vocab) for _ in range(context)], params)
     times = []
@@ -160,6 +174,11 @@ def decode_step_ms(llm: LLM, batch: int, context: int, steps: int, vocab: int) -
         eng.step()
         if decoding:
             times.append(time.perf_counter() - t)
+        if len(times) == steps + 2:  # the rest of the budget is slack
+            for i in range(batch):
+                eng.abort(f"d{batch}-{context}-{i}")
+    if not times:
+        raise RuntimeError(f"batch {batch} x context {context}: no step had every sequence decoding")
     return statistics.median(times[2:] or times) * 1e3
 
 
@@ -221,18 +240,22 @@ def run_fairlane(
     else:
         kv_gib = 0.25
     max_seqs = max(max(args.batches), 256 if "workload" in args.parts else 0)
-    llm = make_llm(shape, device, dtype, kv_gib, max_seqs)
+    llm = make_llm(shape, device, dtype, kv_gib, max_seqs, args.max_batched_tokens)
     capacity = llm.engine.num_total_blocks * llm.engine.config.block_size
     llm.generate([[2] * 16] * 2, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))  # warm-up
     if "decode" in args.parts:
         for context in args.contexts:
             for batch in args.batches:
                 row = {"batch": batch, "context": context}
-                need = batch * (context + args.steps + 8)
+                need = batch * (
+                    context + decode_tokens(batch, context, args.steps, args.max_batched_tokens) + 4
+                )
                 if need > capacity:
                     row["skipped"] = f"KV for {need} tokens > cache of {capacity} on this device"
                 else:
-                    ms = decode_step_ms(llm, batch, context, args.steps, shape["vocab_size"])
+                    ms = decode_step_ms(
+                        llm, batch, context, args.steps, shape["vocab_size"], args.max_batched_tokens
+                    )
                     bound = (weight_bytes + batch * context * kv_per_token) / bandwidth * 1e3
                     row.update(
                         step_ms=ms,
@@ -294,6 +317,7 @@ def baseline(into: dict, key: str, args, measure) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shape, a handful of requests, a temp dir")
+    ap.add_argument("--dry-run", action="store_true", help="--smoke with the real decode grid, scaled")
     ap.add_argument(
         "--out", type=Path, help="results folder (default benchmarks/results; a temp dir with --smoke)"
     )
@@ -310,12 +334,18 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=32, help="decode steps timed per (batch, context)")
     args = ap.parse_args(argv)
     args.prompt_range, args.output_range = (24, 1000), (16, 768)
-    if args.smoke:
+    args.max_batched_tokens = MAX_BATCHED_TOKENS
+    real_grid = (args.batches, args.contexts, args.steps)
+    if args.smoke or args.dry_run:
         args.device, args.dtype, args.models = "cpu", "float32", "tiny"
         args.requests, args.hf_requests, args.hf_batch, args.hf_decode_tokens = 6, 6, 4, 16
         args.batches, args.contexts, args.steps = "1,4", "32,64", 4
         args.prompt_range, args.output_range = (8, 40), (4, 16)
         args.out = args.out or Path(tempfile.mkdtemp(prefix="fairlane-gpu-smoke-"))
+    if args.dry_run:  # the decode grid of a real run, every ratio kept (prefill steps, budgets, batches)
+        args.batches, contexts, args.steps = real_grid
+        args.contexts = ",".join(str(max(1, int(c) // DRY_RUN_SCALE)) for c in contexts.split(","))
+        args.max_batched_tokens = MAX_BATCHED_TOKENS // DRY_RUN_SCALE
     args.out = args.out or RESULTS
     args.parts = set(args.parts.split(","))
     args.batches = [int(b) for b in args.batches.split(",")]

@@ -63,3 +63,20 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def device_to_select(device: torch.device) -> int | None:
+    """The CUDA device index the calling thread must make current before Triton launches on
+    `device` (Triton, and torch's current-stream ops, launch on the current device, not the
+    tensors'), or None where nothing is to be set (the CPU)."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else 0
+
+
+def select_device(device: torch.device) -> None:
+    """Make `device` current for this thread (`torch.cuda.set_device`; the current device is
+    per thread, so the engine calls this in every thread that runs a step)."""
+    index = device_to_select(device)
+    if index is not None and torch.cuda.current_device() != index:
+        torch.cuda.set_device(index)

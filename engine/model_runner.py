@@ -11,7 +11,7 @@ import torch
 from engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk, make_backend
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.device import host_to_device, resolve_device, resolve_dtype
+from engine.device import host_to_device, resolve_device, resolve_dtype, select_device
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
 from engine.models import SUPPORTED_ARCHITECTURES
@@ -25,6 +25,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
         cfg = loaded.config
         self.device = resolve_device(config.device)
+        select_device(self.device)  # cuda:N, N != 0: Triton launches on the current device
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         num_heads = cfg.num_attention_heads
@@ -69,6 +70,10 @@ class ModelRunner:
         if config.preemption_mode == "auto" and type(backend).block_view is AttentionBackend.block_view:
             num_host_blocks = 0  # this backend's cache layout cannot be swapped: recompute only
         self.swap_space = SwapSpace(backend, self.kv_caches, self.block_size, num_host_blocks)
+        if self.device.type == "cuda":
+            from engine.kernels.warmup import warm_up  # imports triton
+
+            warm_up(self.model, self.kv_caches, self.block_size)  # no compile stalls while serving
         self.graphs: DecodeGraphs | None = None
         if config.cuda_graphs and self.device.type == "cuda" and backend.supports_cuda_graphs:
             self.graphs = DecodeGraphs(
@@ -101,6 +106,7 @@ class ModelRunner:
         reached its sequence's end. Prefill chunks of sequences that asked for prompt logprobs
         append them to seq.prompt_logprobs (from this forward's hidden states: no second forward).
         `structured`: the engine's StructuredOutputs (engine/structured), which masks constrained rows."""
+        select_device(self.device)  # the step may run in another thread than the one that built us
         items, hidden, sample_rows = self.forward(plan)
         self._prompt_logprobs(items, hidden)
         samplers = [it for it in items if it.samples]
@@ -119,12 +125,11 @@ class ModelRunner:
                 for i, s in enumerate(seqs)
                 if s.params.structured is not None and s.num_output_tokens < s.params.min_tokens
             ]
-            if banned:
-                rows = host_to_device(torch.tensor(banned), self.device)
-                dead = rows[torch.isinf(logits[rows]).all(dim=-1)]
-                if len(dead):  # the grammar allows nothing but EOS there: EOS wins
-                    eos = torch.tensor(sorted(self.eos_token_ids), device=logits.device)
-                    logits[dead[:, None], eos[None, :]] = 0.0
+            if banned:  # where the grammar allows nothing but EOS, EOS wins (no mask read back)
+                rows = host_to_device(torch.tensor(banned), self.device)[:, None]
+                dead = torch.isinf(logits[rows[:, 0]]).all(dim=-1, keepdim=True)  # [B, 1]
+                eos = host_to_device(torch.tensor(sorted(self.eos_token_ids)), self.device)[None, :]
+                logits[rows, eos] = torch.where(dead, 0.0, logits[rows, eos])
         params = [s.params for s in seqs]
         gens = [generators.get(s.request_id) for s in seqs]
         tokens = sample_ids(logits, params, gens)  # [S] on the device

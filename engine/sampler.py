@@ -1,11 +1,17 @@
 """Token selection for the rows that sample: greedy, temperature, top-k, top-p, per-request seeds.
-Runs on the logits' device; only the chosen token ids come back to the host."""
+Runs on the logits' device; only the chosen token ids come back to the host. The per-row values
+(temperatures, k, p, seeded rows) go through pinned memory without waiting (engine/device.py)."""
 
 from __future__ import annotations
 
 import torch
 
+from engine.device import host_to_device
 from engine.request import SamplingParams
+
+_M32 = 0xFFFFFFFF
+_MIX = 0x45D9F3B  # a 32-bit integer hash's multiplier (< 2**27: products stay below 2**59)
+_GOLDEN = 0x9E3779B1
 
 
 def sample(
@@ -23,27 +29,47 @@ def sample_ids(
     if all(p.greedy for p in params):
         return greedy_ids
     device = logits.device
-    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype).to(
-        device
-    )
-    logits = logits / temps[:, None]
+    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype)
+    logits = logits / host_to_device(temps, device)[:, None]
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
         logits = _top_k_top_p(logits, params)
     probs = torch.softmax(logits, dim=-1)
-    # Gumbel-style draw: argmax(p / E) with E ~ Exp(1) samples from p; a seeded row uses its own
-    # stream, a host generator: drawn on the host, so a seed gives the same tokens on any device.
-    # Greedy rows draw nothing (their noise stays 1; they take greedy_ids below).
-    vocab = probs.shape[1]
-    noise = torch.ones_like(probs)
-    free = [i for i, (p, gen) in enumerate(zip(params, generators)) if gen is None and not p.greedy]
-    if free:
-        noise[free] = _exponential((len(free), vocab), None, device)
-    for i, gen in enumerate(generators):
-        if gen is not None and not params[i].greedy:
-            noise[i] = _exponential((vocab,), gen, torch.device("cpu")).to(device)
+    # Gumbel-style draw: argmax(p / E) with E ~ Exp(1) samples from p. A seeded row takes one
+    # 62-bit key a step from its own host generator and hashes (key, token) into its noise on the
+    # device, with integer arithmetic that every device computes alike: a seed gives the same
+    # tokens on any device, and no vocabulary-sized row is drawn on the host.
+    # Greedy rows take greedy_ids below, whatever their noise.
+    S, vocab = probs.shape
+    seeded = [i for i, (p, gen) in enumerate(zip(params, generators)) if gen is not None and not p.greedy]
+    if len(seeded) < sum(not p.greedy for p in params):
+        noise = _exponential((S, vocab), None, device)
+    else:
+        noise = torch.ones_like(probs)
+    if seeded:
+        keys = torch.cat([torch.randint(0, 2**62, (1,), generator=generators[i]) for i in seeded])
+        rows = host_to_device(torch.tensor(seeded), device)
+        noise.index_copy_(0, rows, hashed_exponential(host_to_device(keys, device), vocab))
     sampled = (probs / noise).argmax(dim=-1)
-    greedy_rows = torch.tensor([p.greedy for p in params]).to(device)
+    greedy_rows = host_to_device(torch.tensor([p.greedy for p in params]), device)
     return torch.where(greedy_rows, greedy_ids, sampled)
+
+
+def hashed_exponential(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) draws [K, vocab] from 62-bit keys [K] int64: token t of row r is a 32-bit integer hash
+    of (key, t), its top 24 bits a uniform U in (0, 1), the draw -log(U). Integer ops only up to U,
+    so the draws are the same on every device (log itself may differ in the last bit)."""
+    idx = torch.arange(vocab, device=keys.device, dtype=torch.int64)
+    lo, hi = (keys & _M32)[:, None], ((keys >> 32) & _M32)[:, None]
+    x = _hash32(((idx * _GOLDEN) & _M32)[None, :] ^ lo)
+    x = _hash32(x ^ hi)
+    u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24)
+    return u.log_().neg_()
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    x = (((x >> 16) ^ x) * _MIX) & _M32
+    x = (((x >> 16) ^ x) * _MIX) & _M32
+    return (x >> 16) ^ x
 
 
 def _exponential(
@@ -60,8 +86,8 @@ def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     device = logits.device
-    ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).to(device)
-    ps = torch.tensor([p.top_p for p in params], dtype=logits.dtype).to(device)
+    ks = host_to_device(torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]), device)
+    ps = host_to_device(torch.tensor([p.top_p for p in params], dtype=logits.dtype), device)
     ranks = torch.arange(vocab, device=device)[None, :]
     drop = ranks >= ks[:, None]
     probs = torch.softmax(sorted_logits, dim=-1)

@@ -16,6 +16,7 @@ import time
 import torch
 
 from engine.attention import AttentionBackend
+from engine.device import host_to_device
 from engine.scheduler import SwapCost
 
 
@@ -54,7 +55,7 @@ class SwapSpace:
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """Copy device blocks to host blocks: pairs of (device block, host block)."""
-        dev = torch.tensor([d for d, _ in pairs], device=self.device)
+        dev = host_to_device(torch.tensor([d for d, _ in pairs]), self.device)  # pinned: no wait
         host = [h for _, h in pairs]
         if not self.staged:
             idx = torch.tensor(host)
@@ -70,7 +71,7 @@ class SwapSpace:
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         """Copy host blocks back to device blocks: pairs of (host block, device block)."""
         host = [h for h, _ in pairs]
-        dev = torch.tensor([d for _, d in pairs], device=self.device)
+        dev = host_to_device(torch.tensor([d for _, d in pairs]), self.device)
         if not self.staged:
             idx = torch.tensor(host)
             for layer, view in enumerate(self._views()):

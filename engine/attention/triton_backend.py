@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from engine.attention.base import AttentionMetadata, register_backend
 from engine.attention.torch_ref import TorchAttention
@@ -79,10 +80,10 @@ class TritonAttention(TorchAttention):
 
 def pack_prefills(meta: AttentionMetadata, device: torch.device) -> PackedPrefills:
     chunks = meta.prefills
-    width = max(c.block_ids.shape[0] for c in chunks)
-    tables = torch.zeros(len(chunks), width, dtype=torch.int64, device=device)
-    for i, c in enumerate(chunks):
-        tables[i, : c.block_ids.shape[0]] = c.block_ids
+    if all(c.block_ids.device.type == "cpu" for c in chunks):  # padded on the host, one copy
+        tables = host_to_device(pad_sequence([c.block_ids.long() for c in chunks], batch_first=True), device)
+    else:  # on the device already: one padding op, not a copy a chunk
+        tables = pad_sequence([c.block_ids.long() for c in chunks], batch_first=True)
     starts = [c.start for c in chunks] + [chunks[-1].start + chunks[-1].num_tokens]
     return PackedPrefills(
         block_tables=tables,

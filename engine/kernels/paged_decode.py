@@ -6,6 +6,11 @@ walks its split of the context in tiles of BLOCK_N tokens with an online softmax
 it writes the output directly; with several (long contexts, or too few sequences x KV heads to
 fill the GPU) each split writes a normalised partial output and its log-sum-exp, and a second
 kernel combines them. A sequence with context 0 (a padding row) gets a zero output.
+
+The split count is a run-time argument, and each sequence divides its own context across the
+splits (in whole BLOCK_N tiles): a CUDA graph captured for the longest context still spreads a
+short context over all its programs. Arguments that vary from step to step (the split count, the
+block-table width) are `do_not_specialize`: one compiled variant serves every step.
 """
 
 from __future__ import annotations
@@ -18,9 +23,19 @@ from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2, pro
 
 BLOCK_N = 64  # K/V tokens per inner iteration (several cache blocks)
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in the reduce than it gains
+MAX_SPLITS = 64  # more programs than this per (sequence, KV head) never pays on an H100
+REDUCE_CHUNK = 16  # splits the reduce kernel combines per iteration
+# ints that change from step to step: never specialised (Triton specialises 1 and multiples of 16)
+DECODE_VARYING = ["num_splits", "stride_tb", "stride_pb", "stride_ph", "stride_ps"]
 
 
-@triton.jit
+def num_warps(head_dim: int, dtype: torch.dtype) -> int:
+    """4 warps up to head dim 128 (64 for fp32); 8 above, where the fp32 accumulator and K/V tiles
+    spill from 4 warps' registers (ptxas for sm_90a: tests/engine/kernels/test_offline_sm90.py)."""
+    return 8 if head_dim > 128 or (dtype == torch.float32 and head_dim > 64) else 4
+
+
+@triton.jit(do_not_specialize=DECODE_VARYING)
 def _decode_kernel(
     q_ptr,
     cache_ptr,
@@ -30,7 +45,7 @@ def _decode_kernel(
     part_o_ptr,
     part_lse_ptr,
     scale,
-    blocks_per_split,
+    num_splits,
     stride_qb,
     stride_qh,  # q: [B, H, D]
     stride_cv,
@@ -47,16 +62,16 @@ def _decode_kernel(
     D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     FP32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(ctx_ptr + b)
-    lo = split * blocks_per_split * BLOCK_SIZE
-    hi = tl.minimum(ctx, lo + blocks_per_split * BLOCK_SIZE)
+    ctx = tl.load(ctx_ptr + b).to(tl.int32)
+    tiles_per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), num_splits)  # this sequence's own context
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(ctx, lo + tiles_per_split * BLOCK_N)
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)
@@ -94,7 +109,7 @@ def _decode_kernel(
 
     empty = l_i == 0.0  # no token in this split (or a padding row)
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    if NUM_SPLITS == 1:
+    if num_splits == 1:
         tl.store(
             out_ptr + b * stride_ob + head[:, None] * stride_oh + d[None, :],
             o.to(out_ptr.dtype.element_ty),
@@ -107,44 +122,56 @@ def _decode_kernel(
         tl.store(part_lse_ptr + row // D, lse, mask=gmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=DECODE_VARYING)
 def _reduce_kernel(
     part_o_ptr,
     part_lse_ptr,
     out_ptr,
+    num_splits,
     stride_pb,
     stride_ph,
     stride_ps,
     stride_ob,
     stride_oh,
-    NUM_SPLITS: tl.constexpr,
-    S_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
     D: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    s = tl.arange(0, S_PAD)
     d = tl.arange(0, D)
-    row = b * stride_pb + h * stride_ph + s * stride_ps  # [S_PAD]
-    smask = s < NUM_SPLITS
-    lse = tl.load(part_lse_ptr + row // D, mask=smask, other=float("-inf"))
-    o = tl.load(part_o_ptr + row[:, None] + d[None, :], mask=smask[:, None], other=0.0)
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m)  # [S_PAD]; 0 for empty splits
-    total = tl.sum(w, 0)
-    res = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    base = b * stride_pb + h * stride_ph
+    m = tl.full([CHUNK], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, CHUNK):  # pass 1: the largest log-sum-exp
+        s = s0 + tl.arange(0, CHUNK)
+        lse = tl.load(part_lse_ptr + (base + s * stride_ps) // D, mask=s < num_splits, other=float("-inf"))
+        m = tl.maximum(m, lse)
+    m_all = tl.max(m, 0)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+    total = tl.zeros([CHUNK], tl.float32)
+    acc = tl.zeros([D], tl.float32)
+    for s0 in range(0, num_splits, CHUNK):  # pass 2: the weighted sum
+        s = s0 + tl.arange(0, CHUNK)
+        row = base + s * stride_ps  # [CHUNK]
+        smask = s < num_splits
+        lse = tl.load(part_lse_ptr + row // D, mask=smask, other=float("-inf"))
+        o = tl.load(part_o_ptr + row[:, None] + d[None, :], mask=smask[:, None], other=0.0)
+        w = tl.exp(lse - m_all)  # 0 for empty splits
+        total += w
+        acc += tl.sum(o * w[:, None], 0)
+    t = tl.sum(total, 0)
+    res = acc / tl.where(t == 0.0, 1.0, t)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty))
 
 
 def choose_splits(
     batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device: torch.device
 ) -> int:
-    """Splits along the context: enough programs to fill the GPU, none shorter than MIN_SPLIT_TOKENS.
-    Depends only on shapes, so a CUDA graph captured at a shape keeps its split."""
+    """Splits along the context: enough programs to fill the GPU, none shorter than MIN_SPLIT_TOKENS
+    at the table's width, at most MAX_SPLITS. Depends only on shapes, so a CUDA graph captured at a
+    shape keeps its split count; each sequence spreads its own context over them (the kernel)."""
     by_length = max(1, max_blocks * block_size // MIN_SPLIT_TOKENS)
     by_occupancy = max(1, -(-programs_wanted(device) // (batch * num_kv_heads)))
-    return min(by_length, by_occupancy)
+    return min(by_length, by_occupancy, MAX_SPLITS)
 
 
 def paged_decode(
@@ -156,9 +183,12 @@ def paged_decode(
     scale: float,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; kv_cache: [2, KVH, slots, D]; block_tables: [B, max_blocks] int; context_lens:
-    [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype."""
+    [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype.
+    `partials`: the split outputs and log-sum-exps ([B, H, S, D], [B, H, S] fp32) to use, with
+    S >= the split count (default: allocated here)."""
     B, H, D = q.shape
     KVH = kv_cache.shape[1]
     G = H // KVH
@@ -169,13 +199,16 @@ def paged_decode(
         return out
     max_blocks = block_tables.shape[1]
     splits = num_splits or choose_splits(B, KVH, max_blocks, block_size, q.device)
-    blocks_per_split = -(-max_blocks // splits)
-    splits = -(-max_blocks // blocks_per_split)
-    if splits > 1:
+    splits = max(1, min(splits, -(-max_blocks * block_size // BLOCK_N)))  # no split without a tile
+    # fp32 partials even with one split (unused then): the pointer types never change the variant
+    if partials is None:
         part_o = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     else:
-        part_o = part_lse = out  # unused
+        part_o, part_lse = partials
+        assert part_o.is_contiguous() and part_lse.is_contiguous() and part_o.shape[2] >= splits
+    S = part_o.shape[2]  # partial rows a (sequence, head) owns; the first `splits` are written
+    warps = num_warps(D, q.dtype)
     _decode_kernel[(B, KVH, splits)](
         q,
         kv_cache,
@@ -185,7 +218,7 @@ def paged_decode(
         part_o,
         part_lse,
         scale,
-        blocks_per_split,
+        splits,
         q.stride(0),
         q.stride(1),
         kv_cache.stride(0),
@@ -194,30 +227,30 @@ def paged_decode(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        H * splits * D,
-        splits * D,
+        H * S * D,
+        S * D,
         D,
         G=G,
         G_PAD=max(16, next_pow2(G)),
         D=D,
         BLOCK_SIZE=block_size,
         BLOCK_N=BLOCK_N,
-        NUM_SPLITS=splits,
         FP32=compute_in_fp32(q.dtype),
         PRECISION=dot_precision(q.dtype),
+        num_warps=warps,
     )
     if splits > 1:
         _reduce_kernel[(B, H)](
             part_o,
             part_lse,
             out,
-            H * splits * D,
-            splits * D,
+            splits,
+            H * S * D,
+            S * D,
             D,
             out.stride(0),
             out.stride(1),
-            NUM_SPLITS=splits,
-            S_PAD=next_pow2(splits),
+            CHUNK=REDUCE_CHUNK,
             D=D,
         )
     return out

@@ -5,8 +5,10 @@ The step's K/V are written to the cache first (kv_write), so every key, cached o
 from the paged cache through the chunk's block table. Query token i of a chunk with context L
 and n new tokens sits at position L - n + i and sees keys 0 .. L - n + i.
 
-Grid (chunk, query tile, KV head). A tile holds TOKENS query tokens x the G query heads of one
-KV head, flattened to rows r = token * G + group (GQA: each K/V tile is loaded once for them all).
+Grid (query tile, chunk, KV head): the tiles go on the first axis, the only one not limited to
+65,535 programs (a 64k-token chunk with 64 query heads per KV head is 65,536 tiles). A tile holds
+TOKENS query tokens x the G query heads of one KV head, flattened to rows r = token * G + group
+(GQA: each K/V tile is loaded once for them all).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ BLOCK_R = 64  # query rows (tokens x heads of a group) per program
 BLOCK_N = 64  # keys per inner iteration
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tc"])  # the block-table width changes every step
 def _prefill_kernel(
     q_ptr,
     cache_ptr,
@@ -47,8 +49,8 @@ def _prefill_kernel(
     FP32: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    t0 = tl.program_id(1) * TOKENS
+    t0 = tl.program_id(0) * TOKENS
+    c = tl.program_id(1)
     kvh = tl.program_id(2)
     row0 = tl.load(qstart_ptr + c)
     n_q = tl.load(qstart_ptr + c + 1) - row0
@@ -95,6 +97,17 @@ def _prefill_kernel(
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
+def num_warps(head_dim: int) -> int:
+    """8 warps above head dim 64 (as SGLang): with 4, a [64, 256] tile's accumulator spills (ptxas
+    for sm_90a, tests/engine/kernels/test_offline_sm90.py)."""
+    return 8 if head_dim > 64 else 4
+
+
+def prefill_grid(chunks: int, max_query_len: int, group: int, num_kv_heads: int) -> tuple[int, int, int]:
+    """(query tiles, chunks, KV heads): a tile is BLOCK_R // group tokens of one chunk."""
+    return (-(-max_query_len // (BLOCK_R // group)), chunks, num_kv_heads)
+
+
 def paged_prefill(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -119,9 +132,7 @@ def paged_prefill(
     C = context_lens.shape[0]
     if C == 0:
         return out
-    tokens = BLOCK_R // G
-    grid = (C, -(-max_query_len // tokens), KVH)
-    _prefill_kernel[grid](
+    _prefill_kernel[prefill_grid(C, max_query_len, G, KVH)](
         q,
         kv_cache,
         block_tables,
@@ -138,12 +149,13 @@ def paged_prefill(
         out.stride(0),
         out.stride(1),
         G=G,
-        TOKENS=tokens,
+        TOKENS=BLOCK_R // G,
         BLOCK_R=BLOCK_R,
         BLOCK_N=BLOCK_N,
         D=D,
         BLOCK_SIZE=block_size,
         FP32=compute_in_fp32(q.dtype),
         PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps(D),
     )
     return out

@@ -1,6 +1,7 @@
 """The forward's elementwise operators, one object per model: fused C kernels on the CPU in fp32
 (`csrc/fused_ops.c`, one call instead of four to six torch ops each; docs/performance.md), torch
-ops everywhere else (GPU, bf16, no C compiler, EngineConfig.cpu_kernels=False)."""
+ops elsewhere on the host (bf16, no C compiler, EngineConfig.cpu_kernels=False); Triton kernels on
+CUDA (engine/kernels/fused_ops.py)."""
 
 from __future__ import annotations
 
@@ -123,7 +124,12 @@ class CPUOps(TorchOps):
 
 
 def make_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool) -> TorchOps:
-    """CPUOps for fp32 on the CPU when allowed and a C compiler is there, else TorchOps."""
+    """TritonOps on CUDA (engine/kernels/fused_ops.py, one launch an operator); CPUOps for fp32 on
+    the CPU when allowed and a C compiler is there; else TorchOps."""
+    if device.type == "cuda":
+        from engine.kernels.fused_ops import TritonOps  # imports triton
+
+        return TritonOps()
     if cpu_kernels and device.type == "cpu" and dtype == torch.float32:
         lib = _library()
         if lib is not None:

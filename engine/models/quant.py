@@ -7,7 +7,9 @@ input dimension (scale = max |x| / 127 per block, as llama.cpp does for its quan
 and multiplies 8-bit integers, so a decode step is bound by reading the int8 weights rather than by
 converting them to fp32. `reference` is the same arithmetic in torch. On other devices, without a C
 compiler, or when the input dimension is not a multiple of 32 or the output dimension not one of 4,
-the weight is dequantized for the call and the dense matmul runs on unquantized activations. For the
+the dense matmul runs on unquantized activations against the int8 rows converted to the activations'
+dtype (exact: |q| <= 127), and the per-channel scale multiplies the output: no fp32 copy of the
+weight is made per call (on a GPU that was 3x the weight traffic of a bf16 model). For the
 kernel the int8 rows are stored interleaved in groups of four (`pack`): a tile of four output
 channels then reads one sequential stream, which the hardware prefetcher follows.
 """
@@ -91,6 +93,7 @@ class Int8Linear:
         N, K = q.shape
         self.bias = bias
         self._bias32 = bias.float().contiguous() if bias is not None else None
+        self._scale_as = {}  # the scale in each activation dtype met (the dense path)
         fits = weight.device.type == "cpu" and N % GROUP == 0 and K % BLOCK == 0
         self.lib = _library() if fits else None
         self.qweight = pack(q) if self.lib is not None else q  # what the C kernel reads / int8 rows
@@ -127,4 +130,8 @@ class Int8Linear:
                 torch.get_num_threads(),
             )
             return y if x.dtype == torch.float32 else y.to(x.dtype)
-        return F.linear(x, self.weight, self.bias)
+        scale = self._scale_as.get(x.dtype)
+        if scale is None:
+            scale = self._scale_as[x.dtype] = self.scale.to(x.dtype)
+        y = F.linear(x, self.rows.to(x.dtype)) * scale  # [M, N]; no dequantized weight
+        return y + self.bias if self.bias is not None else y

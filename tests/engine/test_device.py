@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine.device import resolve_device, resolve_dtype
+from engine.device import device_to_select, resolve_device, resolve_dtype, select_device
 
 TINY = {
     "vocab_size": 128,
@@ -67,3 +67,20 @@ def test_auto_on_the_cpu_is_bfloat16_exactly_where_it_has_native_bf16_dot_produc
         native = bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
         assert auto == (torch.bfloat16 if native else torch.float32)
         assert (bf16_library() is not None) == ("avx512_bf16" in cpu_flags())  # auto bf16 has the kernel
+
+
+def test_cuda_n_is_made_current_before_triton_launches():
+    # Triton launches on the current CUDA device, not the tensors': cuda:N must be set first
+    assert device_to_select(torch.device("cuda", 3)) == 3
+    assert device_to_select(torch.device("cuda")) == 0
+    assert device_to_select(torch.device("cpu")) is None
+    select_device(torch.device("cpu"))  # nothing to set on the host
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_engine_on_the_last_gpu_runs_there():
+    index = torch.cuda.device_count() - 1
+    llm = LLM(model="dummy", device=f"cuda:{index}", dummy_config=TINY, kv_cache_gib=0.01)
+    assert torch.cuda.current_device() == index
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
+    assert len(out) == 4

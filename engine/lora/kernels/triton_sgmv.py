@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.device import host_to_device
 from engine.lora.kernels.base import LoRAKernel, Segment
 
 BLOCK_M = 16  # rows of a program
@@ -26,7 +27,7 @@ BLOCK_N = 32  # output columns of a program
 BLOCK_K = 32  # reduction step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # 1 for o/down, 2 or 3 for the fused projections
 def _shrink(
     x_ptr,
     a_ptr,
@@ -71,7 +72,7 @@ def _shrink(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "KMAX"])  # KMAX: the step's largest rank x M
 def _expand(
     xa_ptr,
     b_ptr,
@@ -130,7 +131,9 @@ class TritonSGMV(LoRAKernel):
     name = "triton"
 
     def prepare(self, segments: list[Segment], device: torch.device) -> SegmentTensors:
-        cols = torch.tensor([list(s) for s in segments], dtype=torch.int32).T.contiguous().to(device)
+        cols = host_to_device(
+            torch.tensor([list(s) for s in segments], dtype=torch.int32).T.contiguous(), device
+        )
         return SegmentTensors(
             cols[0],
             cols[1],

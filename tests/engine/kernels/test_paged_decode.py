@@ -58,3 +58,31 @@ def test_padding_rows_with_no_context_give_zeros():
             q.to(DEVICE), cache.to(DEVICE), tables.to(DEVICE), ctx.to(DEVICE), 16, 0.125, num_splits=splits
         ).cpu()
         assert torch.isfinite(out).all() and not out[1].any() and out[0].abs().sum() > 0
+
+
+def test_a_wide_table_spreads_a_short_context_over_every_split():
+    # a CUDA graph's table is max_model_len wide: a 512-token context must still give every one of
+    # 8 splits work (not the first 512 / (8192 / 8) of them), and the answer stays right
+    lens, d, splits = [512, 300], 64, 8
+    gen = torch.Generator().manual_seed(5)
+    cache, tables, seqs = random_paged_kv(lens, 2, d, 16, torch.float32, gen)
+    wide = torch.zeros(len(lens), 8192 // 16, dtype=torch.int64)
+    wide[:, : tables.shape[1]] = tables
+    q = torch.randn(len(lens), 4, d, generator=gen)
+    part_o = torch.full((2, 4, splits, d), float("nan"), device=DEVICE)
+    part_lse = torch.full((2, 4, splits), float("nan"), device=DEVICE)
+    out = paged_decode(
+        q.to(DEVICE),
+        cache.to(DEVICE),
+        wide.to(DEVICE),
+        torch.tensor(lens).to(DEVICE),
+        16,
+        d**-0.5,
+        num_splits=splits,
+        partials=(part_o, part_lse),
+    ).cpu()
+    assert torch.isfinite(part_lse[0]).all()  # 512 tokens: 8 tiles of 64, one a split
+    assert torch.isfinite(part_lse[1, :, :5]).all()  # 300 tokens: 5 tiles
+    for i, n in enumerate(lens):
+        ref = attention_ref(q[i : i + 1], seqs[i][0], seqs[i][1], n - 1)
+        assert rel_err(out[i : i + 1], ref) < 1e-5

@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_reference import DEVICE, attention_ref, random_paged_kv, rel_err
 
-from engine.kernels.paged_prefill import paged_prefill
+from engine.kernels.paged_prefill import paged_prefill, prefill_grid
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
@@ -54,3 +54,10 @@ def test_extend_over_a_cached_prefix(dtype, heads, kvh):
 def test_group_of_three_heads_and_head_dim_128_in_bf16():
     # SmolLM2 has 9 query heads over 3 KV heads: rows of a tile do not divide evenly into groups
     run_case([(0, 30), (33, 40)], 9, 3, 128, 32, torch.bfloat16, seed=5)
+
+
+def test_grid_stays_within_cuda_limits_for_long_chunks_and_large_groups():
+    # CUDA grids allow 2**31 - 1 programs on the first axis, 65,535 on the others
+    tiles, chunks, kv_heads = prefill_grid(4, 131072, 64, 8)
+    assert tiles == 131072 and chunks == 4 and kv_heads == 8
+    assert chunks <= 65535 and kv_heads <= 65535 and tiles < 2**31

@@ -105,3 +105,27 @@ def test_int8_greedy_outputs_mostly_agree_with_fp32(smollm2, int8):
     agree = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), len(r)) for r, o in zip(ref, ours)]
     assert sum(agree) / sum(map(len, ref)) >= 0.5, agree
     assert sum(a == len(r) for a, r in zip(agree, ref)) >= 2  # some outputs are identical throughout
+
+
+def test_dense_path_never_materialises_a_float32_weight():
+    # the dense path (a GPU, or shapes off the kernel's layout): int8 rows in the activations'
+    # dtype, scale on the output; a bf16 call makes no fp32 [N, K] tensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    N, K = 8, 40
+    layer = quant.Int8Linear(torch.randn(N, K))
+    x = torch.randn(3, K).to(torch.bfloat16)
+    made = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                made.append((out.dtype, tuple(out.shape)))
+            return out
+
+    with Record():
+        y = layer(x)
+    assert (torch.float32, (N, K)) not in made, made
+    ref = x.float() @ (layer.rows.float() * layer.scale[:, None]).T
+    assert y.dtype == torch.bfloat16 and torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)

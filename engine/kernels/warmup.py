@@ -1,0 +1,40 @@
+"""Compile, before serving, every Triton variant a step can launch: a forward over a step of
+padding rows (decodes of context 0, a prefill chunk whose slots are -1: nothing is written) runs
+the KV write, decode, prefill and the fused elementwise kernels with the argument types, alignments
+and constexprs of real steps, and a split decode compiles the reduce. Every argument that varies
+between steps is `do_not_specialize`, so nothing compiles later (tests/engine/kernels/test_variants.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionMetadata, PrefillChunk
+
+
+@torch.inference_mode()
+def warm_up(model, kv_caches: list[torch.Tensor], block_size: int) -> None:
+    """Run `model` (engine/models/llama.py) once over padding; the cache is left as it was."""
+    device = kv_caches[0].device
+    decodes, chunk = 2, 3
+    width = 2 * 64 // block_size + 1  # blocks for two 64-token tiles: room for a split decode
+
+    def on(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    meta = AttentionMetadata(
+        slot_mapping=on([-1] * (decodes + chunk)),
+        block_size=block_size,
+        num_decodes=decodes,
+        decode_block_tables=on([[0] * width] * decodes),
+        decode_context_lens=on([0] * decodes),
+        prefills=[PrefillChunk(decodes, chunk, chunk, on([0]))],
+    )
+    ids = on([0] * (decodes + chunk))
+    positions = on([0] * decodes + list(range(chunk)))
+    model.forward(ids, positions, meta, kv_caches)
+    attention = model.attention
+    if hasattr(attention, "_decode_kernel"):  # the triton backend: its split path and reduce
+        q = torch.zeros(decodes, model.num_heads, model.head_dim, dtype=kv_caches[0].dtype, device=device)
+        attention._decode_kernel(
+            q, kv_caches[0], meta.decode_block_tables, meta.decode_context_lens, block_size, 1.0, num_splits=2
+        )

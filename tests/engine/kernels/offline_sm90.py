@@ -1,0 +1,210 @@
+"""Compile every Triton kernel of the engine for an H100 (sm_90a) without a GPU, at the shapes we
+serve, and print one JSON line a variant: shared memory, registers, spill bytes.
+
+    python tests/engine/kernels/offline_sm90.py [--jobs 2] [--update]
+
+Run without TRITON_INTERPRET (triton reads it at import). The launchers are called with host
+tensors laid out as the engine lays them out, their launches are captured (engine/kernels/variants.py)
+instead of run, and each distinct variant is compiled with Triton's compiler and its bundled ptxas,
+exactly as the launcher would on the GPU (same signature, specialisation and options).
+
+A compile takes seconds, so results are kept by Triton's own cache key (kernel source, options,
+Triton and ptxas versions): in sm90_report.json beside this file (committed; `--update` rewrites
+it) and in ~/.cache/fairlane/sm90.json. A changed kernel misses both and is compiled again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPORT = Path(__file__).with_name("sm90_report.json")
+USER_CACHE = Path.home() / ".cache" / "fairlane" / "sm90.json"
+
+HEAD_DIMS = (64, 128, 256)
+GROUPS = (1, 4, 8)  # query heads per KV head (GQA)
+SPLITS = (1, 4)
+BLOCK_SIZE = 16
+
+
+def capture():
+    """[(kernel name, args, kwargs, label)] of every distinct variant the grid launches."""
+    import torch
+
+    from engine.kernels import kv_write, paged_decode, paged_prefill
+    from engine.kernels.fused_ops import TritonOps
+    from engine.kernels.variants import VariantLog
+    from engine.lora.kernels.base import Segment
+    from engine.lora.kernels.triton_sgmv import TritonSGMV
+
+    log = VariantLog(execute=False)
+    labels = {}
+
+    def mark(label):
+        for name, examples in log.examples.items():
+            for key in examples:
+                labels.setdefault((name, key), label)
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        dn = str(dtype).removeprefix("torch.")
+        for d in HEAD_DIMS:
+            for g in GROUPS:
+                kvh = 8
+                h = kvh * g
+                T = 5
+                qkv = torch.empty(T, (h + 2 * kvh) * d, dtype=dtype)  # the forward's fused projection
+                q = qkv[:, : h * d].view(T, h, d)
+                k = qkv[:, h * d : (h + kvh) * d].view(T, kvh, d)
+                v = qkv[:, (h + kvh) * d :].view(T, kvh, d)
+                cache = torch.empty(2, kvh, 64 * BLOCK_SIZE, d, dtype=dtype)
+                kv_write.kv_cache_write(k, v, cache, torch.zeros(T, dtype=torch.int64))
+                out = torch.empty(T, h, d, dtype=dtype)
+                for splits in SPLITS:
+                    tables = torch.zeros(2, 40, dtype=torch.int64)
+                    ctx = torch.ones(2, dtype=torch.int64)
+                    paged_decode.paged_decode(
+                        q[:2], cache, tables, ctx, BLOCK_SIZE, 0.1, num_splits=splits, out=out[:2]
+                    )
+                paged_prefill.paged_prefill(
+                    q,
+                    cache,
+                    torch.zeros(1, 40, dtype=torch.int64),
+                    torch.tensor([0, T]),
+                    torch.tensor([T]),
+                    T,
+                    BLOCK_SIZE,
+                    0.1,
+                    out=out,
+                )
+                mark(f"{dn} head_dim {d} group {g}")
+        ops = TritonOps()
+        for hidden, inter, heads, kvh, d in [
+            (2048, 8192, 32, 8, 64),
+            (4096, 14336, 32, 8, 128),
+            (576, 1536, 9, 3, 64),
+        ]:
+            x = torch.empty(3, hidden, dtype=dtype)
+            ops.add_rms_norm(x, x.clone(), torch.empty(hidden, dtype=dtype), 1e-5)
+            ops.add_rms_norm(x, None, torch.empty(hidden, dtype=dtype), 1e-5)
+            qkv = torch.empty(3, (heads + 2 * kvh) * d, dtype=dtype)
+            cs = torch.empty(64, d, dtype=dtype)
+            ops.rope(
+                qkv[:, : (heads + kvh) * d].view(3, heads + kvh, d), cs, cs, torch.zeros(3, dtype=torch.int64)
+            )
+            ops.silu_mul(torch.empty(3, 2 * inter, dtype=dtype))
+            mark(f"{dn} hidden {hidden}")
+        lora = TritonSGMV()
+        for in_f, out_f, m in [(4096, 3 * 4096, 3), (14336, 4096, 1)]:
+            a = torch.empty(2, 16, m, in_f, dtype=dtype)
+            b = torch.empty(2, 16, m, out_f // m, dtype=dtype)
+            meta = lora.prepare([Segment(0, 3, 0, 16)], torch.device("cpu"))
+            x, y = torch.empty(3, in_f, dtype=dtype), torch.empty(3, out_f // m * m, dtype=dtype)
+            with contextlib.suppress(AssertionError, RuntimeError):
+                lora.apply(y, x, a, b, meta)
+            mark(f"{dn} lora in {in_f}")
+    log.close()
+    return [
+        (name, args, kwargs, labels[(name, key)])
+        for name, examples in log.examples.items()
+        for key, (args, kwargs) in examples.items()
+    ]
+
+
+def source(item):
+    """(name, label, ASTSource, options, Triton's cache key) of a captured launch."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.compiler.compiler import get_cache_invalidating_env_vars, get_cache_key
+    from triton.runtime.jit import create_function_from_signature
+
+    from engine.kernels.variants import OPTIONS, kernels
+
+    name, args, kwargs, label = item
+    kernel = kernels()[name]
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    kwargs = dict(kwargs)
+    opts = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(
+        backend, {**kwargs, **opts}, bound, specialization, options
+    )
+    src = ASTSource(kernel, signature, constexprs, attrs)
+    key = get_cache_key(src, backend, options, get_cache_invalidating_env_vars())
+    return name, label, src, options, hashlib.sha256(key.encode()).hexdigest()
+
+
+def compile_one(item) -> dict:
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+
+    name, label, src, options, key = source(item)
+    target = GPUTarget("cuda", 90, 32)
+    knobs.nvidia.dump_ptxas_log = True
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        compiled = triton.compile(src, target=target, options=options.__dict__)
+    text = log.getvalue()
+    regs = re.search(r"Used (\d+) registers", text)
+    stores = re.search(r"(\d+) bytes spill stores", text)
+    loads = re.search(r"(\d+) bytes spill loads", text)
+    if regs is None:
+        raise RuntimeError(f"{name} {label}: no ptxas report (a cached compile?)\n{text[-2000:]}")
+    return {
+        "key": key,
+        "kernel": name,
+        "variant": label,
+        "num_warps": options.num_warps,
+        "shared": compiled.metadata.shared,
+        "registers": int(regs.group(1)),
+        "spill_bytes": int(stores.group(1)) + int(loads.group(1)),
+    }
+
+
+def _load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--update", action="store_true", help=f"rewrite {REPORT.name} with this grid's results")
+    args = ap.parse_args(argv)
+    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm90-")  # a fresh cache: ptxas reports
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    items = capture()
+    keys = [source(item)[4] for item in items]
+    known = {**_load(REPORT), **_load(USER_CACHE)}
+    todo = [item for item, key in zip(items, keys) if key not in known]
+    if todo:
+        with ProcessPoolExecutor(min(args.jobs, len(todo))) as pool:
+            for r in pool.map(compile_one, todo):
+                known[r.pop("key")] = r
+        USER_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        USER_CACHE.write_text(json.dumps({**_load(USER_CACHE), **{k: known[k] for k in keys}}))
+    results = [{**known[key], "variant": item[3]} for item, key in zip(items, keys)]
+    if args.update:
+        REPORT.write_text(json.dumps({k: known[k] for k in keys}, indent=1, sort_keys=True) + "\n")
+    print(json.dumps({"variants": len(items), "compiled": len(todo)}))
+    for r in results:
+        print(json.dumps(r))
+    return results
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.getcwd())
+    main()

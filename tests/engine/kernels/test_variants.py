@@ -1,0 +1,89 @@
+"""Compiles while serving: after the warm-up (engine/kernels/warmup.py) no step launches a Triton
+variant the warm-up did not compile. The variant of a launch is the key Triton's launcher looks it
+up by, computed for sm_90 (engine/kernels/variants.py); 200 steps of mixed decodes, prefill chunks,
+growing block tables and changing batch sizes must add none. The keys come from the real arguments
+of every launch; the kernels themselves are not run there (ignore_eos: the schedule does not depend
+on the tokens), which keeps 200 steps to seconds."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from engine import LLM, SamplingParams
+from engine.kernels import paged_decode
+from engine.kernels.fused_ops import TritonOps
+from engine.kernels.variants import VariantLog, specialization_key
+from engine.kernels.warmup import warm_up
+
+SHAPE = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+)
+
+
+def test_per_step_ints_do_not_make_new_variants():
+    # the block-table width and the split count change every step; neither may pick a variant
+    k = paged_decode._decode_kernel
+    keys = set()
+    for width, splits in [(1, 1), (16, 1), (17, 2), (32, 16), (33, 3)]:
+        q, cache = torch.zeros(2, 4, 64), torch.zeros(2, 2, 64, 64)
+        tables, ctx, out = torch.zeros(2, width, dtype=torch.int64), torch.ones(2, dtype=torch.int64), q
+        part = torch.zeros(2, 4, splits, 64)
+        keys.add(
+            specialization_key(
+                k, q, cache, tables, ctx, out, part, part[..., 0], 0.125, splits,
+                *[q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2)],
+                *[tables.stride(0), out.stride(0), out.stride(1), 4 * splits * 64, splits * 64, 64],
+                G=2, G_PAD=16, D=64, BLOCK_SIZE=16, BLOCK_N=64, FP32=True, PRECISION="ieee", num_warps=4,
+            )
+        )  # fmt: skip
+    assert len(keys) == 1
+
+
+def test_variant_count_after_warm_up_is_stable_over_200_steps():
+    llm = LLM(
+        model="dummy",
+        dummy_config=SHAPE,
+        device="cpu",
+        dtype="float32",
+        attention_backend="triton",
+        cpu_kernels=False,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=48,
+        kv_cache_gib=0.01,
+    )
+    runner = llm.engine.runner
+    runner.model.ops = TritonOps()  # the CUDA operators, here in the interpreter
+    log = VariantLog(execute=False)  # keys of the real arguments; 200 interpreted steps take minutes
+    try:
+        warm_up(runner.model, runner.kv_caches, runner.block_size)
+        warmed = log.counts()
+        assert set(warmed) == {
+            "_kv_write_kernel",
+            "_decode_kernel",
+            "_reduce_kernel",
+            "_prefill_kernel",
+            "_add_rms_norm_kernel",
+            "_rope_kernel",
+            "_silu_mul_kernel",
+        }
+        eng, rng = llm.engine, random.Random(0)
+        for step in range(200):
+            if eng.num_running < 6 and rng.random() < 0.5:
+                prompt = [rng.randrange(2, 128) for _ in range(rng.choice([1, 5, 16, 17, 40, 70]))]
+                params = SamplingParams(max_tokens=rng.randrange(1, 40), temperature=0, ignore_eos=True)
+                eng.add_request(f"r{step}", prompt, params)
+            eng.step()
+        assert log.launches["_decode_kernel"] > 100 and log.launches["_prefill_kernel"] > 20
+        assert log.counts() == warmed
+    finally:
+        log.close()
