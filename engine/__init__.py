@@ -39,6 +39,8 @@ _EXPORTS = {
     "Completion": "engine.llm",
     "LoRARequest": "engine.lora.request",
     "AdapterError": "engine.lora.errors",
+    "UnsupportedModelError": "engine.models.spec",
+    "check_model": "engine.models.check",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -56,6 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from engine.llm import LLM, Completion
     from engine.lora.errors import AdapterError
     from engine.lora.request import LoRARequest
+    from engine.models.check import check_model
+    from engine.models.spec import UnsupportedModelError
     from engine.request import FinishReason, RequestOutput, SamplingParams, TokenLogprob
     from engine.scheduler.load import SLOLoad, predict_ttft
     from engine.scheduler.registry import POLICY_PARTS, parse_policy

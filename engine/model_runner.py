@@ -14,7 +14,8 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.device import host_to_device, resolve_device, resolve_dtype
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
-from engine.models import SUPPORTED_ARCHITECTURES
+from engine.models import LlamaModel, resolve
+from engine.models.rope import rope_rows
 from engine.request import TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
@@ -24,26 +25,21 @@ from engine.swap_space import SwapSpace
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
         cfg = loaded.config
+        spec = resolve(cfg)  # UnsupportedModelError for a family the registry does not serve
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
-        num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+        num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
         backend = make_backend(
             config.attention_backend, num_heads, self.num_kv_heads, self.head_dim, self.device
         )
-        model_cls = SUPPORTED_ARCHITECTURES.get(cfg.model_type)
-        if model_cls is None:
-            raise ValueError(
-                f"model type {cfg.model_type!r} is not supported; supported: "
-                f"{sorted(SUPPORTED_ARCHITECTURES)}"
-            )
         weights = {
             k: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
             for k, t in loaded.state_dict.items()
         }  # no copy where the loader drew them there
-        self.model = model_cls.from_state_dict(
+        self.model = LlamaModel.from_state_dict(
             cfg,
             weights,
             self.dtype,
@@ -180,6 +176,10 @@ class ModelRunner:
             ids += it.seq.token_ids[start : start + it.num_tokens]
             pos += range(start, start + it.num_tokens)
         sample_rows += range(len(decodes))  # every decode samples
+        if self.model.spec.long_rope_after:  # longrope: each token's row of the short or long table
+            lens = [it.seq.num_prompt_tokens for it in decodes]
+            lens += [it.seq.num_prompt_tokens for it in items[len(decodes) :] for _ in range(it.num_tokens)]
+            pos = rope_rows(pos, lens, self.model.spec.long_rope_after, self.model.max_positions)
         arange_bs = torch.arange(bs)
         slot_parts: list[torch.Tensor] = []
         tables = ctx = None

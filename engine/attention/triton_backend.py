@@ -45,7 +45,9 @@ class TritonAttention(TorchAttention):
         self._decode_kernel = paged_decode.paged_decode
         self._prefill_kernel = paged_prefill.paged_prefill
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
+        if window or softcap:  # not in the kernels yet: the torch reference's masked attention
+            return super().forward(q, k, v, kv_cache, meta, window, softcap)
         self._write(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes

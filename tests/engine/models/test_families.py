@@ -1,0 +1,55 @@
+"""Every registered family against transformers' own forward, float32: greedy tokens equal for 32
+tokens and prompt logprobs within 1e-4, on the torch attention path and the C-kernel path (tiny
+random checkpoints with each family's switches on: tests/engine/models/families.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from tests.engine.hf_reference import hf_greedy
+from tests.engine.models.families import CONFIGS, ORIGINAL_CONTEXT, WINDOW, load_hf, save_family
+
+MAX_TOKENS = 32
+# longer than every window; one shorter than longrope's original context that generates past it
+PROMPTS = [
+    [(7 * i + 3) % 250 + 2 for i in range(21)],
+    [(11 * i + 5) % 250 + 2 for i in range(ORIGINAL_CONTEXT - 5)],
+]
+assert all(len(p) > WINDOW for p in PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """family -> (folder, greedy tokens, prompt logprobs [len - 1] per prompt) from transformers."""
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            folder = save_family(name, tmp_path_factory.mktemp(name))
+            hf = load_hf(folder)
+            tokens = hf_greedy(hf, PROMPTS, [MAX_TOKENS] * len(PROMPTS))
+            logprobs = []
+            for ids in PROMPTS:
+                with torch.no_grad():
+                    logits = hf(torch.tensor([ids])).logits[0].float()
+                lp = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+                logprobs.append(lp)
+            cache[name] = (folder, tokens, logprobs)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_family_equals_transformers(reference, family, backend):
+    folder, tokens, logprobs = reference(family)
+    llm = LLM(model=str(folder), dtype="float32", attention_backend=backend, num_threads=2, max_model_len=128)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    outs = llm.generate(PROMPTS, params)
+    for out, want_tokens, want_lp in zip(outs, tokens, logprobs):
+        got_lp = torch.tensor([x.logprob for x in out.prompt_logprobs[1:]])
+        assert (got_lp - want_lp).abs().max() < 1e-4, family
+        assert out.token_ids == want_tokens, family
