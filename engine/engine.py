@@ -60,7 +60,8 @@ class Engine:
         self.block_manager = BlockManager(
             self.runner.num_blocks,
             config.block_size,
-            enable_prefix_caching=config.enable_prefix_caching,
+            # longrope: a cached token's rotation depends on its sequence's length, not on its prefix
+            enable_prefix_caching=config.enable_prefix_caching and not self.runner.model.spec.long_rope_after,
             num_host_blocks=swap.num_blocks,
         )
         # Measured once here: what preemption_mode "auto" weighs against recomputation.

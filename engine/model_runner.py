@@ -141,12 +141,12 @@ class ModelRunner:
                 collect_prompt_logprobs(
                     self.model, hidden, it.seq, row, it.seq.num_computed_tokens, it.num_tokens
                 )
-            row += 1 if it.is_decode else it.num_tokens
+            row += self._span(it)[1]
 
     def forward(self, plan: StepPlan) -> tuple[list[ScheduledSeq], torch.Tensor, torch.Tensor]:
         """The model over the plan's tokens: (items in packed order, hidden [T, hidden], the rows
         that sample, in the order of the sampling items, on the host)."""
-        items = sorted(plan.scheduled, key=lambda it: not it.is_decode)  # decodes first (stable)
+        items = sorted(plan.scheduled, key=lambda it: not self._is_decode(it))  # decodes first (stable)
         lora = None
         if self.lora is not None:  # rows regrouped so that each adapter's rows are contiguous
             items, lora = self.lora.batch(items)
@@ -161,25 +161,43 @@ class ModelRunner:
         input_ids, positions, meta = self._to_device(input_ids, positions, meta)
         return items, self.model.forward(input_ids, positions, meta, self.kv_caches, lora=lora), sample_rows
 
+    def _is_decode(self, it: ScheduledSeq) -> bool:
+        """A decode row, unless it is Phi-3's longrope crossing: the token that takes the sequence past
+        the original context recomputes all of it with the long factors (a prefill from position 0)."""
+        spec = self.model.spec
+        crossing = spec.long_rope_recompute and it.seq.num_computed_tokens == spec.long_rope_after
+        return it.is_decode and not crossing
+
+    def _span(self, it: ScheduledSeq) -> tuple[int, int]:
+        """(first position, tokens) the item feeds this step."""
+        if it.is_decode and not self._is_decode(it):
+            return 0, it.seq.num_computed_tokens + 1
+        return it.seq.num_computed_tokens, 1 if it.is_decode else it.num_tokens
+
     def _prepare(self, items: list[ScheduledSeq]):
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         sample_rows: list[int] = []
-        decodes = [it for it in items if it.is_decode]
+        decodes = [it for it in items if self._is_decode(it)]
         for it in decodes:
             p = it.seq.num_computed_tokens
             ids.append(it.seq.token_ids[p])
             pos.append(p)
         for it in items[len(decodes) :]:
-            start = it.seq.num_computed_tokens
-            ids += it.seq.token_ids[start : start + it.num_tokens]
-            pos += range(start, start + it.num_tokens)
+            start, n = self._span(it)
+            ids += it.seq.token_ids[start : start + n]
+            pos += range(start, start + n)
         sample_rows += range(len(decodes))  # every decode samples
-        if self.model.spec.long_rope_after:  # longrope: each token's row of the short or long table
-            lens = [it.seq.num_prompt_tokens for it in decodes]
-            lens += [it.seq.num_prompt_tokens for it in items[len(decodes) :] for _ in range(it.num_tokens)]
-            pos = rope_rows(pos, lens, self.model.spec.long_rope_after, self.model.max_positions)
+        spec = self.model.spec
+        if spec.long_rope_after:  # longrope: each token's row of the short or long table
+
+            def length(seq):
+                return len(seq.token_ids) if spec.long_rope_recompute else seq.num_prompt_tokens
+
+            lens = [length(it.seq) for it in decodes]
+            lens += [length(it.seq) for it in items[len(decodes) :] for _ in range(self._span(it)[1])]
+            pos = rope_rows(pos, lens, spec.long_rope_after, self.model.max_positions)
         arange_bs = torch.arange(bs)
         slot_parts: list[torch.Tensor] = []
         tables = ctx = None
@@ -192,7 +210,7 @@ class ModelRunner:
         prefills: list[PrefillChunk] = []
         row = len(decodes)
         for it in items[len(decodes) :]:
-            start, n = it.seq.num_computed_tokens, it.num_tokens
+            start, n = self._span(it)
             table = torch.tensor(it.seq.block_table[: -(-(start + n) // bs)])
             slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
             prefills.append(PrefillChunk(row, n, start + n, table))

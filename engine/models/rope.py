@@ -59,8 +59,10 @@ def rope_tables(
     return tables
 
 
-def rope_rows(positions: list[int], prompt_lens: list[int], long_after: int, num_positions: int) -> list[int]:
-    """Table rows of tokens at `positions` of sequences whose prompts are `prompt_lens` long, for a
-    longrope model: a prompt token takes the long factors when its whole prompt is past `long_after`
-    (transformers' prefill), a generated token when its own position is."""
-    return [p + num_positions if max(p + 1, n) > long_after else p for p, n in zip(positions, prompt_lens)]
+def rope_rows(positions: list[int], lengths: list[int], long_after: int, num_positions: int) -> list[int]:
+    """Table rows of tokens at `positions`, for a longrope model: a token takes the long factors when
+    its `lengths` entry or its own position is past `long_after`. Llama-style longrope passes each
+    sequence's prompt length (transformers' prefill rotates the whole prompt by its length; later
+    tokens by their own position); Phi-3 passes the sequence's whole length (its generate recomputes
+    everything with the long factors once the sequence passes the original context)."""
+    return [p + num_positions if max(p + 1, n) > long_after else p for p, n in zip(positions, lengths)]

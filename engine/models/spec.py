@@ -67,6 +67,9 @@ class ModelSpec:
     window: int = 0  # keys a sliding layer's query sees, itself included
     per_type_rope: bool = False  # config.rope_parameters keyed by layer type (Gemma 3)
     long_rope_after: int = 0  # longrope: original_max_position_embeddings (0: not longrope)
+    # longrope as Phi-3 generates: a sequence that grows past long_rope_after is recomputed whole
+    # with the long factors (transformers drops its cache there); else only later tokens take them
+    long_rope_recompute: bool = False
     tied: bool = True
 
     def __post_init__(self):
