@@ -46,8 +46,6 @@ class TritonAttention(TorchAttention):
         self._prefill_kernel = paged_prefill.paged_prefill
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
-        if window or softcap:  # not in the kernels yet: the torch reference's masked attention
-            return super().forward(q, k, v, kv_cache, meta, window, softcap)
         self._write(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes
@@ -60,6 +58,8 @@ class TritonAttention(TorchAttention):
                 meta.block_size,
                 self.scale,
                 out=out[:nd],
+                window=window,
+                softcap=softcap,
             )
         if meta.prefills:
             packed = meta.packed_prefills
@@ -75,6 +75,8 @@ class TritonAttention(TorchAttention):
                 meta.block_size,
                 self.scale,
                 out=out,
+                window=window,
+                softcap=softcap,
             )
         return out
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2, programs_wanted
+from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2, programs_wanted, soft_cap
 
 BLOCK_N = 64  # K/V tokens per inner iteration (several cache blocks)
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in the reduce than it gains
@@ -30,6 +30,8 @@ def _decode_kernel(
     part_o_ptr,
     part_lse_ptr,
     scale,
+    window,
+    softcap,
     blocks_per_split,
     stride_qb,
     stride_qh,  # q: [B, H, D]
@@ -50,6 +52,7 @@ def _decode_kernel(
     NUM_SPLITS: tl.constexpr,
     FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -57,6 +60,8 @@ def _decode_kernel(
     ctx = tl.load(ctx_ptr + b)
     lo = split * blocks_per_split * BLOCK_SIZE
     hi = tl.minimum(ctx, lo + blocks_per_split * BLOCK_SIZE)
+    if window > 0:  # a sliding layer: only the last `window` tokens
+        lo = tl.maximum(lo, ctx - window)
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)
@@ -84,6 +89,8 @@ def _decode_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G_PAD, BLOCK_N]
+        if SOFTCAP:
+            s = soft_cap(s, softcap)
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -156,9 +163,12 @@ def paged_decode(
     scale: float,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [B, H, D]; kv_cache: [2, KVH, slots, D]; block_tables: [B, max_blocks] int; context_lens:
-    [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype."""
+    [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype.
+    window > 0: each query sees its last `window` tokens; softcap > 0: scores soft-capped by tanh."""
     B, H, D = q.shape
     KVH = kv_cache.shape[1]
     G = H // KVH
@@ -185,6 +195,8 @@ def paged_decode(
         part_o,
         part_lse,
         scale,
+        window,
+        softcap,
         blocks_per_split,
         q.stride(0),
         q.stride(1),
@@ -205,6 +217,7 @@ def paged_decode(
         NUM_SPLITS=splits,
         FP32=compute_in_fp32(q.dtype),
         PRECISION=dot_precision(q.dtype),
+        SOFTCAP=softcap > 0,
     )
     if splits > 1:
         _reduce_kernel[(B, H)](

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2
+from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2, soft_cap
 
 BLOCK_R = 64  # query rows (tokens x heads of a group) per program
 BLOCK_N = 64  # keys per inner iteration
@@ -30,6 +30,8 @@ def _prefill_kernel(
     ctx_ptr,
     out_ptr,
     scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,  # q: [T, H, D]
     stride_cv,
@@ -46,6 +48,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     c = tl.program_id(0)
     t0 = tl.program_id(1) * TOKENS
@@ -72,7 +75,10 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, D], tl.float32)
         hi = tl.minimum(ctx, prefix + t0 + TOKENS)  # one past the last key any row of the tile sees
-        for start in range(0, hi, BLOCK_N):
+        lo = 0
+        if window > 0:  # a sliding layer: the first key the tile's first row sees
+            lo = tl.maximum(prefix + t0 - window + 1, 0)
+        for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             nmask = n < hi
             page = tl.load(tables_ptr + c * stride_tc + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
@@ -83,10 +89,17 @@ def _prefill_kernel(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_R, BLOCK_N]
-            s = tl.where(nmask[None, :] & (n[None, :] <= qpos[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 <= every position is in tile 0
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
+            if SOFTCAP:
+                s = soft_cap(s, softcap)
+            visible = nmask[None, :] & (n[None, :] <= qpos[:, None])
+            if window > 0:
+                visible = visible & (n[None, :] > qpos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row may see no key of a tile yet (a window starts past it): keep its exps 0, not NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_use)
+            p = tl.exp(s - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
@@ -105,11 +118,14 @@ def paged_prefill(
     block_size: int,
     scale: float,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [T, H, D] packed query rows; kv_cache: [2, KVH, slots, D] already holding this step's K/V;
     block_tables: [C, max_blocks]; query_starts: [C + 1] rows of q (chunk c is rows
     query_starts[c] .. query_starts[c+1]); context_lens: [C] cached prefix + new tokens.
-    Writes the chunks' rows of `out` ([T, H, D], q's dtype) and returns it."""
+    Writes the chunks' rows of `out` ([T, H, D], q's dtype) and returns it. window > 0: each query
+    sees its last `window` keys, itself included; softcap > 0: scores soft-capped by tanh."""
     _, H, D = q.shape
     KVH = kv_cache.shape[1]
     G = H // KVH
@@ -129,6 +145,8 @@ def paged_prefill(
         context_lens,
         out,
         scale,
+        window,
+        softcap,
         q.stride(0),
         q.stride(1),
         kv_cache.stride(0),
@@ -145,5 +163,6 @@ def paged_prefill(
         BLOCK_SIZE=block_size,
         FP32=compute_in_fp32(q.dtype),
         PRECISION=dot_precision(q.dtype),
+        SOFTCAP=softcap > 0,
     )
     return out
