@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig
 
-from engine import LLM, UnsupportedModelError
+from engine import LLM, SamplingParams, UnsupportedModelError
 from engine.models.check import check_folder, safetensors_header
 from tests.engine.models.families import BASE
 from tests.gateway.serve_process import REPO, fairlane_command, free_port
@@ -111,3 +111,17 @@ def test_serve_refuses_to_start(tmp_path):
     assert result.returncode == 1
     assert "cannot serve model" in output and "'laplace'" in output and "Traceback" not in output
     assert not (tmp_path / "fairlane.db").exists()  # nothing started
+
+
+def test_a_sharded_checkpoint_is_checked_and_read_whole(tmp_path):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**BASE)).eval()
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").exists() and len(
+        list(tmp_path.glob("*.safetensors"))
+    ) > 1
+    assert check_folder(tmp_path).family == "llama"
+    llm = LLM(model=str(tmp_path), dtype="float32", num_threads=1, num_kv_blocks=16)
+    with torch.no_grad():
+        want = model(torch.tensor([[5, 6, 7, 8]])).logits[0, -1].argmax().item()
+    assert llm.generate([5, 6, 7, 8], SamplingParams(max_tokens=1, temperature=0))[0].token_ids == [want]
