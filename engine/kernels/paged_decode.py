@@ -60,8 +60,7 @@ def _decode_kernel(
     ctx = tl.load(ctx_ptr + b)
     lo = split * blocks_per_split * BLOCK_SIZE
     hi = tl.minimum(ctx, lo + blocks_per_split * BLOCK_SIZE)
-    if window > 0:  # a sliding layer: only the last `window` tokens
-        lo = tl.maximum(lo, ctx - window)
+    lo = tl.maximum(lo, tl.where(window > 0, ctx - window, 0))  # a sliding layer: its last `window` tokens
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D)

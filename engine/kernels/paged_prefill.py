@@ -75,9 +75,8 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, D], tl.float32)
         hi = tl.minimum(ctx, prefix + t0 + TOKENS)  # one past the last key any row of the tile sees
-        lo = 0
-        if window > 0:  # a sliding layer: the first key the tile's first row sees
-            lo = tl.maximum(prefix + t0 - window + 1, 0)
+        # a sliding layer: from the first key the tile's first row sees
+        lo = tl.where(window > 0, tl.maximum(prefix + t0 - window + 1, 0), 0)
         for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             nmask = n < hi
@@ -92,8 +91,7 @@ def _prefill_kernel(
             if SOFTCAP:
                 s = soft_cap(s, softcap)
             visible = nmask[None, :] & (n[None, :] <= qpos[:, None])
-            if window > 0:
-                visible = visible & (n[None, :] > qpos[:, None] - window)
+            visible = visible & ((window <= 0) | (n[None, :] > qpos[:, None] - window))
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row may see no key of a tile yet (a window starts past it): keep its exps 0, not NaN
