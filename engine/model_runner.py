@@ -211,7 +211,7 @@ class ModelRunner:
         row = len(decodes)
         for it in items[len(decodes) :]:
             start, n = self._span(it)
-            table = torch.tensor(it.seq.block_table[: -(-(start + n) // bs)])
+            table = torch.tensor(_pad(it.seq.block_table, -(-(start + n) // bs)))
             slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
             prefills.append(PrefillChunk(row, n, start + n, table))
             row += n
@@ -264,5 +264,7 @@ def _lora_manager(config: EngineConfig, model_config, dtype: torch.dtype, device
 
 
 def _pad(table: list[int], n: int) -> list[int]:
-    """The first n entries of a block table, padded with block 0 (masked out by the caller)."""
-    return table[:n] + [0] * (n - len(table)) if len(table) < n else table[:n]
+    """The first n entries of a block table, padded with block 0 (masked out by the caller); blocks
+    released out of a sliding window (OUT_OF_WINDOW) read as block 0 too (the attention skips them)."""
+    table = [max(b, 0) for b in table[:n]]
+    return table + [0] * (n - len(table))
