@@ -6,6 +6,7 @@ workload, in one run; fairlane also with INT8 weights and in its static and dyna
     python -m benchmarks.throughput                                  # SmolLM2 fp32, 2 threads, 48 requests
     python -m benchmarks.throughput --vllm-python /path/to/venv/bin/python   # vLLM beside it (README)
     python -m benchmarks.throughput --smoke                          # a tiny random model, in seconds
+    python -m benchmarks.throughput --model /path/to/folder          # any supported family (docs/models.md)
 
 Workloads: `long_tailed` (default: 48 chat requests, 80% with 8-48 output tokens and 20% with
 160-256, all submitted at once) and `mixed` (64 requests, prompts of 16-512 tokens, max_tokens of
@@ -154,6 +155,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None, help="default: 48 (long_tailed), 64 (mixed)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
+        "--model",
+        default="smollm2",
+        help="any model spec the engine reads: 'smollm2', a Hugging Face folder of any supported family "
+        "(docs/models.md; it needs a tokenizer) or a .gguf file",
+    )
+    ap.add_argument(
         "--dtype", default="float32", help="float32 is the fastest dtype on CPUs without native bf16"
     )
     ap.add_argument("--batch-size", type=int, default=16, help="HF static batch size")
@@ -175,14 +182,14 @@ def main() -> None:
     if args.smoke:
         n, model, args.dtype = 4, tiny_model(), "float32"
     else:
-        n, model = args.requests or (48 if args.workload == "long_tailed" else 64), "smollm2"
+        n, model = args.requests or (48 if args.workload == "long_tailed" else 64), args.model
     torch.set_num_threads(args.threads)
     engine_args = dict(dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs)
     llm = LLM(model=model, **engine_args)
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=getattr(torch, args.dtype)).eval()
-    eos = 2
+    eos = min(llm.engine.eos_token_ids) if llm.engine.eos_token_ids else 2
     if args.smoke:
         prompts, budgets = chat_prompts(llm.tokenizer, n, max_len=128), output_budgets(n, low=4, high=16)
     elif args.workload == "long_tailed":

@@ -44,6 +44,8 @@ _EXPORTS = {
     "Completion": "engine.llm",
     "LoRARequest": "engine.lora.request",
     "AdapterError": "engine.lora.errors",
+    "UnsupportedModelError": "engine.models.spec",
+    "check_model": "engine.models.check",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -63,6 +65,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from engine.llm import LLM, Completion
     from engine.lora.errors import AdapterError
     from engine.lora.request import LoRARequest
+    from engine.models.check import check_model
+    from engine.models.spec import UnsupportedModelError
     from engine.prompt_checks import check_context, check_prompt
     from engine.request import RequestOutput, SamplingParams, TokenLogprob
     from engine.scheduler.load import SLOLoad, predict_ttft

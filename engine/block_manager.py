@@ -14,6 +14,12 @@ blocks. Both return (source, destination) block pairs; the model runner copies t
 step's forward, swap-outs first (a block freed by a swap-out may be refilled in the same step).
 Host blocks read by a swap-in return to the pool only at the next `begin_step`, so that a swap-out
 later in the same step cannot overwrite them before they are read.
+
+Sliding windows (`sliding_window` > 0: every layer of the model slides): once a block's tokens all
+fall out of the window of the sequence's next token, `commit` releases it and its table entry
+becomes `OUT_OF_WINDOW` (the attention never reads it; the model runner passes block 0 there). A
+sequence then holds at most ceil(window / block_size) + 1 blocks. A swapped-out sequence keeps
+its released entries released.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ class Block:
     token_ids: tuple[int, ...] = field(default=())
 
 
+OUT_OF_WINDOW = -1  # a block-table entry whose block was released (sliding window)
+
+
 def chain_hash(prev: int | None, token_ids: tuple[int, ...], extra: str | None) -> int:
     return hash((prev, token_ids, extra))
 
@@ -48,12 +57,14 @@ class BlockManager:
         *,
         enable_prefix_caching: bool = True,
         num_host_blocks: int = 0,
+        sliding_window: int = 0,
     ):
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
         if num_host_blocks < 0:
             raise ValueError("num_host_blocks must be non-negative")
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block: dict[int, int] = {}
@@ -83,6 +94,10 @@ class BlockManager:
     @property
     def num_free_host_blocks(self) -> int:
         return len(self.free_host_ids)
+
+    def num_held_blocks(self, seq: Sequence) -> int:
+        """Device blocks seq holds (blocks released out of its sliding window not counted)."""
+        return sum(1 for b in seq.block_table if b != OUT_OF_WINDOW)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -151,8 +166,11 @@ class BlockManager:
             seq.num_computed_tokens = len(hits) * self.block_size
             self.num_prefix_hit_tokens += seq.num_computed_tokens  # tokens not computed (again)
         else:  # computed tokens stay computed: hits where the prefix cache has them, else host copies
-            self._host_in_flight += host
+            self._host_in_flight += [h for h in host if h is not None]
             for host_id in host[len(hits) :]:
+                if host_id is None:  # released out of the window before the swap-out
+                    seq.block_table.append(OUT_OF_WINDOW)
+                    continue
                 block_id = self._take_free()
                 seq.block_table.append(block_id)
                 swap_in.append((host_id, block_id))
@@ -167,7 +185,30 @@ class BlockManager:
             seq.block_table.append(self._take_free())
 
     def commit(self, seq: Sequence) -> None:
-        """Register the blocks seq has just filled (its KV is now written) for prefix sharing."""
+        """Register the blocks seq has just filled (its KV is now written) for prefix sharing, and
+        release those out of its sliding window."""
+        self._commit(seq)
+        if self.sliding_window:
+            self._release_out_of_window(seq)
+
+    def _release_out_of_window(self, seq: Sequence) -> None:
+        # the next token, at position num_computed_tokens, sees keys from num_computed - window + 1
+        first_seen = seq.num_computed_tokens - self.sliding_window + 1
+        for i in range(max(0, first_seen) // self.block_size):
+            block_id = seq.block_table[i]
+            if block_id == OUT_OF_WINDOW:
+                continue
+            self._release(block_id)
+            seq.block_table[i] = OUT_OF_WINDOW
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} freed twice"
+        if block.ref_count == 0:
+            self.free_ids[block_id] = None
+
+    def _commit(self, seq: Sequence) -> None:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
@@ -175,8 +216,12 @@ class BlockManager:
         full = seq.num_computed_tokens // bs
         if full <= done:
             return
+        if done and seq.block_table[done - 1] == OUT_OF_WINDOW:  # the hash chain is gone
+            return
         prev = self.blocks[seq.block_table[done - 1]].hash if done else None
         for i in range(done, full):
+            if seq.block_table[i] == OUT_OF_WINDOW:  # released before it was registered: stop here
+                return
             block = self.blocks[seq.block_table[i]]
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             prev = chain_hash(prev, tokens, seq.lora)
@@ -192,8 +237,10 @@ class BlockManager:
         computed = seq.num_computed_tokens
         n = self.blocks_needed(computed)
         assert 0 < n <= len(self.free_host_ids), f"no host room to swap out {seq.request_id}"
-        host = [heapq.heappop(self.free_host_ids) for _ in range(n)]
-        pairs = list(zip(seq.block_table[:n], host))
+        host = [
+            None if b == OUT_OF_WINDOW else heapq.heappop(self.free_host_ids) for b in seq.block_table[:n]
+        ]
+        pairs = [(b, h) for b, h in zip(seq.block_table[:n], host) if h is not None]
         self.free(seq)
         seq.num_computed_tokens = computed
         self._swapped[seq.request_id] = host
@@ -209,13 +256,11 @@ class BlockManager:
         """Release every block of seq, device and host (finish, abort or preemption by recompute).
         Device blocks last freed are reused last."""
         for host_id in self._swapped.pop(seq.request_id, ()):
-            heapq.heappush(self.free_host_ids, host_id)
+            if host_id is not None:
+                heapq.heappush(self.free_host_ids, host_id)
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed twice"
-            if block.ref_count == 0:
-                self.free_ids[block_id] = None
+            if block_id != OUT_OF_WINDOW:
+                self._release(block_id)
         seq.block_table.clear()
         seq.num_computed_tokens = 0
         self._hashed.pop(seq.request_id, None)
@@ -234,6 +279,8 @@ class BlockManager:
         blocks: dict[int, int] = {}
         for seq in seqs:
             for i, block_id in enumerate(seq.block_table):
+                if block_id == OUT_OF_WINDOW:
+                    continue
                 filled = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
                 blocks[block_id] = max(blocks.get(block_id, 0), filled)
         slots = len(blocks) * self.block_size

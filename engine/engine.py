@@ -22,6 +22,7 @@ from engine.loader import load_model
 from engine.lora.errors import LoRADisabledError
 from engine.lora.request import LoRARequest
 from engine.model_runner import ModelRunner
+from engine.models.spec import SLIDING
 from engine.prompt_checks import check_context, check_prompt
 from engine.request import FinishReason, RequestOutput, SamplingParams, Sequence, SequenceStatus
 from engine.scheduler import Scheduler
@@ -55,14 +56,18 @@ class Engine:
         max_len = min(config.max_model_len or max_pos, max_pos)
         self.runner = ModelRunner(loaded, replace(config, max_model_len=max_len), max_len)
         # A sequence must fit the whole cache on its own, or it could never finish.
-        self.max_model_len = min(max_len, self.runner.num_blocks * config.block_size)
+        # (with a sliding window every layer only needs its window's blocks: then the context alone caps it)
+        window = _releasable_window(self.runner.model.spec)
+        self.max_model_len = max_len if window else min(max_len, self.runner.num_blocks * config.block_size)
         self.config = replace(config, max_model_len=self.max_model_len)
         swap = self.runner.swap_space
         self.block_manager = BlockManager(
             self.runner.num_blocks,
             config.block_size,
-            enable_prefix_caching=config.enable_prefix_caching,
+            # longrope: a cached token's rotation depends on its sequence's length, not on its prefix
+            enable_prefix_caching=config.enable_prefix_caching and not self.runner.model.spec.long_rope_after,
             num_host_blocks=swap.num_blocks,
+            sliding_window=_releasable_window(self.runner.model.spec),
         )
         # Measured once here: what preemption_mode "auto" weighs against recomputation.
         self.swap_cost = swap.measure() if swap.num_blocks else None
@@ -526,3 +531,10 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return self.scheduler.num_waiting
+
+
+def _releasable_window(spec) -> int:
+    """The window out of which a sequence's KV blocks may be released: only where every layer slides
+    (a block holds every layer's K/V) and no step recomputes a whole sequence (Phi-3's longrope)."""
+    every_layer = all(t == SLIDING for t in spec.layer_types)
+    return spec.window if every_layer and spec.window and not spec.long_rope_recompute else 0

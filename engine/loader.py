@@ -17,6 +17,9 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, LlamaConfig
 
 from engine import assets
+from engine.models import fp8
+from engine.models.check import check_folder
+from engine.models.registry import quantization
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +54,17 @@ def load_model(
 
 
 def load_folder(path: Path, name: str | None = None) -> LoadedModel:
-    """A Hugging Face folder: config.json, *.safetensors and (optionally) a tokenizer."""
+    """A Hugging Face folder: config.json, *.safetensors (sharded or not) and (optionally) a
+    tokenizer. The checkpoint is checked first (engine/models/check.py): one we cannot serve exactly
+    raises UnsupportedModelError before any weight is read."""
+    check_folder(path)
     config = AutoConfig.from_pretrained(path)
     files = sorted(glob.glob(str(path / "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors weights in {path}")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
         sd.update(load_file(f))
+    if quantization(config) is not None:
+        sd = fp8.dequantize(sd)
     tokenizer = assets.load_tokenizer(str(path))
     return LoadedModel(config, sd, tokenizer, _eos_ids(path, config), name or path.name, path)
 

@@ -14,7 +14,8 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.device import host_to_device, resolve_device, resolve_dtype, select_device
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
-from engine.models import SUPPORTED_ARCHITECTURES
+from engine.models import LlamaModel, resolve
+from engine.models.rope import rope_rows
 from engine.request import TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
@@ -24,27 +25,22 @@ from engine.swap_space import SwapSpace
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
         cfg = loaded.config
+        spec = resolve(cfg)  # UnsupportedModelError for a family the registry does not serve
         self.device = resolve_device(config.device)
         select_device(self.device)  # cuda:N, N != 0: Triton launches on the current device
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
-        num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+        num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
         backend = make_backend(
             config.attention_backend, num_heads, self.num_kv_heads, self.head_dim, self.device
         )
-        model_cls = SUPPORTED_ARCHITECTURES.get(cfg.model_type)
-        if model_cls is None:
-            raise ValueError(
-                f"model type {cfg.model_type!r} is not supported; supported: "
-                f"{sorted(SUPPORTED_ARCHITECTURES)}"
-            )
         weights = {
             k: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
             for k, t in loaded.state_dict.items()
         }  # no copy where the loader drew them there
-        self.model = model_cls.from_state_dict(
+        self.model = LlamaModel.from_state_dict(
             cfg,
             weights,
             self.dtype,
@@ -150,12 +146,12 @@ class ModelRunner:
                 collect_prompt_logprobs(
                     self.model, hidden, it.seq, row, it.seq.num_computed_tokens, it.num_tokens
                 )
-            row += 1 if it.is_decode else it.num_tokens
+            row += self._span(it)[1]
 
     def forward(self, plan: StepPlan) -> tuple[list[ScheduledSeq], torch.Tensor, torch.Tensor]:
         """The model over the plan's tokens: (items in packed order, hidden [T, hidden], the rows
         that sample, in the order of the sampling items, on the host)."""
-        items = sorted(plan.scheduled, key=lambda it: not it.is_decode)  # decodes first (stable)
+        items = sorted(plan.scheduled, key=lambda it: not self._is_decode(it))  # decodes first (stable)
         lora = None
         if self.lora is not None:  # rows regrouped so that each adapter's rows are contiguous
             items, lora = self.lora.batch(items)
@@ -170,21 +166,43 @@ class ModelRunner:
         input_ids, positions, meta = self._to_device(input_ids, positions, meta)
         return items, self.model.forward(input_ids, positions, meta, self.kv_caches, lora=lora), sample_rows
 
+    def _is_decode(self, it: ScheduledSeq) -> bool:
+        """A decode row, unless it is Phi-3's longrope crossing: the token that takes the sequence past
+        the original context recomputes all of it with the long factors (a prefill from position 0)."""
+        spec = self.model.spec
+        crossing = spec.long_rope_recompute and it.seq.num_computed_tokens == spec.long_rope_after
+        return it.is_decode and not crossing
+
+    def _span(self, it: ScheduledSeq) -> tuple[int, int]:
+        """(first position, tokens) the item feeds this step."""
+        if it.is_decode and not self._is_decode(it):
+            return 0, it.seq.num_computed_tokens + 1
+        return it.seq.num_computed_tokens, 1 if it.is_decode else it.num_tokens
+
     def _prepare(self, items: list[ScheduledSeq]):
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         sample_rows: list[int] = []
-        decodes = [it for it in items if it.is_decode]
+        decodes = [it for it in items if self._is_decode(it)]
         for it in decodes:
             p = it.seq.num_computed_tokens
             ids.append(it.seq.token_ids[p])
             pos.append(p)
         for it in items[len(decodes) :]:
-            start = it.seq.num_computed_tokens
-            ids += it.seq.token_ids[start : start + it.num_tokens]
-            pos += range(start, start + it.num_tokens)
+            start, n = self._span(it)
+            ids += it.seq.token_ids[start : start + n]
+            pos += range(start, start + n)
         sample_rows += range(len(decodes))  # every decode samples
+        spec = self.model.spec
+        if spec.long_rope_after:  # longrope: each token's row of the short or long table
+
+            def length(seq):
+                return len(seq.token_ids) if spec.long_rope_recompute else seq.num_prompt_tokens
+
+            lens = [length(it.seq) for it in decodes]
+            lens += [length(it.seq) for it in items[len(decodes) :] for _ in range(self._span(it)[1])]
+            pos = rope_rows(pos, lens, spec.long_rope_after, self.model.max_positions)
         arange_bs = torch.arange(bs)
         slot_parts: list[torch.Tensor] = []
         tables = ctx = None
@@ -197,8 +215,8 @@ class ModelRunner:
         prefills: list[PrefillChunk] = []
         row = len(decodes)
         for it in items[len(decodes) :]:
-            start, n = it.seq.num_computed_tokens, it.num_tokens
-            table = torch.tensor(it.seq.block_table[: -(-(start + n) // bs)])
+            start, n = self._span(it)
+            table = torch.tensor(_pad(it.seq.block_table, -(-(start + n) // bs)))
             slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
             prefills.append(PrefillChunk(row, n, start + n, table))
             row += n
@@ -251,5 +269,7 @@ def _lora_manager(config: EngineConfig, model_config, dtype: torch.dtype, device
 
 
 def _pad(table: list[int], n: int) -> list[int]:
-    """The first n entries of a block table, padded with block 0 (masked out by the caller)."""
-    return table[:n] + [0] * (n - len(table)) if len(table) < n else table[:n]
+    """The first n entries of a block table, padded with block 0 (masked out by the caller); blocks
+    released out of a sliding window (OUT_OF_WINDOW) read as block 0 too (the attention skips them)."""
+    table = [max(b, 0) for b in table[:n]]
+    return table + [0] * (n - len(table))

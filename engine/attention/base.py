@@ -75,6 +75,8 @@ class AttentionBackend(ABC):
         v: torch.Tensor,  # [T, KVH, D]
         kv_cache: torch.Tensor,  # from allocate_cache
         meta: AttentionMetadata,
+        window: int = 0,  # a sliding layer: each query sees its last `window` keys, itself included
+        softcap: float = 0.0,  # scores -> softcap * tanh(scores / softcap) before the softmax (0: none)
     ) -> torch.Tensor:  # [T, H, D]
         ...
 

@@ -27,7 +27,7 @@ def load_library() -> ctypes.CDLL:
     global _LIB
     if _LIB is None:
         lib = native.load(SOURCE)
-        for name in ("paged_decode_f32", "paged_decode_bf16"):
+        for name in ("paged_decode_window_f32", "paged_decode_window_bf16"):
             fn = getattr(lib, name)
             fn.restype = None
             fn.argtypes = (
@@ -35,7 +35,7 @@ def load_library() -> ctypes.CDLL:
                 + [ctypes.c_int] * 4
                 + [ctypes.c_long]
                 + [ctypes.c_int] * 2
-                + [ctypes.c_float, ctypes.c_int]
+                + [ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_int]
             )
         _LIB = lib
     return _LIB
@@ -43,7 +43,7 @@ def load_library() -> ctypes.CDLL:
 
 @register_backend("cpu")
 class CPUPagedAttention(TorchAttention):
-    KERNELS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+    KERNELS = {torch.float32: "paged_decode_window_f32", torch.bfloat16: "paged_decode_window_bf16"}
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         super().__init__(num_heads, num_kv_heads, head_dim)
@@ -51,18 +51,18 @@ class CPUPagedAttention(TorchAttention):
             raise ValueError("the cpu kernel supports head_dim <= 256 and <= 16 query heads per KV head")
         self.lib = load_library()
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
         if meta.prefills or self.KERNELS.get(q.dtype) is None or q.device.type != "cpu":
-            return super().forward(q, k, v, kv_cache, meta)
+            return super().forward(q, k, v, kv_cache, meta, window, softcap)
         # A decode-only step: the K/V writes and the kernel, its output written in place.
         kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-        return self._decode(q, kv_cache, meta)
+        return self._decode(q, kv_cache, meta, window, softcap)
 
-    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _decode(self, q, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
         kernel = self.KERNELS.get(q.dtype)
         if kernel is None or q.device.type != "cpu":
-            return super()._decode(q, kv_cache, meta)
+            return super()._decode(q, kv_cache, meta, window, softcap)
         B, H, D = q.shape
         q = q.contiguous()
         out = torch.empty_like(q)
@@ -81,6 +81,8 @@ class CPUPagedAttention(TorchAttention):
             meta.block_size,
             tables.shape[1],
             self.scale,
+            window,
+            softcap,
             torch.get_num_threads(),
         )
         return out

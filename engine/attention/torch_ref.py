@@ -22,47 +22,65 @@ class TorchAttention(AttentionBackend):
     def block_view(self, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
         return kv_cache.view(2 * self.num_kv_heads, -1, block_size * self.head_dim)  # [2*KVH, blocks, bs*D]
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
         kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], kv_cache, meta)
+            out[:nd] = self._decode(q[:nd], kv_cache, meta, window, softcap)
         for chunk in meta.prefills:
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
-            if chunk.context_len == chunk.num_tokens:  # no cached prefix: attend within the chunk, causally
-                kc, vc, mask = k[rows].transpose(0, 1), v[rows].transpose(0, 1), None
+            if chunk.context_len == chunk.num_tokens:  # no cached prefix: attend within the chunk
+                kc, vc = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
             else:
                 kv = _gather(kv_cache, chunk.block_ids, meta.block_size)[:, :, 0, : chunk.context_len]
                 kc, vc = kv[0], kv[1]  # [KVH, L, D]
-                mask = _causal_mask(chunk.num_tokens, chunk.context_len, q.device)
-            o = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1)[None],
-                kc[None],
-                vc[None],
-                attn_mask=mask,
-                is_causal=mask is None,
-                scale=self.scale,
-                enable_gqa=True,
-            )  # [1, H, n, D]
+            mask = None
+            if window or softcap or chunk.context_len != chunk.num_tokens:
+                mask = _causal_mask(chunk.num_tokens, chunk.context_len, q.device, window)
+            o = self._attend(q[rows].transpose(0, 1)[None], kc[None], vc[None], mask, softcap)  # [1, H, n, D]
             out[rows] = o[0].transpose(0, 1)
         return out
 
-    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _attend(self, q, k, v, mask, softcap: float) -> torch.Tensor:
+        """q: [..., H, n, D], k and v: [..., KVH, L, D], mask [n, L] or broadcastable (None: causal)."""
+        if not softcap:
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
+            )
+        # tanh soft-capping of the scores (Gemma 2), which SDPA cannot apply: the eager product
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+        scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        return torch.matmul(probs, v)
+
+    def _decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, window: int = 0, softcap=0.0
+    ) -> torch.Tensor:
         B, H, D = q.shape
         KVH = self.num_kv_heads
         tables = meta.decode_block_tables
         kv = _gather(kv_cache, tables.view(-1), meta.block_size, batch=B)  # [2, KVH, B, L, D]
         qg = q.view(B, KVH, H // KVH, D).transpose(0, 1)  # [KVH, B, G, D]
         L = tables.shape[1] * meta.block_size
-        mask = (torch.arange(L, device=q.device)[None, :] < meta.decode_context_lens[:, None])[
-            None, :, None, :
-        ]
-        o = F.scaled_dot_product_attention(
-            qg, kv[0], kv[1], attn_mask=mask, scale=self.scale
-        )  # [KVH, B, G, D]
-        return o.transpose(0, 1).reshape(B, H, D)
+        ctx = meta.decode_context_lens[:, None]
+        keys = torch.arange(L, device=q.device)[None, :]
+        visible = keys < ctx
+        if window:  # a sliding layer: the last `window` keys, the query's own included
+            visible &= keys >= ctx - window
+        mask = visible[None, :, None, :]
+        if softcap:  # [KVH, B, G, D] as B*KVH single-KV-head attentions
+            o = self._attend(
+                qg[:, :, None], kv[0][:, :, None], kv[1][:, :, None], mask[..., None, :], softcap
+            )
+            o = o[:, :, 0]
+        else:
+            o = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=mask, scale=self.scale)
+        return o.transpose(0, 1).reshape(B, H, D)  # o: [KVH, B, G, D]
 
 
 def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, block_size: int, batch: int = 1) -> torch.Tensor:
@@ -72,7 +90,9 @@ def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, block_size: int, ba
     return blocks.view(two, kvh, batch, -1, d)
 
 
-def _causal_mask(num_queries: int, context_len: int, device) -> torch.Tensor:
-    """[n, L] True where query i (at position L - n + i) may see key j."""
-    q_pos = torch.arange(context_len - num_queries, context_len, device=device)
-    return torch.arange(context_len, device=device)[None, :] <= q_pos[:, None]
+def _causal_mask(num_queries: int, context_len: int, device, window: int = 0) -> torch.Tensor:
+    """[n, L] True where query i (at position L - n + i) may see key j (within `window`, if set)."""
+    q_pos = torch.arange(context_len - num_queries, context_len, device=device)[:, None]
+    keys = torch.arange(context_len, device=device)[None, :]
+    visible = keys <= q_pos
+    return visible & (keys > q_pos - window) if window else visible

@@ -46,7 +46,7 @@ class TritonAttention(TorchAttention):
         self._decode_kernel = paged_decode.paged_decode
         self._prefill_kernel = paged_prefill.paged_prefill
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
         self._write(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes
@@ -59,6 +59,8 @@ class TritonAttention(TorchAttention):
                 meta.block_size,
                 self.scale,
                 out=out[:nd],
+                window=window,
+                softcap=softcap,
             )
         if meta.prefills:
             packed = meta.packed_prefills
@@ -74,6 +76,8 @@ class TritonAttention(TorchAttention):
                 meta.block_size,
                 self.scale,
                 out=out,
+                window=window,
+                softcap=softcap,
             )
         return out
 

@@ -43,3 +43,11 @@ def programs_wanted(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
     return 2 * num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@triton.jit
+def soft_cap(s, cap):
+    """cap * tanh(s / cap) (Gemma 2's attention soft-capping), tanh as 1 - 2 / (exp(2x) + 1): exact
+    at both ends (exp overflowing to inf gives 1), within 1e-7 of tanh elsewhere."""
+    x = s / cap
+    return cap * (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0))

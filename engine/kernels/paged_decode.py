@@ -19,14 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2, programs_wanted
+from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2, programs_wanted, soft_cap
 
 BLOCK_N = 64  # K/V tokens per inner iteration (several cache blocks)
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in the reduce than it gains
 MAX_SPLITS = 64  # more programs than this per (sequence, KV head) never pays on an H100
 REDUCE_CHUNK = 16  # splits the reduce kernel combines per iteration
 # ints that change from step to step: never specialised (Triton specialises 1 and multiples of 16)
-DECODE_VARYING = ["num_splits", "stride_tb", "stride_pb", "stride_ph", "stride_ps"]
+DECODE_VARYING = ["num_splits", "window", "stride_tb", "stride_pb", "stride_ph", "stride_ps"]
 
 
 def num_warps(head_dim: int, dtype: torch.dtype) -> int:
@@ -46,6 +46,8 @@ def _decode_kernel(
     part_lse_ptr,
     scale,
     num_splits,
+    window,
+    softcap,
     stride_qb,
     stride_qh,  # q: [B, H, D]
     stride_cv,
@@ -64,13 +66,15 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b).to(tl.int32)
-    tiles_per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), num_splits)  # this sequence's own context
-    lo = split * tiles_per_split * BLOCK_N
+    first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)  # a sliding layer: its last `window`
+    tiles_per_split = tl.cdiv(tl.cdiv(ctx - first, BLOCK_N), num_splits)  # this sequence's own context
+    lo = first + split * tiles_per_split * BLOCK_N
     hi = tl.minimum(ctx, lo + tiles_per_split * BLOCK_N)
 
     g = tl.arange(0, G_PAD)
@@ -99,6 +103,8 @@ def _decode_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G_PAD, BLOCK_N]
+        if SOFTCAP:
+            s = soft_cap(s, softcap)
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -184,11 +190,14 @@ def paged_decode(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [B, H, D]; kv_cache: [2, KVH, slots, D]; block_tables: [B, max_blocks] int; context_lens:
     [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype.
     `partials`: the split outputs and log-sum-exps ([B, H, S, D], [B, H, S] fp32) to use, with
-    S >= the split count (default: allocated here)."""
+    S >= the split count (default: allocated here). window > 0: each query sees its last `window`
+    tokens; softcap > 0: scores soft-capped by tanh."""
     B, H, D = q.shape
     KVH = kv_cache.shape[1]
     G = H // KVH
@@ -219,6 +228,8 @@ def paged_decode(
         part_lse,
         scale,
         splits,
+        window,
+        softcap,
         q.stride(0),
         q.stride(1),
         kv_cache.stride(0),
@@ -238,6 +249,7 @@ def paged_decode(
         FP32=compute_in_fp32(q.dtype),
         PRECISION=dot_precision(q.dtype),
         num_warps=warps,
+        SOFTCAP=softcap > 0,
     )
     if splits > 1:
         _reduce_kernel[(B, H)](

@@ -17,13 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2
+from engine.kernels.common import compute_in_fp32, dot_precision, next_pow2, soft_cap
 
 BLOCK_R = 64  # query rows (tokens x heads of a group) per program
 BLOCK_N = 64  # keys per inner iteration
 
 
-@triton.jit(do_not_specialize=["stride_tc"])  # the block-table width changes every step
+@triton.jit(do_not_specialize=["stride_tc", "window"])  # per step (table width) or per layer
 def _prefill_kernel(
     q_ptr,
     cache_ptr,
@@ -32,6 +32,8 @@ def _prefill_kernel(
     ctx_ptr,
     out_ptr,
     scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,  # q: [T, H, D]
     stride_cv,
@@ -48,6 +50,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     t0 = tl.program_id(0) * TOKENS
     c = tl.program_id(1)
@@ -74,7 +77,9 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_R], tl.float32)
         acc = tl.zeros([BLOCK_R, D], tl.float32)
         hi = tl.minimum(ctx, prefix + t0 + TOKENS)  # one past the last key any row of the tile sees
-        for start in range(0, hi, BLOCK_N):
+        # a sliding layer: from the first key the tile's first row sees
+        lo = tl.where(window > 0, tl.maximum(prefix + t0 - window + 1, 0), 0)
+        for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             nmask = n < hi
             page = tl.load(tables_ptr + c * stride_tc + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
@@ -85,10 +90,16 @@ def _prefill_kernel(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_R, BLOCK_N]
-            s = tl.where(nmask[None, :] & (n[None, :] <= qpos[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 <= every position is in tile 0
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
+            if SOFTCAP:
+                s = soft_cap(s, softcap)
+            visible = nmask[None, :] & (n[None, :] <= qpos[:, None])
+            visible = visible & ((window <= 0) | (n[None, :] > qpos[:, None] - window))
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row may see no key of a tile yet (a window starts past it): keep its exps 0, not NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_use)
+            p = tl.exp(s - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
@@ -118,11 +129,14 @@ def paged_prefill(
     block_size: int,
     scale: float,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [T, H, D] packed query rows; kv_cache: [2, KVH, slots, D] already holding this step's K/V;
     block_tables: [C, max_blocks]; query_starts: [C + 1] rows of q (chunk c is rows
     query_starts[c] .. query_starts[c+1]); context_lens: [C] cached prefix + new tokens.
-    Writes the chunks' rows of `out` ([T, H, D], q's dtype) and returns it."""
+    Writes the chunks' rows of `out` ([T, H, D], q's dtype) and returns it. window > 0: each query
+    sees its last `window` keys, itself included; softcap > 0: scores soft-capped by tanh."""
     _, H, D = q.shape
     KVH = kv_cache.shape[1]
     G = H // KVH
@@ -140,6 +154,8 @@ def paged_prefill(
         context_lens,
         out,
         scale,
+        window,
+        softcap,
         q.stride(0),
         q.stride(1),
         kv_cache.stride(0),
@@ -157,5 +173,6 @@ def paged_prefill(
         FP32=compute_in_fp32(q.dtype),
         PRECISION=dot_precision(q.dtype),
         num_warps=num_warps(D),
+        SOFTCAP=softcap > 0,
     )
     return out

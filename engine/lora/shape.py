@@ -33,7 +33,18 @@ MODULE_PARENT = {
     "up_proj": "mlp",
     "down_proj": "mlp",
 }
-ARCHITECTURES = ("llama",)  # model_type values whose module names and shapes these are
+# model_type values whose checkpoints name q/k/v/o and gate/up/down projections apart, as these do
+ARCHITECTURES = (
+    "llama",
+    "mistral",
+    "ministral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3_text",
+    "olmo2",
+    "granite",
+)
 
 
 @dataclass(frozen=True)

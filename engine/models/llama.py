@@ -1,9 +1,13 @@
-"""Our own Llama-family forward over a packed batch of variable-length sequences.
+"""Our own decoder forward over a packed batch of variable-length sequences, for every family in
+the registry (engine/models/registry.py): one loop whose switches come from the checkpoint's
+ModelSpec (engine/models/spec.py), never from the family's name.
 
-RMSNorm, RoPE (with the config's scaling, via transformers' rope init), grouped-query attention
-through a pluggable backend over the paged KV cache, SwiGLU, tied embeddings, and per-row LoRA
-deltas on every projection (engine/lora). No padding: the
-step's tokens are one [T, hidden] matrix; only rows that sample go through the LM head.
+RMSNorm (pre and/or post, `(1 + w)` folded into the weight on load), RoPE per layer type (full or
+partial, longrope's two tables), grouped-query attention through a pluggable backend over the paged
+KV cache (sliding windows and soft-capping per layer), a gated MLP with the family's activation,
+q/k norms, embedding / residual / logit multipliers and logit soft-capping, tied embeddings, and
+per-row LoRA deltas on every projection (engine/lora). No padding: the step's tokens are one
+[T, hidden] matrix; only rows that sample go through the LM head.
 """
 
 from __future__ import annotations
@@ -13,33 +17,39 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers import PretrainedConfig
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.lora.batch import LoRABatch
 from engine.models.decode import DecodeForward
-from engine.models.fused import TorchOps, make_ops
+from engine.models.fused import TorchOps, make_ops, rms_norm
 from engine.models.linear import Linear
 from engine.models.quant import Int8Linear
+from engine.models.registry import resolve
+from engine.models.rope import rope_tables
+from engine.models.spec import FULL, ModelSpec
 
 
 @dataclass
 class LayerWeights:
-    input_norm: torch.Tensor  # [hidden]
+    input_norm: torch.Tensor | None  # [hidden] the norm before attention (None: OLMo 2)
     qkv: Linear  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
     o: Linear  # [hidden, H * D]
-    post_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor | None  # [hidden] the norm before the MLP (None: OLMo 2)
     gate_up: Linear  # [2 * intermediate, hidden]  gate and up fused
     down: Linear  # [hidden, intermediate]
+    attn_out_norm: torch.Tensor | None = None  # [hidden] on the attention output (Gemma, OLMo 2)
+    mlp_out_norm: torch.Tensor | None = None  # [hidden] on the MLP output (Gemma, OLMo 2)
+    q_norm: torch.Tensor | None = None  # [D] per head, or [H * D] over all heads (OLMo 2)
+    k_norm: torch.Tensor | None = None  # [D] or [KVH * D]
 
 
 class LlamaModel:
-    """Weights plus the forward. Build with `from_state_dict`."""
+    """Weights plus the forward of any registered family. Build with `from_state_dict`."""
 
     def __init__(
         self,
-        config: LlamaConfig,
+        config: PretrainedConfig,
         layers: list[LayerWeights],
         embed: torch.Tensor,
         norm: torch.Tensor,
@@ -47,32 +57,38 @@ class LlamaModel:
         attention: AttentionBackend,
         max_positions: int,
         ops: TorchOps | None = None,
+        spec: ModelSpec | None = None,
     ):
         self.config = config
+        self.spec = spec = spec or resolve(config)
         self.layers = layers
         self.embed = embed  # [vocab, hidden]
         self.norm = norm
         self.lm_head = lm_head  # [vocab, hidden]; the embedding's weight when tied
         self.attention = attention
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.eps = config.rms_norm_eps
+        attention.scale = spec.attn_scale
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        self.eps = spec.eps
         self.dtype = embed.dtype
         self.ops = ops or TorchOps()  # RMSNorm (+ residual add), RoPE, SiLU·mul: engine/models/fused.py
         self.decode: DecodeForward | None = None  # decode-only steps in one C call (engine/models/decode.py)
-        rotary = LlamaRotaryEmbedding(config).to(embed.device)
-        positions = torch.arange(max_positions, device=embed.device)[None]
-        cos, sin = rotary(embed[:1], positions)  # [1, P, D] each, model dtype, on the weights' device
-        half = self.head_dim // 2
+        # Gemma rounds its embedding scale to the model dtype before multiplying
+        scale = spec.embed_scale
+        self.embed_scale = (
+            float(torch.tensor(scale, dtype=self.dtype)) if spec.embed_scale_in_dtype else scale
+        )
         # RoPE as x * cos + swap_halves(x) * sin_signed, with sin_signed = [-sin_a, sin_b]: the same
-        # products as transformers' x * cos + rotate_half(x) * sin, one op fewer.
-        self.cos, self.sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        # products as transformers' x * cos + rotate_half(x) * sin, one op fewer. Longrope: [2P, R].
+        self.max_positions = max_positions
+        self.rope = rope_tables(config, spec, max_positions, self.dtype, embed.device)
+        self.cos, self.sin = self.rope[FULL]
 
     @classmethod
     def from_state_dict(
         cls,
-        config: LlamaConfig,
+        config: PretrainedConfig,
         sd: dict[str, torch.Tensor],
         dtype: torch.dtype,
         attention: AttentionBackend,
@@ -83,48 +99,64 @@ class LlamaModel:
         """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
         int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
         `cpu_kernels`: the own C kernels on CPU (fp32 linears, fused elementwise ops, decode-only steps
-        in one C call)."""
+        in one C call where the family's spec allows it)."""
+        spec = resolve(config)
         linear = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=cpu_kernels)
 
         def w(name: str) -> torch.Tensor:
             return sd[name].to(dtype).contiguous()
 
-        def maybe(name: str) -> torch.Tensor | None:
-            return sd[name].to(dtype) if name in sd else None
+        def norm(name: str | None) -> torch.Tensor | None:
+            if name is None:
+                return None
+            return (sd[name].float() + spec.norm_offset).to(dtype).contiguous()  # Gemma's (1 + w)
+
+        def cat(names: list[str]) -> torch.Tensor:
+            return torch.cat([w(n) for n in names]).contiguous()
 
         layers = []
-        for i in range(config.num_hidden_layers):
+        for i in range(spec.num_layers):
             p = f"model.layers.{i}."
-            a = p + "self_attn."
-            qkv_bias = None
-            if a + "q_proj.bias" in sd:
-                qkv_bias = torch.cat([w(a + f"{x}_proj.bias") for x in "qkv"])
+            a, m = p + "self_attn.", p + "mlp."
+            qkv = [a + "qkv_proj"] if spec.fused_qkv else [a + f"{x}_proj" for x in "qkv"]
+            gate_up = [m + "gate_up_proj"] if spec.fused_gate_up else [m + "gate_proj", m + "up_proj"]
+            bias = spec.mlp_bias
+            n = spec.norms
             layers.append(
                 LayerWeights(
-                    input_norm=w(p + "input_layernorm.weight"),
-                    qkv=linear(torch.cat([w(a + f"{x}_proj.weight") for x in "qkv"]).contiguous(), qkv_bias),
-                    o=linear(w(a + "o_proj.weight"), maybe(a + "o_proj.bias")),
-                    post_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=linear(
-                        torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
+                    input_norm=norm(n.pre_attn and p + n.pre_attn + ".weight"),
+                    qkv=linear(
+                        cat([x + ".weight" for x in qkv]),
+                        cat([x + ".bias" for x in qkv]) if spec.attention_bias else None,
                     ),
-                    down=linear(w(p + "mlp.down_proj.weight")),
+                    o=linear(w(a + "o_proj.weight"), w(a + "o_proj.bias") if spec.o_bias else None),
+                    post_norm=norm(n.pre_mlp and p + n.pre_mlp + ".weight"),
+                    gate_up=linear(
+                        cat([x + ".weight" for x in gate_up]),
+                        cat([x + ".bias" for x in gate_up]) if bias else None,
+                    ),
+                    down=linear(w(m + "down_proj.weight"), w(m + "down_proj.bias") if bias else None),
+                    attn_out_norm=norm(n.attn_out and p + n.attn_out + ".weight"),
+                    mlp_out_norm=norm(n.mlp_out and p + n.mlp_out + ".weight"),
+                    q_norm=norm(a + "q_norm.weight" if spec.qk_norm else None),
+                    k_norm=norm(a + "k_norm.weight" if spec.qk_norm else None),
                 )
             )
         embed = w("model.embed_tokens.weight")
-        tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in sd
+        tied = spec.tied or "lm_head.weight" not in sd
         lm_head = linear(embed if tied else w("lm_head.weight"))
         model = cls(
             config,
             layers,
             embed,
-            w("model.norm.weight"),
+            norm("model.norm.weight"),
             lm_head,
             attention,
             max_positions,
             make_ops(embed.device, dtype, cpu_kernels),
+            spec,
         )
-        if cpu_kernels:
+        if cpu_kernels and spec.supports_one_call_decode:
             model.decode = DecodeForward.make(model)
         return model
 
@@ -137,40 +169,101 @@ class LlamaModel:
         kv_caches: list[torch.Tensor],
         lora: LoRABatch | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T]. Returns the final normed hidden states [T, hidden].
+        """input_ids, positions: [T] (positions: rows of the rope tables, engine/models/rope.py).
+        Returns the final normed hidden states [T, hidden].
         `lora`: the step's adapters per row (engine/lora); each projection's LoRA delta is added
         in place to its base output, for the rows that have an adapter. None: the base model."""
         if lora is None and self.decode is not None and self.decode.applies(meta, kv_caches):
             return self.decode(input_ids, positions, meta, kv_caches)
-        T = input_ids.shape[0]
-        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
-        ops = self.ops
+        ops, eps = self.ops, self.eps
         x = F.embedding(input_ids, self.embed)  # [T, hidden] the residual stream
-        delta = None  # the last layer's MLP output, added to x by the next norm
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        delta = None  # the last block's output, added to x by the next norm
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            x, h = ops.add_rms_norm(x, delta, layer.input_norm, self.eps)
-            qkv = layer.qkv(h)  # [T, (H + 2*KVH) * D]
-            if lora is not None:
-                lora.apply(i, "qkv", h, qkv)
-            qk = ops.rope(
-                qkv[:, : (H + KVH) * D].view(T, H + KVH, D), self.cos, self.sin, positions
-            )  # q and k at once
-            v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
-            attn = self.attention.forward(qk[:, :H], qk[:, H:], v, kv_cache, meta).reshape(T, H * D)
-            o = layer.o(attn)
-            if lora is not None:
-                lora.apply(i, "o", attn, o)
-            x, h = ops.add_rms_norm(x, o, layer.post_norm, self.eps)
+            x, h = self._pre_norm(x, delta, layer.input_norm)
+            delta = self._out(
+                self._attention(i, layer, h, positions, meta, kv_cache, lora), layer.attn_out_norm
+            )
+            x, h = self._pre_norm(x, delta, layer.post_norm)
             gate_up = layer.gate_up(h)  # [T, 2 * intermediate]
             if lora is not None:
                 lora.apply(i, "gate_up", h, gate_up)
-            act = ops.silu_mul(gate_up)
+            act = self._act_mul(gate_up)
             delta = layer.down(act)
             if lora is not None:
                 lora.apply(i, "down", act, delta)
-        return ops.add_rms_norm(x, delta, self.norm, self.eps)[1]
+            delta = self._out(delta, layer.mlp_out_norm)
+        return ops.add_rms_norm(x, delta, self.norm, eps)[1]
+
+    def _pre_norm(self, x, delta, weight):
+        """(x + delta, the block's input): its normed residual, or the residual itself (no pre-norm)."""
+        if weight is not None:
+            return self.ops.add_rms_norm(x, delta, weight, self.eps)
+        x = x + delta if delta is not None else x
+        return x, x
+
+    def _out(self, out: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
+        """A block's output as added to the residual: post-normed and scaled where the family says."""
+        if norm is not None:
+            out = rms_norm(out, norm, self.eps)
+        return out * self.spec.residual_scale if self.spec.residual_scale != 1.0 else out
+
+    def _attention(self, i, layer, h, positions, meta, kv_cache, lora) -> torch.Tensor:
+        spec = self.spec
+        T = h.shape[0]
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = layer.qkv(h)  # [T, (H + 2*KVH) * D]
+        if lora is not None:
+            lora.apply(i, "qkv", h, qkv)
+        cos, sin = self.rope[spec.layer_types[i]]
+        v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
+        if spec.qk_norm is None:  # q and k rotated at once
+            qk = self._rope(qkv[:, : (H + KVH) * D].view(T, H + KVH, D), cos, sin, positions)
+            q, k = qk[:, :H], qk[:, H:]
+        else:
+            q, k = qkv[:, : H * D], qkv[:, H * D : (H + KVH) * D]
+            if spec.qk_norm == "all":  # OLMo 2: over every head at once
+                q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
+            q, k = q.reshape(T, H, D), k.reshape(T, KVH, D)
+            if spec.qk_norm == "head":
+                q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
+            q, k = (
+                self._rope(q.contiguous(), cos, sin, positions),
+                self._rope(k.contiguous(), cos, sin, positions),
+            )
+        attn = self.attention.forward(
+            q, k, v, kv_cache, meta, window=spec.layer_window(i), softcap=spec.attn_softcap
+        ).reshape(T, H * D)
+        o = layer.o(attn)
+        if lora is not None:
+            lora.apply(i, "o", attn, o)
+        return o
+
+    def _rope(self, x: torch.Tensor, cos, sin, positions) -> torch.Tensor:
+        """x: [T, heads, D] rotated in its first rotary_dim dims (all of them but for partial rotary)."""
+        R = self.spec.rotary_dim
+        if R == x.shape[-1]:
+            return self.ops.rope(x, cos, sin, positions)
+        x[..., :R] = self.ops.rope(x[..., :R], cos, sin, positions)
+        return x
+
+    def _act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] -> [T, I] act(gate) * up."""
+        if self.spec.activation in ("silu", "swish"):
+            return self.ops.silu_mul(gate_up)
+        from transformers.activations import ACT2FN
+
+        gate, up = gate_up.chunk(2, dim=-1)
+        return ACT2FN[self.spec.activation](gate) * up
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] rows that sample -> fp32 logits [S, vocab]."""
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
+        spec = self.spec
+        if spec.logits_divisor != 1.0:
+            logits = logits / spec.logits_divisor
+        if spec.final_softcap:
+            logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
+        return logits.float()

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine import check_model
 from gateway.api.auth import KeyCache
 from gateway.api.quota_service import QuotaService
 from gateway.api.slo_gate import SLOGate
@@ -40,9 +41,12 @@ class GatewayState:
 
     @classmethod
     def open(cls, settings: ApiSettings) -> GatewayState:
-        """Connect to Redis and the database and load the tokenizer (blocking: run at startup)."""
+        """Check the model, connect to Redis and the database and load the tokenizer (blocking: run
+        at startup). A checkpoint the engine cannot serve exactly stops the gateway here
+        (UnsupportedModelError), before it answers anything."""
         if not settings.redis_url:
             raise RuntimeError("the gateway needs FAIRLANE_REDIS_URL (fairlane serve sets it)")
+        check_model(settings.engine.model)
         redis = async_client(settings.redis_url, max_connections=settings.redis_max_connections)
         db_engine = make_engine(settings.database_url)
         session_factory = make_session_factory(db_engine)

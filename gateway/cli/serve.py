@@ -2,14 +2,16 @@
 database (SQLite unless FAIRLANE_DATABASE_URL, migrated at start), engine worker processes and the
 gateway. ``--dev`` generates an admin token and a demo tenant key and prints both.
 
-Order of a start: settings, then the port (bound before anything else: a taken port stops serve
-at once, naming it, with nothing started or printed), then Redis, the database, the workers and
-the gateway. The workers and the embedded Redis run under a supervisor that restarts them when
-they die (gateway/cli/supervisor.py). On SIGTERM or SIGINT the gateway stops accepting and lets
-in-flight requests finish for up to ``drain_timeout_s``, then the workers stop, then Redis, its
-temporary folder is removed and serve exits 0. The workers read the same environment and YAML
-file; what the command line overrides and the Redis it started reach them as FAIRLANE_* variables,
-with the thread policy of a shared host (gateway/cli/threads.py) where the operator set none.
+Order of a start: settings, then the port (bound before anything else: a taken port stops serve at
+once, naming it, with nothing started or printed), the model check (a checkpoint the engine cannot
+serve exactly stops serve there, naming what is unsupported, with nothing started), then Redis, the
+database, the workers and the gateway. The workers and the embedded Redis run under a supervisor
+that restarts them when they die (gateway/cli/supervisor.py). On SIGTERM or SIGINT the gateway stops
+accepting and lets in-flight requests finish for up to ``drain_timeout_s``, then the workers stop,
+then Redis, its temporary folder is removed and serve exits 0. The workers read the same environment
+and YAML file; what the command line overrides and the Redis it started reach them as FAIRLANE_*
+variables, with the thread policy of a shared host (gateway/cli/threads.py) where the operator set
+none.
 """
 
 from __future__ import annotations
@@ -152,6 +154,18 @@ def _serve(app, sock: socket.socket, settings: ServeSettings) -> None:
     Server(config).run(sockets=[sock])
 
 
+def _refuse_model(model: str) -> str | None:
+    """Why `model` cannot be served (the engine's checkpoint check: config and tensor names, no
+    weights read), or None."""
+    from engine import UnsupportedModelError, check_model
+
+    try:
+        check_model(model)
+    except (UnsupportedModelError, FileNotFoundError) as exc:
+        return str(exc)
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     settings = _settings(args)
     setup_logging(settings, "gateway")
@@ -164,6 +178,15 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        return 1
+    refused = _refuse_model(settings.engine.model)
+    if refused:
+        print(
+            f"fairlane serve: cannot serve model {settings.engine.model!r}: {refused}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sock.close()
         return 1
     for sig in STOP_SIGNALS:
         signal.signal(sig, _raise_stopping)

@@ -6,6 +6,8 @@
  *   tables   [B, max_blocks]      int32 block ids
  *   ctx_lens [B]                  int32 tokens in the cache, the query's own included
  *   out      [B, H, D]
+ * window > 0: a sliding layer, each query sees its last `window` tokens (itself included);
+ * softcap > 0: scores -> softcap * tanh(scores / softcap) before the softmax (Gemma 2).
  * Work item = (sequence, kv head): its G = H / KVH query heads read each K and V row once.
  * Two passes: scores for every token (fp32), softmax, then the weighted sum of V (fp32).
  * Built with -ffast-math (vectorised expf and reductions): every value here is finite. */
@@ -35,13 +37,15 @@ static inline uint16_t f32_to_bf16(float f) {
 #define DEFINE_KERNEL(NAME, T, LOAD, STORE)                                                          \
     void NAME(const T *restrict q, const T *restrict kv, const int32_t *restrict tables,             \
               const int32_t *restrict ctx_lens, T *restrict out, int B, int H, int KVH, int D,        \
-              long S, int block_size, int max_blocks, float scale, int num_threads) {                 \
+              long S, int block_size, int max_blocks, float scale, int window, float softcap,         \
+              int num_threads) {                                                                      \
         const int G = H / KVH;                                                                       \
         const T *K = kv;                                                                             \
         const T *V = kv + (long)KVH * S * D;                                                         \
         _Pragma("omp parallel for schedule(dynamic, 1) num_threads(num_threads)")                   \
         for (long item = 0; item < (long)B * KVH; item++) {                                          \
             const int b = item / KVH, h = item % KVH, L = ctx_lens[b];                               \
+            const int t0 = window > 0 && L > window ? L - window : 0; /* first visible token */      \
             float qf[MAX_G][MAX_D], acc[MAX_G][MAX_D];                                               \
             float *scores = malloc(sizeof(float) * (size_t)G * L);                                   \
             for (int g = 0; g < G; g++)                                                              \
@@ -50,23 +54,24 @@ static inline uint16_t f32_to_bf16(float f) {
                     acc[g][d] = 0.f;                                                                 \
                 }                                                                                    \
             const int32_t *table = tables + (long)b * max_blocks;                                    \
-            for (int t = 0; t < L; t++) {                                                            \
+            for (int t = t0; t < L; t++) {                                                           \
                 long slot = (long)table[t / block_size] * block_size + t % block_size;               \
                 const T *k = K + ((long)h * S + slot) * D;                                           \
                 for (int g = 0; g < G; g++) {                                                        \
                     float s = 0.f;                                                                   \
                     _Pragma("omp simd reduction(+ : s)")                                             \
                     for (int d = 0; d < D; d++) s += qf[g][d] * LOAD(k[d]);                          \
+                    if (softcap > 0.f) s = softcap * tanhf(s / softcap);                             \
                     scores[(long)g * L + t] = s;                                                     \
                 }                                                                                    \
             }                                                                                        \
             for (int g = 0; g < G; g++) {                                                            \
                 float *sg = scores + (long)g * L, m = -FLT_MAX, sum = 0.f;                            \
-                for (int t = 0; t < L; t++) m = sg[t] > m ? sg[t] : m;                               \
-                for (int t = 0; t < L; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }               \
-                for (int t = 0; t < L; t++) sg[t] /= sum;                                            \
+                for (int t = t0; t < L; t++) m = sg[t] > m ? sg[t] : m;                              \
+                for (int t = t0; t < L; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }              \
+                for (int t = t0; t < L; t++) sg[t] /= sum;                                           \
             }                                                                                        \
-            for (int t = 0; t < L; t++) {                                                            \
+            for (int t = t0; t < L; t++) {                                                           \
                 long slot = (long)table[t / block_size] * block_size + t % block_size;               \
                 const T *v = V + ((long)h * S + slot) * D;                                           \
                 for (int g = 0; g < G; g++) {                                                        \
@@ -83,11 +88,26 @@ static inline uint16_t f32_to_bf16(float f) {
     }
 
 #define IDENT(x) (x)
-DEFINE_KERNEL(paged_decode_f32, float, IDENT, IDENT)
-DEFINE_KERNEL(paged_decode_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+DEFINE_KERNEL(paged_decode_window_f32, float, IDENT, IDENT)
+DEFINE_KERNEL(paged_decode_window_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+
+/* Full attention, no soft-capping (what the one-call decode forward calls). */
+void paged_decode_f32(const float *q, const float *kv, const int32_t *tables, const int32_t *ctx_lens,
+                      float *out, int B, int H, int KVH, int D, long S, int block_size, int max_blocks,
+                      float scale, int num_threads) {
+    paged_decode_window_f32(q, kv, tables, ctx_lens, out, B, H, KVH, D, S, block_size, max_blocks, scale,
+                            0, 0.f, num_threads);
+}
 
 int paged_decode_limits(int *max_d, int *max_g) {
     *max_d = MAX_D;
     *max_g = MAX_G;
     return 0;
+}
+
+void paged_decode_bf16(const uint16_t *q, const uint16_t *kv, const int32_t *tables, const int32_t *ctx_lens,
+                       uint16_t *out, int B, int H, int KVH, int D, long S, int block_size, int max_blocks,
+                       float scale, int num_threads) {
+    paged_decode_window_bf16(q, kv, tables, ctx_lens, out, B, H, KVH, D, S, block_size, max_blocks, scale,
+                             0, 0.f, num_threads);
 }
