@@ -6,6 +6,8 @@ waiting (docs/gpu.md); the only sync of a step is reading the sampled token ids 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk, make_backend
@@ -15,7 +17,7 @@ from engine.device import host_to_device, resolve_device, resolve_dtype
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
 from engine.models import SUPPORTED_ARCHITECTURES
-from engine.request import TokenLogprob
+from engine.request import Sequence, TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
 from engine.swap_space import SwapSpace
@@ -85,9 +87,20 @@ class ModelRunner:
         per_block = num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
         return max(at_least, int(gib * 2**30 // per_block))
 
+    def stage(self, plan: StepPlan, running: list[Sequence]) -> float:
+        """Before the plan's forward, even when it runs nothing: the adapters of every running
+        sequence into device slots, then the plan's block copies. Returns the seconds of the copies."""
+        if self.lora is not None:
+            self.lora.activate(running)
+        if not (plan.swap_out or plan.swap_in):
+            return 0.0
+        start = time.perf_counter()
+        self.swap(plan)
+        return time.perf_counter() - start
+
     def swap(self, plan: StepPlan) -> None:
-        """The plan's block copies, before its forward: swap-outs first (their device blocks may be
-        handed out again in the same step), then swap-ins."""
+        """The plan's block copies: swap-outs first (their device blocks may be handed out again in
+        the same step), then swap-ins."""
         if plan.swap_out:
             self.swap_space.swap_out(plan.swap_out)
         if plan.swap_in:

@@ -2,7 +2,8 @@
 token bitmask of every constrained row filled each step and applied to the logits before sampling.
 
 Lifecycle of a structured sequence: ``add`` at add_request (a cached grammar: its matcher at once;
-else held while a thread compiles it, and ``take_ready`` hands it to the scheduler at a later step);
+else it waits out of the scheduler while a thread compiles the grammar, and ``take_ready`` hands it
+to the scheduler at a later step);
 ``prepare`` at the step start fills the bitmask rows of the constrained sequences that sample, on a
 thread, while the forward runs; ``apply`` masks the logits [S, V] before the sampler; ``accept``
 advances the matcher with the sampled token; ``release`` at the end. The matcher is keyed by
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
@@ -52,7 +54,8 @@ class StructuredOutputs:
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=threads, cache_enabled=False)
         self.cache = GrammarCache(self._compile, capacity)
         self.matchers: dict[str, xgr.GrammarMatcher] = {}
-        self.held: dict[str, tuple[Sequence, Future]] = {}  # waiting for their grammar to compile
+        # request id -> its grammar's compilation, for sequences kept out of the scheduler until it ends
+        self.compiling: dict[str, Future] = {}
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
         self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._bitmask = xgr.allocate_token_bitmask(
@@ -66,22 +69,28 @@ class StructuredOutputs:
     # ---- admission ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> bool:
         """Start a structured sequence: True when its matcher is ready (the grammar was cached), False
-        when it is held until its grammar compiles (see take_ready). InvalidRequestError if its
+        when it waits for its grammar to compile (see take_ready). InvalidRequestError if its
         grammar cannot be used."""
         future = self.cache.get(seq.params.structured)
         if future.done():
             self._start(seq, future)
             return True
-        self.held[seq.request_id] = (seq, future)
+        self.compiling[seq.request_id] = future
         return False
 
-    def take_ready(self) -> list[tuple[Sequence, Exception | None]]:
-        """Held sequences whose grammar finished compiling, with their matchers made; the error
-        instead for one whose grammar failed."""
+    @property
+    def held(self) -> dict[str, Future]:
+        """The requests kept out of the scheduler while their grammar compiles (`compiling`)."""
+        return self.compiling
+
+    def take_ready(self, seqs: Mapping[str, Sequence]) -> list[tuple[Sequence, Exception | None]]:
+        """Waiting sequences (looked up in `seqs`, by request id) whose grammar finished compiling,
+        with their matchers made; the error instead for one whose grammar failed."""
         ready = []
-        for rid, (seq, future) in list(self.held.items()):
+        for request_id, future in list(self.compiling.items()):
             if future.done():
-                del self.held[rid]
+                del self.compiling[request_id]
+                seq = seqs[request_id]
                 try:
                     self._start(seq, future)
                     ready.append((seq, None))
@@ -90,9 +99,9 @@ class StructuredOutputs:
         return ready
 
     def wait(self, timeout: float) -> None:
-        """Wait up to `timeout` seconds for one held sequence's grammar (when nothing else can run)."""
-        if self.held:
-            wait([f for _, f in self.held.values()], timeout=timeout, return_when=FIRST_COMPLETED)
+        """Wait up to `timeout` seconds for one waiting sequence's grammar (when nothing else can run)."""
+        if self.compiling:
+            wait(list(self.compiling.values()), timeout=timeout, return_when=FIRST_COMPLETED)
 
     def _start(self, seq: Sequence, future: Future) -> None:
         try:
@@ -113,9 +122,10 @@ class StructuredOutputs:
         self.matchers[seq.request_id] = matcher
 
     def release(self, seq: Sequence) -> bool:
-        """Forget a finished or aborted sequence; True if it was still held (never scheduled)."""
+        """Forget a finished or aborted sequence; True if it still waited for its grammar (never
+        scheduled)."""
         self.matchers.pop(seq.request_id, None)
-        return self.held.pop(seq.request_id, None) is not None
+        return self.compiling.pop(seq.request_id, None) is not None
 
     # ---- every step ------------------------------------------------------------------------
     def prepare(self, plan: StepPlan) -> None:
