@@ -17,6 +17,7 @@ from engine.device import host_to_device, resolve_device, resolve_dtype
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
 from engine.models import SUPPORTED_ARCHITECTURES
+from engine.models.decode import DecodeForward
 from engine.request import Sequence, TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
@@ -55,6 +56,8 @@ class ModelRunner:
             cpu_kernels=config.cpu_kernels,
         )
         del weights
+        # Fast paths, chosen here: the CPU one-call decode (below) and CUDA graphs (further down).
+        self.model.decode = DecodeForward.make(self.model) if config.cpu_kernels else None
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = frozenset(loaded.eos_token_ids)  # masked for rows below their min_tokens
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
@@ -176,6 +179,9 @@ class ModelRunner:
         ):
             return items, self.graphs.replay(input_ids, positions, meta), sample_rows
         input_ids, positions, meta = self._to_device(input_ids, positions, meta)
+        decode = self.model.decode
+        if lora is None and decode is not None and decode.applies(meta, self.kv_caches):
+            return items, decode(input_ids, positions, meta, self.kv_caches), sample_rows
         return items, self.model.forward(input_ids, positions, meta, self.kv_caches, lora=lora), sample_rows
 
     def _prepare(self, items: list[ScheduledSeq]):

@@ -70,7 +70,8 @@ class Linear:
         self.bias = bias
         self.packed = None
         self.lib = None
-        self.panels = None
+        self.panels: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
         self.out_features = weight.shape[0]
         if cpu_kernel and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2:
             self.lib = f32_library()
@@ -86,6 +87,23 @@ class Linear:
                 self.packed = packed
             except RuntimeError:
                 self.packed = None
+
+    @property
+    def has_cpu_kernel(self) -> bool:
+        """Do calls run the fp32 C kernel (`kernel_weight` and `kernel_bias` are what it reads)?"""
+        return self.lib is not None
+
+    @property
+    def kernel_weight(self) -> torch.Tensor:
+        """The C kernel's weight: fp32 panels [ceil(out / NR), in, NR] (see `pack`)."""
+        if self.panels is None:
+            raise ValueError("this layer does not run the fp32 C kernel")
+        return self.panels
+
+    @property
+    def kernel_bias(self) -> torch.Tensor | None:
+        """The C kernel's bias: fp32 [out], contiguous, or None."""
+        return self._bias
 
     @property
     def weight(self) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,10 +19,23 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.lora.batch import LoRABatch
-from engine.models.decode import DecodeForward
 from engine.models.fused import TorchOps, make_ops
 from engine.models.linear import Linear
 from engine.models.quant import Int8Linear
+
+
+class DecodeFastPath(Protocol):
+    """A decode-only step's whole forward in one call (engine/models/decode.py's DecodeForward)."""
+
+    def applies(self, meta: AttentionMetadata, kv_caches: list[torch.Tensor]) -> bool: ...
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -60,7 +74,9 @@ class LlamaModel:
         self.eps = config.rms_norm_eps
         self.dtype = embed.dtype
         self.ops = ops or TorchOps()  # RMSNorm (+ residual add), RoPE, SiLU·mul: engine/models/fused.py
-        self.decode: DecodeForward | None = None  # decode-only steps in one C call (engine/models/decode.py)
+        # The decode-only fast path the ModelRunner chose for this model (engine/models/decode.py), or
+        # None; the runner takes it for the steps it applies to, `forward` is always per operator.
+        self.decode: DecodeFastPath | None = None
         rotary = LlamaRotaryEmbedding(config).to(embed.device)
         positions = torch.arange(max_positions, device=embed.device)[None]
         cos, sin = rotary(embed[:1], positions)  # [1, P, D] each, model dtype, on the weights' device
@@ -82,8 +98,7 @@ class LlamaModel:
     ) -> LlamaModel:
         """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
         int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
-        `cpu_kernels`: the own C kernels on CPU (fp32 linears, fused elementwise ops, decode-only steps
-        in one C call)."""
+        `cpu_kernels`: the own C kernels on CPU (fp32 linears, fused elementwise ops)."""
         linear = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=cpu_kernels)
 
         def w(name: str) -> torch.Tensor:
@@ -124,8 +139,6 @@ class LlamaModel:
             max_positions,
             make_ops(embed.device, dtype, cpu_kernels),
         )
-        if cpu_kernels:
-            model.decode = DecodeForward.make(model)
         return model
 
     @torch.inference_mode()
@@ -140,8 +153,6 @@ class LlamaModel:
         """input_ids, positions: [T]. Returns the final normed hidden states [T, hidden].
         `lora`: the step's adapters per row (engine/lora); each projection's LoRA delta is added
         in place to its base output, for the rows that have an adapter. None: the base model."""
-        if lora is None and self.decode is not None and self.decode.applies(meta, kv_caches):
-            return self.decode(input_ids, positions, meta, kv_caches)
         T = input_ids.shape[0]
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         ops = self.ops
@@ -169,6 +180,11 @@ class LlamaModel:
             if lora is not None:
                 lora.apply(i, "down", act, delta)
         return ops.add_rms_norm(x, delta, self.norm, self.eps)[1]
+
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and signed sin, [max_positions, head_dim] each, model dtype: a row at position
+        p is rotated as x * cos[p] + swap_halves(x) * sin[p]."""
+        return self.cos, self.sin
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
