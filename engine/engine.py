@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,11 +23,10 @@ from engine.errors import (
     SLOUnattainableError,
 )
 from engine.loader import load_model
-from engine.lora.errors import LoRADisabledError
-from engine.lora.request import LoRARequest
+from engine.lora.request import LoRARequest, acquire_adapter
 from engine.model_runner import ModelRunner
 from engine.output import OutputProcessor
-from engine.request import FinishReason, RequestOutput, SamplingParams, Sequence
+from engine.request import FinishReason, RequestOutput, SamplingParams, SeqEvent, Sequence
 from engine.request_table import RequestTable
 from engine.scheduler import Scheduler, StepPlan
 from engine.stats import EngineStats, StepRun
@@ -36,12 +35,14 @@ if TYPE_CHECKING:
     from engine.scheduler.load import SLOLoad
     from engine.structured.manager import StructuredOutputs
 
+TokenIds = list[int] | tuple[int, ...]
+
 
 class Engine:
     """A preemptive continuous-batching engine over a paged KV cache. Single-threaded: call
     add_request/abort between steps."""
 
-    def __init__(self, config: EngineConfig | None = None, **overrides):
+    def __init__(self, config: EngineConfig | None = None, **overrides: Any):
         config = replace(config, **overrides) if config else EngineConfig(**overrides)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -99,7 +100,7 @@ class Engine:
         self.stats = EngineStats()
 
     @property
-    def structured(self):
+    def structured(self) -> StructuredOutputs:
         """Grammar-constrained decoding (engine/structured): made on first use (it loads xgrammar)."""
         if self._structured is None:
             from engine.structured.manager import for_engine
@@ -108,7 +109,12 @@ class Engine:
         return self._structured
 
     # ---- requests --------------------------------------------------------------------------
-    def validate(self, prompt_token_ids, params: SamplingParams, resume_token_ids=()) -> None:
+    def validate(
+        self,
+        prompt_token_ids: TokenIds,
+        params: SamplingParams,
+        resume_token_ids: TokenIds = (),
+    ) -> None:
         """Raise InvalidRequestError (with a clear message and the offending param) for bad input."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", param="params")
@@ -157,7 +163,7 @@ class Engine:
 
                 check(params.structured)  # what xgrammar refuses, refused here (a few ms, no compile)
 
-    def _check_ids(self, ids, name: str) -> None:
+    def _check_ids(self, ids: object, name: str) -> None:
         if not isinstance(ids, (list, tuple)) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in ids
         ):
@@ -180,7 +186,7 @@ class Engine:
         ttft_target_s: float | None = None,
         tpot_target_s: float | None = None,
         lora: str | LoRARequest | None = None,
-        resume_token_ids=(),
+        resume_token_ids: TokenIds = (),
     ) -> None:
         """Queue a request. `resume_token_ids` are output tokens already produced elsewhere (a dead
         worker's): generation continues after them and they count toward max_tokens. `lora`: a
@@ -192,7 +198,7 @@ class Engine:
         self.validate(prompt_token_ids, params, resume_token_ids)
         if weight <= 0:
             raise InvalidRequestError("weight must be positive", param="weight")
-        lora = self._acquire_lora(lora)
+        lora = acquire_adapter(self.lora, lora)
         seq = Sequence(
             request_id=request_id,
             token_ids=list(prompt_token_ids) + list(resume_token_ids),
@@ -209,15 +215,14 @@ class Engine:
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         try:
-            # A structured request whose grammar is compiling is held out of the scheduler until it is ready.
+            # A structured request whose grammar is compiling waits out of the scheduler until it is
+            # ready. An SLO policy may refuse it here (SLOUnattainableError): nothing is kept.
             if params.structured is None or self.structured.add(seq):
-                self.scheduler.add(
-                    seq
-                )  # an SLO policy may refuse here (SLOUnattainableError): nothing is kept
+                self.scheduler.add(seq)
         except Exception as exc:
             if params.structured is not None:
                 self.structured.release(seq)
-            if lora is not None:
+            if lora is not None and self.lora is not None:
                 self.lora.release(lora)
             if isinstance(exc, SLOUnattainableError):
                 self.stats.slo_refusals += 1
@@ -225,7 +230,7 @@ class Engine:
         self._track(seq, len(resume_token_ids))
         self.requests.add(seq)
         if params.n > 1:
-            later = later_choices(seq, lambda: self._acquire_lora(lora))
+            later = later_choices(seq, lambda: acquire_adapter(self.lora, lora))
             for choice in later:
                 self._track(choice)
             self.choices.add(seq, later)
@@ -239,22 +244,10 @@ class Engine:
             text_state = self.detokenizer.start(num_resumed)
         self.requests.track(seq.request_id, text_state, generator)
 
-    def _acquire_lora(self, lora) -> str | None:
-        """The adapter's uid (validated, cached in host memory, pinned until the request ends)."""
-        if lora is None:
-            return None
-        if self.lora is None:
-            raise LoRADisabledError("this engine serves no LoRA adapters (max_loras=0)", param="lora")
-        if isinstance(lora, os.PathLike):
-            lora = os.fspath(lora)
-        if not isinstance(lora, (str, LoRARequest)):
-            raise InvalidRequestError("lora must be an adapter folder path or a LoRARequest", param="lora")
-        return self.lora.acquire(lora)
-
-    def check_lora(self, lora) -> None:
+    def check_lora(self, lora: str | os.PathLike | LoRARequest) -> None:
         """Validate an adapter (and keep it in the host cache) without queueing anything."""
-        uid = self._acquire_lora(lora)
-        if uid is not None:
+        uid = acquire_adapter(self.lora, lora)
+        if uid is not None and self.lora is not None:
             self.lora.release(uid)
 
     def abort(self, request_id: str) -> bool:
@@ -271,7 +264,7 @@ class Engine:
                 found = True
         return found
 
-    def take_events(self, request_id: str) -> list:
+    def take_events(self, request_id: str) -> list[SeqEvent]:
         """The request's events (SeqEvent) not yet handed out in a RequestOutput: call before
         abort() to keep what happened to an aborted request. Empty if it is unknown."""
         seq = self.requests.get(request_id)

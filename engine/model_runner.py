@@ -7,6 +7,7 @@ waiting (docs/gpu.md); the only sync of a step is reading the sampled token ids 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,10 +24,14 @@ from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
 from engine.swap_space import SwapSpace
 
+if TYPE_CHECKING:
+    from engine.lora.manager import LoRAManager
+    from engine.structured.manager import StructuredOutputs
+
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
-        cfg = loaded.config
+        cfg: Any = loaded.config  # transformers types its fields as optional
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
@@ -111,7 +116,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, plan: StepPlan, generators: dict[str, torch.Generator], structured=None
+        self,
+        plan: StepPlan,
+        generators: dict[str, torch.Generator],
+        structured: StructuredOutputs | None = None,
     ) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
         """Run one step; returns (item, sampled token, its logprob if asked) for every item that
         reached its sequence's end. Prefill chunks of sequences that asked for prompt logprobs
@@ -145,11 +153,10 @@ class ModelRunner:
         gens = [generators.get(s.request_id) for s in seqs]
         tokens = sample_ids(logits, params, gens)  # [S] on the device
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
-        if want:
+        if raw is not None:
             rows = host_to_device(torch.tensor(want), self.device)
-            for i, lp in zip(
-                want, token_logprobs(raw, tokens[rows], [seqs[i].params.logprobs for i in want])
-            ):
+            ks = [seqs[i].params.logprobs or 0 for i in want]  # set on every row of `want`
+            for i, lp in zip(want, token_logprobs(raw, tokens[rows], ks)):
                 logprobs[i] = lp
         return list(zip(samplers, tokens.tolist(), logprobs))
 
@@ -184,7 +191,9 @@ class ModelRunner:
             return items, decode(input_ids, positions, meta, self.kv_caches), sample_rows
         return items, self.model.forward(input_ids, positions, meta, self.kv_caches, lora=lora), sample_rows
 
-    def _prepare(self, items: list[ScheduledSeq]):
+    def _prepare(
+        self, items: list[ScheduledSeq]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -229,24 +238,30 @@ class ModelRunner:
         # sample_rows follow `items` order restricted to samplers: decodes first, then prefills.
         return torch.tensor(ids), torch.tensor(pos), meta, torch.tensor(sample_rows, dtype=torch.long)
 
-    def _to_device(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata):
+    def _to_device(
+        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The step's host tensors on the runner's device (asynchronous copies on CUDA)."""
         if self.device.type == "cpu":
             return ids, pos, meta
         dev = self.device
 
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else host_to_device(t, dev)
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return host_to_device(t, dev)
 
         meta.slot_mapping = move(meta.slot_mapping)
-        meta.decode_block_tables = move(meta.decode_block_tables)
-        meta.decode_context_lens = move(meta.decode_context_lens)
+        if meta.decode_block_tables is not None:
+            meta.decode_block_tables = move(meta.decode_block_tables)
+        if meta.decode_context_lens is not None:
+            meta.decode_context_lens = move(meta.decode_context_lens)
         for chunk in meta.prefills:
             chunk.block_ids = move(chunk.block_ids)
         return move(ids), move(pos), meta
 
 
-def _lora_manager(config: EngineConfig, model_config, dtype: torch.dtype, device: torch.device):
+def _lora_manager(
+    config: EngineConfig, model_config: Any, dtype: torch.dtype, device: torch.device
+) -> LoRAManager | None:
     """The LoRA slots and host cache (engine/lora), or None when max_loras is 0."""
     if not config.max_loras:
         return None

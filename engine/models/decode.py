@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,38 +34,41 @@ SOURCE = Path(__file__).parent / "csrc" / "decode_forward.c"
 _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 
 
+_FIELDS: list[tuple[str, Any]] = (  # the C struct Model, in order
+    [(n, _I) for n in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate")]
+    + [
+        ("eps", _F),
+        ("attn_scale", _F),
+        ("int8", _I),
+        ("cache_slots", _L),
+        ("block_size", _I),
+        ("cos", _P),
+        ("sin", _P),
+        ("final_norm", _P),
+    ]
+    + [
+        (n, ctypes.POINTER(_P))
+        for n in (
+            "input_norm",
+            "post_norm",
+            "qkv",
+            "o",
+            "gate_up",
+            "down",
+            "qkv_scale",
+            "o_scale",
+            "gate_up_scale",
+            "down_scale",
+            "qkv_bias",
+            "o_bias",
+            "kv",
+        )
+    ]
+)
+
+
 class _Model(ctypes.Structure):
-    _fields_ = (
-        [(n, _I) for n in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate")]
-        + [
-            ("eps", _F),
-            ("attn_scale", _F),
-            ("int8", _I),
-            ("cache_slots", _L),
-            ("block_size", _I),
-            ("cos", _P),
-            ("sin", _P),
-            ("final_norm", _P),
-        ]
-        + [
-            (n, ctypes.POINTER(_P))
-            for n in (
-                "input_norm",
-                "post_norm",
-                "qkv",
-                "o",
-                "gate_up",
-                "down",
-                "qkv_scale",
-                "o_scale",
-                "gate_up_scale",
-                "down_scale",
-                "qkv_bias",
-                "o_bias",
-                "kv",
-            )
-        ]
-    )
+    _fields_ = _FIELDS
 
 
 def _library() -> ctypes.CDLL | None:
@@ -74,7 +77,7 @@ def _library() -> ctypes.CDLL | None:
     )
 
 
-def _ptrs(tensors) -> ctypes.Array:
+def _ptrs(tensors: list[torch.Tensor | None]) -> ctypes.Array:
     return (_P * len(tensors))(*[t.data_ptr() if t is not None else None for t in tensors])
 
 
@@ -170,8 +173,9 @@ class DecodeForward:
         model = self.model
         key = tuple(c.data_ptr() for c in kv_caches)
         if key != self._caches:  # the cache tensors (allocated once per runner)
-            self._keep["kv"] = (_P * len(key))(*key)
-            self.struct.kv = ctypes.cast(self._keep["kv"], ctypes.POINTER(_P))
+            caches = (_P * len(key))(*key)
+            self._keep["kv"] = caches
+            self.struct.kv = ctypes.cast(caches, ctypes.POINTER(_P))
             self.struct.cache_slots = kv_caches[0].shape[2]
             self._caches = key
         self.struct.block_size = meta.block_size

@@ -66,7 +66,7 @@ class Linear:
     keeps the weight only in its panels (`weight` then unpacks a copy)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, cpu_kernel: bool = True):
-        self._weight = weight
+        self._weight: torch.Tensor | None = weight
         self.bias = bias
         self.packed = None
         self.lib = None
@@ -108,7 +108,7 @@ class Linear:
     @property
     def weight(self) -> torch.Tensor:
         """[out, in]; with the C kernel, a copy unpacked from its panels."""
-        return self._weight if self._weight is not None else unpack(self.panels, self.out_features)
+        return self._weight if self._weight is not None else unpack(self.kernel_weight, self.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.lib is not None and x.dim() == 2 and x.shape[0] > 0 and x.dtype == torch.float32:
@@ -117,7 +117,7 @@ class Linear:
             y = torch.empty(M, self.out_features)
             self.lib.f32_linear(
                 x.data_ptr(),
-                self.panels.data_ptr(),
+                self.kernel_weight.data_ptr(),
                 self._bias.data_ptr() if self._bias is not None else None,
                 y.data_ptr(),
                 M,

@@ -41,11 +41,11 @@ class DecodeFastPath(Protocol):
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: Linear  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
-    o: Linear  # [hidden, H * D]
+    qkv: Linear | Int8Linear  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
+    o: Linear | Int8Linear  # [hidden, H * D]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: Linear  # [2 * intermediate, hidden]  gate and up fused
-    down: Linear  # [hidden, intermediate]
+    gate_up: Linear | Int8Linear  # [2 * intermediate, hidden]  gate and up fused
+    down: Linear | Int8Linear  # [hidden, intermediate]
 
 
 class LlamaModel:
@@ -57,7 +57,7 @@ class LlamaModel:
         layers: list[LayerWeights],
         embed: torch.Tensor,
         norm: torch.Tensor,
-        lm_head: Linear,
+        lm_head: Linear | Int8Linear,
         attention: AttentionBackend,
         max_positions: int,
         ops: TorchOps | None = None,
@@ -68,8 +68,8 @@ class LlamaModel:
         self.norm = norm
         self.lm_head = lm_head  # [vocab, hidden]; the embedding's weight when tied
         self.attention = attention
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads: int = config.num_attention_heads
+        self.num_kv_heads: int = config.num_key_value_heads  # type: ignore[assignment]  # set in every config
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
         self.dtype = embed.dtype

@@ -10,12 +10,17 @@ Plain Python: three unknowns, solved by Gaussian elimination.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.scheduler.plan import StepPlan
+
 DECAY = 0.99  # per observation: the model remembers the last ~100 steps
 PRIOR_WEIGHT = 0.02  # weight of each prior pseudo-observation
 PRIOR_PREFILL, PRIOR_DECODES = 256, 8  # where the prior pseudo-observations sit
 
 
-def split(plan) -> tuple[int, int]:
+def split(plan: StepPlan) -> tuple[int, int]:
     """(prefill tokens, decoding sequences) of a StepPlan (ScheduledSeq.is_decode).
 
     Call before finish_step.

@@ -16,11 +16,15 @@ Either way a victim that does not fit the free host blocks is recomputed. Plain 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import Sequence
 from engine.scheduler.cost_model import StepCostModel, split
+
+if TYPE_CHECKING:
+    from engine.scheduler.plan import StepPlan
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,6 @@ class PreemptionChooser:
         recompute, swap = self.estimate(seq, bm)
         return swap < recompute
 
-    def observe(self, plan, seconds: float) -> None:
+    def observe(self, plan: StepPlan, seconds: float) -> None:
         if self.cost is not None:
             self.cost.observe(*split(plan), seconds)

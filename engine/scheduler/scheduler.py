@@ -31,7 +31,7 @@ class Scheduler:
         config: SchedulerConfig,
         block_manager: BlockManager,
         policy: SchedulingPolicy | None = None,
-        clock=None,
+        clock: Callable[[], float] | None = None,
         swap_cost: SwapCost | None = None,
         admit_check: Callable[[Sequence, list[Sequence]], bool] | None = None,
     ):

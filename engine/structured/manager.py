@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,9 +38,9 @@ log = logging.getLogger(__name__)
 class StructuredOutputs:
     def __init__(
         self,
-        tokenizer,
+        tokenizer: Any,
         vocab_size: int,
-        stop_token_ids,
+        stop_token_ids: Iterable[int],
         *,
         capacity: int = DEFAULT_CAPACITY,
         max_threads: int | None = None,
@@ -71,7 +72,9 @@ class StructuredOutputs:
         """Start a structured sequence: True when its matcher is ready (the grammar was cached), False
         when it waits for its grammar to compile (see take_ready). InvalidRequestError if its
         grammar cannot be used."""
-        future = self.cache.get(seq.params.structured)
+        spec = seq.params.structured
+        assert spec is not None, "a sequence without a structured spec"
+        future = self.cache.get(spec)
         if future.done():
             self._start(seq, future)
             return True
@@ -86,7 +89,7 @@ class StructuredOutputs:
     def take_ready(self, seqs: Mapping[str, Sequence]) -> list[tuple[Sequence, Exception | None]]:
         """Waiting sequences (looked up in `seqs`, by request id) whose grammar finished compiling,
         with their matchers made; the error instead for one whose grammar failed."""
-        ready = []
+        ready: list[tuple[Sequence, Exception | None]] = []
         for request_id, future in list(self.compiling.items()):
             if future.done():
                 del self.compiling[request_id]
@@ -110,8 +113,9 @@ class StructuredOutputs:
             raise
         except Exception as exc:
             spec = seq.params.structured
+            kind, param = (spec.kind, spec.param) if spec is not None else ("structured", PARAM)
             raise InvalidRequestError(
-                f"the {spec.kind} constraint cannot be compiled: {exc}", param=spec.param
+                f"the {kind} constraint cannot be compiled: {exc}", param=param
             ) from exc
         matcher = xgr.GrammarMatcher(compiled)
         for token in seq.output_token_ids:  # resumed: the tokens a dead worker already generated
@@ -208,7 +212,7 @@ def _mask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, dst: list[int], src: 
     logits.masked_fill_(torch.from_numpy(forbidden), float("-inf"))
 
 
-def for_engine(tokenizer, vocab_size: int, eos_token_ids) -> StructuredOutputs:
+def for_engine(tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> StructuredOutputs:
     """The engine's StructuredOutputs; InvalidRequestError for a model without a tokenizer."""
     if tokenizer is None:
         raise InvalidRequestError("structured outputs need a model with a tokenizer", param=PARAM)
