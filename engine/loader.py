@@ -58,8 +58,8 @@ def load_folder(path: Path, name: str | None = None) -> LoadedModel:
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {path}")
     sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        sd.update(load_file(f))
+    for file in files:
+        sd.update(load_file(file))
     tokenizer = assets.load_tokenizer(str(path))
     return LoadedModel(config, sd, tokenizer, _eos_ids(path, config), name or path.name, path)
 

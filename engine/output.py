@@ -132,7 +132,7 @@ class OutputProcessor:
         return self._ended(seq, error)
 
     def failed(self, seq: Sequence, error: Exception) -> RequestOutput:
-        """A request held for its grammar whose grammar failed: finished, never scheduled."""
+        """A request whose grammar failed to compile: finished, never scheduled."""
         seq.finish_reason = FinishReason.ABORT
         seq.status = SequenceStatus.FINISHED  # never in the scheduler
         self.release(seq)
@@ -155,7 +155,7 @@ class OutputProcessor:
         """`seq` is done: out of the scheduler (or the grammar queue), its adapter unpinned, forgotten."""
         structured = self.structured()
         if seq.params.structured is not None and structured is not None and structured.release(seq):
-            seq.status = SequenceStatus.FINISHED  # held while its grammar compiled: never in the scheduler
+            seq.status = SequenceStatus.FINISHED  # it waited for its grammar: never in the scheduler
         else:
             self.scheduler.finish(seq)
         if self.requests.forget(seq) and seq.lora is not None and self.lora is not None:

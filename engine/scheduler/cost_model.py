@@ -44,8 +44,8 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
             return [0.0] * n
         for r in range(n):
             if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+                factor = m[r][col] / m[col][col]
+                m[r] = [x - factor * y for x, y in zip(m[r], m[col])]
     return [m[i][n] / m[i][i] for i in range(n)]
 
 

@@ -46,7 +46,7 @@ class PreemptionChooser:
             else None
         )
 
-    def estimate(self, seq: Sequence, bm: BlockManager) -> tuple[float, float]:
+    def estimate(self, seq: Sequence, block_manager: BlockManager) -> tuple[float, float]:
         """(recompute seconds, swap seconds) for preempting seq now; swap is inf when unmeasured."""
         per_token = 0.0
         if self.cost is not None:  # a fit of noisy steps can flatten to 0: no prefill is free, keep the prior
@@ -54,17 +54,17 @@ class PreemptionChooser:
         recompute = seq.num_computed_tokens * per_token
         if self.swap_cost is None:
             return recompute, float("inf")
-        return recompute, self.swap_cost.fixed_s + bm.blocks_needed(
+        return recompute, self.swap_cost.fixed_s + block_manager.blocks_needed(
             seq.num_computed_tokens
         ) * self.swap_cost.block_s
 
-    def use_swap(self, seq: Sequence, bm: BlockManager) -> bool:
+    def use_swap(self, seq: Sequence, block_manager: BlockManager) -> bool:
         """Preempt seq by swap (else by recompute)?"""
-        if self.mode == "recompute" or not bm.can_swap_out(seq):
+        if self.mode == "recompute" or not block_manager.can_swap_out(seq):
             return False
         if self.mode == "swap":
             return True
-        recompute, swap = self.estimate(seq, bm)
+        recompute, swap = self.estimate(seq, block_manager)
         return swap < recompute
 
     def observe(self, plan: StepPlan, seconds: float) -> None:

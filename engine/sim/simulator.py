@@ -129,8 +129,8 @@ class Simulator:
         self.config = config
         self.cost = cost
         self.now = 0.0
-        self.bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
-        self.scheduler = Scheduler(config, self.bm, clock=lambda: self.now)
+        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.scheduler = Scheduler(config, self.block_manager, clock=lambda: self.now)
         self.w_in = config.vtc_input_weight if w_in is None else w_in
         self.w_out = config.vtc_output_weight if w_out is None else w_out
 
