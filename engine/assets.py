@@ -72,6 +72,13 @@ class ModelSource:
     path: Path | None
     name: str
 
+    @property
+    def files(self) -> Path:
+        """The GGUF file or the folder; ValueError for a dummy model, which has none."""
+        if self.path is None:
+            raise ValueError(f"model {self.name!r} has no files")
+        return self.path
+
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """The cache root: `override`, else $FAIRLANE_CACHE_DIR, else ~/.cache/fairlane."""
@@ -104,12 +111,12 @@ def resolve_model(model: str) -> ModelSource:
 
 def converted_dir(source: ModelSource, cache: str | os.PathLike | None = None) -> Path:
     """The folder a GGUF model's weights are converted into (keyed by file size: a new file, a new copy)."""
-    return cache_dir(cache) / "models" / f"{source.name}-{source.path.stat().st_size}"
+    return cache_dir(cache) / "models" / f"{source.name}-{source.files.stat().st_size}"
 
 
 def tokenizer_dir(source: ModelSource, cache: str | os.PathLike | None = None) -> Path:
     """The folder a GGUF model's tokenizer alone is converted into."""
-    return cache_dir(cache) / "tokenizers" / f"{source.name}-{source.path.stat().st_size}"
+    return cache_dir(cache) / "tokenizers" / f"{source.name}-{source.files.stat().st_size}"
 
 
 def save_atomically(target: Path, write: Callable[[Path], None]) -> None:
@@ -135,14 +142,14 @@ def model_config(
     source = resolve_model(model)
     if source.kind == DUMMY:
         return {**DUMMY_CONFIG, **(dummy_config or {})}
-    folder = source.path if source.kind == "folder" else converted_dir(source, cache)
+    folder = source.files if source.kind == "folder" else converted_dir(source, cache)
     if (folder / "config.json").is_file():
         return json.loads((folder / "config.json").read_text())
     if source.kind == "folder":
         raise FileNotFoundError(f"model folder {str(source.path)!r} has no config.json")
     from gguf import GGUFReader  # numpy only
 
-    fields = GGUFReader(source.path).fields
+    fields = GGUFReader(source.files).fields
     arch = fields["general.architecture"].contents()
     config = {"model_type": arch}
     for key, name in GGUF_CONFIG_KEYS.items():
@@ -167,13 +174,17 @@ def load_tokenizer(model: str, *, cache: str | os.PathLike | None = None) -> Any
     if source.kind == DUMMY:
         return None
     if source.kind == "folder":
-        return AutoTokenizer.from_pretrained(source.path) if has_tokenizer(source.path) else None
+        return AutoTokenizer.from_pretrained(source.files) if has_tokenizer(source.files) else None
     for folder in (converted_dir(source, cache), tokenizer_dir(source, cache)):
         if has_tokenizer(folder):
             return AutoTokenizer.from_pretrained(folder)
-    gguf = source.path
+    gguf = source.files
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    save_atomically(tokenizer_dir(source, cache), tokenizer.save_pretrained)
+
+    def write(folder: Path) -> None:
+        tokenizer.save_pretrained(folder)
+
+    save_atomically(tokenizer_dir(source, cache), write)
     return tokenizer
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.request import Sequence
@@ -274,7 +275,7 @@ class BlockManager:
         return block_id
 
     # ---- accounting ----------------------------------------------------------------------
-    def utilization(self, seqs) -> float:
+    def utilization(self, seqs: Iterable[Sequence]) -> float:
         """Real tokens / allocated slots over the given sequences' blocks (shared blocks once)."""
         blocks: dict[int, int] = {}
         for seq in seqs:

@@ -26,7 +26,7 @@ class CacheConfig:
     swap_space_gib: float = 1.0
     num_swap_blocks: int | None = None  # None: as many as swap_space_gib holds
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
@@ -77,7 +77,7 @@ class SchedulerConfig(CacheConfig):
     cost_prefill_token_s: float = 0.0002
     cost_decode_seq_s: float = 0.001
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
@@ -118,7 +118,7 @@ class LoRAConfig(SchedulerConfig):
     max_cpu_loras: int | None = None  # None: 4 * max_loras
     lora_kernel: str = "auto"  # "torch" (segment matmuls), "triton" (SGMV kernels, GPU); "auto" by device
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_loras < 0:
             raise ValueError(f"max_loras must be non-negative, got {self.max_loras}")
@@ -157,7 +157,7 @@ class EngineConfig(LoRAConfig):
     # SiLU·mul, a decode-only step's layers in one call; docs/performance.md). False: torch ops only.
     cpu_kernels: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")

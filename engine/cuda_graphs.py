@@ -13,9 +13,14 @@ With capture=False the same static buffers and padding run eagerly (how tests ch
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaModel
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -27,7 +32,7 @@ def capture_sizes(max_batch: int) -> list[int]:
 class DecodeGraphs:
     def __init__(
         self,
-        model,
+        model: LlamaModel,
         kv_caches: list[torch.Tensor],
         block_size: int,
         max_batch: int,
@@ -61,7 +66,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[b] = graph
 
-    def _inputs(self, b: int):
+    def _inputs(self, b: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         v = self.vectors
         meta = AttentionMetadata(
             slot_mapping=v[2, :b],
@@ -84,9 +89,10 @@ class DecodeGraphs:
         host = torch.zeros(4, b, dtype=torch.int64, pin_memory=self.pin)
         host[2] = -1
         host[0, :n], host[1, :n] = ids, positions
-        host[2, :n], host[3, :n] = meta.slot_mapping, meta.decode_context_lens
+        tables, context_lens = meta.decode_block_tables, meta.decode_context_lens
+        assert tables is not None and context_lens is not None, "a step without decodes"
+        host[2, :n], host[3, :n] = meta.slot_mapping, context_lens
         self.vectors[:, :b].copy_(host, non_blocking=True)
-        tables = meta.decode_block_tables
         self.tables[:n, : tables.shape[1]].copy_(
             tables.pin_memory() if self.pin else tables, non_blocking=True
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 REPLACEMENT = "\ufffd"
 # Tokens decoded again before the unread ones, so merges and leading spaces come out right.
@@ -18,7 +19,7 @@ class DetokState:
 
 
 class Detokenizer:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
 
     def start(self, num_resumed_tokens: int = 0) -> DetokState:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from engine import assets
 from engine.config import EngineConfig
@@ -12,7 +14,7 @@ from engine.errors import InvalidRequestError
 from engine.lora.request import LoRARequest
 from engine.request import SamplingParams, TokenLogprob
 
-Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
+Prompt = str | list[int] | list[dict[str, Any]]  # text, token ids, or chat messages
 LoRA = str | LoRARequest | None  # a PEFT adapter folder, or a name and folder
 
 
@@ -22,7 +24,7 @@ class Completion:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str
+    finish_reason: str | None
     logprobs: list[TokenLogprob] | None = None  # one per output token, with params.logprobs
     prompt_logprobs: list[TokenLogprob | None] | None = None  # with params.prompt_logprobs (first: None)
     index: int = 0  # the choice (SamplingParams.n)
@@ -32,28 +34,29 @@ class Completion:
 class LLM:
     """Runs batches of prompts to completion on one Engine."""
 
-    def __init__(self, model: str = "smollm2", config: EngineConfig | None = None, **overrides):
+    def __init__(self, model: str = "smollm2", config: EngineConfig | None = None, **overrides: Any):
         overrides.setdefault("incremental_text", False)  # text is decoded once, at the end
         self.engine = Engine(config, model=model, **overrides) if config else Engine(model=model, **overrides)
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids for a prompt: ids pass through, text and chat messages follow the rule of
         `engine.assets` (the gateway's too)."""
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return list(prompt)
+            return list(cast(list[int], prompt))
         tok = self.engine.tokenizer
         if tok is None:
             raise InvalidRequestError("this model has no tokenizer: pass token ids", param="prompt")
         if isinstance(prompt, str):
             return assets.encode_prompt(tok, prompt)
         if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-            if not prompt or not all("role" in m and "content" in m for m in prompt):
+            messages = cast(list[dict[str, Any]], prompt)
+            if not messages or not all("role" in m and "content" in m for m in messages):
                 raise InvalidRequestError("chat messages need a role and content each", param="messages")
-            return assets.encode_chat(tok, prompt)
+            return assets.encode_chat(tok, messages)
         raise InvalidRequestError(
             "a prompt is text, a list of token ids or a list of chat messages", param="prompt"
         )
@@ -65,7 +68,7 @@ class LLM:
         *,
         lora: LoRA | list[LoRA] = None,
         use_tqdm: bool = False,
-        on_finish=None,
+        on_finish: Callable[[int, Completion], None] | None = None,
     ) -> list[Completion]:
         """Generate for every prompt; results in input order. Every prompt (and adapter) is
         validated before any is scheduled. `lora`: a PEFT adapter folder or a LoRARequest for
@@ -74,7 +77,8 @@ class LLM:
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and all(isinstance(x, (int, dict)) for x in prompts)
         ):
-            prompts = [prompts]
+            prompts = [cast(Prompt, prompts)]
+        prompts = cast(list[Prompt], prompts)
         params = params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
@@ -94,7 +98,13 @@ class LLM:
             self.engine.add_request(rid, ids, p, lora=loras[i])
         return self._run(ids_by_req, encoded, _progress(len(prompts), use_tqdm), on_finish)
 
-    def _run(self, index: dict[str, int], encoded: list[list[int]], bar, on_finish) -> list[Completion]:
+    def _run(
+        self,
+        index: dict[str, int],
+        encoded: list[list[int]],
+        bar: Any,
+        on_finish: Callable[[int, Completion], None] | None,
+    ) -> list[Completion]:
         tokens: dict[tuple[str, int], list[int]] = {}  # (request, choice) ->
         logprobs: dict[tuple[str, int], list[TokenLogprob]] = {}
         prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
@@ -127,9 +137,10 @@ class LLM:
                     if out.done:
                         i = index[out.request_id]
                         done = [choices[out.request_id][j] for j in sorted(choices[out.request_id])]
-                        results[i] = replace(done[0], choices=done if len(done) > 1 else None)
+                        completion = replace(done[0], choices=done if len(done) > 1 else None)
+                        results[i] = completion
                         if on_finish:
-                            on_finish(i, results[i])
+                            on_finish(i, completion)
                         bar.update(1)
         finally:
             bar.close()
@@ -143,7 +154,7 @@ class _NoBar:
     def close(self) -> None: ...
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool) -> Any:
     if not enabled:
         return _NoBar()
     from tqdm import tqdm

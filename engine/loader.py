@@ -11,6 +11,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     config: LlamaConfig
     state_dict: dict[str, torch.Tensor]
-    tokenizer: object | None  # a transformers tokenizer, or None (dummy weights)
+    tokenizer: Any  # a transformers tokenizer, or None (dummy weights)
     eos_token_ids: tuple[int, ...]
     name: str
     path: Path | None = None  # the folder the weights were read from (None: dummy)
@@ -50,7 +51,7 @@ def load_model(
         return load_dummy(dummy_config or {}, seed=seed, device=device, dtype=dtype)
     if source.kind == "gguf":
         return load_gguf(source, cache_dir=cache_dir)
-    return load_folder(source.path)
+    return load_folder(source.files)
 
 
 def load_folder(path: Path, name: str | None = None) -> LoadedModel:
@@ -61,8 +62,8 @@ def load_folder(path: Path, name: str | None = None) -> LoadedModel:
     config = AutoConfig.from_pretrained(path)
     files = sorted(glob.glob(str(path / "*.safetensors")))
     sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        sd.update(load_file(f))
+    for file in files:
+        sd.update(load_file(file))
     if quantization(config) is not None:
         sd = fp8.dequantize(sd)
     tokenizer = assets.load_tokenizer(str(path))
@@ -74,7 +75,7 @@ def load_gguf(source: assets.ModelSource, *, cache_dir: str | None = None) -> Lo
     target = assets.converted_dir(source, cache_dir)
     if not (target / "config.json").exists():
         log.info("converting %s to safetensors in %s (first use only)", source.path, target)
-        assets.save_atomically(target, lambda tmp: _convert_gguf(source.path, tmp))
+        assets.save_atomically(target, lambda tmp: _convert_gguf(source.files, tmp))
     return load_folder(target, name=source.name)
 
 
@@ -82,7 +83,7 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     """Weights (float32), config and tokenizer of a GGUF file as a Hugging Face folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -92,16 +93,23 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
 
 
 def load_dummy(
-    overrides: dict, *, seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    overrides: dict[str, Any],
+    *,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> LoadedModel:
     """Random weights (normal, std = initializer_range) for a Llama config; SmolLM2's shape by default.
     Drawn on `device` (an 8B shape in seconds on a GPU) one tensor at a time in float32, kept in
     `dtype`; the same seed gives the same weights on the same kind of device."""
-    config = LlamaConfig(**{**assets.DUMMY_CONFIG, **overrides})
+    config: Any = LlamaConfig(**{**assets.DUMMY_CONFIG, **overrides})  # its fields typed loosely
     gen = torch.Generator(device=device).manual_seed(seed)
     std = config.initializer_range
     hd = config.head_dim or config.hidden_size // config.num_attention_heads
-    shapes = {"model.embed_tokens.weight": (config.vocab_size, config.hidden_size), "model.norm.weight": None}
+    shapes: dict[str, tuple[int, int] | None] = {
+        "model.embed_tokens.weight": (config.vocab_size, config.hidden_size),
+        "model.norm.weight": None,
+    }
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         shapes.update(
@@ -120,7 +128,7 @@ def load_dummy(
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, config.hidden_size)
 
-    def draw(shape):
+    def draw(shape: tuple[int, int] | None) -> torch.Tensor:
         if shape is None:
             return torch.ones(config.hidden_size, device=device, dtype=dtype)
         return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
@@ -130,7 +138,7 @@ def load_dummy(
     return LoadedModel(config, sd, None, tuple(eos if isinstance(eos, list) else [eos]), "dummy")
 
 
-def save_model(loaded: LoadedModel, folder: Path, *, tokenizer=None) -> Path:
+def save_model(loaded: LoadedModel, folder: Path, *, tokenizer: Any = None) -> Path:
     """Write weights, config and a tokenizer (`tokenizer` or the model's own) as a Hugging Face
     folder that `load_model` reads back: e.g. random weights beside a real tokenizer."""
     from safetensors.torch import save_file
@@ -145,7 +153,7 @@ def save_model(loaded: LoadedModel, folder: Path, *, tokenizer=None) -> Path:
     return folder
 
 
-def _eos_ids(path: Path, config) -> tuple[int, ...]:
+def _eos_ids(path: Path, config: Any) -> tuple[int, ...]:
     ids: list[int] = []
     for source in (path / "generation_config.json", path / "config.json"):
         if source.exists():

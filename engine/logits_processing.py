@@ -8,10 +8,15 @@ temperature, top-k and top-p come after, in the sampler. Definitions: SamplingPa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.device import host_to_device
 from engine.request import Sequence, TokenLogprob
+
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaModel
 
 PROMPT_LOGITS_CHUNK = 256  # prompt positions turned into full-vocab logits at a time ([256, V] fp32)
 
@@ -31,9 +36,13 @@ def process_logits(logits: torch.Tensor, seqs: list[Sequence], eos_ids: frozense
         if seq.num_output_tokens < p.min_tokens:
             stops = set(p.stop_token_ids) if p.ignore_eos else set(p.stop_token_ids) | eos_ids
             for token in stops:
-                r.append(i), t.append(token), v.append(float("-inf"))
+                r.append(i)
+                t.append(token)
+                v.append(float("-inf"))
         for token, bias in p.logit_bias:
-            r.append(i), t.append(token), v.append(bias)
+            r.append(i)
+            t.append(token)
+            v.append(bias)
     if r:
         index = (host_to_device(torch.tensor(r), device), host_to_device(torch.tensor(t), device))
         logits.index_put_(index, host_to_device(torch.tensor(v, dtype=logits.dtype), device), accumulate=True)
@@ -79,10 +88,12 @@ def token_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor, ks: list
     top count per row. One host transfer of [R, 1 + max k] values."""
     chosen = raw_logprobs.gather(1, token_ids[:, None])[:, 0]  # [R]
     k = max(ks)
-    top_lp, top_ids = raw_logprobs.topk(k, dim=-1) if k else (None, None)  # [R, k]
+    top_lp_l: list[list[float]] = []
+    top_ids_l: list[list[int]] = []
+    if k:
+        top_lp, top_ids = raw_logprobs.topk(k, dim=-1)  # [R, k]
+        top_lp_l, top_ids_l = top_lp.tolist(), top_ids.tolist()
     chosen_l, ids_l = chosen.tolist(), token_ids.tolist()
-    top_lp_l = top_lp.tolist() if k else None
-    top_ids_l = top_ids.tolist() if k else None
     out = []
     for row, (token, lp, kr) in enumerate(zip(ids_l, chosen_l, ks)):
         top = tuple(zip(top_ids_l[row][:kr], top_lp_l[row][:kr])) if kr else ()
@@ -91,7 +102,7 @@ def token_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor, ks: list
 
 
 def collect_prompt_logprobs(
-    model, hidden: torch.Tensor, seq: Sequence, first_row: int, start: int, n: int
+    model: LlamaModel, hidden: torch.Tensor, seq: Sequence, first_row: int, start: int, n: int
 ) -> None:
     """Append to seq.prompt_logprobs what this prefill chunk's rows give: hidden row first_row + j
     holds position start + j, whose logits predict prompt token start + j + 1. Positions already
@@ -100,7 +111,7 @@ def collect_prompt_logprobs(
     have = len(seq.prompt_logprobs)  # tokens 0 .. have-1 are done
     lo = max(start, have - 1)  # first position still owed
     hi = min(start + n, seq.num_prompt_tokens - 1)  # positions up to the prompt's second-to-last token
-    k = seq.params.prompt_logprobs
+    k = seq.params.prompt_logprobs or 0  # set: the caller checked needs_prompt_logits
     device = hidden.device
     for a in range(lo, hi, PROMPT_LOGITS_CHUNK):
         b = min(hi, a + PROMPT_LOGITS_CHUNK)

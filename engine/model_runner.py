@@ -6,6 +6,9 @@ waiting (docs/gpu.md); the only sync of a step is reading the sampled token ids 
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk, make_backend
@@ -15,16 +18,21 @@ from engine.device import host_to_device, resolve_device, resolve_dtype, select_
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
 from engine.models import LlamaModel, resolve
+from engine.models.decode import DecodeForward
 from engine.models.rope import rope_rows
-from engine.request import TokenLogprob
+from engine.request import Sequence, TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
 from engine.swap_space import SwapSpace
 
+if TYPE_CHECKING:
+    from engine.lora.manager import LoRAManager
+    from engine.structured.manager import StructuredOutputs
+
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, max_model_len: int):
-        cfg = loaded.config
+        cfg: Any = loaded.config  # transformers types its fields as optional
         spec = resolve(cfg)  # UnsupportedModelError for a family the registry does not serve
         self.device = resolve_device(config.device)
         select_device(self.device)  # cuda:N, N != 0: Triton launches on the current device
@@ -50,6 +58,9 @@ class ModelRunner:
             cpu_kernels=config.cpu_kernels,
         )
         del weights
+        # Fast paths, chosen here: the CPU one-call decode (below) and CUDA graphs (further down).
+        one_call = config.cpu_kernels and self.model.spec.supports_one_call_decode
+        self.model.decode = DecodeForward.make(self.model) if one_call else None
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = frozenset(loaded.eos_token_ids)  # masked for rows below their min_tokens
         self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
@@ -86,9 +97,20 @@ class ModelRunner:
         per_block = num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
         return max(at_least, int(gib * 2**30 // per_block))
 
+    def stage(self, plan: StepPlan, running: list[Sequence]) -> float:
+        """Before the plan's forward, even when it runs nothing: the adapters of every running
+        sequence into device slots, then the plan's block copies. Returns the seconds of the copies."""
+        if self.lora is not None:
+            self.lora.activate(running)
+        if not (plan.swap_out or plan.swap_in):
+            return 0.0
+        start = time.perf_counter()
+        self.swap(plan)
+        return time.perf_counter() - start
+
     def swap(self, plan: StepPlan) -> None:
-        """The plan's block copies, before its forward: swap-outs first (their device blocks may be
-        handed out again in the same step), then swap-ins."""
+        """The plan's block copies: swap-outs first (their device blocks may be handed out again in
+        the same step), then swap-ins."""
         if plan.swap_out:
             self.swap_space.swap_out(plan.swap_out)
         if plan.swap_in:
@@ -96,7 +118,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, plan: StepPlan, generators: dict[str, torch.Generator], structured=None
+        self,
+        plan: StepPlan,
+        generators: dict[str, torch.Generator],
+        structured: StructuredOutputs | None = None,
     ) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
         """Run one step; returns (item, sampled token, its logprob if asked) for every item that
         reached its sequence's end. Prefill chunks of sequences that asked for prompt logprobs
@@ -130,11 +155,10 @@ class ModelRunner:
         gens = [generators.get(s.request_id) for s in seqs]
         tokens = sample_ids(logits, params, gens)  # [S] on the device
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
-        if want:
+        if raw is not None:
             rows = host_to_device(torch.tensor(want), self.device)
-            for i, lp in zip(
-                want, token_logprobs(raw, tokens[rows], [seqs[i].params.logprobs for i in want])
-            ):
+            ks = [seqs[i].params.logprobs or 0 for i in want]  # set on every row of `want`
+            for i, lp in zip(want, token_logprobs(raw, tokens[rows], ks)):
                 logprobs[i] = lp
         return list(zip(samplers, tokens.tolist(), logprobs))
 
@@ -164,6 +188,9 @@ class ModelRunner:
         ):
             return items, self.graphs.replay(input_ids, positions, meta), sample_rows
         input_ids, positions, meta = self._to_device(input_ids, positions, meta)
+        decode = self.model.decode
+        if lora is None and decode is not None and decode.applies(meta, self.kv_caches):
+            return items, decode(input_ids, positions, meta, self.kv_caches), sample_rows
         return items, self.model.forward(input_ids, positions, meta, self.kv_caches, lora=lora), sample_rows
 
     def _is_decode(self, it: ScheduledSeq) -> bool:
@@ -179,7 +206,9 @@ class ModelRunner:
             return 0, it.seq.num_computed_tokens + 1
         return it.seq.num_computed_tokens, 1 if it.is_decode else it.num_tokens
 
-    def _prepare(self, items: list[ScheduledSeq]):
+    def _prepare(
+        self, items: list[ScheduledSeq]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -233,24 +262,30 @@ class ModelRunner:
         # sample_rows follow `items` order restricted to samplers: decodes first, then prefills.
         return torch.tensor(ids), torch.tensor(pos), meta, torch.tensor(sample_rows, dtype=torch.long)
 
-    def _to_device(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata):
+    def _to_device(
+        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The step's host tensors on the runner's device (asynchronous copies on CUDA)."""
         if self.device.type == "cpu":
             return ids, pos, meta
         dev = self.device
 
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else host_to_device(t, dev)
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return host_to_device(t, dev)
 
         meta.slot_mapping = move(meta.slot_mapping)
-        meta.decode_block_tables = move(meta.decode_block_tables)
-        meta.decode_context_lens = move(meta.decode_context_lens)
+        if meta.decode_block_tables is not None:
+            meta.decode_block_tables = move(meta.decode_block_tables)
+        if meta.decode_context_lens is not None:
+            meta.decode_context_lens = move(meta.decode_context_lens)
         for chunk in meta.prefills:
             chunk.block_ids = move(chunk.block_ids)
         return move(ids), move(pos), meta
 
 
-def _lora_manager(config: EngineConfig, model_config, dtype: torch.dtype, device: torch.device):
+def _lora_manager(
+    config: EngineConfig, model_config: Any, dtype: torch.dtype, device: torch.device
+) -> LoRAManager | None:
     """The LoRA slots and host cache (engine/lora), or None when max_loras is 0."""
     if not config.max_loras:
         return None

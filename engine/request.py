@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.codes import FinishReason
 from engine.errors import InvalidRequestError
@@ -17,7 +18,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-def _seq(value, name: str, kind: type) -> tuple:
+def _seq(value: Any, name: str, kind: type) -> tuple:
     if value is None:
         return ()
     if isinstance(value, (str, int)) and not isinstance(value, bool):
@@ -36,7 +37,7 @@ MAX_LOGPROBS = 20  # top log-probabilities a row may ask for (OpenAI's chat limi
 MAX_N = 128  # choices of one request (OpenAI's limit)
 
 
-def _num(value, name: str, low: float, high: float, *, open_low: bool = False) -> float:
+def _num(value: Any, name: str, low: float, high: float, *, open_low: bool = False) -> float:
     if (
         not isinstance(value, (int, float))
         or isinstance(value, bool)
@@ -48,7 +49,7 @@ def _num(value, name: str, low: float, high: float, *, open_low: bool = False) -
     return float(value)
 
 
-def _opt_count(value, name: str, high: int) -> int | None:
+def _opt_count(value: Any, name: str, high: int) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
@@ -56,7 +57,7 @@ def _opt_count(value, name: str, high: int) -> int | None:
     return value
 
 
-def _bias(value) -> tuple[tuple[int, float], ...]:
+def _bias(value: Any) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (token id, bias) pairs, from a mapping or pairs; ids as ints or digit strings."""
     if not value:
         return ()
@@ -112,7 +113,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     structured: StructuredSpec | None = None  # a JSON schema, regex or grammar the output must match
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "structured", StructuredSpec.coerce(self.structured))
         object.__setattr__(self, "stop", _seq(self.stop, "stop", str))
         object.__setattr__(self, "stop_token_ids", _seq(self.stop_token_ids, "stop_token_ids", int))
@@ -248,7 +249,7 @@ class Sequence:
     prompt_logprobs_sent: bool = False
     events: list[SeqEvent] = field(default_factory=list)  # not yet handed out in a RequestOutput
 
-    def record(self, name: str, **attrs) -> None:
+    def record(self, name: str, **attrs: object) -> None:
         """Note an event (SeqEvent) now."""
         self.events.append(SeqEvent(name, time.time(), attrs))
 
@@ -305,6 +306,6 @@ class RequestOutput:
     index: int = 0  # which choice (SamplingParams.n); `finished` is this choice's end
     done: bool | None = None  # is the whole request over (every choice finished)? None: as `finished`
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.done is None:
             self.done = self.finished

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.block_manager import BlockManager
+    from engine.lora.manager import LoRAManager
+    from engine.output import Sampled
+    from engine.scheduler import Scheduler, StepPlan
+
+
+@dataclass
+class StepRun:
+    """What running one plan gave."""
+
+    sampled: Sequence[Sampled]  # ModelRunner.run's (item, token, logprob) per sampling item
+    seconds: float  # the forward and the sampling
+    decode_tokens: int  # items that decoded an output token (every other computed token: prefill)
 
 
 @dataclass
@@ -20,10 +37,9 @@ class EngineStats:
     forward_seconds: float = 0.0
     lora_slot_loads: int = 0  # adapters copied from host memory into a device slot
     lora_slot_evictions: int = 0  # resident adapters replaced to make room for another
-    admissions: int = (
-        0  # sequences admitted into the running batch, readmissions included (preemptions / this:
-    )
-    #                      the preemption rate, the share of admissions that ended in a preemption)
+    # sequences admitted into the running batch, readmissions included (preemptions / this: the
+    # preemption rate, the share of admissions that ended in a preemption)
+    admissions: int = 0
     prefix_hit_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
     slo_refusals: int = 0  # requests refused for their TTFT target (on arrival or at a step start)
     # The last step that ran the model: its batch (sequences), its tokens and its forward's seconds.
@@ -39,3 +55,38 @@ class EngineStats:
     def kv_utilization(self) -> float:
         """Mean over steps of the fraction of allocated KV slots that hold real tokens."""
         return self.utilization_sum / self.utilization_steps if self.utilization_steps else 1.0
+
+    def record_step(
+        self,
+        plan: StepPlan,
+        ran: StepRun | None,
+        *,
+        swap_seconds: float,
+        scheduler: Scheduler,
+        block_manager: BlockManager,
+        lora: LoRAManager | None,
+    ) -> None:
+        """Count one step, after the scheduler advanced what it ran. `ran`: None when the plan ran
+        nothing (its preemptions, swaps and refusals still count)."""
+        self.preemptions += len(plan.preempted)
+        self.slo_refusals += len(plan.refused)
+        if lora is not None:
+            self.lora_slot_loads = lora.slots.loads
+            self.lora_slot_evictions = lora.slots.evictions
+        if plan.swap_out or plan.swap_in:
+            self.swap_seconds += swap_seconds
+            self.swaps += sum(block_manager.is_swapped(s) for s in plan.preempted)
+            self.swapped_blocks += len(plan.swap_out) + len(plan.swap_in)
+        if ran is None:
+            return
+        self.steps += 1
+        self.forward_seconds += ran.seconds
+        self.decode_tokens += ran.decode_tokens
+        self.prefill_tokens += plan.num_tokens - ran.decode_tokens
+        self.output_tokens += sum(1 for item, _, _ in ran.sampled if item.seq.params.max_tokens)
+        self.admissions = scheduler.num_admissions
+        self.prefix_hit_tokens = block_manager.num_prefix_hit_tokens
+        self.last_step_seqs, self.last_step_tokens = len(plan.scheduled), plan.num_tokens
+        self.last_step_seconds = ran.seconds
+        self.utilization_sum += block_manager.utilization(scheduler.running)
+        self.utilization_steps += 1

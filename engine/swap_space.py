@@ -12,6 +12,7 @@ ordered on the same stream, and the CPU never touches the host blocks, so nothin
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -112,7 +113,7 @@ class SwapSpace:
             torch.cuda.synchronize(self.device)
 
 
-def _runs(ids: list[int]):
+def _runs(ids: list[int]) -> Iterator[tuple[int, int, int]]:
     """(position, first id, length) of each run of consecutive ids."""
     start = 0
     for i in range(1, len(ids) + 1):

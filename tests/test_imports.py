@@ -4,7 +4,9 @@ The packages are walked, so the test follows whatever modules they hold. The imp
 from the source (module-level imports only: an import inside a function, or under
 ``if TYPE_CHECKING:``, does not run when the module loads). An edge goes to the module named and to
 its parent packages that are not already loading (the importer's own ancestors are), since
-importing ``a.b.c`` runs ``a/b/__init__.py`` first.
+importing ``a.b.c`` runs ``a/b/__init__.py`` first. A second graph also counts the imports deferred
+into functions and those under ``TYPE_CHECKING``: a circle hidden from the loader is still two
+modules that depend on each other, and it must not exist either.
 """
 
 from __future__ import annotations
@@ -58,12 +60,11 @@ def module_level_imports(body: list[ast.stmt]):
 
 
 def every_import(body: list[ast.stmt]):
-    """Every Import / ImportFrom statement, those deferred into functions too (not under TYPE_CHECKING)."""
+    """Every Import / ImportFrom statement: those deferred into functions and those under
+    TYPE_CHECKING too."""
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If) and _type_checking(node.test):
-            yield from every_import(node.orelse)
         else:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.stmt):
@@ -77,7 +78,7 @@ def _ancestors(name: str) -> list[str]:
 
 def imported_modules(name: str, path: Path, modules: dict[str, Path], deferred: bool = False) -> set[str]:
     """The project modules that loading module `name` (source `path`) imports, and so runs (with
-    `deferred`, also those its functions import when they run)."""
+    `deferred`, also those its functions import when they run and those it names for type checkers)."""
     is_package = path.name == "__init__.py"
     named: set[str] = set()
     statements = every_import if deferred else module_level_imports
@@ -182,14 +183,40 @@ def test_deferred_imports_are_seen_only_when_asked_for():
     ).body
     names = lambda found: sorted(alias.name for node in found for alias in node.names)  # noqa: E731
     assert names(module_level_imports(body)) == ["a", "d", "e"]
-    assert names(every_import(body)) == ["a", "c", "d", "e"]
+    assert names(every_import(body)) == ["a", "b", "c", "d", "e"]
 
 
-def test_no_import_cycle_even_through_imports_deferred_into_functions():
-    """An import deferred into a function hides a circle from the loader, not from the reader: the
-    two modules still depend on each other (a registry that imports the policies that import it)."""
+def test_a_cycle_through_a_type_checking_import_is_found(tmp_path):
+    """Two modules where one imports the other at load time and the other imports it back only
+    for the type checker: the loader sees no circle, the deferred graph does."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text("from pkg.fast import Fast\n")
+    (package / "fast.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.model import Model\n"
+    )
+    modules = {
+        "pkg": package / "__init__.py",
+        "pkg.model": package / "model.py",
+        "pkg.fast": package / "fast.py",
+    }
+
+    def graph(deferred: bool) -> dict[str, set[str]]:
+        return {name: imported_modules(name, path, modules, deferred) for name, path in modules.items()}
+
+    assert cycles(graph(deferred=False)) == []
+    assert cycles(graph(deferred=True)) == [["pkg.fast", "pkg.model", "pkg.fast"]]
+
+
+def test_no_import_cycle_even_through_deferred_or_type_checking_imports():
+    """An import deferred into a function, or one under TYPE_CHECKING, hides a circle from the loader,
+    not from the reader: the two modules still depend on each other (a registry that imports the
+    policies that import it, a fast path that names the model that chooses it)."""
     found = cycles(import_graph(deferred=True))
-    assert not found, "import cycles through deferred imports:\n" + "\n".join(" -> ".join(c) for c in found)
+    assert not found, "import cycles through deferred or TYPE_CHECKING imports:\n" + "\n".join(
+        " -> ".join(c) for c in found
+    )
 
 
 FRESH_IMPORTS = """

@@ -40,9 +40,11 @@ class AttentionMetadata:
     def decode_tables_int32(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(block tables, context lengths) of the decodes as contiguous int32, built once a step."""
         if self.decode_int32 is None:
+            tables, context_lens = self.decode_block_tables, self.decode_context_lens
+            assert tables is not None and context_lens is not None, "a step without decodes"
             self.decode_int32 = (
-                self.decode_block_tables.to(torch.int32).contiguous(),
-                self.decode_context_lens.to(torch.int32).contiguous(),
+                tables.to(torch.int32).contiguous(),
+                context_lens.to(torch.int32).contiguous(),
             )
         return self.decode_int32
 
@@ -59,7 +61,9 @@ class AttentionBackend(ABC):
         self.scale = head_dim**-0.5
 
     @abstractmethod
-    def allocate_cache(self, num_slots: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+    def allocate_cache(
+        self, num_slots: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         """One layer's K and V cache, in this backend's layout."""
 
     def block_view(self, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:

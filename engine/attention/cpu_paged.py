@@ -51,7 +51,16 @@ class CPUPagedAttention(TorchAttention):
             raise ValueError("the cpu kernel supports head_dim <= 256 and <= 16 query heads per KV head")
         self.lib = load_library()
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
         if meta.prefills or self.KERNELS.get(q.dtype) is None or q.device.type != "cpu":
             return super().forward(q, k, v, kv_cache, meta, window, softcap)
         # A decode-only step: the K/V writes and the kernel, its output written in place.

@@ -16,13 +16,24 @@ from engine.attention.base import AttentionBackend, AttentionMetadata, register_
 
 @register_backend("torch")
 class TorchAttention(AttentionBackend):
-    def allocate_cache(self, num_slots: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+    def allocate_cache(
+        self, num_slots: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         return torch.zeros(2, self.num_kv_heads, num_slots, self.head_dim, dtype=dtype, device=device)
 
     def block_view(self, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
         return kv_cache.view(2 * self.num_kv_heads, -1, block_size * self.head_dim)  # [2*KVH, blocks, bs*D]
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
         kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
@@ -63,11 +74,12 @@ class TorchAttention(AttentionBackend):
     ) -> torch.Tensor:
         B, H, D = q.shape
         KVH = self.num_kv_heads
-        tables = meta.decode_block_tables
+        tables, context_lens = meta.decode_block_tables, meta.decode_context_lens
+        assert tables is not None and context_lens is not None, "a step without decodes"
         kv = _gather(kv_cache, tables.view(-1), meta.block_size, batch=B)  # [2, KVH, B, L, D]
         qg = q.view(B, KVH, H // KVH, D).transpose(0, 1)  # [KVH, B, G, D]
         L = tables.shape[1] * meta.block_size
-        ctx = meta.decode_context_lens[:, None]
+        ctx = context_lens[:, None]
         keys = torch.arange(L, device=q.device)[None, :]
         visible = keys < ctx
         if window:  # a sliding layer: the last `window` keys, the query's own included
@@ -90,7 +102,7 @@ def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, block_size: int, ba
     return blocks.view(two, kvh, batch, -1, d)
 
 
-def _causal_mask(num_queries: int, context_len: int, device, window: int = 0) -> torch.Tensor:
+def _causal_mask(num_queries: int, context_len: int, device: torch.device, window: int = 0) -> torch.Tensor:
     """[n, L] True where query i (at position L - n + i) may see key j (within `window`, if set)."""
     q_pos = torch.arange(context_len - num_queries, context_len, device=device)[:, None]
     keys = torch.arange(context_len, device=device)[None, :]

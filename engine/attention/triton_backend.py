@@ -46,16 +46,27 @@ class TritonAttention(TorchAttention):
         self._decode_kernel = paged_decode.paged_decode
         self._prefill_kernel = paged_prefill.paged_prefill
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
         self._write(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
+            tables, context_lens = meta.decode_block_tables, meta.decode_context_lens
+            assert tables is not None and context_lens is not None
             self._decode_kernel(
                 q[:nd],
                 kv_cache,
-                meta.decode_block_tables,
-                meta.decode_context_lens,
+                tables,
+                context_lens,
                 meta.block_size,
                 self.scale,
                 out=out[:nd],
@@ -64,7 +75,7 @@ class TritonAttention(TorchAttention):
             )
         if meta.prefills:
             packed = meta.packed_prefills
-            if packed is None:
+            if not isinstance(packed, PackedPrefills):
                 packed = meta.packed_prefills = pack_prefills(meta, q.device)
             self._prefill_kernel(
                 q,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from engine.lora.request import LoRARequest
 from engine.lora.shape import ModelShape
 from engine.lora.slots import LoRASlots
 from engine.lora.weights import LoRAWeights, load_adapter
+from engine.request import Sequence
 
 
 class LoRAManager:
@@ -82,7 +84,7 @@ class LoRAManager:
             del self.host[uid]
 
     # ---- scheduling ------------------------------------------------------------------------
-    def activate(self, running) -> None:
+    def activate(self, running: Iterable[Sequence]) -> None:
         """Before a step's forward: the adapters of all running sequences in slots."""
         uids = {s.lora for s in running if s.lora is not None}
         if uids:

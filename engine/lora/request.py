@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Protocol
+
+from engine.errors import InvalidRequestError
+from engine.lora.errors import LoRADisabledError
 
 
 @dataclass(frozen=True)
@@ -11,3 +16,23 @@ class LoRARequest:
 
     name: str
     path: str
+
+
+class AdapterPins(Protocol):
+    """What `acquire_adapter` needs of the LoRAManager (engine/lora/manager.py)."""
+
+    def acquire(self, lora: str | LoRARequest) -> str: ...
+
+
+def acquire_adapter(manager: AdapterPins | None, lora: object) -> str | None:
+    """The uid of the adapter a request names (a folder path or a LoRARequest; None: no adapter),
+    validated, cached in host memory and pinned until the request ends (`manager.release`)."""
+    if lora is None:
+        return None
+    if manager is None:
+        raise LoRADisabledError("this engine serves no LoRA adapters (max_loras=0)", param="lora")
+    if isinstance(lora, os.PathLike):
+        lora = os.fspath(lora)
+    if not isinstance(lora, (str, LoRARequest)):
+        raise InvalidRequestError("lora must be an adapter folder path or a LoRARequest", param="lora")
+    return manager.acquire(lora)

@@ -4,6 +4,7 @@ projections LoRA may target. Plain Python (no torch), so a gateway can validate 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # PEFT module name -> (fused projection of our forward, index of the module inside it).
 # Our Llama forward fuses q/k/v into one matmul and gate/up into another (engine/models/llama.py).
@@ -60,7 +61,7 @@ class ModelShape:
     head_dim: int
 
     @classmethod
-    def from_config(cls, config) -> ModelShape:
+    def from_config(cls, config: Any) -> ModelShape:
         """From a transformers config object or its dict (config.json)."""
         d = config if isinstance(config, dict) else config.to_dict()
         heads = d["num_attention_heads"]

@@ -8,14 +8,16 @@ same kernels in the same order as the per-operator path, so its outputs are bit-
 
 It serves fp32 models on the CPU with the own kernels on (fp32 or int8 projections, the `cpu`
 attention backend) for steps with no prefill and no LoRA; every other step, model and device
-takes LlamaModel's per-operator forward.
+takes LlamaModel's per-operator forward. The ModelRunner chooses it (`make`) and dispatches to it,
+beside CUDA graphs; it reads the model and its linear layers through their public accessors
+(`rope_tables`, `kernel_weight`, `kernel_scale`, `kernel_bias`).
 """
 
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,38 +34,41 @@ SOURCE = Path(__file__).parent / "csrc" / "decode_forward.c"
 _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 
 
+_FIELDS: list[tuple[str, Any]] = (  # the C struct Model, in order
+    [(n, _I) for n in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate")]
+    + [
+        ("eps", _F),
+        ("attn_scale", _F),
+        ("int8", _I),
+        ("cache_slots", _L),
+        ("block_size", _I),
+        ("cos", _P),
+        ("sin", _P),
+        ("final_norm", _P),
+    ]
+    + [
+        (n, ctypes.POINTER(_P))
+        for n in (
+            "input_norm",
+            "post_norm",
+            "qkv",
+            "o",
+            "gate_up",
+            "down",
+            "qkv_scale",
+            "o_scale",
+            "gate_up_scale",
+            "down_scale",
+            "qkv_bias",
+            "o_bias",
+            "kv",
+        )
+    ]
+)
+
+
 class _Model(ctypes.Structure):
-    _fields_ = (
-        [(n, _I) for n in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate")]
-        + [
-            ("eps", _F),
-            ("attn_scale", _F),
-            ("int8", _I),
-            ("cache_slots", _L),
-            ("block_size", _I),
-            ("cos", _P),
-            ("sin", _P),
-            ("final_norm", _P),
-        ]
-        + [
-            (n, ctypes.POINTER(_P))
-            for n in (
-                "input_norm",
-                "post_norm",
-                "qkv",
-                "o",
-                "gate_up",
-                "down",
-                "qkv_scale",
-                "o_scale",
-                "gate_up_scale",
-                "down_scale",
-                "qkv_bias",
-                "o_bias",
-                "kv",
-            )
-        ]
-    )
+    _fields_ = _FIELDS
 
 
 def _library() -> ctypes.CDLL | None:
@@ -72,7 +77,7 @@ def _library() -> ctypes.CDLL | None:
     )
 
 
-def _ptrs(tensors) -> ctypes.Array:
+def _ptrs(tensors: list[torch.Tensor | None]) -> ctypes.Array:
     return (_P * len(tensors))(*[t.data_ptr() if t is not None else None for t in tensors])
 
 
@@ -84,19 +89,18 @@ class DecodeForward:
         layers = model.layers
         cfg = model.config
 
-        def weights(name):
-            lins = [getattr(layer, name) for layer in layers]
-            return _ptrs([lin.qweight if int8 else lin.panels for lin in lins])
+        def weights(name: str) -> ctypes.Array:
+            return _ptrs([getattr(layer, name).kernel_weight for layer in layers])
 
-        def scales(name):
-            return _ptrs([getattr(layer, name).scale for layer in layers]) if int8 else None
+        def scales(name: str) -> ctypes.Array | None:
+            return _ptrs([getattr(layer, name).kernel_scale for layer in layers]) if int8 else None
 
-        def biases(name):
-            lins = [getattr(layer, name) for layer in layers]
-            return _ptrs([lin._bias32 if int8 else lin._bias for lin in lins])
+        def biases(name: str) -> ctypes.Array:
+            return _ptrs([getattr(layer, name).kernel_bias for layer in layers])
 
         # the ctypes arrays must outlive the struct that points into them
-        self._keep = {
+        cos, sin = model.rope_tables()
+        self._keep: dict[str, ctypes.Array | None] = {
             "input_norm": _ptrs([layer.input_norm for layer in layers]),
             "post_norm": _ptrs([layer.post_norm for layer in layers]),
             **{name: weights(name) for name in ("qkv", "o", "gate_up", "down")},
@@ -116,8 +120,8 @@ class DecodeForward:
             int8=int(int8),
             cache_slots=0,
             block_size=0,
-            cos=model.cos.data_ptr(),
-            sin=model.sin.data_ptr(),
+            cos=cos.data_ptr(),
+            sin=sin.data_ptr(),
             final_norm=model.norm.data_ptr(),
             **{k: ctypes.cast(v, ctypes.POINTER(_P)) for k, v in self._keep.items() if v is not None},
         )
@@ -137,8 +141,8 @@ class DecodeForward:
         if not isinstance(model.attention, CPUPagedAttention):
             return None
         lins = [getattr(layer, n) for layer in model.layers for n in ("qkv", "o", "gate_up", "down")]
-        int8 = all(type(lin) is Int8Linear and lin.lib is not None for lin in lins)
-        dense = all(type(lin) is Linear and lin.lib is not None for lin in lins)
+        int8 = all(type(lin) is Int8Linear and lin.has_cpu_kernel for lin in lins)
+        dense = all(type(lin) is Linear and lin.has_cpu_kernel for lin in lins)
         if not (int8 or dense):
             return None
         if any(getattr(layer, n).bias is not None for layer in model.layers for n in ("gate_up", "down")):
@@ -169,8 +173,9 @@ class DecodeForward:
         model = self.model
         key = tuple(c.data_ptr() for c in kv_caches)
         if key != self._caches:  # the cache tensors (allocated once per runner)
-            self._keep["kv"] = (_P * len(key))(*key)
-            self.struct.kv = ctypes.cast(self._keep["kv"], ctypes.POINTER(_P))
+            caches = (_P * len(key))(*key)
+            self._keep["kv"] = caches
+            self.struct.kv = ctypes.cast(caches, ctypes.POINTER(_P))
             self.struct.cache_slots = kv_caches[0].shape[2]
             self._caches = key
         self.struct.block_size = meta.block_size

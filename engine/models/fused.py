@@ -71,7 +71,9 @@ class CPUOps(TorchOps):
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
 
-    def add_rms_norm(self, x, delta, weight, eps):
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if (
             x.dtype != torch.float32
             or not x.is_contiguous()
@@ -92,7 +94,9 @@ class CPUOps(TorchOps):
         )
         return x, out  # x updated in place
 
-    def rope(self, qk, cos, sin, positions):
+    def rope(
+        self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         T, heads, D = qk.shape
         if (
             qk.dtype != torch.float32
@@ -114,7 +118,7 @@ class CPUOps(TorchOps):
         )
         return qk  # rotated in place
 
-    def silu_mul(self, gate_up):
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
             return super().silu_mul(gate_up)
         T, I2 = gate_up.shape

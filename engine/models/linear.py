@@ -68,11 +68,12 @@ class Linear:
     (CPU), which keep the weight only in their panels (`weight` then unpacks a copy)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, cpu_kernel: bool = True):
-        self._weight = weight
+        self._weight: torch.Tensor | None = weight
         self.bias = bias
         self.packed = None
         self.lib = None
-        self.panels = None
+        self.panels: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
         self.bf16 = BF16Panels.make(weight, bias) if cpu_kernel else None  # AVX512-BF16 CPUs
         self.out_features = weight.shape[0]
         if cpu_kernel and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2:
@@ -93,11 +94,28 @@ class Linear:
                 self.packed = None
 
     @property
+    def has_cpu_kernel(self) -> bool:
+        """Do calls run the fp32 C kernel (`kernel_weight` and `kernel_bias` are what it reads)?"""
+        return self.lib is not None
+
+    @property
+    def kernel_weight(self) -> torch.Tensor:
+        """The C kernel's weight: fp32 panels [ceil(out / NR), in, NR] (see `pack`)."""
+        if self.panels is None:
+            raise ValueError("this layer does not run the fp32 C kernel")
+        return self.panels
+
+    @property
+    def kernel_bias(self) -> torch.Tensor | None:
+        """The C kernel's bias: fp32 [out], contiguous, or None."""
+        return self._bias
+
+    @property
     def weight(self) -> torch.Tensor:
         """[out, in]; with a C kernel, a copy unpacked from its panels."""
         if self._weight is not None:
             return self._weight
-        return self.bf16.weight if self.bf16 is not None else unpack(self.panels, self.out_features)
+        return self.bf16.weight if self.bf16 is not None else unpack(self.kernel_weight, self.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.lib is not None and x.dim() == 2 and x.shape[0] > 0 and x.dtype == torch.float32:
@@ -106,7 +124,7 @@ class Linear:
             y = torch.empty(M, self.out_features)
             self.lib.f32_linear(
                 x.data_ptr(),
-                self.panels.data_ptr(),
+                self.kernel_weight.data_ptr(),
                 self._bias.data_ptr() if self._bias is not None else None,
                 y.data_ptr(),
                 M,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,6 @@ from transformers import PretrainedConfig
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.lora.batch import LoRABatch
-from engine.models.decode import DecodeForward
 from engine.models.fused import TorchOps, make_ops, rms_norm
 from engine.models.linear import Linear
 from engine.models.quant import Int8Linear
@@ -30,14 +30,28 @@ from engine.models.rope import rope_tables
 from engine.models.spec import FULL, ModelSpec
 
 
+class DecodeFastPath(Protocol):
+    """A decode-only step's whole forward in one call (engine/models/decode.py's DecodeForward)."""
+
+    def applies(self, meta: AttentionMetadata, kv_caches: list[torch.Tensor]) -> bool: ...
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+    ) -> torch.Tensor: ...
+
+
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor | None  # [hidden] the norm before attention (None: OLMo 2)
-    qkv: Linear  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
-    o: Linear  # [hidden, H * D]
+    qkv: Linear | Int8Linear  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
+    o: Linear | Int8Linear  # [hidden, H * D]
     post_norm: torch.Tensor | None  # [hidden] the norm before the MLP (None: OLMo 2)
-    gate_up: Linear  # [2 * intermediate, hidden]  gate and up fused
-    down: Linear  # [hidden, intermediate]
+    gate_up: Linear | Int8Linear  # [2 * intermediate, hidden]  gate and up fused
+    down: Linear | Int8Linear  # [hidden, intermediate]
     attn_out_norm: torch.Tensor | None = None  # [hidden] on the attention output (Gemma, OLMo 2)
     mlp_out_norm: torch.Tensor | None = None  # [hidden] on the MLP output (Gemma, OLMo 2)
     q_norm: torch.Tensor | None = None  # [D] per head, or [H * D] over all heads (OLMo 2)
@@ -53,7 +67,7 @@ class LlamaModel:
         layers: list[LayerWeights],
         embed: torch.Tensor,
         norm: torch.Tensor,
-        lm_head: Linear,
+        lm_head: Linear | Int8Linear,
         attention: AttentionBackend,
         max_positions: int,
         ops: TorchOps | None = None,
@@ -73,7 +87,9 @@ class LlamaModel:
         self.eps = spec.eps
         self.dtype = embed.dtype
         self.ops = ops or TorchOps()  # RMSNorm (+ residual add), RoPE, SiLU·mul: engine/models/fused.py
-        self.decode: DecodeForward | None = None  # decode-only steps in one C call (engine/models/decode.py)
+        # The decode-only fast path the ModelRunner chose for this model (engine/models/decode.py), or
+        # None; the runner takes it for the steps it applies to, `forward` is always per operator.
+        self.decode: DecodeFastPath | None = None
         # Gemma rounds its embedding scale to the model dtype before multiplying
         scale = spec.embed_scale
         self.embed_scale = (
@@ -156,8 +172,6 @@ class LlamaModel:
             make_ops(embed.device, dtype, cpu_kernels),
             spec,
         )
-        if cpu_kernels and spec.supports_one_call_decode:
-            model.decode = DecodeForward.make(model)
         return model
 
     @torch.inference_mode()
@@ -173,8 +187,6 @@ class LlamaModel:
         Returns the final normed hidden states [T, hidden].
         `lora`: the step's adapters per row (engine/lora); each projection's LoRA delta is added
         in place to its base output, for the rows that have an adapter. None: the base model."""
-        if lora is None and self.decode is not None and self.decode.applies(meta, kv_caches):
-            return self.decode(input_ids, positions, meta, kv_caches)
         ops, eps = self.ops, self.eps
         x = F.embedding(input_ids, self.embed)  # [T, hidden] the residual stream
         if self.embed_scale != 1.0:
@@ -256,6 +268,11 @@ class LlamaModel:
 
         gate, up = gate_up.chunk(2, dim=-1)
         return ACT2FN[self.spec.activation](gate) * up
+
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and signed sin, [max_positions, head_dim] each, model dtype: a row at position
+        p is rotated as x * cos[p] + swap_halves(x) * sin[p]."""
+        return self.cos, self.sin
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,26 @@ class Int8Linear:
         self.qweight = pack(q) if self.lib is not None else q  # what the C kernel reads / int8 rows
 
     @property
+    def has_cpu_kernel(self) -> bool:
+        """Do calls run the int8 C kernel (it reads `kernel_weight`, `kernel_scale`, `kernel_bias`)?"""
+        return self.lib is not None
+
+    @property
+    def kernel_weight(self) -> torch.Tensor:
+        """The C kernel's weight: int8 [N / GROUP, K / BLOCK, GROUP, BLOCK] (see `pack`)."""
+        return self.qweight
+
+    @property
+    def kernel_scale(self) -> torch.Tensor:
+        """fp32 [N]: one scale per output channel."""
+        return self.scale
+
+    @property
+    def kernel_bias(self) -> torch.Tensor | None:
+        """The C kernel's bias: fp32 [N], contiguous, or None."""
+        return self._bias32
+
+    @property
     def rows(self) -> torch.Tensor:
         """The int8 weight as [N, K] rows."""
         return unpack(self.qweight) if self.qweight.dim() == 4 else self.qweight

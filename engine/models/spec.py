@@ -85,6 +85,14 @@ class ModelSpec:
         return self.window if self.layer_types[i] == SLIDING else 0
 
     @property
+    def releasable_window(self) -> int:
+        """The window out of which a sequence's KV blocks may be released (0: none): only where every
+        layer slides (a block holds every layer's K/V) and no step recomputes a whole sequence
+        (Phi-3's longrope)."""
+        every_layer = all(t == SLIDING for t in self.layer_types)
+        return self.window if every_layer and self.window and not self.long_rope_recompute else 0
+
+    @property
     def supports_one_call_decode(self) -> bool:
         """Whether the one-call C decode (engine/models/decode.py) implements every switch that is on:
         it runs the plain Llama block (pre-norms, SwiGLU, full rotary, full attention) only."""

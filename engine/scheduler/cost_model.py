@@ -10,12 +10,17 @@ Plain Python: three unknowns, solved by Gaussian elimination.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.scheduler.plan import StepPlan
+
 DECAY = 0.99  # per observation: the model remembers the last ~100 steps
 PRIOR_WEIGHT = 0.02  # weight of each prior pseudo-observation
 PRIOR_PREFILL, PRIOR_DECODES = 256, 8  # where the prior pseudo-observations sit
 
 
-def split(plan) -> tuple[int, int]:
+def split(plan: StepPlan) -> tuple[int, int]:
     """(prefill tokens, decoding sequences) of a StepPlan (ScheduledSeq.is_decode).
 
     Call before finish_step.
@@ -39,8 +44,8 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
             return [0.0] * n
         for r in range(n):
             if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+                factor = m[r][col] / m[col][col]
+                m[r] = [x - factor * y for x, y in zip(m[r], m[col])]
     return [m[i][n] / m[i][i] for i in range(n)]
 
 

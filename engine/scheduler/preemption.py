@@ -16,11 +16,15 @@ Either way a victim that does not fit the free host blocks is recomputed. Plain 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import Sequence
 from engine.scheduler.cost_model import StepCostModel, split
+
+if TYPE_CHECKING:
+    from engine.scheduler.plan import StepPlan
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class PreemptionChooser:
             else None
         )
 
-    def estimate(self, seq: Sequence, bm: BlockManager) -> tuple[float, float]:
+    def estimate(self, seq: Sequence, block_manager: BlockManager) -> tuple[float, float]:
         """(recompute seconds, swap seconds) for preempting seq now; swap is inf when unmeasured."""
         per_token = 0.0
         if self.cost is not None:  # a fit of noisy steps can flatten to 0: no prefill is free, keep the prior
@@ -50,19 +54,19 @@ class PreemptionChooser:
         recompute = seq.num_computed_tokens * per_token
         if self.swap_cost is None:
             return recompute, float("inf")
-        return recompute, self.swap_cost.fixed_s + bm.blocks_needed(
+        return recompute, self.swap_cost.fixed_s + block_manager.blocks_needed(
             seq.num_computed_tokens
         ) * self.swap_cost.block_s
 
-    def use_swap(self, seq: Sequence, bm: BlockManager) -> bool:
+    def use_swap(self, seq: Sequence, block_manager: BlockManager) -> bool:
         """Preempt seq by swap (else by recompute)?"""
-        if self.mode == "recompute" or not bm.can_swap_out(seq):
+        if self.mode == "recompute" or not block_manager.can_swap_out(seq):
             return False
         if self.mode == "swap":
             return True
-        recompute, swap = self.estimate(seq, bm)
+        recompute, swap = self.estimate(seq, block_manager)
         return swap < recompute
 
-    def observe(self, plan, seconds: float) -> None:
+    def observe(self, plan: StepPlan, seconds: float) -> None:
         if self.cost is not None:
             self.cost.observe(*split(plan), seconds)

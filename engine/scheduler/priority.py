@@ -93,6 +93,7 @@ class TieredPolicy(SchedulingPolicy):
 
     def pop(self) -> Sequence:
         seq = self.peek()
+        assert seq is not None, "pop from an empty queue"
         heapq.heappop(self.queues[self.tier(seq)][self._tenant(seq)])
         self._len -= 1
         self._head = None

@@ -31,7 +31,7 @@ class Scheduler:
         config: SchedulerConfig,
         block_manager: BlockManager,
         policy: SchedulingPolicy | None = None,
-        clock=None,
+        clock: Callable[[], float] | None = None,
         swap_cost: SwapCost | None = None,
         admit_check: Callable[[Sequence, list[Sequence]], bool] | None = None,
     ):
@@ -39,7 +39,7 @@ class Scheduler:
         # Policy-independent resource check on the head of the queue, e.g. "its LoRA adapter can
         # get a device slot" (engine/lora): False keeps it (and everything behind it) waiting.
         self.admit_check = admit_check
-        self.bm = block_manager
+        self.block_manager = block_manager
         self.policy = policy if policy is not None else make_policy(config.policy, config, clock=clock)
         self.preemption = PreemptionChooser(config, swap_cost if block_manager.num_host_blocks else None)
         self.running: list[Sequence] = []
@@ -64,8 +64,8 @@ class Scheduler:
         hoarding work that another worker could start sooner."""
         if len(self.running) + len(waiting) >= self.config.max_num_seqs:
             return False
-        need = sum(self.bm.blocks_needed(s.num_tokens + 1) for s in waiting)
-        return self.bm.num_free_blocks - need > self._reserve + len(self.running)
+        need = sum(self.block_manager.blocks_needed(s.num_tokens + 1) for s in waiting)
+        return self.block_manager.num_free_blocks - need > self._reserve + len(self.running)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -73,7 +73,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        self.bm.begin_step()
+        self.block_manager.begin_step()
         for seq, error in self.policy.begin_step(self.running):
             self.finish(seq)
             plan.refused.append((seq, error))
@@ -84,13 +84,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.bm.can_append(seq, n):
+            while not self.block_manager.can_append(seq, n):
                 victim = self.policy.victim(self.running[i:])
                 self._preempt(victim, plan)
                 if victim is seq:
                     break
             else:
-                self.bm.append(seq, n)
+                self.block_manager.append(seq, n)
                 plan.scheduled.append(ScheduledSeq(seq, n))
                 budget -= n
                 i += 1
@@ -132,8 +132,8 @@ class Scheduler:
                     return
                 budget += regained
                 continue
-            hits = self.bm.prefix_hits(seq)
-            remaining = seq.num_tokens - self.bm.num_restored_tokens(seq, hits)
+            hits = self.block_manager.prefix_hits(seq)
+            remaining = seq.num_tokens - self.block_manager.num_restored_tokens(seq, hits)
             if remaining > budget:  # rather than split its prompt, the head may defer lower chunks
                 regained = self._make_room(seq, plan, for_budget=True)
                 if regained >= 0:
@@ -143,17 +143,17 @@ class Scheduler:
                 return
             n = min(remaining, budget)
             reserve = self._reserve if self.running else 0  # an idle engine always starts the head
-            if not self.bm.can_allocate(seq, hits, n, reserve=reserve):
+            if not self.block_manager.can_allocate(seq, hits, n, reserve=reserve):
                 regained = self._make_room(seq, plan, for_budget=False)
                 if regained < 0:
                     return
                 budget += regained
                 continue
             self.policy.pop()
-            swapped = self.bm.is_swapped(seq)
+            swapped = self.block_manager.is_swapped(seq)
             self.num_admissions += 1
             self._batch_left -= 1
-            plan.swap_in += self.bm.allocate(seq, hits, n)  # copies back a swapped-out sequence
+            plan.swap_in += self.block_manager.allocate(seq, hits, n)  # copies back a swapped-out sequence
             if seq.num_preemptions:
                 seq.record(
                     "resumed", mode="swap" if swapped else "recompute", cached_tokens=seq.num_cached_tokens
@@ -203,12 +203,12 @@ class Scheduler:
         Either way the sequence keeps its tokens and its place."""
         self.running.remove(seq)
         computed = seq.num_computed_tokens
-        if self.preemption.use_swap(seq, self.bm):
-            plan.swap_out += self.bm.swap_out(seq)
+        if self.preemption.use_swap(seq, self.block_manager):
+            plan.swap_out += self.block_manager.swap_out(seq)
             self.num_swaps += 1
             seq.record("preempted", mode="swap", computed_tokens=computed)
         else:
-            self.bm.free(seq)
+            self.block_manager.free(seq)
             seq.record("preempted", mode="recompute", computed_tokens=computed)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -220,16 +220,16 @@ class Scheduler:
         """The forward ran: advance every scheduled sequence and register its filled blocks."""
         for item in plan.scheduled:
             item.seq.num_computed_tokens += item.num_tokens
-            self.bm.commit(item.seq)
+            self.block_manager.commit(item.seq)
 
     def finish(self, seq: Sequence) -> None:
         """seq is done (stopped or aborted): drop it from the running set or the queue, free blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
-            self.bm.free(seq)
+            self.block_manager.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.policy.remove(seq)
-            self.bm.free(seq)  # a swapped-out sequence holds host blocks
+            self.block_manager.free(seq)  # a swapped-out sequence holds host blocks
         if seq.status is not SequenceStatus.FINISHED:
             self.policy.on_finished(seq)
         seq.status = SequenceStatus.FINISHED

@@ -63,7 +63,7 @@ class SLOPolicy(SchedulingPolicy):
         return seq.tpot_target_s or self.config.tier_tpot_targets.get(seq.priority)
 
     @property
-    def tiers(self) -> bool:
+    def tiers(self) -> bool:  # type: ignore[override]  # the wrapped policy's class attribute
         return self.inner.tiers
 
     def _slot_wait(self, running: Collection[Sequence]) -> float:
@@ -111,7 +111,7 @@ class SLOPolicy(SchedulingPolicy):
             pred = self.predict_ttft(
                 seq.num_tokens, seq.priority, self._running, self.clock() - seq.arrival_time
             )
-            if pred > target:
+            if pred is not None and pred > target:
                 if not self.config.slo_demote:
                     raise self._refusal(seq, pred, target)
                 self._demote(seq)

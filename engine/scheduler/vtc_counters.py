@@ -11,6 +11,8 @@ before this one) is lifted to the smallest counter of the active tenants: idling
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from engine.request import Sequence
 
 
@@ -39,7 +41,7 @@ class VirtualTokenCounters:
     def value(self, tenant: str) -> float:
         return self.counters.get(tenant, 0.0) + self._pending.get(tenant, 0.0)
 
-    def least_served(self, tenants) -> str:
+    def least_served(self, tenants: Iterable[str]) -> str:
         """The tenant of `tenants` with the smallest counter (ties: the one with fewer active requests)."""
         return min(tenants, key=lambda t: (self.value(t), self.active.get(t, 0)))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
@@ -60,14 +61,16 @@ class SimRequest:
     def tpot(self) -> float | None:
         if self.finish is None or self.output_len < 2:
             return None if self.finish is None else 0.0
+        assert self.first_token is not None  # a request that finished had a first token
         return (self.finish - self.first_token) / (self.output_len - 1)
 
     def met_slo(self) -> bool:
         """Finished, and within both targets (DistServe's goodput counts these)."""
         if self.finish is None:
             return False
-        return (self.ttft_target_s is None or self.ttft <= self.ttft_target_s) and (
-            self.tpot_target_s is None or self.tpot <= self.tpot_target_s
+        ttft, tpot = self.ttft, self.tpot
+        return (self.ttft_target_s is None or (ttft is not None and ttft <= self.ttft_target_s)) and (
+            self.tpot_target_s is None or (tpot is not None and tpot <= self.tpot_target_s)
         )
 
 
@@ -89,19 +92,22 @@ class SimReport:
             if (tenant is None or r.tenant == tenant) and (priority is None or r.priority == priority)
         ]
 
-    def ttfts(self, **where) -> list[float]:
+    def ttfts(self, **where: Any) -> list[float]:
         return [r.ttft for r in self.select(**where) if r.ttft is not None]
 
-    def ttft_p(self, q: float, **where) -> float:
+    def ttft_p(self, q: float, **where: Any) -> float:
         return percentile(self.ttfts(**where), q)
 
-    def finished(self, **where) -> list[SimRequest]:
+    def finished(self, **where: Any) -> list[SimRequest]:
         return [r for r in self.select(**where) if r.finish is not None]
 
-    def throughput(self, until: float | None = None, **where) -> float:
+    def throughput(self, until: float | None = None, **where: Any) -> float:
         """Output tokens per second of finished requests (until `until` if given)."""
         end = until or self.duration
-        return sum(r.output_len for r in self.finished(**where) if r.finish <= end) / end
+        return (
+            sum(r.output_len for r in self.finished(**where) if r.finish is not None and r.finish <= end)
+            / end
+        )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -123,8 +129,8 @@ class Simulator:
         self.config = config
         self.cost = cost
         self.now = 0.0
-        self.bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
-        self.scheduler = Scheduler(config, self.bm, clock=lambda: self.now)
+        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.scheduler = Scheduler(config, self.block_manager, clock=lambda: self.now)
         self.w_in = config.vtc_input_weight if w_in is None else w_in
         self.w_out = config.vtc_output_weight if w_out is None else w_out
 
@@ -202,7 +208,7 @@ class Simulator:
 
 
 # ---- arrival traces ----------------------------------------------------------------------------
-def poisson_trace(rate: float, duration: float, rng: random.Random, **request) -> list[SimRequest]:
+def poisson_trace(rate: float, duration: float, rng: random.Random, **request: Any) -> list[SimRequest]:
     """Poisson arrivals at `rate`/s over [0, duration). `prompt_len` / `output_len` may be
     (lo, hi) ranges, drawn uniformly; other fields are copied to every request."""
     out, t = [], rng.expovariate(rate)
@@ -213,7 +219,7 @@ def poisson_trace(rate: float, duration: float, rng: random.Random, **request) -
 
 
 def bursty_trace(
-    rate: float, duration: float, rng: random.Random, burst: int = 10, **request
+    rate: float, duration: float, rng: random.Random, burst: int = 10, **request: Any
 ) -> list[SimRequest]:
     """Bursts of `burst` simultaneous requests, the bursts Poisson, `rate` requests/s on average."""
     out = []
@@ -222,12 +228,12 @@ def bursty_trace(
     return out
 
 
-def backlog(n: int, rng: random.Random, at: float = 0.0, **request) -> list[SimRequest]:
+def backlog(n: int, rng: random.Random, at: float = 0.0, **request: Any) -> list[SimRequest]:
     """n requests arriving at once (a backlogged tenant)."""
     return [_request(at, rng, request) for _ in range(n)]
 
 
-def _request(t: float, rng: random.Random, request: dict) -> SimRequest:
+def _request(t: float, rng: random.Random, request: dict[str, Any]) -> SimRequest:
     fields = dict(request)
     for key in ("prompt_len", "output_len"):
         v = fields.get(key, 64)

@@ -4,13 +4,16 @@ what the engine samples, with xgrammar (docs/api.md, "Structured outputs").
 Public names: ``StructuredSpec`` (plain Python: it travels in SamplingParams and the lane message),
 ``check`` (raise InvalidRequestError if xgrammar refuses a spec), ``StructuredOutputs`` (the
 engine's per-step machinery). ``check`` and ``StructuredOutputs`` import xgrammar (and torch) on
-first use; ``StructuredSpec`` imports neither.
+first use; ``StructuredSpec`` imports neither. The lazy names are not re-imported under
+``TYPE_CHECKING``: `engine.request` loads this package for the spec, and the manager imports the
+scheduler, which imports `engine.request` (tests/test_imports.py counts those imports too); engine
+modules import them from their own modules.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.structured.spec import KINDS, StructuredSpec
 
@@ -21,11 +24,6 @@ _LAZY = {
 }
 
 __all__ = ["GrammarCache", "KINDS", "StructuredOutputs", "StructuredSpec", "check"]
-
-if TYPE_CHECKING:  # pragma: no cover
-    from engine.structured.cache import GrammarCache
-    from engine.structured.grammar import check
-    from engine.structured.manager import StructuredOutputs
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from engine.structured.spec import StructuredSpec
@@ -47,7 +48,7 @@ class GrammarCache:
             self._entries[spec] = future
             while len(self._entries) > self.capacity:
                 self._entries.popitem(last=False)  # the least recently used; a waiter keeps its own future
-        future.add_done_callback(lambda f, spec=spec: self._forget_failed(spec, f))
+        future.add_done_callback(partial(self._forget_failed, spec))
         return future
 
     def _forget_failed(self, spec: StructuredSpec, future: Future) -> None:

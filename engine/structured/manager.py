@@ -2,7 +2,8 @@
 token bitmask of every constrained row filled each step and applied to the logits before sampling.
 
 Lifecycle of a structured sequence: ``add`` at add_request (a cached grammar: its matcher at once;
-else held while a thread compiles it, and ``take_ready`` hands it to the scheduler at a later step);
+else it waits out of the scheduler while a thread compiles the grammar, and ``take_ready`` hands it
+to the scheduler at a later step);
 ``prepare`` at the step start fills the bitmask rows of the constrained sequences that sample, on a
 thread, while the forward runs; ``apply`` masks the logits [S, V] before the sampler; ``accept``
 advances the matcher with the sampled token; ``release`` at the end. The matcher is keyed by
@@ -16,7 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,9 +38,9 @@ log = logging.getLogger(__name__)
 class StructuredOutputs:
     def __init__(
         self,
-        tokenizer,
+        tokenizer: Any,
         vocab_size: int,
-        stop_token_ids,
+        stop_token_ids: Iterable[int],
         *,
         capacity: int = DEFAULT_CAPACITY,
         max_threads: int | None = None,
@@ -52,7 +55,8 @@ class StructuredOutputs:
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=threads, cache_enabled=False)
         self.cache = GrammarCache(self._compile, capacity)
         self.matchers: dict[str, xgr.GrammarMatcher] = {}
-        self.held: dict[str, tuple[Sequence, Future]] = {}  # waiting for their grammar to compile
+        # request id -> its grammar's compilation, for sequences kept out of the scheduler until it ends
+        self.compiling: dict[str, Future] = {}
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
         self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._bitmask = xgr.allocate_token_bitmask(
@@ -66,22 +70,30 @@ class StructuredOutputs:
     # ---- admission ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> bool:
         """Start a structured sequence: True when its matcher is ready (the grammar was cached), False
-        when it is held until its grammar compiles (see take_ready). InvalidRequestError if its
+        when it waits for its grammar to compile (see take_ready). InvalidRequestError if its
         grammar cannot be used."""
-        future = self.cache.get(seq.params.structured)
+        spec = seq.params.structured
+        assert spec is not None, "a sequence without a structured spec"
+        future = self.cache.get(spec)
         if future.done():
             self._start(seq, future)
             return True
-        self.held[seq.request_id] = (seq, future)
+        self.compiling[seq.request_id] = future
         return False
 
-    def take_ready(self) -> list[tuple[Sequence, Exception | None]]:
-        """Held sequences whose grammar finished compiling, with their matchers made; the error
-        instead for one whose grammar failed."""
-        ready = []
-        for rid, (seq, future) in list(self.held.items()):
+    @property
+    def held(self) -> dict[str, Future]:
+        """The requests kept out of the scheduler while their grammar compiles (`compiling`)."""
+        return self.compiling
+
+    def take_ready(self, seqs: Mapping[str, Sequence]) -> list[tuple[Sequence, Exception | None]]:
+        """Waiting sequences (looked up in `seqs`, by request id) whose grammar finished compiling,
+        with their matchers made; the error instead for one whose grammar failed."""
+        ready: list[tuple[Sequence, Exception | None]] = []
+        for request_id, future in list(self.compiling.items()):
             if future.done():
-                del self.held[rid]
+                del self.compiling[request_id]
+                seq = seqs[request_id]
                 try:
                     self._start(seq, future)
                     ready.append((seq, None))
@@ -90,9 +102,9 @@ class StructuredOutputs:
         return ready
 
     def wait(self, timeout: float) -> None:
-        """Wait up to `timeout` seconds for one held sequence's grammar (when nothing else can run)."""
-        if self.held:
-            wait([f for _, f in self.held.values()], timeout=timeout, return_when=FIRST_COMPLETED)
+        """Wait up to `timeout` seconds for one waiting sequence's grammar (when nothing else can run)."""
+        if self.compiling:
+            wait(list(self.compiling.values()), timeout=timeout, return_when=FIRST_COMPLETED)
 
     def _start(self, seq: Sequence, future: Future) -> None:
         try:
@@ -101,8 +113,9 @@ class StructuredOutputs:
             raise
         except Exception as exc:
             spec = seq.params.structured
+            kind, param = (spec.kind, spec.param) if spec is not None else ("structured", PARAM)
             raise InvalidRequestError(
-                f"the {spec.kind} constraint cannot be compiled: {exc}", param=spec.param
+                f"the {kind} constraint cannot be compiled: {exc}", param=param
             ) from exc
         matcher = xgr.GrammarMatcher(compiled)
         for token in seq.output_token_ids:  # resumed: the tokens a dead worker already generated
@@ -113,9 +126,10 @@ class StructuredOutputs:
         self.matchers[seq.request_id] = matcher
 
     def release(self, seq: Sequence) -> bool:
-        """Forget a finished or aborted sequence; True if it was still held (never scheduled)."""
+        """Forget a finished or aborted sequence; True if it still waited for its grammar (never
+        scheduled)."""
         self.matchers.pop(seq.request_id, None)
-        return self.held.pop(seq.request_id, None) is not None
+        return self.compiling.pop(seq.request_id, None) is not None
 
     # ---- every step ------------------------------------------------------------------------
     def prepare(self, plan: StepPlan) -> None:
@@ -198,7 +212,7 @@ def _mask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, dst: list[int], src: 
     logits.masked_fill_(torch.from_numpy(forbidden), float("-inf"))
 
 
-def for_engine(tokenizer, vocab_size: int, eos_token_ids) -> StructuredOutputs:
+def for_engine(tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> StructuredOutputs:
     """The engine's StructuredOutputs; InvalidRequestError for a model without a tokenizer."""
     if tokenizer is None:
         raise InvalidRequestError("structured outputs need a model with a tokenizer", param=PARAM)

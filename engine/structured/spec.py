@@ -29,7 +29,7 @@ class StructuredSpec:
     kind: str
     value: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InvalidRequestError(
                 f"unknown structured output kind {self.kind!r}; one of {', '.join(KINDS)}", param=PARAM
@@ -65,7 +65,7 @@ class StructuredSpec:
         )
 
     @classmethod
-    def coerce(cls, value) -> StructuredSpec | None:
+    def coerce(cls, value: object) -> StructuredSpec | None:
         """A spec from itself, None, or its dict form (as a lane message carries it)."""
         if value is None or isinstance(value, cls):
             return value

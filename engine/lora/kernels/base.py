@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -18,11 +18,11 @@ class Segment(NamedTuple):
 class LoRAKernel(ABC):
     name = "abstract"
 
-    def prepare(self, segments: list[Segment], device: torch.device):
+    def prepare(self, segments: list[Segment], device: torch.device) -> Any:
         """Once per step and projection: whatever `apply` needs about the segments."""
         return segments
 
     @abstractmethod
-    def apply(self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, meta) -> None:
+    def apply(self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, meta: Any) -> None:
         """y: [T, out] += LoRA delta of x: [T, in] for the rows of `meta`'s segments, in place.
         a: [S, R, m, in], b: [S, R, m, out] (one layer's slots)."""

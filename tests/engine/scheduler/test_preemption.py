@@ -46,8 +46,12 @@ def test_swap_out_copies_the_computed_blocks_and_keeps_the_progress():
     assert plan.preempted == [b] and s.num_swaps == 1
     assert plan.swap_out == list(zip(old, [0, 1])) and plan.swap_in == []
     assert b.status is SequenceStatus.WAITING and b.block_table == []
-    assert b.num_computed_tokens == 8 and s.bm.host_blocks(b) == [0, 1] and s.bm.num_free_host_blocks == 6
-    assert s.bm.is_swapped(b) and s.policy.peek() is b
+    assert (
+        b.num_computed_tokens == 8
+        and s.block_manager.host_blocks(b) == [0, 1]
+        and s.block_manager.num_free_host_blocks == 6
+    )
+    assert s.block_manager.is_swapped(b) and s.policy.peek() is b
 
 
 def test_swap_in_reuses_cached_prefix_blocks_copies_the_rest_and_decodes_on():
@@ -62,17 +66,17 @@ def test_swap_in_reuses_cached_prefix_blocks_copies_the_rest_and_decodes_on():
     ]  # its next token, nothing recomputed
     assert b.block_table[0] == b0  # found in the prefix cache: no copy
     assert plan.swap_in == [(1, b.block_table[1])]  # only the reused block comes from host
-    assert b.num_computed_tokens == 9 and not s.bm.is_swapped(b)
+    assert b.num_computed_tokens == 9 and not s.block_manager.is_swapped(b)
     run_step(s)  # the host blocks read by the swap-in are free again at the next step
-    assert s.bm.num_free_host_blocks == 8
+    assert s.block_manager.num_free_host_blocks == 8
 
 
 def test_auto_swaps_when_the_copy_is_cheaper_than_recomputation():
     s = make("auto")
     _, b = two_decoding(s)
-    recompute, swap = s.preemption.estimate(b, s.bm)
+    recompute, swap = s.preemption.estimate(b, s.block_manager)
     assert recompute == pytest.approx(8 * 0.0002) and swap == pytest.approx(2e-6)
-    assert run_step(s).swap_out and s.bm.is_swapped(b)
+    assert run_step(s).swap_out and s.block_manager.is_swapped(b)
 
 
 def test_auto_recomputes_when_the_copy_is_dearer_or_unmeasured():
@@ -81,7 +85,7 @@ def test_auto_recomputes_when_the_copy_is_dearer_or_unmeasured():
         _, b = two_decoding(s)
         plan = run_step(s)
         assert plan.preempted == [b] and not plan.swap_out
-        assert b.num_computed_tokens == 0 and not s.bm.is_swapped(b) and s.num_swaps == 0
+        assert b.num_computed_tokens == 0 and not s.block_manager.is_swapped(b) and s.num_swaps == 0
 
 
 def test_recompute_mode_never_swaps_and_full_swap_space_falls_back_to_recompute():
@@ -89,7 +93,7 @@ def test_recompute_mode_never_swaps_and_full_swap_space_falls_back_to_recompute(
         _, b = two_decoding(s)
         plan = run_step(s)
         assert plan.preempted == [b] and not plan.swap_out and b.num_computed_tokens == 0
-        assert s.bm.num_free_host_blocks == s.bm.num_host_blocks
+        assert s.block_manager.num_free_host_blocks == s.block_manager.num_host_blocks
 
 
 def test_preempted_mid_prefill_swaps_only_the_computed_blocks():
@@ -117,10 +121,10 @@ def test_a_victim_sharing_prefix_blocks_copies_them_and_the_sharer_keeps_them():
     s.add(b)
     run_step(s)  # b shares a's two prefix blocks: a 3 + c 2 + b 1 = all 6 blocks
     shared = a.block_table[:2]
-    assert b.block_table[:2] == shared and s.bm.blocks[shared[0]].ref_count == 2
+    assert b.block_table[:2] == shared and s.block_manager.blocks[shared[0]].ref_count == 2
     plan = run_step(s)  # c needs a 3rd block: b (newest) is swapped out
     assert plan.preempted == [b] and len(plan.swap_out) == 3  # the shared blocks are copied too
-    assert all(s.bm.blocks[i].ref_count == 1 for i in shared)  # a keeps them
+    assert all(s.block_manager.blocks[i].ref_count == 1 for i in shared)  # a keeps them
     for q in list(s.running):
         s.finish(q)
     plan = run_step(s)  # readmitted: the prefix is still cached on the device, only its own block is copied
@@ -132,11 +136,15 @@ def test_finishing_a_swapped_out_sequence_frees_its_host_blocks():
     s = make("swap")
     a, b = two_decoding(s)
     run_step(s)
-    assert s.bm.num_free_host_blocks == 6
+    assert s.block_manager.num_free_host_blocks == 6
     s.finish(b)
     s.finish(a)
-    assert b.status is SequenceStatus.FINISHED and not s.bm.is_swapped(b)
-    assert s.bm.num_free_host_blocks == 8 and s.bm.num_free_blocks == 4 and not s.has_unfinished()
+    assert b.status is SequenceStatus.FINISHED and not s.block_manager.is_swapped(b)
+    assert (
+        s.block_manager.num_free_host_blocks == 8
+        and s.block_manager.num_free_blocks == 4
+        and not s.has_unfinished()
+    )
 
 
 def test_host_blocks_read_by_a_swap_in_are_not_handed_out_in_the_same_step():

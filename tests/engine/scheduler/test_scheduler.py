@@ -96,7 +96,7 @@ def test_finish_frees_blocks_and_abort_of_waiting():
     s.add(b)
     s.finish(a)
     s.finish(b)
-    assert s.bm.num_free_blocks == 16 and not s.has_unfinished()
+    assert s.block_manager.num_free_blocks == 16 and not s.has_unfinished()
     assert a.status is SequenceStatus.FINISHED and b.status is SequenceStatus.FINISHED
 
 
