@@ -125,17 +125,3 @@ class CPUOps(TorchOps):
         out = torch.empty(T, I2 // 2)
         self.lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
         return out
-
-
-def make_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool) -> TorchOps:
-    """TritonOps on CUDA (engine/kernels/fused_ops.py, one launch an operator); CPUOps for fp32 on
-    the CPU when allowed and a C compiler is there; else TorchOps."""
-    if device.type == "cuda":
-        from engine.kernels.fused_ops import TritonOps  # imports triton
-
-        return TritonOps()
-    if cpu_kernels and device.type == "cpu" and dtype == torch.float32:
-        lib = _library()
-        if lib is not None:
-            return CPUOps(lib)
-    return TorchOps()

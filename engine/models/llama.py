@@ -22,8 +22,9 @@ from transformers import PretrainedConfig
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.lora.batch import LoRABatch
-from engine.models.fused import TorchOps, make_ops, rms_norm
+from engine.models.fused import TorchOps, rms_norm
 from engine.models.linear import Linear
+from engine.models.ops import make_ops
 from engine.models.quant import Int8Linear
 from engine.models.registry import resolve
 from engine.models.rope import rope_tables
