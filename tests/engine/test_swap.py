@@ -4,6 +4,7 @@ import random
 
 import pytest
 from hf_reference import hf_greedy
+from paths import FP32_C, FP32_TORCH, params
 from workload import greedy, random_workload
 
 from engine import Engine
@@ -58,18 +59,17 @@ def assert_all_free(eng: Engine) -> None:
     assert bm.num_free_blocks == bm.num_blocks and bm.num_free_host_blocks == bm.num_host_blocks
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("path", params([FP32_TORCH, FP32_C]))
 @pytest.mark.parametrize("mode, budget", [("swap", 8), ("swap", 64), ("auto", 16)])
-def test_greedy_with_swap_preemptions_matches_hf_generate(tiny_model_dir, reference, backend, mode, budget):
+def test_greedy_with_swap_preemptions_matches_hf_generate(tiny_model_dir, reference, path, mode, budget):
     # 64 KV slots for seven sequences of up to 50 tokens: preemptions, some in the middle of a
     # chunked prefill (budget 8), some of sequences sharing prefix blocks.
     eng = Engine(
         model=str(tiny_model_dir),
-        dtype="float32",
+        **path.overrides(),
         block_size=4,
         num_kv_blocks=16,
         max_num_batched_tokens=budget,
-        attention_backend=backend,
         preemption_mode=mode,
     )
     seen = record_preemptions(eng)

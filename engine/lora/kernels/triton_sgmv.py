@@ -6,9 +6,10 @@ every segment's rows to their adapter's rank, a second "expands" them back and a
 
 The grid is (segment, row block, column block); each program reads its segment's start, end,
 slot and rank, so segments of different adapters and ranks run in the same launch and rows of
-no segment are never touched. Loads are upcast to fp32 (bf16/fp16 weights and activations),
-accumulation is fp32, the result is cast to y's dtype on store. Tested on CPU in Triton's
-interpreter (tests/engine/lora/test_lora_triton.py).
+no segment are never touched. Loads are upcast to fp32 (bf16/fp16 activations; the engine keeps
+adapters in fp32), the dots are IEEE fp32 (not TF32), the rank-r intermediate stays fp32, and
+y + delta is summed in fp32 and rounded to y's dtype once on store: PEFT's arithmetic, as in the
+torch kernel. Tested on CPU in Triton's interpreter (tests/engine/lora/test_lora_triton.py).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _shrink(
             mask=(cols[None, :] < K) & (ks[:, None] < IN),
             other=0.0,
         ).to(tl.float32)  # [BK, BN]
-        acc += tl.dot(xt, at)
+        acc += tl.dot(xt, at, input_precision="ieee")
     tl.store(
         xa_ptr + rows[:, None] * stride_xa + cols[None, :],
         acc,
@@ -110,7 +111,7 @@ def _expand(
             mask=(ks[:, None] < K) & (cols[None, :] < OUT),
             other=0.0,
         ).to(tl.float32)  # [BK, BN]
-        acc += tl.dot(xat, bt)
+        acc += tl.dot(xat, bt, input_precision="ieee")
     mask = (rows[:, None] < end) & (cols[None, :] < OUT)
     ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
     y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)

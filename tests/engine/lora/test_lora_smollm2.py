@@ -1,7 +1,10 @@
-"""Multi-LoRA on the real model (SmolLM2-135M, fp32) against PEFT 0.21 applying each adapter
-alone on the same base: one batch mixing the base model and 4 adapters (ranks 2-16, different
-target modules, random non-zero B) matches PEFT's logits and greedy tokens; requests never get
-another's adapter; 3x more adapters than slots all finish right; bad adapters are named errors."""
+"""Multi-LoRA on the real model (SmolLM2-135M, fp32 and bf16) against PEFT 0.21 applying each
+adapter alone on the same base in the same dtype: one batch mixing the base model and 4 adapters
+(ranks 2-16, different target modules, random non-zero B) matches PEFT's logits and greedy tokens
+(fp32: within 2e-3 and token for token; bf16: PEFT's arithmetic, fp32 adapters and one rounding of
+base + delta, so logits within 0.05 of PEFT's and the greedy tokens agree); a weak adapter moves
+the output as PEFT's does in both dtypes; requests never get another's adapter; 3x more adapters
+than slots all finish right; bad adapters are named errors."""
 
 import pytest
 import torch
@@ -28,6 +31,7 @@ RECIPES = [
     AdapterRecipe("qv-r2", 2, 4, ("q_proj", "v_proj"), 14, 0.1),
     AdapterRecipe("down-r12", 12, 12, ("down_proj",), 15, 0.05),
     AdapterRecipe("ko-r6", 6, 24, ("k_proj", "o_proj", "up_proj"), 16, 0.05),
+    AdapterRecipe("weak-qvd-r8", 8, 8, ("q_proj", "v_proj", "down_proj"), 17, 0.02),
 ]
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -36,6 +40,7 @@ CHATS = [
     [{"role": "user", "content": "List three prime numbers."}],
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "How do plants grow?"}],
 ]
+WEAK_CHATS = [[{"role": "user", "content": c}] for c in ("Tell me about the sea.", "What is a lighthouse?")]
 N = 8  # greedy tokens per request
 
 
@@ -47,9 +52,26 @@ def adapters(smollm2, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def peft(smollm2, adapters):
-    base = AutoModelForCausalLM.from_pretrained(smollm2.engine.model_path, dtype=torch.float32).eval()
-    return PeftReference(base, adapters)
+def peft(peft_of):
+    return peft_of("float32")
+
+
+@pytest.fixture(scope="module")
+def peft_of(smollm2, adapters):
+    """PEFT on the base model in a dtype (one dtype at a time: SmolLM2 with 7 adapters twice, beside
+    two engines, is more memory than a small CI machine has)."""
+    made = {}
+
+    def get(dtype: str) -> PeftReference:
+        if dtype not in made:
+            made.clear()
+            base = AutoModelForCausalLM.from_pretrained(
+                smollm2.engine.model_path, dtype=getattr(torch, dtype)
+            ).eval()
+            made[dtype] = PeftReference(base, adapters)
+        return made[dtype]
+
+    return get
 
 
 @pytest.fixture(scope="module")
@@ -58,28 +80,23 @@ def prompts(smollm2):
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM(model="smollm2", dtype="float32", num_threads=2, max_loras=4, max_lora_rank=16)
+def llm(llm_of):
+    return llm_of("float32")
 
 
-def test_mixed_batch_logits_and_greedy_tokens_match_peft(llm, peft, adapters, prompts):
-    mix = [None, *adapters[:4]]  # the base model and 4 adapters, one batch
-    ours = engine_prefill_logits(
-        llm.engine, [(f"r{i}", p, a and str(a)) for i, (p, a) in enumerate(zip(prompts, mix))]
-    )
-    for i, (p, a) in enumerate(zip(prompts, mix)):
-        ref = peft.logits(a, p)
-        assert (ours[f"r{i}"] - ref).abs().max().item() < 2e-3, RECIPES[i - 1].name if a else "base"
-        if a is not None:
-            assert (ref - peft.logits(None, p)).abs().max().item() > 0.5  # the adapter matters
-    out = llm.generate(
-        prompts,
-        SamplingParams(max_tokens=N, temperature=0, ignore_eos=True),
-        lora=[a and str(a) for a in mix],
-    )
-    want = [peft.greedy(a, p, N) for p, a in zip(prompts, mix)]
-    assert [c.token_ids for c in out] == want
-    assert len({tuple(w) for w in want}) == len(want)  # five different continuations
+@pytest.fixture(scope="module")
+def llm_of():
+    made = {}
+
+    def get(dtype: str) -> LLM:  # one dtype at a time, as peft_of
+        if dtype not in made:
+            made.clear()
+            made[dtype] = LLM(
+                model="smollm2", dtype=dtype, num_threads=2, max_loras=4, max_lora_rank=16, num_kv_blocks=128
+            )
+        return made[dtype]
+
+    return get
 
 
 def test_isolation_each_request_gets_its_own_adapter(llm, peft, adapters, prompts):
@@ -144,3 +161,43 @@ def test_bad_adapters_are_named_errors(llm, adapters, tmp_path):
     with pytest.raises(UnsupportedTargetModuleError, match="lm_head"):
         llm.generate("hi", SamplingParams(max_tokens=2), lora=str(head))
     assert not llm.engine.seqs
+
+
+# max |our logits - PEFT's| at any prompt position, per dtype (bf16: one rounding apart at most)
+LOGIT_TOL = {"float32": 2e-3, "bfloat16": 0.05}
+
+
+# Last in the module: the fp32 engine and PEFT of the tests above are reused, then replaced by bf16's.
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mixed_batch_logits_and_greedy_tokens_match_peft(dtype, llm_of, peft_of, adapters, prompts):
+    llm, peft = llm_of(dtype), peft_of(dtype)
+    mix = [None, *adapters[:4]]  # the base model and 4 adapters, one batch
+    ours = engine_prefill_logits(
+        llm.engine, [(f"r{i}", p, a and str(a)) for i, (p, a) in enumerate(zip(prompts, mix))]
+    )
+    for i, (p, a) in enumerate(zip(prompts, mix)):
+        ref = peft.logits(a, p)
+        assert (ours[f"r{i}"] - ref).abs().max().item() < LOGIT_TOL[dtype], (
+            RECIPES[i - 1].name if a else "base"
+        )
+        if a is not None:
+            assert (ref - peft.logits(None, p)).abs().max().item() > 0.5  # the adapter matters
+    out = llm.generate(
+        prompts,
+        SamplingParams(max_tokens=N, temperature=0, ignore_eos=True),
+        lora=[a and str(a) for a in mix],
+    )
+    want = [peft.greedy(a, p, N) for p, a in zip(prompts, mix)]
+    assert [c.token_ids for c in out] == want
+    assert len({tuple(w) for w in want}) == len(want)  # five different continuations
+    # A weak adapter (r 8 on q/v/down, B ~ N(0, 0.02), alpha = r: a delta of ~2% of the
+    # projections' outputs, a few bf16 steps) moves the logits as PEFT's does, not lost to rounding.
+    weak = adapters[-1]
+    for i, chat in enumerate(WEAK_CHATS):
+        p = llm.encode(chat)
+        ours = engine_prefill_logits(llm.engine, [(f"w{i}", p, str(weak)), (f"b{i}", p, None)])
+        ref_a, ref_b = peft.logits(weak, p), peft.logits(None, p)
+        effect = (ref_a - ref_b).abs().max().item()
+        assert effect > 0.3
+        for got, ref in ((ours[f"w{i}"], ref_a), (ours[f"b{i}"], ref_b)):  # the rows the prefix
+            assert (got - ref[-len(got) :]).abs().max().item() <= 0.1 * effect  # cache did not hold

@@ -5,19 +5,20 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.models import fused, ops
+from engine.models import fused
+from engine.models.ops import make_ops
 
 
 @pytest.fixture(scope="module")
 def ops():
-    ops = ops.make_ops(torch.device("cpu"), torch.float32, cpu_kernels=True)
+    ops = make_ops(torch.device("cpu"), torch.float32, cpu_kernels=True)
     assert isinstance(ops, fused.CPUOps)  # a C compiler is on every machine this suite runs on
     return ops
 
 
 def test_only_fp32_cpu_gets_the_kernels():
-    assert type(ops.make_ops(torch.device("cpu"), torch.float32, cpu_kernels=False)) is fused.TorchOps
-    assert type(ops.make_ops(torch.device("cpu"), torch.bfloat16, cpu_kernels=True)) is fused.TorchOps
+    assert type(make_ops(torch.device("cpu"), torch.float32, cpu_kernels=False)) is fused.TorchOps
+    assert type(make_ops(torch.device("cpu"), torch.bfloat16, cpu_kernels=True)) is fused.TorchOps
 
 
 @pytest.mark.parametrize("T", [1, 3, 200])  # 200 rows: the threads share them

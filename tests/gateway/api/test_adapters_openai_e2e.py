@@ -1,8 +1,9 @@
-"""Multi-LoRA through a live `fairlane serve --dev` (its real worker, SmolLM2 in fp32) with the
-official openai client: adapters made by PEFT 0.21 on SmolLM2 are uploaded over the admin API and
-used at once; each tenant sees, uses and deletes only its own; two tenants' adapters in flight
-together each give their tenant the offline engine's tokens for that adapter; an adapter deleted
-while a request streams with it lets that request finish, and the next one is a 404."""
+"""Multi-LoRA through a live `fairlane serve --dev` (its real worker, SmolLM2 in fp32; the first
+test in bf16 too) with the official openai client: adapters made by PEFT 0.21 on SmolLM2 are
+uploaded over the admin API and used at once; each tenant sees, uses and deletes only its own; two
+tenants' adapters in flight together each give their tenant the offline engine's tokens for that
+adapter; an adapter deleted while a request streams with it lets that request finish, and the next
+one is a 404."""
 
 from __future__ import annotations
 
@@ -24,11 +25,21 @@ SAMPLING = {"max_tokens": N, "temperature": 0}
 NO_EOS = {"ignore_eos": True}
 
 
+# The engine's dtype, offline and in the server: every test runs in fp32, the first in bf16 too (the
+# adapters' deltas are PEFT's arithmetic in every dtype: tests/engine/lora/test_lora_smollm2.py).
+FP32_ONLY = pytest.mark.parametrize("dtype", ["float32"], indirect=True)
+
+
 @pytest.fixture(scope="module")
-def offline():
+def dtype(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def offline(dtype):
     from engine import LLM
 
-    return LLM(model=MODEL, dtype="float32", num_threads=1, max_loras=4, max_lora_rank=16)
+    return LLM(model=MODEL, dtype=dtype, num_threads=1, max_loras=4, max_lora_rank=16)
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +84,13 @@ def expected(offline, adapters):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, offline):
+def server(tmp_path_factory, offline, dtype):
     tmp = tmp_path_factory.mktemp("serve-lora")
     port = free_port()
     env = {
         "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
         "FAIRLANE_ENGINE__MODEL": MODEL,
-        "FAIRLANE_ENGINE__DTYPE": "float32",
+        "FAIRLANE_ENGINE__DTYPE": dtype,
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
         "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "256",
@@ -139,6 +150,7 @@ def _chat(client, model):
     return client.chat.completions.create(model=model, messages=MESSAGES, extra_body=NO_EOS, **SAMPLING)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"], indirect=True)
 def test_an_uploaded_adapter_is_served_at_once(server, tenants, uploaded, expected):
     a = _client(server, tenants["tenant-a"]["key"])
     assert [m.id for m in a.models.list()] == [MODEL, f"{MODEL}:support-bot"]
@@ -153,6 +165,7 @@ def test_an_uploaded_adapter_is_served_at_once(server, tenants, uploaded, expect
     assert loads and float(loads[0].split()[-1]) >= 1
 
 
+@FP32_ONLY
 def test_another_tenant_cannot_see_use_or_delete_an_adapter(server, admin, tenants, uploaded):
     b = _client(server, tenants["tenant-b"]["key"])
     assert [m.id for m in b.models.list()] == [MODEL, f"{MODEL}:pirate-bot"]
@@ -173,6 +186,7 @@ def test_another_tenant_cannot_see_use_or_delete_an_adapter(server, admin, tenan
     assert admin.get(f"/admin/adapters/{support['id']}").status_code == 200  # still there
 
 
+@FP32_ONLY
 def test_two_tenants_adapters_in_flight_together_each_get_their_own(server, tenants, uploaded, expected):
     a, b = _client(server, tenants["tenant-a"]["key"]), _client(server, tenants["tenant-b"]["key"])
     jobs = [(a, "support-bot"), (b, "pirate-bot"), (a, "support-bot"), (b, "pirate-bot"), (a, None)]
@@ -193,6 +207,7 @@ def test_two_tenants_adapters_in_flight_together_each_get_their_own(server, tena
     assert texts == [expected[adapter] for _client_, adapter in jobs]
 
 
+@FP32_ONLY
 def test_delete_while_a_request_streams_lets_it_finish_then_404(
     server, admin, tenants, adapters, uploaded, expected
 ):

@@ -101,6 +101,17 @@ def test_completions_streamed_and_not(client):
     assert chunks[-1].usage.total_tokens == plain.usage.total_tokens
 
 
+def test_a_client_rendered_chat_template_as_completion_prompt_answers_as_the_chat(client, greedy_chat):
+    # what lm-eval's --apply_chat_template with local-completions sends: the template's text
+    from engine import assets
+
+    tok = assets.load_tokenizer(MODEL)
+    rendered = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    reply = client.completions.create(model=MODEL, prompt=rendered, max_tokens=8, temperature=0)
+    assert reply.usage.prompt_tokens == greedy_chat.usage.prompt_tokens  # <|im_start|>: one token
+    assert reply.choices[0].text == greedy_chat.choices[0].message.content
+
+
 def test_client_exceptions_carry_our_messages(server, client):
     wrong = openai.OpenAI(base_url=server.base_url + "/v1", api_key="fl-wrongkey_" + "x" * 43, max_retries=0)
     with pytest.raises(openai.AuthenticationError, match="Incorrect API key"):

@@ -1,7 +1,8 @@
 """One tokenization rule: a prompt (text and chat messages) becomes the same ids offline
 (`engine.LLM`) and over HTTP (the gateway's tokenizer: the ids its lane entry carries and the
-usage it reports), for SmolLM2 and for a tokenizer that adds a BOS to text; user text that spells
-a control token stays text on both sides (reliability row 8)."""
+usage it reports), for SmolLM2 and for a tokenizer that adds a BOS to text. A text prompt is raw
+model input (a chat template rendered by the client keeps its control tokens, one id each); chat
+message content that spells a control token stays text on both sides (reliability row 8)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ async def test_same_ids_offline_and_over_http(which, bos_model, redis_url, datab
     }
     specials = set(assets.special_tokens(llm.tokenizer).values())
     assert sum(i in specials for i in offline["spoof_chat"]) == 5  # 2 turns and the assistant's opening
-    assert not specials & set(offline["spoof_text"][1 if which == "bos" else 0 :])
+    assert offline["spoof_text"] == llm.tokenizer.encode(SPOOF)  # as the tokenizer does: raw input
+    assert sum(i in specials for i in offline["spoof_text"][1 if which == "bos" else 0 :]) == 4
     if which == "bos":
         assert offline["text"][0] == 1 and offline["chat"][:2] != [1, 1]  # the rule shows in the ids
     settings = ApiSettings(
