@@ -20,7 +20,7 @@ from gateway.api.state import GatewayState
 from gateway.lanes.keys import lane_key, model_info_key, out_key, workers_key
 from gateway.lanes.messages import LaneRequest, LaneResult
 from gateway.settings import ApiSettings
-from gateway.telemetry import tracing
+from gateway.telemetry import gc_policy, tracing
 
 TIER = "standard"
 PROMPT = tuple(range(1, 33))  # 32 prompt tokens
@@ -249,7 +249,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
     ready, stop = ctx.Event(), ctx.Event()
     echo = ctx.Process(target=null_engine, args=(redis_url, model, ready, stop), daemon=True)
     echo.start()
-    ready.wait(30)
+    assert ready.wait(60), "null engine did not start"
     # The gateway's own parts, as a replica opens them ("dummy": no weights, prompts are ids).
     settings = ApiSettings(
         dev=True,
@@ -260,6 +260,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         quota_key_prefix=f"bench:{model}",
     )
     state = GatewayState.open(settings)
+    thresholds = gc_policy.freeze()  # as a replica's lifespan does once it has started
     state.quota_service.queues_lanes = not args.separate_enqueue  # separate: as with a quota Redis of its own
     receiver = None
     if args.trace:  # spans exported over OTLP/HTTP to a local receiver that decodes them (a collector's cost)
@@ -292,6 +293,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         echo.join(5)
         await state.redis.delete(lane_key(model, TIER))
         await state.close()
+        gc_policy.thaw(thresholds)
 
     def summary(of: dict[str, list[float]]) -> dict:
         return {
