@@ -246,6 +246,9 @@ class ServeSettings(ApiSettings):
     """``fairlane serve``: a gateway replica, plus the workers (and Redis) it starts."""
 
     workers: int = Field(1, ge=0)  # engine worker processes to start (0: gateway only)
+    # Gateway processes serving the one listening socket (each its own event loop; they share
+    # nothing but Redis and the database): up to one per core the engine leaves free.
+    gateway_workers: int = Field(1, ge=1)
     # On SIGTERM/SIGINT: in-flight requests get this long to finish before they are cancelled.
     drain_timeout_s: float = Field(30.0, ge=0)
 
