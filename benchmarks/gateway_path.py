@@ -5,6 +5,7 @@ each timed, with the gateway's own objects; an open and a closed loop of such re
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing
 import os
 import statistics
@@ -118,6 +119,72 @@ class OTLPSink:
     def close(self) -> None:
         self._stop.set()
         self._process.join(5)
+
+
+class RoundTrips:
+    """Counts the gateway's Redis round trips in this process while entered: each command, and each
+    pipeline or script call, is one write of a packed command to a connection (redis-py asyncio)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> RoundTrips:
+        from redis.asyncio.connection import AbstractConnection
+
+        self._cls, self._send = AbstractConnection, AbstractConnection.send_packed_command
+        send, counter = self._send, self
+
+        async def counted(conn, *args, **kwargs):
+            counter.count += 1
+            return await send(conn, *args, **kwargs)
+
+        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._cls.send_packed_command = self._send  # type: ignore[method-assign]
+
+
+class LoopWatch:
+    """The event loop's lag (a 10 ms sleeper, as gateway/telemetry/loop_lag.py) and the garbage
+    collector's pauses while entered, in ms."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.gc_pauses: list[float] = []
+        self._gc_at = 0.0
+
+    def _on_gc(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self._gc_at = time.perf_counter()
+        else:
+            self.gc_pauses.append(1000 * (time.perf_counter() - self._gc_at))
+
+    async def _watch(self) -> None:
+        while True:
+            asked = time.perf_counter()
+            await asyncio.sleep(0.01)
+            self.lags.append(max(0.0, 1000 * (time.perf_counter() - asked - 0.01)))
+
+    async def __aenter__(self) -> LoopWatch:
+        gc.callbacks.append(self._on_gc)
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        gc.callbacks.remove(self._on_gc)
+
+    def summary(self) -> dict:
+        lag = sorted(self.lags) or [0.0]
+        return {
+            "loop_lag_ms": {
+                "p50": lag[len(lag) // 2],
+                "p99": lag[min(len(lag) - 1, int(0.99 * len(lag)))],
+                "max": lag[-1],
+            },
+            "gc": {"collections": len(self.gc_pauses), "max_pause_ms": max(self.gc_pauses, default=0.0)},
+        }
 
 
 class StagedPath:
@@ -241,6 +308,21 @@ async def closed_loop(path: StagedPath, key: str, concurrency: int, seconds: flo
     return done / (time.perf_counter() - start)
 
 
+def _rate_run(samples: dict[str, list[float]], trips: RoundTrips, watch: LoopWatch) -> dict:
+    """One open loop's stage percentiles, Redis round trips per request, loop lag and GC pauses."""
+    n = len(samples["overhead"])
+    return {
+        "requests": n,
+        "stages": {
+            name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99)}
+            for name, v in samples.items()
+            if name != "enqueue" or max(v) > 0
+        },
+        "redis_round_trips_per_request": trips.count / n,
+        **watch.summary(),
+    }
+
+
 async def stages(args, redis_url: str, db_url: str) -> dict:
     """The gateway's path in process, stage by stage, against a null engine."""
     key, _sessions = make_tenant(db_url)
@@ -270,10 +352,19 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         )
     path = StagedPath(state)
     samples_off: dict[str, list[float]] = {}
+    at_rate: dict[float, dict] = {}
     try:
         await open_loop(path, key, args.rate, min(1.0, args.seconds))  # warm-up: caches, scripts, connections
         if receiver is None:
-            samples = await open_loop(path, key, args.rate, args.seconds)
+            with RoundTrips() as trips:
+                async with LoopWatch() as watch:
+                    samples = await open_loop(path, key, args.rate, args.seconds)
+            at_rate = {args.rate: _rate_run(samples, trips, watch)}
+            if args.high_rate:  # where the tail goes past the target rate
+                with RoundTrips() as trips:
+                    async with LoopWatch() as watch:
+                        high = await open_loop(path, key, args.high_rate, args.seconds)
+                at_rate[args.high_rate] = _rate_run(high, trips, watch)
         else:  # tracing off and on in alternating segments of one run: the machine's drift hits both alike
             provider, samples = tracing._provider, {}
             for _ in range(SEGMENTS):
@@ -314,6 +405,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
     return {
         **extra,
         "rate_rps": args.rate,
+        "open_loop": {f"{rate:g}": run for rate, run in at_rate.items()},
         "seconds": args.seconds,
         "requests": len(samples["overhead"]),
         "tracing": f"on, {receiver.spans} spans exported" if receiver is not None else "off",
