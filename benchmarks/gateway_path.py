@@ -280,7 +280,9 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1] * 1000
 
 
-async def open_loop(path: StagedPath, key: str, rate: float, seconds: float) -> dict[str, list[float]]:
+async def open_loop(
+    path: StagedPath, key: str, rate: float, seconds: float, errors: list[str] | None = None
+) -> dict[str, list[float]]:
     """Start one request every 1/rate s regardless of completions; stage samples in s."""
     n, start = int(rate * seconds), time.perf_counter()
     tasks = []
@@ -289,7 +291,10 @@ async def open_loop(path: StagedPath, key: str, rate: float, seconds: float) -> 
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(path.request(key)))
-    samples = await asyncio.gather(*tasks)
+    samples = await asyncio.gather(*tasks, return_exceptions=errors is not None)
+    if errors is not None:  # a request that failed (past the machine's capacity): named, not timed
+        errors.extend(f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, BaseException))
+        samples = [s for s in samples if not isinstance(s, BaseException)]
     return {name: [s[name] for s in samples] for name in samples[0]}
 
 
@@ -308,7 +313,9 @@ async def closed_loop(path: StagedPath, key: str, concurrency: int, seconds: flo
     return done / (time.perf_counter() - start)
 
 
-def _rate_run(samples: dict[str, list[float]], trips: RoundTrips, watch: LoopWatch) -> dict:
+def _rate_run(
+    samples: dict[str, list[float]], trips: RoundTrips, watch: LoopWatch, failed: list[str] = ()
+) -> dict:
     """One open loop's stage percentiles, Redis round trips per request, loop lag and GC pauses."""
     n = len(samples["overhead"])
     return {
@@ -318,8 +325,10 @@ def _rate_run(samples: dict[str, list[float]], trips: RoundTrips, watch: LoopWat
             for name, v in samples.items()
             if name != "enqueue" or max(v) > 0
         },
-        "redis_round_trips_per_request": trips.count / n,
+        "redis_round_trips_per_request": trips.count / (n + len(failed)),
         **watch.summary(),
+        "failed": len(failed),
+        "failures": sorted(set(failed))[:5],
     }
 
 
@@ -363,8 +372,8 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
             if args.high_rate:  # where the tail goes past the target rate
                 with RoundTrips() as trips:
                     async with LoopWatch() as watch:
-                        high = await open_loop(path, key, args.high_rate, args.seconds)
-                at_rate[args.high_rate] = _rate_run(high, trips, watch)
+                        high = await open_loop(path, key, args.high_rate, args.seconds, failed := [])
+                at_rate[args.high_rate] = _rate_run(high, trips, watch, failed)
         else:  # tracing off and on in alternating segments of one run: the machine's drift hits both alike
             provider, samples = tracing._provider, {}
             for _ in range(SEGMENTS):
