@@ -177,8 +177,8 @@ class ApiSettings(SharedSettings):
         512 << 20, gt=0
     )  # an adapter upload's weights file (its body may be this + 1 MiB)
     max_tokens_default: int = 256
-    # Each request waiting on its results holds one Redis connection (a blocking XREAD): this bounds
-    # the requests one replica can have in flight (Redis's own default maxclients is 10,000).
+    # The replica's Redis connections: its one result reader's blocking XREAD, and one per command
+    # in flight (admissions, settlements, cancels) at a time (Redis's own maxclients: 10,000).
     redis_max_connections: int = Field(4096, ge=8)
     request_timeout_s: float = Field(600.0, gt=0)  # the longest wait for a request's first result
     # Once a stream has started: a comment line every sse_keepalive_s while no token comes, and an
