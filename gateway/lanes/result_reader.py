@@ -78,7 +78,7 @@ class ResultReader:
 
     async def _run(self) -> None:
         while self._streams:
-            streams = {key: w.last_id for key, w in self._streams.items()}
+            streams: dict[Any, Any] = {key: w.last_id for key, w in self._streams.items()}
             self._reading, self._woken = set(streams), False
             streams[self.wake_key] = self._wake_id
             try:
@@ -94,11 +94,11 @@ class ResultReader:
                 if key == self.wake_key:
                     self._wake_id = entries[-1][0]
                     continue
-                waiting = self._streams.get(key)
-                if waiting is not None and entries:
-                    waiting.entries.extend(entries)
-                    waiting.last_id = entries[-1][0]
-                    waiting.ready.set()
+                target = self._streams.get(key)
+                if target is not None and entries:
+                    target.entries.extend(entries)
+                    target.last_id = entries[-1][0]
+                    target.ready.set()
         self._reading = set()
 
     async def aclose(self) -> None:
