@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -156,6 +157,22 @@ def table(result: dict) -> str:
         off, cost = staged["stages_tracing_off"]["overhead"], staged["tracing_cost_ms"]
         rows.append(f"| overhead, tracing off (same run) | {off['p50_ms']:.3f} | {off['p99_ms']:.3f} |")
         rows.append(f"| what tracing adds to the overhead | {cost['p50_ms']:+.3f} | {cost['p99_ms']:+.3f} |")
+    if staged.get("open_loop"):
+        rows += [
+            "",
+            "| open loop (req/s) | overhead p50 / p99 (ms) | end to end p99 (ms) | settle p99 (ms) "
+            "| Redis round trips / request | loop lag p50 / p99 / max (ms) | GC collections (max pause ms) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for rate, run in staged["open_loop"].items():
+            st, lag, g = run["stages"], run["loop_lag_ms"], run["gc"]
+            rows.append(
+                f"| {rate} | {st['overhead']['p50_ms']:.2f} / {st['overhead']['p99_ms']:.2f} "
+                f"| {st['end_to_end']['p99_ms']:.2f} | {st['settle']['p99_ms']:.2f} "
+                f"| {run['redis_round_trips_per_request']:.2f} "
+                f"| {lag['p50']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f} "
+                f"| {g['collections']} ({g['max_pause_ms']:.1f}) |"
+            )
     rows.append(
         f"\nadmitted requests/s (closed loop, {staged['closed_loop']['concurrency']} callers,"
         f" null engine): {staged['closed_loop']['admitted_rps']:.0f}"
@@ -177,6 +194,12 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, default=200.0, help="open-loop requests/s of the stages measure"
     )
+    parser.add_argument(
+        "--high-rate",
+        type=float,
+        default=1000.0,
+        help="a second open loop of the stages measure at this rate (0: none; not with --trace)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each stages loop")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(
@@ -193,7 +216,7 @@ def main() -> int:
     add_common_args(parser)
     args = parser.parse_args()
     if args.smoke:
-        args.requests, args.rate, args.seconds, args.concurrency = 8, 50.0, 0.5, 4
+        args.requests, args.rate, args.high_rate, args.seconds, args.concurrency = 8, 50.0, 100.0, 0.5, 4
     out = out_dir(args, "gateway_overhead")
     server = None
     if args.redis_url is None:
@@ -216,7 +239,11 @@ def main() -> int:
         "smoke": args.smoke,
         "round_trip": trips,
         "stages": staged,
-        "machine": {**machine(), "stages_redis": args.redis_url or "embedded valkey"},
+        "machine": {
+            **machine(),
+            "stages_redis": args.redis_url or "embedded valkey",
+            "load_average_1_5_15": os.getloadavg(),  # other work on the machine during the run
+        },
     }
     name = "gateway_overhead_traced" if args.trace else "gateway_overhead"
     plot(result, out / f"{name}.png")

@@ -12,6 +12,7 @@ import time
 import uuid
 
 import tenancy
+from benchmarks.gateway_probes import LoopWatch, RoundTrips
 from engine import SamplingParams
 from gateway.api.auth import AuthContext
 from gateway.api.outcome import RequestOutcome, Status
@@ -20,7 +21,7 @@ from gateway.api.state import GatewayState
 from gateway.lanes.keys import lane_key, model_info_key, out_key, workers_key
 from gateway.lanes.messages import LaneRequest, LaneResult
 from gateway.settings import ApiSettings
-from gateway.telemetry import tracing
+from gateway.telemetry import gc_policy, tracing
 
 TIER = "standard"
 PROMPT = tuple(range(1, 33))  # 32 prompt tokens
@@ -213,7 +214,9 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1] * 1000
 
 
-async def open_loop(path: StagedPath, key: str, rate: float, seconds: float) -> dict[str, list[float]]:
+async def open_loop(
+    path: StagedPath, key: str, rate: float, seconds: float, errors: list[str] | None = None
+) -> dict[str, list[float]]:
     """Start one request every 1/rate s regardless of completions; stage samples in s."""
     n, start = int(rate * seconds), time.perf_counter()
     tasks = []
@@ -222,7 +225,10 @@ async def open_loop(path: StagedPath, key: str, rate: float, seconds: float) -> 
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(path.request(key)))
-    samples = await asyncio.gather(*tasks)
+    samples = await asyncio.gather(*tasks, return_exceptions=errors is not None)
+    if errors is not None:  # a request that failed (past the machine's capacity): named, not timed
+        errors.extend(f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, BaseException))
+        samples = [s for s in samples if not isinstance(s, BaseException)]
     return {name: [s[name] for s in samples] for name in samples[0]}
 
 
@@ -241,6 +247,25 @@ async def closed_loop(path: StagedPath, key: str, concurrency: int, seconds: flo
     return done / (time.perf_counter() - start)
 
 
+def _rate_run(
+    samples: dict[str, list[float]], trips: RoundTrips, watch: LoopWatch, failed: list[str] = ()
+) -> dict:
+    """One open loop's stage percentiles, Redis round trips per request, loop lag and GC pauses."""
+    n = len(samples["overhead"])
+    return {
+        "requests": n,
+        "stages": {
+            name: {"p50_ms": pct(v, 0.50), "p99_ms": pct(v, 0.99)}
+            for name, v in samples.items()
+            if name != "enqueue" or max(v) > 0
+        },
+        "redis_round_trips_per_request": trips.count / (n + len(failed)),
+        **watch.summary(),
+        "failed": len(failed),
+        "failures": sorted(set(failed))[:5],
+    }
+
+
 async def stages(args, redis_url: str, db_url: str) -> dict:
     """The gateway's path in process, stage by stage, against a null engine."""
     key, _sessions = make_tenant(db_url)
@@ -249,7 +274,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
     ready, stop = ctx.Event(), ctx.Event()
     echo = ctx.Process(target=null_engine, args=(redis_url, model, ready, stop), daemon=True)
     echo.start()
-    ready.wait(30)
+    assert ready.wait(60), "null engine did not start"
     # The gateway's own parts, as a replica opens them ("dummy": no weights, prompts are ids).
     settings = ApiSettings(
         dev=True,
@@ -260,6 +285,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         quota_key_prefix=f"bench:{model}",
     )
     state = GatewayState.open(settings)
+    thresholds = gc_policy.freeze()  # as a replica's lifespan does once it has started
     state.quota_service.queues_lanes = not args.separate_enqueue  # separate: as with a quota Redis of its own
     receiver = None
     if args.trace:  # spans exported over OTLP/HTTP to a local receiver that decodes them (a collector's cost)
@@ -269,10 +295,19 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         )
     path = StagedPath(state)
     samples_off: dict[str, list[float]] = {}
+    at_rate: dict[float, dict] = {}
     try:
         await open_loop(path, key, args.rate, min(1.0, args.seconds))  # warm-up: caches, scripts, connections
         if receiver is None:
-            samples = await open_loop(path, key, args.rate, args.seconds)
+            with RoundTrips() as trips:
+                async with LoopWatch() as watch:
+                    samples = await open_loop(path, key, args.rate, args.seconds)
+            at_rate = {args.rate: _rate_run(samples, trips, watch)}
+            if args.high_rate:  # where the tail goes past the target rate
+                with RoundTrips() as trips:
+                    async with LoopWatch() as watch:
+                        high = await open_loop(path, key, args.high_rate, args.seconds, failed := [])
+                at_rate[args.high_rate] = _rate_run(high, trips, watch, failed)
         else:  # tracing off and on in alternating segments of one run: the machine's drift hits both alike
             provider, samples = tracing._provider, {}
             for _ in range(SEGMENTS):
@@ -292,6 +327,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         echo.join(5)
         await state.redis.delete(lane_key(model, TIER))
         await state.close()
+        gc_policy.thaw(thresholds)
 
     def summary(of: dict[str, list[float]]) -> dict:
         return {
@@ -312,6 +348,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
     return {
         **extra,
         "rate_rps": args.rate,
+        "open_loop": {f"{rate:g}": run for rate, run in at_rate.items()},
         "seconds": args.seconds,
         "requests": len(samples["overhead"]),
         "tracing": f"on, {receiver.spans} spans exported" if receiver is not None else "off",

@@ -177,8 +177,8 @@ class ApiSettings(SharedSettings):
         512 << 20, gt=0
     )  # an adapter upload's weights file (its body may be this + 1 MiB)
     max_tokens_default: int = 256
-    # Each request waiting on its results holds one Redis connection (a blocking XREAD): this bounds
-    # the requests one replica can have in flight (Redis's own default maxclients is 10,000).
+    # The replica's Redis connections: its one result reader's blocking XREAD, and one per command
+    # in flight (admissions, settlements, cancels) at a time (Redis's own maxclients: 10,000).
     redis_max_connections: int = Field(4096, ge=8)
     request_timeout_s: float = Field(600.0, gt=0)  # the longest wait for a request's first result
     # Once a stream has started: a comment line every sse_keepalive_s while no token comes, and an
@@ -246,6 +246,9 @@ class ServeSettings(ApiSettings):
     """``fairlane serve``: a gateway replica, plus the workers (and Redis) it starts."""
 
     workers: int = Field(1, ge=0)  # engine worker processes to start (0: gateway only)
+    # Gateway processes serving the one listening socket (each its own event loop; they share
+    # nothing but Redis and the database): up to one per core the engine leaves free.
+    gateway_workers: int = Field(1, ge=1)
     # On SIGTERM/SIGINT: in-flight requests get this long to finish before they are cancelled.
     drain_timeout_s: float = Field(30.0, ge=0)
 

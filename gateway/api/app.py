@@ -28,7 +28,7 @@ from gateway.api.state import GatewayState
 from gateway.api.tracing_middleware import TracingMiddleware
 from gateway.console import install as install_console
 from gateway.settings import ApiSettings, load_settings
-from gateway.telemetry import tracing
+from gateway.telemetry import gc_policy, tracing
 from gateway.telemetry.loop_lag import LoopLagMonitor
 
 # FastAPI releases with native OpenTelemetry (a `telemetry` argument) would add a second server span,
@@ -60,9 +60,11 @@ def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | 
         app.state.gateway = await run_in_threadpool(GatewayState.open, settings)
         lag = LoopLagMonitor()
         lag.start()
+        thresholds = gc_policy.freeze()  # startup's objects: out of every later collection
         try:
             yield
         finally:
+            gc_policy.thaw(thresholds)
             await lag.stop()
             await app.state.gateway.close()
             if traced:

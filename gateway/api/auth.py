@@ -9,6 +9,7 @@ changes bump it too: the context carries the key's max_tokens cap.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class KeyCache:
         self._generation: bytes | None = None
         self._checked_at = float("-inf")
         self._touched: dict[int, float] = {}
+        self._loading: dict[str, asyncio.Future[AuthContext | None]] = {}  # digest → its one load
 
     async def invalidate(self) -> None:
         """After a committed change: forget here at once, and on every other replica within refresh_s."""
@@ -78,13 +80,11 @@ class KeyCache:
         if digest in self._entries:
             self._entries.move_to_end(digest)
             context = self._entries[digest]
-        else:
-            generation = self._generation
-            context = await run_in_threadpool(self._load, key)
-            if generation == self._generation:  # else an invalidation raced with the load
-                self._entries[digest] = context
-                while len(self._entries) > self.max_entries:
-                    self._entries.popitem(last=False)
+        else:  # one database read per key however many requests miss it at once (a cold replica)
+            if digest not in self._loading:
+                self._loading[digest] = asyncio.ensure_future(self._load_into_cache(digest, key))
+                self._loading[digest].add_done_callback(lambda _: self._loading.pop(digest, None))
+            context = await asyncio.shield(self._loading[digest])
         if context is not None:
             await self._touch(context.key_id)
         return context
@@ -98,6 +98,15 @@ class KeyCache:
         if generation != self._generation:
             self._entries.clear()
             self._generation = generation
+
+    async def _load_into_cache(self, digest: str, key: str) -> AuthContext | None:
+        generation = self._generation
+        context = await run_in_threadpool(self._load, key)
+        if generation == self._generation:  # else an invalidation raced with the load
+            self._entries[digest] = context
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return context
 
     def _load(self, key: str) -> AuthContext | None:
         with self.session_factory() as session:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import json
 import logging
 import os
 import secrets
@@ -46,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port (default from settings: 8000)")
     parser.add_argument("--workers", type=int, help="engine worker processes to start (0: gateway only)")
     parser.add_argument(
+        "--gateway-workers",
+        type=int,
+        help="gateway processes serving the port (default 1; they share only Redis and the database)",
+    )
+    parser.add_argument(
         "--model", help="engine.model: 'smollm2', 'dummy', a Hugging Face folder or a .gguf file"
     )
 
@@ -53,7 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace) -> ServeSettings:
     overrides = {
         k: v
-        for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers))
+        for k, v in (
+            ("host", args.host),
+            ("port", args.port),
+            ("workers", args.workers),
+            ("gateway_workers", getattr(args, "gateway_workers", None)),
+        )
         if v is not None
     }
     engine = {k: v for k, v in (("model", args.model), ("policy", args.policy)) if v is not None}
@@ -128,6 +140,45 @@ def _worker_spawner(settings: ServeSettings, redis_url: str):
     return spawn
 
 
+def _gateway_spawner(settings: ServeSettings, sock: socket.socket):
+    """Another gateway process on ``sock`` (gateway/cli/gateway_process.py), with serve's settings."""
+    from gateway.cli.gateway_process import SETTINGS_ENV
+    from gateway.cli.supervisor import child_setup
+
+    env = {**os.environ, SETTINGS_ENV: json.dumps(settings.model_dump(mode="json"))}
+
+    def spawn() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli.gateway_process", "--fd", str(sock.fileno())],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(sock.fileno(),),
+            process_group=0,
+            preexec_fn=child_setup,
+        )
+
+    return spawn
+
+
+def uvicorn_config(app, settings: ServeSettings):
+    """uvicorn's settings of a gateway process: httptools and uvloop when installed, no access log
+    (the gateway writes its own request line), uvicorn's records through this process's handler."""
+    import uvicorn
+
+    def installed(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
+    return uvicorn.Config(
+        app,
+        http="httptools" if installed("httptools") else "h11",
+        loop="uvloop" if installed("uvloop") else "asyncio",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=settings.drain_timeout_s,
+        log_config=None,
+    )
+
+
 def _raise_stopping(signum, _frame) -> None:
     raise Stopping(signal.Signals(signum).name)
 
@@ -148,10 +199,7 @@ def _serve(app, sock: socket.socket, settings: ServeSettings) -> None:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    config = uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=settings.drain_timeout_s, log_config=None
-    )  # uvicorn's records go through this process's (JSON) handler
-    Server(config).run(sockets=[sock])
+    Server(uvicorn_config(app, settings)).run(sockets=[sock])
 
 
 def _refuse_model(model: str) -> str | None:
@@ -220,7 +268,16 @@ def main(args: argparse.Namespace) -> int:
         spawn_worker = _worker_spawner(settings, settings.redis_url)
         for i in range(settings.workers):
             supervisor.add(f"worker-{i}", spawn_worker, wait=False)
-        log.info("serving on http://%s:%d (%d worker(s))", settings.host, settings.port, settings.workers)
+        spawn_gateway = _gateway_spawner(settings, sock)
+        for i in range(1, settings.gateway_workers):  # this process is gateway 0
+            supervisor.add(f"gateway-{i}", spawn_gateway, wait=False)
+        log.info(
+            "serving on http://%s:%d (%d gateway process(es), %d worker(s))",
+            settings.host,
+            settings.port,
+            settings.gateway_workers,
+            settings.workers,
+        )
         _serve(create_app(settings, supervisor=supervisor), sock, settings)
     except Stopping as exc:
         log.info("%s before the gateway was serving: stopping", exc)

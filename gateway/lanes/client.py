@@ -24,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.lanes.keys import WORKER_ALIVE_S, as_text, cancel_key, lane_key, out_key, workers_key
 from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.lanes.result_reader import ResultReader
 
 WORKER_SEEN_S = 1.0  # a replica trusts a live worker it saw this long without asking Redis again
 RELAY_BATCH = 256  # result entries read per XREAD (a request's whole output, usually)
@@ -50,15 +51,24 @@ class LaneClient:
         self.poll_ms = poll_ms
         self._worker_seen: dict[str, float] = {}  # model → when a live worker was last seen (monotonic)
         self._epoch: str | None = None  # lanes:epoch as this replica last saw it
+        self._epoch_read: asyncio.Future[str] | None = None
         self._cancels: set[asyncio.Task] = set()
+        self.reader = ResultReader(redis, batch=RELAY_BATCH, block_ms=poll_ms)  # every relay's XREAD
 
     async def epoch(self) -> str:
         """The Redis data's epoch (set here if missing: first use, or a Redis restarted empty)."""
-        if self._epoch is None:
-            await self.redis.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
-            value = await self.redis.get(EPOCH_KEY)
-            self._epoch = "" if value is None else as_text(value)  # "": deleted at once (a flush)
+        while self._epoch is None:  # one read however many requests ask at once
+            if self._epoch_read is None or self._epoch_read.done():
+                self._epoch_read = asyncio.ensure_future(self._read_epoch())
+            epoch = await asyncio.shield(self._epoch_read)
+            if self._epoch is None:  # a restart was seen meanwhile: this read counts
+                self._epoch = epoch
         return self._epoch
+
+    async def _read_epoch(self) -> str:
+        await self.redis.set(EPOCH_KEY, uuid.uuid4().hex, nx=True)
+        value = await self.redis.get(EPOCH_KEY)
+        return "" if value is None else as_text(value)  # "": deleted at once (a flush)
 
     async def _same_epoch(self, epoch: str) -> bool:
         value = await self.redis.get(EPOCH_KEY)
@@ -96,13 +106,31 @@ class LaneClient:
         longer at ``epoch`` (the one the request was queued at; default: this replica's now) or
         lost results.
         """
-        key, last_id, idle_ms, quiet_ms = out_key(request_id), "0-0", 0.0, 0.0
+        key = out_key(request_id)
+        try:
+            async for result in self._results(key, request_id, timeout_s, idle_timeout_s, keepalive_s, epoch):
+                yield result
+                if result is not None and result.done:
+                    return
+        finally:
+            self.reader.release(key)
+
+    async def _results(
+        self,
+        key: str,
+        request_id: str,
+        timeout_s: float,
+        idle_timeout_s: float | None,
+        keepalive_s: float | None,
+        epoch: str | None,
+    ) -> AsyncIterator[LaneResult | None]:
+        last_id, idle_ms, quiet_ms = "0-0", 0.0, 0.0
         relayed: dict[int, int] = {}  # choice index -> output tokens relayed
         limit_s = timeout_s
         while True:
             try:
                 epoch = epoch or await self.epoch()
-                reply: Any = await self.redis.xread({key: last_id}, block=self.poll_ms, count=RELAY_BATCH)
+                reply: Any = await self.reader.read(key, last_id, self.poll_ms)
                 if not reply and not await self._same_epoch(epoch):
                     raise QueueUnavailable("Redis restarted and lost the request")
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
@@ -159,10 +187,11 @@ class LaneClient:
                 await asyncio.sleep(CANCEL_RETRY_S)
 
     async def aclose(self) -> None:
-        """Wait for the background cancels (at shutdown)."""
+        """Wait for the background cancels and stop the result reader (at shutdown)."""
         for task in list(self._cancels):
             task.cancel()
         await asyncio.gather(*self._cancels, return_exceptions=True)
+        await self.reader.aclose()
 
     async def discard(self, request_id: str) -> None:
         """Drop a relayed request's result stream."""

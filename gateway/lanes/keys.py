@@ -3,7 +3,10 @@
 - ``lanes:{model}:{tier}``: one stream per model and tier; workers read it through the consumer
   group ``workers``, ACK and delete an entry when its request finishes (lanes never grow).
 - ``out:{request_id}``: the request's results, written by the worker each step; it expires
-  ``result_ttl_s`` after its last write and the gateway deletes it once relayed.
+  ``result_ttl_s`` after its last write and the gateway deletes it once relayed. A replica reads
+  the streams of all its requests in flight with one blocking XREAD (gateway/lanes/result_reader.py).
+- ``relay:wake:{uuid}``: one per replica; an XADD to it ends that replica's blocking read when a
+  request starts (so its stream joins the read at once); expires a minute after its last wake.
 - ``cancel:{request_id}``: set by a gateway whose client went away; workers check it every step.
 - ``workers:{model}``: sorted set of worker ids scored by their last heartbeat (unix seconds),
   so a gateway knows whether the model is served; workers prune ids that stopped beating.

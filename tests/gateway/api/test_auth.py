@@ -34,6 +34,21 @@ async def aredis(redis_url):
     await client.aclose()
 
 
+async def test_concurrent_misses_of_one_key_read_the_database_once(session_factory, aredis):
+    with session_factory() as session:
+        tenant = create_tenant(session, name=f"t{uuid.uuid4().hex[:6]}")
+        created = create_api_key(session, tenant_id=tenant.id)
+    cache = KeyCache(session_factory, aredis)
+    loads = []
+    load = cache._load
+    cache._load = lambda key: loads.append(key) or load(key)  # counts the database reads
+    contexts = await asyncio.gather(*(cache.lookup(created.key) for _ in range(20)))
+    assert {c.tenant_id for c in contexts} == {tenant.id}
+    assert loads == [created.key]
+    await cache.lookup(created.key)  # cached now
+    assert len(loads) == 1
+
+
 async def _wait_until_refused(cache: KeyCache, key: str, limit_s: float) -> float:
     start = time.monotonic()
     while await cache.lookup(key) is not None:

@@ -1,0 +1,113 @@
+"""One reader of result streams per replica: a single blocking XREAD over the ``out:{id}`` streams of
+every request in flight, instead of one per request.
+
+A blocking read per request holds a Redis connection for as long as the request waits: at a rate
+the replica cannot keep up with, the requests in flight take every connection of the pool and
+admissions fail for want of one. Here one task reads every registered stream at once and hands
+each request its entries. A request that registers while the read blocks wakes it with an XADD to
+the reader's own wake stream (one per blocking read, however many requests register meanwhile), so
+a new request waits for no poll.
+
+``read`` answers as ``XREAD`` does for one stream (``[[key, entries]]``, or ``[]`` when nothing
+came within its timeout); a Redis error ends the current read of every request with that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+
+WAKE_TTL_MS = 60_000  # the wake stream outlives a reader that died by this much at most
+
+
+class _Waiting:
+    """One request's stream: where the reader is in it, and what it read that the request has not."""
+
+    def __init__(self, last_id: str) -> None:
+        self.last_id = last_id
+        self.entries: list = []
+        self.error: BaseException | None = None
+        self.ready = asyncio.Event()
+
+
+class ResultReader:
+    """The replica's reader of result streams (asyncio; bound to the loop that first uses it)."""
+
+    def __init__(self, redis: aioredis.Redis, *, batch: int, block_ms: int) -> None:
+        self.redis, self.batch, self.block_ms = redis, batch, block_ms
+        self.wake_key = f"relay:wake:{uuid.uuid4().hex}"
+        self._wake_id = "0-0"  # not "$": a wake added before the first read reached Redis counts
+        self._streams: dict[str, _Waiting] = {}
+        self._task: asyncio.Task | None = None
+        self._reading: set[str] = set()  # the streams of the read in flight
+        self._woken = False
+
+    async def read(self, key: str, last_id: str, timeout_ms: int) -> list:
+        """``key``'s entries after ``last_id`` (``[[key, entries]]``), or ``[]`` after ``timeout_ms``."""
+        waiting = self._streams.get(key)
+        if waiting is None:
+            waiting = self._streams[key] = _Waiting(last_id)
+        self._ensure_running()
+        if key not in self._reading and self._reading and not self._woken:
+            self._woken = True  # the read in flight lacks this stream: end it now
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(self.wake_key, {"w": "1"}, maxlen=1, approximate=False)
+                pipe.pexpire(self.wake_key, WAKE_TTL_MS)
+                await pipe.execute()
+        if not waiting.entries and waiting.error is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiting.ready.wait(), timeout_ms / 1000)
+        waiting.ready.clear()
+        if waiting.error is not None:
+            error, waiting.error = waiting.error, None
+            raise error
+        entries, waiting.entries = waiting.entries, []
+        return [[key, entries]] if entries else []
+
+    def release(self, key: str) -> None:
+        """The request is done with ``key`` (relayed to its end, failed or cancelled)."""
+        self._streams.pop(key, None)
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="result-reader")
+
+    async def _run(self) -> None:
+        while self._streams:
+            streams: dict[Any, Any] = {key: w.last_id for key, w in self._streams.items()}
+            self._reading, self._woken = set(streams), False
+            streams[self.wake_key] = self._wake_id
+            try:
+                reply: Any = await self.redis.xread(streams, block=self.block_ms, count=self.batch)
+            except Exception as exc:  # every waiting request fails its read with it, as its own XREAD would
+                self._reading = set()
+                for waiting in self._streams.values():
+                    waiting.error = exc
+                    waiting.ready.set()
+                return
+            for raw_key, entries in reply or ():
+                key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+                if key == self.wake_key:
+                    self._wake_id = entries[-1][0]
+                    continue
+                target = self._streams.get(key)
+                if target is not None and entries:
+                    target.entries.extend(entries)
+                    target.last_id = entries[-1][0]
+                    target.ready.set()
+        self._reading = set()
+
+    async def aclose(self) -> None:
+        """Stop reading and drop the wake stream (at shutdown)."""
+        self._streams.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):
+            await self.redis.delete(self.wake_key)

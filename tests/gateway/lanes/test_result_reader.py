@@ -1,0 +1,86 @@
+"""The replica's one reader of result streams (ResultReader, behind LaneClient.results) on the real
+Redis: 200 requests in flight relayed over one blocking read at a time, a request that starts
+while the read blocks woken at once (not after the poll), and a Redis error ending every read."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway.lanes.client import LaneClient
+from gateway.lanes.keys import out_key
+from gateway.lanes.messages import LaneResult
+from gateway.lanes.result_reader import ResultReader
+
+POLL_MS = 2000  # long: a request that waited for the poll would show
+
+
+@pytest.fixture
+async def lanes(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    lanes = LaneClient(client, poll_ms=POLL_MS)
+    yield lanes
+    await lanes.aclose()
+    await client.aclose()
+
+
+async def _finish(lanes: LaneClient, request_id: str, tokens: tuple[int, ...]) -> None:
+    result = LaneResult(
+        request_id=request_id,
+        token_ids=tokens,
+        done=True,
+        finish_reason="length",
+        num_output_tokens=len(tokens),
+    )
+    await lanes.redis.xadd(out_key(request_id), result.encode())
+    await lanes.redis.expire(out_key(request_id), 60)
+
+
+async def _relay(lanes: LaneClient, request_id: str) -> tuple[list[int], float]:
+    tokens: list[int] = []
+    async for result in lanes.results(request_id, timeout_s=10):
+        tokens += result.token_ids
+    return tokens, time.monotonic()
+
+
+async def test_200_requests_in_flight_share_one_reader_and_each_gets_its_own_results(lanes):
+    ids = [uuid.uuid4().hex for _ in range(200)]
+    relays = [asyncio.ensure_future(_relay(lanes, rid)) for rid in ids]
+    await asyncio.sleep(0.2)  # every relay is waiting: the reader blocks on all 200 streams
+    pool = lanes.redis.connection_pool
+    in_use = len(getattr(pool, "_in_use_connections", ()))
+    assert in_use <= 2  # the reader's blocking read (and at most one wake), not one per request
+    for i, rid in enumerate(ids):
+        await _finish(lanes, rid, (i, i + 1))
+    results = await asyncio.wait_for(asyncio.gather(*relays), 10)
+    assert [tokens for tokens, _ in results] == [[i, i + 1] for i in range(200)]
+    assert lanes.reader._streams == {}  # every relay released its stream
+
+
+async def test_a_request_starting_while_the_reader_blocks_is_not_left_for_the_poll(lanes):
+    first = asyncio.ensure_future(_relay(lanes, uuid.uuid4().hex))  # keeps the reader blocked
+    await asyncio.sleep(0.2)
+    rid = uuid.uuid4().hex
+    await _finish(lanes, rid, (7,))  # its result is there before it asks
+    began = time.monotonic()
+    tokens, ended = await asyncio.wait_for(_relay(lanes, rid), 5)
+    assert tokens == [7] and ended - began < POLL_MS / 1000 / 2
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+
+
+async def test_a_redis_error_ends_the_read_of_every_waiting_request(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    reader = ResultReader(client, batch=16, block_ms=POLL_MS)
+    reads = [asyncio.ensure_future(reader.read(f"out:{uuid.uuid4().hex}", "0-0", POLL_MS)) for _ in range(3)]
+    await asyncio.sleep(0.2)
+    await client.connection_pool.disconnect()  # the blocking read's connection drops under it
+    outcomes = await asyncio.wait_for(asyncio.gather(*reads, return_exceptions=True), 10)
+    await reader.aclose()
+    await client.aclose()
+    assert all(isinstance(o, (RedisConnectionError, OSError)) or o == [] for o in outcomes)
