@@ -73,7 +73,12 @@ class TorchAttention(AttentionBackend):
         return torch.matmul(probs, v)
 
     def _decode(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         B, H, D = q.shape
         KVH = self.num_kv_heads
