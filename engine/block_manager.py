@@ -76,7 +76,8 @@ class BlockManager:
         self.num_prefix_hit_tokens = 0
         self.num_host_blocks = num_host_blocks
         self.free_host_ids: list[int] = list(range(num_host_blocks))  # a heap: low ids first, long runs
-        self._swapped: dict[str, list[int]] = {}  # request id -> host blocks of its computed tokens
+        # request id -> host blocks of its computed tokens (None: a block released out of the window)
+        self._swapped: dict[str, list[int | None]] = {}
         self._host_in_flight: list[int] = []  # host blocks read by this step's swap-ins
 
     # ---- queries -------------------------------------------------------------------------
@@ -107,8 +108,9 @@ class BlockManager:
         """Is seq's KV in host blocks (swapped out, waiting to be allocated again)?"""
         return seq.request_id in self._swapped
 
-    def host_blocks(self, seq: Sequence) -> list[int]:
-        """The host blocks holding a swapped-out seq's computed tokens (empty unless swapped out)."""
+    def host_blocks(self, seq: Sequence) -> list[int | None]:
+        """The host blocks holding a swapped-out seq's computed tokens (empty unless swapped out; None
+        for a block released out of the sliding window before the swap-out)."""
         return list(self._swapped.get(seq.request_id, ()))
 
     def num_restored_tokens(self, seq: Sequence, hits: list[int]) -> int:

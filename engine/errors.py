@@ -17,7 +17,7 @@ class EngineError(Exception):
 class InvalidRequestError(EngineError, ValueError):
     """The request is malformed or cannot fit the model; raised before anything is scheduled."""
 
-    code = ErrorCode.INVALID_REQUEST
+    code: str = ErrorCode.INVALID_REQUEST
 
 
 class ContextLengthExceededError(InvalidRequestError):

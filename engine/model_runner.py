@@ -226,7 +226,7 @@ class ModelRunner:
         spec = self.model.spec
         if spec.long_rope_after:  # longrope: each token's row of the short or long table
 
-            def length(seq):
+            def length(seq: Sequence) -> int:
                 return len(seq.token_ids) if spec.long_rope_recompute else seq.num_prompt_tokens
 
             lens = [length(it.seq) for it in decodes]

@@ -68,7 +68,14 @@ class CPUPagedAttention(TorchAttention):
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         return self._decode(q, kv_cache, meta, window, softcap)
 
-    def _decode(self, q, kv_cache, meta: AttentionMetadata, window: int = 0, softcap: float = 0.0):
+    def _decode(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
         kernel = self.KERNELS.get(q.dtype)
         if kernel is None or q.device.type != "cpu":
             return super()._decode(q, kv_cache, meta, window, softcap)

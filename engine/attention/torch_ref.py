@@ -54,13 +54,16 @@ class TorchAttention(AttentionBackend):
             out[rows] = o[0].transpose(0, 1)
         return out
 
-    def _attend(self, q, k, v, mask, softcap: float) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float
+    ) -> torch.Tensor:
         """q: [..., H, n, D], k and v: [..., KVH, L, D], mask [n, L] or broadcastable (None: causal)."""
         if not softcap:
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
             )
         # tanh soft-capping of the scores (Gemma 2), which SDPA cannot apply: the eager product
+        assert mask is not None, "soft-capped attention is always given its mask"
         g = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
@@ -70,7 +73,12 @@ class TorchAttention(AttentionBackend):
         return torch.matmul(probs, v)
 
     def _decode(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, window: int = 0, softcap=0.0
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         B, H, D = q.shape
         KVH = self.num_kv_heads

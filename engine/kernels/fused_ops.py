@@ -99,7 +99,9 @@ SILU_BLOCK = 1024
 class TritonOps(TorchOps):
     """The operators as one Triton kernel each, for contiguous rows (others: the torch ops)."""
 
-    def add_rms_norm(self, x, delta, weight, eps):
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not x.is_contiguous() or (delta is not None and not delta.is_contiguous()):
             return super().add_rms_norm(x, delta, weight, eps)
         T, C = x.shape
@@ -119,7 +121,9 @@ class TritonOps(TorchOps):
             )
         return x, out  # x updated in place
 
-    def rope(self, qk, cos, sin, positions):
+    def rope(
+        self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         T, heads, D = qk.shape
         if qk.stride(2) != 1 or qk.stride(1) != D or not cos.is_contiguous() or not sin.is_contiguous():
             return super().rope(qk, cos, sin, positions)
@@ -129,7 +133,7 @@ class TritonOps(TorchOps):
             )
         return qk  # rotated in place
 
-    def silu_mul(self, gate_up):
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if not gate_up.is_contiguous():
             return super().silu_mul(gate_up)
         T, I2 = gate_up.shape

@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import importlib
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -28,9 +30,10 @@ OPTIONS = ("num_warps", "num_stages")
 FREE_OPS = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::lift_fresh", "aten::detach"}
 
 
-def kernels() -> dict[str, object]:
-    """Every Triton kernel of the engine's forward, by name (imports triton)."""
-    out = {}
+def kernels() -> dict[str, Any]:
+    """Every Triton kernel of the engine's forward, by name (imports triton): JITFunctions, or the
+    wrappers Triton's decorators put around them (their `.run` launches, `.fn` is the function)."""
+    out: dict[str, Any] = {}
     for module, names in KERNEL_MODULES.items():
         mod = importlib.import_module(module)
         out.update({name: getattr(mod, name) for name in names})
@@ -38,7 +41,7 @@ def kernels() -> dict[str, object]:
 
 
 @functools.cache
-def _binder(kernel):
+def _binder(kernel: Any) -> Callable[..., tuple[Any, Any, Any]]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
@@ -49,7 +52,7 @@ def _binder(kernel):
     )
 
 
-def specialization_key(kernel, *args, **kwargs) -> str:
+def specialization_key(kernel: Any, *args: Any, **kwargs: Any) -> str:
     """The variant a launch with these arguments compiles to on an sm_90 GPU."""
     kwargs = dict(kwargs)
     options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
@@ -62,15 +65,23 @@ class VariantLog:
     running the kernels (their outputs stay uninitialised: for checks that only need the engine's
     control flow, such as scheduling with `ignore_eos`, at the speed of the host code)."""
 
-    def __init__(self, execute: bool = True):
+    def __init__(self, execute: bool = True) -> None:
         self.keys: dict[str, set[str]] = defaultdict(set)
         self.launches: Counter[str] = Counter()
         self.examples: dict[str, dict[str, tuple]] = defaultdict(dict)  # one launch's arguments a key
-        self._patched = []
+        self._patched: list[tuple[Any, Callable[..., Any]]] = []
         for name, kernel in kernels().items():
             original = kernel.run
 
-            def run(*args, _name=name, _kernel=kernel, _run=original, grid, warmup=False, **kwargs):
+            def run(
+                *args: Any,
+                _name: str = name,
+                _kernel: Any = kernel,
+                _run: Callable[..., Any] = original,
+                grid: Any,
+                warmup: bool = False,
+                **kwargs: Any,
+            ) -> Any:
                 self.launches[_name] += 1
                 key = specialization_key(_kernel, *args, **kwargs)
                 self.keys[_name].add(key)
@@ -93,17 +104,17 @@ class LaunchCounter(TorchDispatchMode):
     """Device kernels of the code run inside it: torch ops that compute (views and allocations
     are free) plus Triton launches (the work the interpreter does inside one is not counted)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
         self._inside = 0
-        self._patched = []
+        self._patched: list[tuple[Any, Callable[..., Any]]] = []
 
-    def __enter__(self):
+    def __enter__(self) -> LaunchCounter:
         for name, kernel in kernels().items():
             original = kernel.run
 
-            def run(*args, _name=name, _run=original, **kwargs):
+            def run(*args: Any, _name: str = name, _run: Callable[..., Any] = original, **kwargs: Any) -> Any:
                 self.ops[f"triton:{_name}"] += 1
                 self._inside += 1
                 try:
@@ -115,13 +126,19 @@ class LaunchCounter(TorchDispatchMode):
             self._patched.append((kernel, original))
         return super().__enter__()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for kernel, original in self._patched:
             kernel.run = original
         self._patched.clear()
         return super().__exit__(*exc)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if not self._inside and not func.is_view and func._schema.name not in FREE_OPS:
             self.ops[func._schema.name] += 1
         return func(*args, **(kwargs or {}))

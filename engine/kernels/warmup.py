@@ -6,19 +6,24 @@ between steps is `do_not_specialize`, so nothing compiles later (tests/engine/ke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.attention import AttentionMetadata, PrefillChunk
 
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaModel
+
 
 @torch.inference_mode()
-def warm_up(model, kv_caches: list[torch.Tensor], block_size: int) -> None:
+def warm_up(model: LlamaModel, kv_caches: list[torch.Tensor], block_size: int) -> None:
     """Run `model` (engine/models/llama.py) once over padding; the cache is left as it was."""
     device = kv_caches[0].device
     decodes, chunk = 2, 3
     width = 2 * 64 // block_size + 1  # blocks for two 64-token tiles: room for a split decode
 
-    def on(values) -> torch.Tensor:
+    def on(values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
 
     meta = AttentionMetadata(

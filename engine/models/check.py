@@ -88,6 +88,7 @@ def check_model(model: str) -> ModelSpec | None:
     if source.kind == assets.DUMMY:
         return None
     if source.kind == "folder":
+        assert source.path is not None  # a folder source names its folder
         return check_folder(source.path)
     converted = assets.converted_dir(source)
     if (converted / "config.json").is_file():

@@ -148,7 +148,7 @@ class DecodeForward:
         if any(getattr(layer, n).bias is not None for layer in model.layers for n in ("gate_up", "down")):
             return None
         norms = [model.norm] + [t for layer in model.layers for t in (layer.input_norm, layer.post_norm)]
-        if not all(t.is_contiguous() for t in norms):
+        if not all(t is not None and t.is_contiguous() for t in norms):
             return None
         lib = _library()
         return DecodeForward(model, lib, int8) if lib is not None else None

@@ -162,11 +162,13 @@ class LlamaModel:
         embed = w("model.embed_tokens.weight")
         tied = spec.tied or "lm_head.weight" not in sd
         lm_head = linear(embed if tied else w("lm_head.weight"))
+        final_norm = norm("model.norm.weight")
+        assert final_norm is not None
         model = cls(
             config,
             layers,
             embed,
-            norm("model.norm.weight"),
+            final_norm,
             lm_head,
             attention,
             max_positions,
@@ -209,7 +211,9 @@ class LlamaModel:
             delta = self._out(delta, layer.mlp_out_norm)
         return ops.add_rms_norm(x, delta, self.norm, eps)[1]
 
-    def _pre_norm(self, x, delta, weight):
+    def _pre_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + delta, the block's input): its normed residual, or the residual itself (no pre-norm)."""
         if weight is not None:
             return self.ops.add_rms_norm(x, delta, weight, self.eps)
@@ -222,7 +226,16 @@ class LlamaModel:
             out = rms_norm(out, norm, self.eps)
         return out * self.spec.residual_scale if self.spec.residual_scale != 1.0 else out
 
-    def _attention(self, i, layer, h, positions, meta, kv_cache, lora) -> torch.Tensor:
+    def _attention(
+        self,
+        i: int,
+        layer: LayerWeights,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor,
+        lora: LoRABatch | None,
+    ) -> torch.Tensor:
         spec = self.spec
         T = h.shape[0]
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
@@ -235,6 +248,7 @@ class LlamaModel:
             qk = self._rope(qkv[:, : (H + KVH) * D].view(T, H + KVH, D), cos, sin, positions)
             q, k = qk[:, :H], qk[:, H:]
         else:
+            assert layer.q_norm is not None and layer.k_norm is not None  # loaded wherever qk_norm is set
             q, k = qkv[:, : H * D], qkv[:, H * D : (H + KVH) * D]
             if spec.qk_norm == "all":  # OLMo 2: over every head at once
                 q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
@@ -253,7 +267,9 @@ class LlamaModel:
             lora.apply(i, "o", attn, o)
         return o
 
-    def _rope(self, x: torch.Tensor, cos, sin, positions) -> torch.Tensor:
+    def _rope(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """x: [T, heads, D] rotated in its first rotary_dim dims (all of them but for partial rotary)."""
         R = self.spec.rotary_dim
         if R == x.shape[-1]:

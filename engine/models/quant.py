@@ -93,7 +93,8 @@ class Int8Linear:
         N, K = q.shape
         self.bias = bias
         self._bias32 = bias.float().contiguous() if bias is not None else None
-        self._scale_as = {}  # the scale in each activation dtype met (the dense path)
+        # the scale in each activation dtype met (the dense path)
+        self._scale_as: dict[torch.dtype, torch.Tensor] = {}
         fits = weight.device.type == "cpu" and N % GROUP == 0 and K % BLOCK == 0
         self.lib = _library() if fits else None
         self.qweight = pack(q) if self.lib is not None else q  # what the C kernel reads / int8 rows

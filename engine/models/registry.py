@@ -5,6 +5,7 @@ UnsupportedModelError that names what we cannot serve exactly. Torch-free."""
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 from engine.models.families import gemma, granite, llama, mistral, olmo2, phi3, qwen2, qwen3
 from engine.models.spec import ModelSpec, UnsupportedModelError
@@ -30,7 +31,7 @@ ARCHITECTURES = {
 FP8_METHODS = ("fp8",)  # quant_method values whose weights are dequantized on load (engine/models/fp8.py)
 
 
-def model_type(config) -> str:
+def model_type(config: Any) -> str:
     """The family key: config.model_type, else the first known `architectures` name."""
     kind = getattr(config, "model_type", None)
     if kind in FAMILIES:
@@ -44,7 +45,7 @@ def model_type(config) -> str:
     )
 
 
-def quantization(config) -> dict | None:
+def quantization(config: Any) -> dict[str, Any] | None:
     """The checkpoint's quantization_config when its weights can be dequantized on load; raises for
     any other (GPTQ, AWQ, bitsandbytes, ...)."""
     q = getattr(config, "quantization_config", None)
@@ -63,7 +64,7 @@ def quantization(config) -> dict | None:
     return q
 
 
-def resolve(config) -> ModelSpec:
+def resolve(config: Any) -> ModelSpec:
     """The ModelSpec of a transformers config; UnsupportedModelError naming what is unsupported."""
     kind = model_type(config)
     quantization(config)

@@ -8,12 +8,16 @@ the long factors (`rope_rows`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.models.spec import FULL, SLIDING, ModelSpec
 
 
-def _inv_freq(config, params: dict, spec: ModelSpec, layer_type: str | None, seq_len: int | None):
+def _inv_freq(
+    config: Any, params: dict[str, Any], spec: ModelSpec, layer_type: str | None, seq_len: int | None
+) -> tuple[torch.Tensor, float]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     kind = params.get("rope_type", "default")
@@ -25,7 +29,9 @@ def _inv_freq(config, params: dict, spec: ModelSpec, layer_type: str | None, seq
     return ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len=seq_len, **kwargs)
 
 
-def _table(inv_freq: torch.Tensor, scaling: float, positions: int, dtype, device):
+def _table(
+    inv_freq: torch.Tensor, scaling: float, positions: int, dtype: torch.dtype, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
     pos = torch.arange(positions, dtype=torch.float32)
     freqs = pos[:, None] * inv_freq.float()[None, :]  # [P, R/2]
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -35,12 +41,12 @@ def _table(inv_freq: torch.Tensor, scaling: float, positions: int, dtype, device
 
 
 def rope_tables(
-    config, spec: ModelSpec, positions: int, dtype, device
+    config: Any, spec: ModelSpec, positions: int, dtype: torch.dtype, device: torch.device | str
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{layer type: (cos, sin)} for every layer type of the model."""
     config.standardize_rope_params() if hasattr(config, "standardize_rope_params") else None
     all_params = config.rope_parameters
-    tables = {}
+    tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for layer_type in sorted(set(spec.layer_types) | {FULL}):
         if spec.per_type_rope:
             params, key = all_params.get(layer_type) or all_params[FULL], layer_type

@@ -72,7 +72,7 @@ class ModelSpec:
     long_rope_recompute: bool = False
     tied: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.layer_types:
             object.__setattr__(self, "layer_types", (FULL,) * self.num_layers)
         if not self.rotary_dim:

@@ -8,7 +8,7 @@ from typing import Any
 from engine.models.spec import ACTIVATIONS, FULL, ROPE_TYPES, SLIDING, ModelSpec, UnsupportedModelError
 
 
-def rope_params(config) -> dict[str, Any]:
+def rope_params(config: Any) -> dict[str, Any]:
     """config.rope_parameters as one flat dict (the full-attention layers' where keyed by layer type)."""
     params = getattr(config, "rope_parameters", None) or {}
     if FULL in params or SLIDING in params:
@@ -16,7 +16,7 @@ def rope_params(config) -> dict[str, Any]:
     return params
 
 
-def base(config, family: str, **switches) -> ModelSpec:
+def base(config: Any, family: str, **switches: Any) -> ModelSpec:
     """The spec of a Llama-shaped decoder, with the family's switches on top."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -55,14 +55,14 @@ def base(config, family: str, **switches) -> ModelSpec:
     return ModelSpec(**spec)
 
 
-def _all_rope_params(config) -> list[dict[str, Any]]:
+def _all_rope_params(config: Any) -> list[dict[str, Any]]:
     params = getattr(config, "rope_parameters", None) or {}
     if FULL in params or SLIDING in params:
         return [p for p in params.values() if p]
     return [params]
 
 
-def layer_types(config, *, all_slide: bool = False) -> tuple[str, ...]:
+def layer_types(config: Any, *, all_slide: bool = False) -> tuple[str, ...]:
     """config.layer_types where the config has them; else every layer slides when `all_slide` and
     the config sets a window (Mistral, Phi-3)."""
     types = getattr(config, "layer_types", None)
@@ -72,7 +72,7 @@ def layer_types(config, *, all_slide: bool = False) -> tuple[str, ...]:
     return ((SLIDING if slide else FULL),) * config.num_hidden_layers
 
 
-def window(config, types: tuple[str, ...]) -> int:
+def window(config: Any, types: tuple[str, ...]) -> int:
     if SLIDING not in types:
         return 0
     w = getattr(config, "sliding_window", None)

@@ -3,8 +3,10 @@ the embedding times sqrt(hidden), softmax scale query_pre_attn_scalar ** -0.5, a
 layers; Gemma 2 soft-caps the attention scores and the logits, Gemma 3 norms q and k per head and
 gives its sliding and global layers their own rope."""
 
+from typing import Any
+
 from engine.models.families.common import base, layer_types, window
-from engine.models.spec import Norms, UnsupportedModelError
+from engine.models.spec import ModelSpec, Norms, UnsupportedModelError
 
 MODEL_TYPES = ("gemma2", "gemma3_text")
 NORMS = Norms(
@@ -15,7 +17,7 @@ NORMS = Norms(
 )
 
 
-def spec(config):
+def spec(config: Any) -> ModelSpec:
     gemma3 = config.model_type == "gemma3_text"
     if getattr(config, "use_bidirectional_attention", False):
         raise UnsupportedModelError("gemma3_text: use_bidirectional_attention is not supported")

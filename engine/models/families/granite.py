@@ -1,12 +1,15 @@
 """Granite: Llama blocks with multipliers on the embedding, each residual branch, the attention
 scores (its softmax scale) and the logits (divided by logits_scaling)."""
 
+from typing import Any
+
 from engine.models.families.common import base
+from engine.models.spec import ModelSpec
 
 MODEL_TYPES = ("granite",)
 
 
-def spec(config):
+def spec(config: Any) -> ModelSpec:
     bias = bool(getattr(config, "attention_bias", False))
     return base(
         config,
