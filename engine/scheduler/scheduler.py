@@ -67,6 +67,16 @@ class Scheduler:
         need = sum(self.bm.blocks_needed(s.num_tokens + 1) for s in waiting)
         return self.bm.num_free_blocks - need > self._reserve + len(self.running)
 
+    def has_room_for(self, waiting: list[Sequence], priority: int = 0, tenant: str | None = None) -> bool:
+        """has_room, or a request of `priority` (and `tenant`) would start at the next step by pushing
+        out running work that the policy lets it displace (lower tiers; under VTC a tenant holding
+        more than its share), counting the `waiting` sequences that would claim the same victims.
+        So a worker keeps pulling urgent lanes while every slot or block is held by bulk work."""
+        if self.has_room(waiting):
+            return True
+        ahead = sum(1 for s in waiting if s.priority >= priority or not self.policy.tiers)
+        return self.policy.displaceable(priority, tenant, self.running) > ahead
+
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.policy.add(seq)
@@ -94,13 +104,24 @@ class Scheduler:
                 plan.scheduled.append(ScheduledSeq(seq, n))
                 budget -= n
                 i += 1
-        if not plan.preempted:
+        if not plan.preempted or self._outranks(plan.preempted):
             self._admit(plan, budget)
         if self.config.isolate_urgent_prefill:
             self._isolate_urgent(plan)
         for item in plan.scheduled:
             self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
+
+    def _outranks(self, preempted: list[Sequence]) -> bool:
+        """Is the waiting head of a higher tier than everything this step preempted for blocks? Then
+        it is still admitted (and may displace): lower tiers' block pressure never holds it back."""
+        head = self.policy.peek()
+        return (
+            self.policy.tiers
+            and head is not None
+            and head not in preempted
+            and head.priority > max(q.priority for q in preempted)
+        )
 
     def _next_batch(self) -> int:
         """static/dynamic, with the engine empty: how many waiting sequences the next batch takes
