@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
+from benchmarks.sched_timeline import Timeline, line, summary
 from engine import Engine, SamplingParams
 from engine.errors import SLOUnattainableError
 from engine.sim import SimReport, backlog, bursty_trace, poisson_trace
@@ -51,6 +52,7 @@ def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
     report = SimReport(trace, 0.0, 0, 0, service={t: [] for t in service})
     w_in, w_out = engine.config.vtc_input_weight, engine.config.vtc_output_weight
     t0, nxt = time.monotonic(), 0
+    report.timeline = timeline = Timeline(t0)
     while nxt < len(trace) or engine.has_unfinished():
         now = time.monotonic() - t0
         if until is not None and now >= until:
@@ -58,6 +60,7 @@ def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
         while nxt < len(trace) and trace[nxt].arrival <= now:
             r = trace[nxt]
             nxt += 1
+            timeline.add(r.request_id, now)
             try:
                 engine.add_request(
                     r.request_id,
@@ -77,6 +80,7 @@ def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
             continue
         outputs = engine.step()
         now = time.monotonic() - t0
+        timeline.step(now, engine.stats, outputs)
         for out in outputs:
             r = by_id[out.request_id]
             if out.finish_reason == "slo_unattainable":
@@ -129,10 +133,12 @@ def fairness(n: int) -> dict:
 def noisy_neighbour(cap: float, duration: float) -> dict:
     a = poisson_trace(2 * cap, duration, random.Random(1), tenant="A", **SHAPE)
     b = poisson_trace(0.2 * cap, duration, random.Random(2), tenant="B", **SHAPE)
-    out = {"b_solo_p99": run("fcfs", b).ttft_p(99, tenant="B")}
+    solo = run("fcfs", b)
+    out = {"b_solo_p99": solo.ttft_p(99, tenant="B"), "b_solo_waits": summary(solo.timeline, solo.requests)}
     for policy in ("fcfs", "vtc"):
         report = run(policy, a + b, until=duration)
         out[policy] = {
+            "b_waits": summary(report.timeline, report.select(tenant="B")),
             "b_p99": report.ttft_p(99, tenant="B"),
             "a_p99": report.ttft_p(99, tenant="A"),
             "b_started": len(report.ttfts(tenant="B")),
@@ -144,13 +150,16 @@ def noisy_neighbour(cap: float, duration: float) -> dict:
 def priority(cap: float, duration: float) -> dict:
     inter = poisson_trace(0.2 * cap, duration, random.Random(3), tenant="interactive", priority=1, **SHAPE)
     batch = backlog(int(1.5 * cap * duration), random.Random(4), tenant="batch", priority=0, **SHAPE)
+    solo = run("priority", inter)
     out = {
-        "inter_solo_p99": run("priority", inter).ttft_p(99, priority=1),
+        "inter_solo_p99": solo.ttft_p(99, priority=1),
+        "inter_solo_waits": summary(solo.timeline, solo.requests),
         "batch_solo_tps": run("priority", batch, until=duration).throughput(until=duration, priority=0),
     }
     for policy in ("fcfs", "priority"):
         report = run(policy, inter + batch, until=duration)
         out[policy] = {
+            "inter_waits": summary(report.timeline, report.select(priority=1)),
             "inter_p99": report.ttft_p(99, priority=1),
             "batch_tps": report.throughput(until=duration, priority=0),
             "batch_finished": len(report.finished(priority=0)),
@@ -198,6 +207,17 @@ def table(res: dict) -> str:
         f"{o['fcfs']['goodput_rps']:.2f} | {o['slo']['goodput_rps']:.2f} (SLO-aware, {o['slo']['refused']} "
         "of "
         f"{o['sent']} refused) | >= 1.5x FCFS |",
+    ]
+    rows += [
+        "",
+        "First-token waits (ms; mean over the group, then the slowest request's TTFT and split):",
+        "",
+        "| run | mean | slowest |",
+        "| --- | --- | --- |",
+        line("2 light tenant B alone", n["b_solo_waits"]),
+        *(line(f"2 light tenant B, {k}", n[k]["b_waits"]) for k in ("fcfs", "vtc")),
+        line("3 interactive alone", p["inter_solo_waits"]),
+        *(line(f"3 interactive, {k}", p[k]["inter_waits"]) for k in ("fcfs", "priority")),
     ]
     return "\n".join(rows)
 
