@@ -274,13 +274,29 @@ def main() -> None:
     ap.add_argument(
         "--only", nargs="*", choices=SCENARIOS, help="run these scenarios only (prints, writes nothing)"
     )
+    ap.add_argument(
+        "--capacity", type=float, help="requests/s (default: measured first, FCFS from a backlog)"
+    )
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine/scheduler settings for every run, e.g. urgent_prefill_defers_decodes=true",
+    )
     add_common_args(ap)
     args = ap.parse_args()
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            ENGINE[key] = json.loads(value)
+        except json.JSONDecodeError:
+            ENGINE[key] = value
     backlog_n, capacity_n = 24, 64
     if args.smoke:
         ENGINE.update(model=tiny_model(), dtype="float32", num_threads=1, kv_cache_gib=0.02)
         args.duration, backlog_n, capacity_n = 0.5, 4, 16
-    cap = capacity(capacity_n)
+    cap = args.capacity or capacity(capacity_n)
     print(f"capacity: {cap:.2f} requests/s", flush=True)
     res = {
         "capacity_rps": cap,

@@ -194,6 +194,14 @@ class Scheduler:
         if urgent and len(urgent) < len(prefills):
             keep = {id(it) for it in urgent}
             plan.scheduled = [it for it in plan.scheduled if id(it) in keep or it.is_decode]
+        if urgent and self.config.urgent_prefill_defers_decodes:
+            # the decodes that the policy says an urgent prompt goes before wait this step as well
+            seqs = [it.seq for it in urgent]
+            plan.scheduled = [
+                it
+                for it in plan.scheduled
+                if not it.is_decode or not any(self.policy.defers(u, it.seq) for u in seqs)
+            ]
 
     def _make_room(self, seq: Sequence, plan: StepPlan, for_budget: bool) -> int:
         """Let the policy push a running sequence out for the waiting head `seq`. For the token

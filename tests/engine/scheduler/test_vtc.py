@@ -96,3 +96,14 @@ def test_no_fairness_preemption_at_or_below_the_share():
     s.add(seq("b1", 4, tenant="B"))
     plan = run_step(s)
     assert not plan.preempted and "b1" not in ids(plan.scheduled)
+
+
+def test_urgent_prefill_can_defer_a_more_served_tenants_decodes():
+    s = make("vtc", max_num_batched_tokens=64, max_num_seqs=8, urgent_prefill_defers_decodes=True)
+    for i in range(4):
+        s.add(seq(f"h{i}", 8, tenant="heavy", max_tokens=64))
+    run_step(s)
+    run_step(s)  # heavy holds 4 sequences, all decoding
+    s.add(seq("light", 8, tenant="light"))
+    plan = run_step(s)
+    assert ids(plan.scheduled) == ["light"]
