@@ -155,6 +155,8 @@ class Scheduler:
                 continue
             hits = self.bm.prefix_hits(seq)
             remaining = seq.num_tokens - self.bm.num_restored_tokens(seq, hits)
+            if remaining > budget and self.config.isolate_urgent_prefill and self.policy.urgent(seq):
+                budget += self._clear_for_urgent(seq, plan)  # what isolation would defer anyway
             if remaining > budget:  # rather than split its prompt, the head may defer lower chunks
                 regained = self._make_room(seq, plan, for_budget=True)
                 if regained >= 0:
@@ -185,6 +187,21 @@ class Scheduler:
             self.running.append(seq)
             plan.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+
+    def _clear_for_urgent(self, seq: Sequence, plan: StepPlan) -> int:
+        """The urgent head `seq` would have to split its prompt: take the step's tokens of the other
+        prefill chunks (and of the decodes it defers) now, not after its prompt was cut short."""
+        out = [
+            it
+            for it in plan.scheduled
+            if (not it.is_decode and not self.policy.urgent(it.seq))
+            or (
+                it.is_decode and self.config.urgent_prefill_defers_decodes and self.policy.defers(seq, it.seq)
+            )
+        ]
+        for it in out:
+            plan.scheduled.remove(it)
+        return sum(it.num_tokens for it in out)
 
     def _isolate_urgent(self, plan: StepPlan) -> None:
         """If an urgent request prefills in this step, other prefill chunks wait a step (they keep

@@ -107,3 +107,17 @@ def test_urgent_prefill_can_defer_a_more_served_tenants_decodes():
     s.add(seq("light", 8, tenant="light"))
     plan = run_step(s)
     assert ids(plan.scheduled) == ["light"]
+
+
+def test_a_light_tenants_prompt_is_not_split_behind_a_heavy_tenants_chunks():
+    s = make("vtc", max_num_batched_tokens=32, max_num_seqs=8)
+    for i in range(3):
+        s.add(seq(f"h{i}", 40, tenant="heavy", max_tokens=64))
+    run_step(s)  # heavy's prompts fill every step's budget in chunks
+    s.add(seq("light", 24, tenant="light"))
+    plan = run_step(s)
+    # the chunks that isolation defers give their budget to the light prompt: all 24 tokens at once
+    assert [(i.seq.request_id, i.num_tokens) for i in plan.scheduled if i.seq.tenant == "light"] == [
+        ("light", 24)
+    ]
+    assert plan.num_tokens <= 32
