@@ -115,13 +115,15 @@ class FairTieredPolicy(TieredPolicy):
 
     def defers(self, seq: Sequence, other: Sequence) -> bool:
         """A lower tier's decode, or in seq's tier one of a tenant holding a whole sequence beyond its
-        share while seq's tenant holds one less than its share."""
+        share (and at least as served) while seq's tenant holds one less than its share."""
         if super().defers(seq, other):
             return True
         if self.tier(other) != self.tier(seq) or other.tenant == seq.tenant:
             return False
         excess = self._excess(self.tier(seq), seq.tenant)
-        return excess(seq.tenant) <= -1 and excess(other.tenant) >= 1
+        counters = self.vtc.counters  # served so far, without this step's provisional bookings
+        more_served = counters.get(other.tenant, 0.0) >= counters.get(seq.tenant, 0.0)
+        return more_served and excess(seq.tenant) <= -1 and excess(other.tenant) >= 1
 
     def _excess(
         self, tier: int, tenant: str, running: list[Sequence] | None = None

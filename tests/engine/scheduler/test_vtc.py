@@ -64,7 +64,8 @@ def test_less_served_tenant_defers_a_more_served_tenants_tokens_of_the_step():
 
 
 def test_no_deferral_for_a_tenant_that_would_then_be_the_more_served():
-    s = make("vtc", max_num_batched_tokens=8)
+    # (with urgent_prefill_defers_decodes, A's decodes would wait: A holds a sequence over its share)
+    s = make("vtc", max_num_batched_tokens=8, urgent_prefill_defers_decodes=False)
     s.add(seq("a1", 4, tenant="A")), s.add(seq("a2", 4, tenant="A"))
     run_step(s)
     s.add(seq("b", 7, tenant="B"))
@@ -99,7 +100,7 @@ def test_no_fairness_preemption_at_or_below_the_share():
 
 
 def test_urgent_prefill_can_defer_a_more_served_tenants_decodes():
-    s = make("vtc", max_num_batched_tokens=64, max_num_seqs=8, urgent_prefill_defers_decodes=True)
+    s = make("vtc", max_num_batched_tokens=64, max_num_seqs=8)
     for i in range(4):
         s.add(seq(f"h{i}", 8, tenant="heavy", max_tokens=64))
     run_step(s)
