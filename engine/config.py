@@ -70,7 +70,7 @@ class SchedulerConfig(CacheConfig):
     isolate_urgent_prefill: bool = True
     # ... and the decodes the urgent request may displace (lower tiers; under VTC, more-served
     # tenants) wait that step too: the step is its prompt and its peers' decodes only.
-    urgent_prefill_defers_decodes: bool = True
+    urgent_prefill_defers_decodes: bool = False
     # SLO targets per tier (priority -> seconds); a request's own target wins. Empty: none.
     tier_ttft_targets: dict = field(default_factory=dict, hash=False)
     tier_tpot_targets: dict = field(default_factory=dict, hash=False)

@@ -113,18 +113,6 @@ class FairTieredPolicy(TieredPolicy):
         over = sum(int(excess(t)) for t in tenants if excess(t) >= 1 and self.vtc.value(t) >= mine)
         return n + min(over, int(-excess(tenant)))
 
-    def defers(self, seq: Sequence, other: Sequence) -> bool:
-        """A lower tier's decode, or in seq's tier one of a tenant holding a whole sequence beyond its
-        share (and at least as served) while seq's tenant holds one less than its share."""
-        if super().defers(seq, other):
-            return True
-        if self.tier(other) != self.tier(seq) or other.tenant == seq.tenant:
-            return False
-        excess = self._excess(self.tier(seq), seq.tenant)
-        counters = self.vtc.counters  # served so far, without this step's provisional bookings
-        more_served = counters.get(other.tenant, 0.0) >= counters.get(seq.tenant, 0.0)
-        return more_served and excess(seq.tenant) <= -1 and excess(other.tenant) >= 1
-
     def _excess(
         self, tier: int, tenant: str, running: list[Sequence] | None = None
     ) -> Callable[[str], float]:

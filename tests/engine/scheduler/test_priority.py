@@ -108,7 +108,7 @@ def test_minimum_share_serves_a_starving_lower_tier():
 
 
 def test_an_urgent_prefill_runs_beside_decodes_only():
-    s = make("priority", max_num_batched_tokens=64, urgent_prefill_defers_decodes=False)
+    s = make("priority", max_num_batched_tokens=64)
     s.add(seq("b0", 8, priority=0))
     run_step(s)  # b0 decodes from now on
     s.add(seq("b1", 40, priority=0))
@@ -131,7 +131,7 @@ def test_without_isolation_the_step_is_filled():
 
 
 def test_urgent_prefill_can_defer_lower_tier_decodes():
-    s = make("priority", max_num_batched_tokens=64)  # urgent_prefill_defers_decodes is on by default
+    s = make("priority", max_num_batched_tokens=64, urgent_prefill_defers_decodes=True)
     s.add(seq("b0", 8, priority=0))
     s.add(seq("h0", 4, priority=1))
     run_step(s)  # both decode from now on
