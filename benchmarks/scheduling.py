@@ -199,7 +199,7 @@ def table(res: dict) -> str:
         f"| 3 priority | interactive p99 TTFT (solo {p['inter_solo_p99']:.2f} s) | "
         f"{_s(p['fcfs']['inter_p99'])} | "
         f"{p['priority']['inter_p99']:.2f} s ({p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x) | "
-        "<= 2x solo |",
+        "<= 1.5x solo |",
         f"| 3 priority | batch tokens/s vs solo ({p['batch_solo_tps']:.0f}) | {p['fcfs']['batch_tps']:.0f} | "
         f"{p['priority']['batch_tps']:.0f} ({p['priority']['batch_tps'] / p['batch_solo_tps']:.0%}) | >= "
         "70% |",
