@@ -42,6 +42,10 @@ ENGINE = {
 def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
     """Serve `trace` (arrival times in seconds from now) on a fresh engine with `policy`."""
     engine = Engine(policy=policy, **{**ENGINE, **config})
+    # one request first, so the first forward's one-time costs are not in the first request's TTFT
+    engine.add_request("warmup", list(range(100, 164)), SamplingParams(max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
     rng = random.Random(0)
     trace = sorted((replace(r) for r in trace), key=lambda r: r.arrival)
     by_id = {}
