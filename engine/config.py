@@ -68,6 +68,8 @@ class SchedulerConfig(CacheConfig):
     # A step that prefills an urgent request (a higher tier's, or a tenant's below its share) runs
     # no other prefill: decodes only beside it, so its first token is not behind others' chunks.
     isolate_urgent_prefill: bool = True
+    # ... and lower tiers' decodes wait that step too: the step is its prompt and its tier's decodes.
+    urgent_prefill_defers_decodes: bool = False
     # SLO targets per tier (priority -> seconds); a request's own target wins. Empty: none.
     tier_ttft_targets: dict = field(default_factory=dict, hash=False)
     tier_tpot_targets: dict = field(default_factory=dict, hash=False)

@@ -26,7 +26,7 @@ from engine.loader import load_model
 from engine.lora.request import LoRARequest, acquire_adapter
 from engine.model_runner import ModelRunner
 from engine.output import OutputProcessor
-from engine.prompt_checks import check_context, check_prompt
+from engine.prompt_checks import check_context, check_prompt, check_token_ids
 from engine.request import FinishReason, RequestOutput, SamplingParams, SeqEvent, Sequence
 from engine.request_table import RequestTable
 from engine.scheduler import Scheduler, StepPlan
@@ -129,7 +129,7 @@ class Engine:
                 raise InvalidRequestError(
                     "resume_token_ids cannot continue an n > 1 request", param="resume_token_ids"
                 )
-            self._check_ids(resume_token_ids, "resume_token_ids")
+            check_token_ids(resume_token_ids, "resume_token_ids", vocab_size=self.vocab_size)
             if len(resume_token_ids) >= params.max_tokens:
                 raise InvalidRequestError(
                     "resume_token_ids already reach max_tokens", param="resume_token_ids"
@@ -158,16 +158,6 @@ class Engine:
                 from engine.structured.grammar import check
 
                 check(params.structured)  # what xgrammar refuses, refused here (a few ms, no compile)
-
-    def _check_ids(self, ids: object, name: str) -> None:
-        if not isinstance(ids, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in ids
-        ):
-            raise InvalidRequestError(f"{name} must be a list of token ids (integers)", param=name)
-        if any(not 0 <= t < self.vocab_size for t in ids):
-            raise InvalidRequestError(
-                f"{name} holds token ids outside the vocabulary [0, {self.vocab_size})", param=name
-            )
 
     def add(self, request: EngineRequest) -> None:
         """Queue a request (``add_request`` with its fields)."""
@@ -357,6 +347,11 @@ class Engine:
     def has_room(self) -> bool:
         """Would one more request start at the next step? (See Scheduler.has_room.)"""
         return self.scheduler.has_room(self.requests.waiting())
+
+    def has_room_for(self, priority: int) -> bool:
+        """has_room, or a request of `priority` would start at the next step by displacing running
+        work of lower tiers (Scheduler.has_room_for): what a worker asks before reading a lane."""
+        return self.scheduler.has_room_for(self.requests.waiting(), priority)
 
     @property
     def num_free_blocks(self) -> int:

@@ -43,3 +43,15 @@ def check_context(
         "or lower max_tokens.",
         param="max_tokens",
     )
+
+
+def check_token_ids(ids: object, name: str, *, vocab_size: int) -> None:
+    """`ids` must be a list (or tuple) of integer token ids inside the vocabulary."""
+    if not isinstance(ids, (list, tuple)) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in ids
+    ):
+        raise InvalidRequestError(f"{name} must be a list of token ids (integers)", param=name)
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise InvalidRequestError(
+            f"{name} holds token ids outside the vocabulary [0, {vocab_size})", param=name
+        )

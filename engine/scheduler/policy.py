@@ -103,6 +103,16 @@ class SchedulingPolicy(ABC):
         is preempted."""
         return None
 
+    def displaceable(self, priority: int, tenant: str | None, running: list[Sequence]) -> int:
+        """How many of `running` a new request of `priority` (and `tenant`, if given) arriving now
+        could push out at the sequence cap or the KV limit (Scheduler.has_room_for)."""
+        return 0
+
+    def defers(self, seq: Sequence, other: Sequence) -> bool:
+        """May the urgent prefill of `seq` keep `other`'s decode out of its step (with
+        config.urgent_prefill_defers_decodes)? It loses nothing but a step."""
+        return False
+
     def urgent(self, seq: Sequence) -> bool:
         """Is seq's prefill latency-critical (then, with config.isolate_urgent_prefill, a step that
         prefills it runs no other prefill beside it)? Called after admission, for prefilling seqs."""

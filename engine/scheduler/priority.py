@@ -189,6 +189,15 @@ class TieredPolicy(SchedulingPolicy):
         """Inside a tier nobody is displaced here (FIFO)."""
         return None
 
+    def displaceable(self, priority: int, tenant: str | None, running: list[Sequence]) -> int:
+        """Running sequences of lower tiers that are not protected by the starvation guard."""
+        mine = priority if self.tiers else 0
+        return sum(1 for s in running if self.tier(s) < mine and not self._protected(self.tier(s)))
+
+    def defers(self, seq: Sequence, other: Sequence) -> bool:
+        """A lower tier's decode, unless the starvation guard protects that tier."""
+        return self.tier(other) < self.tier(seq) and not self._protected(self.tier(other))
+
     def urgent(self, seq: Sequence) -> bool:
         """A prefill is urgent when lower tiers have work (running or waiting)."""
         tier = self.tier(seq)

@@ -67,6 +67,16 @@ class Scheduler:
         need = sum(self.block_manager.blocks_needed(s.num_tokens + 1) for s in waiting)
         return self.block_manager.num_free_blocks - need > self._reserve + len(self.running)
 
+    def has_room_for(self, waiting: list[Sequence], priority: int = 0, tenant: str | None = None) -> bool:
+        """has_room, or a request of `priority` (and `tenant`) would start at the next step by pushing
+        out running work that the policy lets it displace (lower tiers; under VTC a tenant holding
+        more than its share), counting the `waiting` sequences that would claim the same victims.
+        So a worker keeps pulling urgent lanes while every slot or block is held by bulk work."""
+        if self.has_room(waiting):
+            return True
+        ahead = sum(1 for s in waiting if s.priority >= priority or not self.policy.tiers)
+        return self.policy.displaceable(priority, tenant, self.running) > ahead
+
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.policy.add(seq)
@@ -94,13 +104,24 @@ class Scheduler:
                 plan.scheduled.append(ScheduledSeq(seq, n))
                 budget -= n
                 i += 1
-        if not plan.preempted:
+        if not plan.preempted or self._outranks(plan.preempted):
             self._admit(plan, budget)
         if self.config.isolate_urgent_prefill:
             self._isolate_urgent(plan)
         for item in plan.scheduled:
             self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
+
+    def _outranks(self, preempted: list[Sequence]) -> bool:
+        """Is the waiting head of a higher tier than everything this step preempted for blocks? Then
+        it is still admitted (and may displace): lower tiers' block pressure never holds it back."""
+        head = self.policy.peek()
+        return (
+            self.policy.tiers
+            and head is not None
+            and head not in preempted
+            and head.priority > max(q.priority for q in preempted)
+        )
 
     def _next_batch(self) -> int:
         """static/dynamic, with the engine empty: how many waiting sequences the next batch takes
@@ -134,6 +155,8 @@ class Scheduler:
                 continue
             hits = self.block_manager.prefix_hits(seq)
             remaining = seq.num_tokens - self.block_manager.num_restored_tokens(seq, hits)
+            if remaining > budget and self.config.isolate_urgent_prefill and self.policy.urgent(seq):
+                budget += self._clear_for_urgent(seq, plan)  # what isolation would defer anyway
             if remaining > budget:  # rather than split its prompt, the head may defer lower chunks
                 regained = self._make_room(seq, plan, for_budget=True)
                 if regained >= 0:
@@ -165,6 +188,21 @@ class Scheduler:
             plan.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
 
+    def _clear_for_urgent(self, seq: Sequence, plan: StepPlan) -> int:
+        """The urgent head `seq` would have to split its prompt: take the step's tokens of the other
+        prefill chunks (and of the decodes it defers) now, not after its prompt was cut short."""
+        out = [
+            it
+            for it in plan.scheduled
+            if (not it.is_decode and not self.policy.urgent(it.seq))
+            or (
+                it.is_decode and self.config.urgent_prefill_defers_decodes and self.policy.defers(seq, it.seq)
+            )
+        ]
+        for it in out:
+            plan.scheduled.remove(it)
+        return sum(it.num_tokens for it in out)
+
     def _isolate_urgent(self, plan: StepPlan) -> None:
         """If an urgent request prefills in this step, other prefill chunks wait a step (they keep
         their blocks): the step is its prompt plus the decodes, not a full budget of others' chunks."""
@@ -173,6 +211,14 @@ class Scheduler:
         if urgent and len(urgent) < len(prefills):
             keep = {id(it) for it in urgent}
             plan.scheduled = [it for it in plan.scheduled if id(it) in keep or it.is_decode]
+        if urgent and self.config.urgent_prefill_defers_decodes:
+            # the decodes that the policy says an urgent prompt goes before wait this step as well
+            seqs = [it.seq for it in urgent]
+            plan.scheduled = [
+                it
+                for it in plan.scheduled
+                if not it.is_decode or not any(self.policy.defers(u, it.seq) for u in seqs)
+            ]
 
     def _make_room(self, seq: Sequence, plan: StepPlan, for_budget: bool) -> int:
         """Let the policy push a running sequence out for the waiting head `seq`. For the token

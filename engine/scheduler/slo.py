@@ -151,6 +151,12 @@ class SLOPolicy(SchedulingPolicy):
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
         self.inner.on_scheduled(seq, num_tokens)
 
+    def displaceable(self, priority: int, tenant: str | None, running: list[Sequence]) -> int:
+        return self.inner.displaceable(priority, tenant, running)
+
+    def defers(self, seq: Sequence, other: Sequence) -> bool:
+        return self.inner.defers(seq, other)
+
     def urgent(self, seq: Sequence) -> bool:
         return self.inner.urgent(seq)
 

@@ -97,11 +97,29 @@ class FairTieredPolicy(TieredPolicy):
         its weighted share of its tier."""
         return super().urgent(seq) or self._excess(self.tier(seq), seq.tenant)(seq.tenant) <= -1
 
-    def _excess(self, tier: int, tenant: str) -> Callable[[str], float]:
+    def displaceable(self, priority: int, tenant: str | None, running: list[Sequence]) -> int:
+        """Lower tiers' sequences, plus (for a `tenant` at least one sequence below its share of its
+        tier) the whole sequences that no more served tenants hold beyond their shares."""
+        n = super().displaceable(priority, tenant, running)
+        tier = priority if self.tiers else 0
+        if tenant is None:
+            return n
+        excess = self._excess(tier, tenant, running)
+        if excess(tenant) > -1:
+            return n
+        active = [self.vtc.value(t) for t, k in self.vtc.active.items() if k and t != tenant]
+        mine = self.vtc.value(tenant) if self.vtc.active.get(tenant) else min(active, default=0.0)
+        tenants = {s.tenant for s in running if self.tier(s) == tier and s.tenant != tenant}
+        over = sum(int(excess(t)) for t in tenants if excess(t) >= 1 and self.vtc.value(t) >= mine)
+        return n + min(over, int(-excess(tenant)))
+
+    def _excess(
+        self, tier: int, tenant: str, running: list[Sequence] | None = None
+    ) -> Callable[[str], float]:
         """tenant -> running sequences of `tier` it holds beyond its weighted share of them (the
         share split between the tier's tenants with work running or waiting, and `tenant`)."""
         held: dict[str, int] = {}
-        for s in self._running:
+        for s in self._running if running is None else running:
             if self.tier(s) == tier:
                 held[s.tenant] = held.get(s.tenant, 0) + 1
         tenants = set(held) | {t for t, h in self.queues.get(tier, {}).items() if h} | {tenant}

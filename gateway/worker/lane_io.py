@@ -80,10 +80,12 @@ class LaneIO:
                     raise
 
     # ---- in --------------------------------------------------------------------------------
-    def take(self, room: Callable[[], bool], *, wait: bool = False) -> Iterator[LaneEntry]:
-        """Entries for this worker while ``room()``: a dead worker's first (every claim_idle_ms /
-        CLAIMS_PER_IDLE), then new ones, highest tier first. ``wait``: nothing came, so wait up to
-        block_ms on every lane at once for one."""
+    def take(self, room: Callable[[str], bool], *, wait: bool = False) -> Iterator[LaneEntry]:
+        """Entries for this worker while ``room(lane)``: a dead worker's first (every claim_idle_ms /
+        CLAIMS_PER_IDLE), then new ones, highest tier first. ``room`` asks per lane, so that an
+        urgent lane is still read while bulk work holds every slot or block (the engine starts its
+        entry by displacing that work). ``wait``: nothing came, so wait up to block_ms on every lane
+        at once for one."""
         if wait:
             reply = self.redis.xreadgroup(
                 GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=self.block_ms
@@ -94,7 +96,7 @@ class LaneIO:
             return
         if self._claim_due():
             for lane in self.lanes:
-                while room():
+                while room(lane):
                     _next, entries, *_ = self.redis.xautoclaim(
                         lane, GROUP, self.worker_id, min_idle_time=self.claim_idle_ms, count=1
                     )
@@ -105,7 +107,7 @@ class LaneIO:
                     log.warning("worker %s claims %s from a dead worker", self.worker_id, as_text(entry_id))
                     yield LaneEntry(lane, as_text(entry_id), fields, claimed=True)
         for lane in self.lanes:
-            while room():
+            while room(lane):
                 reply = self.redis.xreadgroup(GROUP, self.worker_id, {lane: ">"}, count=1)
                 if not reply or not reply[0][1]:
                     break

@@ -151,7 +151,10 @@ class Worker:
         """One iteration: admit work, step the engine, publish."""
         if self._lost:
             self._forget_lost()
-        room = self.engine.has_room
+
+        def room(lane: str) -> bool:  # an urgent lane may displace bulk work (Scheduler.has_room_for)
+            return self.engine.has_room_for(self.priorities[lane])
+
         admitted = sum(self._start(entry) for entry in self.lane_io.take(room))
         if not self.engine.has_unfinished() and not admitted:
             if not sum(self._start(entry) for entry in self.lane_io.take(room, wait=True)):

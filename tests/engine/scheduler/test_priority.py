@@ -128,3 +128,15 @@ def test_without_isolation_the_step_is_filled():
     s.add(seq("hi", 8, priority=1))
     plan = run_step(s)
     assert sorted(ids(plan.scheduled)) == ["b0", "b1", "hi"]
+
+
+def test_urgent_prefill_can_defer_lower_tier_decodes():
+    s = make("priority", max_num_batched_tokens=64, urgent_prefill_defers_decodes=True)
+    s.add(seq("b0", 8, priority=0))
+    s.add(seq("h0", 4, priority=1))
+    run_step(s)  # both decode from now on
+    s.add(seq("hi", 8, priority=1))
+    plan = run_step(s)
+    # the urgent prompt runs beside its own tier's decode only; b0's decode waits a step
+    assert sorted(ids(plan.scheduled)) == ["h0", "hi"]
+    assert sorted(ids(run_step(s).scheduled)) == ["b0", "h0", "hi"]

@@ -96,3 +96,30 @@ def test_no_fairness_preemption_at_or_below_the_share():
     s.add(seq("b1", 4, tenant="B"))
     plan = run_step(s)
     assert not plan.preempted and "b1" not in ids(plan.scheduled)
+
+
+def test_urgent_prefill_keeps_the_decodes_of_its_own_tier():
+    # deferring a heavy tenant's decodes for a light tenant's prompt would break VTC's 2U bound
+    # (engine/sim scenario 1): only lower tiers' decodes wait
+    s = make("vtc", max_num_batched_tokens=64, max_num_seqs=8)
+    for i in range(4):
+        s.add(seq(f"h{i}", 8, tenant="heavy", max_tokens=64))
+    run_step(s)
+    run_step(s)  # heavy holds 4 sequences, all decoding
+    s.add(seq("light", 8, tenant="light"))
+    plan = run_step(s)
+    assert sorted(ids(plan.scheduled)) == ["h0", "h1", "h2", "h3", "light"]
+
+
+def test_a_light_tenants_prompt_is_not_split_behind_a_heavy_tenants_chunks():
+    s = make("vtc", max_num_batched_tokens=32, max_num_seqs=8)
+    for i in range(3):
+        s.add(seq(f"h{i}", 40, tenant="heavy", max_tokens=64))
+    run_step(s)  # heavy's prompts fill every step's budget in chunks
+    s.add(seq("light", 24, tenant="light"))
+    plan = run_step(s)
+    # the chunks that isolation defers give their budget to the light prompt: all 24 tokens at once
+    assert [(i.seq.request_id, i.num_tokens) for i in plan.scheduled if i.seq.tenant == "light"] == [
+        ("light", 24)
+    ]
+    assert plan.num_tokens <= 32
