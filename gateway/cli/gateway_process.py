@@ -13,13 +13,12 @@ import json
 import os
 import socket
 
-SETTINGS_ENV = "FL_SERVE_SETTINGS_JSON"  # not a FAIRLANE_* setting: read (and removed) before settings load
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fd", type=int, required=True, help="the listening socket's file descriptor")
     args = parser.parse_args()
+    from gateway.cli.serve import SETTINGS_ENV, uvicorn_config
     from gateway.settings import ServeSettings, load_settings
     from gateway.telemetry.logs import setup_logging
 
@@ -29,7 +28,6 @@ def main() -> int:
     import uvicorn
 
     from gateway.api.app import create_app
-    from gateway.cli.serve import uvicorn_config
 
     uvicorn.Server(uvicorn_config(create_app(settings), settings)).run(sockets=[sock])
     return 0

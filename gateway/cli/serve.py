@@ -36,6 +36,9 @@ log = logging.getLogger("fairlane.serve")
 DEMO_TENANT = "demo"
 LISTEN_BACKLOG = 2048
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# serve's resolved settings for its extra gateway processes (gateway/cli/gateway_process.py): not a
+# FAIRLANE_* setting, read (and removed) before their settings load
+SETTINGS_ENV = "FL_SERVE_SETTINGS_JSON"
 
 
 class Stopping(Exception):
@@ -142,7 +145,6 @@ def _worker_spawner(settings: ServeSettings, redis_url: str):
 
 def _gateway_spawner(settings: ServeSettings, sock: socket.socket):
     """Another gateway process on ``sock`` (gateway/cli/gateway_process.py), with serve's settings."""
-    from gateway.cli.gateway_process import SETTINGS_ENV
     from gateway.cli.supervisor import child_setup
 
     env = {**os.environ, SETTINGS_ENV: json.dumps(settings.model_dump(mode="json"))}

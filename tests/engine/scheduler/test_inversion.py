@@ -28,7 +28,7 @@ def test_every_slot_held_by_the_batch_tier():
 def test_every_kv_block_held_by_the_batch_tier():
     s = make("priority", max_num_seqs=16, num_blocks=8, block_size=4)
     fill(s, 4, prompt=7)  # 4 x 2 blocks: the cache is full
-    assert s.bm.num_free_blocks == 0
+    assert s.block_manager.num_free_blocks == 0
     s.add(seq("hi", 6, priority=1))
     plan = run_step(s)
     assert "hi" in ids(plan.scheduled) and plan.preempted
