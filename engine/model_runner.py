@@ -22,6 +22,7 @@ from engine.models.decode import DecodeForward
 from engine.request import Sequence, TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
+from engine.speculative.verify import split_drafted, verify
 from engine.swap_space import SwapSpace
 
 if TYPE_CHECKING:
@@ -131,6 +132,22 @@ class ModelRunner:
         if not samplers:
             return []
         logits = self.model.logits(hidden[host_to_device(sample_rows, self.device)])  # [S, V] fp32
+        if any(it.draft for it in samplers):  # speculative decoding: their rows verify their drafts
+            drafted, drafted_logits, samplers, logits = split_drafted(samplers, logits)
+            sampled = self._sample(samplers, logits, generators, structured)
+            return sampled + verify(drafted, drafted_logits, generators)
+        return self._sample(samplers, logits, generators, structured)
+
+    def _sample(
+        self,
+        samplers: list[ScheduledSeq],
+        logits: torch.Tensor,
+        generators: dict[str, torch.Generator],
+        structured: StructuredOutputs | None,
+    ) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
+        """One token per sampling item from its logits row (`logits`: [S, V] fp32, raw)."""
+        if not samplers:
+            return []
         seqs = [it.seq for it in samplers]
         want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw = torch.log_softmax(logits[want], dim=-1) if want else None  # the model's own distribution
@@ -168,7 +185,7 @@ class ModelRunner:
                 collect_prompt_logprobs(
                     self.model, hidden, it.seq, row, it.seq.num_computed_tokens, it.num_tokens
                 )
-            row += 1 if it.is_decode else it.num_tokens
+            row += 1 if it.is_decode else it.num_query_tokens
 
     def forward(self, plan: StepPlan) -> tuple[list[ScheduledSeq], torch.Tensor, torch.Tensor]:
         """The model over the plan's tokens: (items in packed order, hidden [T, hidden], the rows
@@ -205,8 +222,8 @@ class ModelRunner:
             pos.append(p)
         for it in items[len(decodes) :]:
             start = it.seq.num_computed_tokens
-            ids += it.seq.token_ids[start : start + it.num_tokens]
-            pos += range(start, start + it.num_tokens)
+            ids += it.seq.token_ids[start : start + it.num_tokens] + it.draft  # drafts: speculative
+            pos += range(start, start + it.num_query_tokens)
         sample_rows += range(len(decodes))  # every decode samples
         arange_bs = torch.arange(bs)
         slot_parts: list[torch.Tensor] = []
@@ -220,13 +237,13 @@ class ModelRunner:
         prefills: list[PrefillChunk] = []
         row = len(decodes)
         for it in items[len(decodes) :]:
-            start, n = it.seq.num_computed_tokens, it.num_tokens
+            start, n = it.seq.num_computed_tokens, it.num_query_tokens
             table = torch.tensor(it.seq.block_table[: -(-(start + n) // bs)])
             slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
             prefills.append(PrefillChunk(row, n, start + n, table))
             row += n
-            if it.samples:
-                sample_rows.append(row - 1)
+            if it.samples:  # a speculating item samples after its token and after each draft
+                sample_rows += range(row - 1 - len(it.draft), row)
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slot_parts),
             block_size=bs,
