@@ -205,6 +205,8 @@ class Scheduler:
         item = chunks.get(id(victim))
         if item is not None:
             plan.scheduled.remove(item)
+            if item.draft and for_budget:  # deferred: its drafts' slots go back (it keeps its place)
+                self.block_manager.trim(victim)
         if not for_budget:
             self._preempt(victim, plan)
         return item.num_query_tokens if item is not None else 0
