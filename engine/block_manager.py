@@ -187,6 +187,18 @@ class BlockManager:
         for _ in range(need):
             seq.block_table.append(self._take_free())
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back seq's blocks past its computed tokens (slots of rejected speculative drafts:
+        fresh, unshared, unregistered); they are handed out first again."""
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count == 0 and block.hash is None, f"block {block_id} is not a fresh tail"
+            self.free_ids[block_id] = None
+            self.free_ids.move_to_end(block_id, last=False)
+
     def commit(self, seq: Sequence) -> None:
         """Register the blocks seq has just filled (its KV is now written) for prefix sharing, and
         release those out of its sliding window."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from engine.speculative.config import parse_speculative_config
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 BATCHING_MODES = ("continuous", "static", "dynamic")
@@ -158,6 +160,9 @@ class EngineConfig(LoRAConfig):
     # The own C kernels of the CPU forward (engine/models/csrc: fp32 linears, fused RMSNorm, RoPE and
     # SiLU·mul, a decode-only step's layers in one call; docs/performance.md). False: torch ops only.
     cpu_kernels: bool = True
+    # Speculative decoding (docs/speculative.md), off when None: e.g. {"method": "ngram",
+    # "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    speculative_config: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -169,5 +174,6 @@ class EngineConfig(LoRAConfig):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.cuda_graph_max_batch is not None and self.cuda_graph_max_batch <= 0:
             raise ValueError(f"cuda_graph_max_batch must be positive, got {self.cuda_graph_max_batch}")
+        parse_speculative_config(self.speculative_config)  # ValueError naming the bad key
         if self.num_threads is not None and self.num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")

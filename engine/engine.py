@@ -30,6 +30,8 @@ from engine.prompt_checks import check_context, check_prompt, check_token_ids
 from engine.request import FinishReason, RequestOutput, SamplingParams, SeqEvent, Sequence
 from engine.request_table import RequestTable
 from engine.scheduler import Scheduler, StepPlan
+from engine.speculative.ngram import make_drafter
+from engine.speculative.verify import settle
 from engine.stats import EngineStats, StepRun
 
 if TYPE_CHECKING:
@@ -87,6 +89,7 @@ class Engine:
             self.block_manager,
             swap_cost=self.swap_cost,
             admit_check=self.lora.can_admit if self.lora else None,
+            drafter=make_drafter(config.speculative_config, self.max_model_len),
         )
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.requests = RequestTable()
@@ -289,7 +292,10 @@ class Engine:
             block_manager=self.block_manager,
             lora=self.lora,
         )
-        return outputs + self.output.process(ran.sampled if ran else (), time.monotonic())
+        outputs += self.output.process(ran.sampled if ran else (), time.monotonic())
+        if ran is not None and self.scheduler.drafter is not None:
+            settle(plan, ran.sampled, self.block_manager, self.stats)  # kept drafts computed, the rest freed
+        return outputs
 
     def _run(self, plan: StepPlan) -> StepRun:
         """The plan's forward and sampling; the scheduler then advances the sequences it ran."""

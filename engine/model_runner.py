@@ -23,6 +23,7 @@ from engine.models.rope import rope_rows
 from engine.request import Sequence, TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
+from engine.speculative.verify import split_drafted, verify
 from engine.swap_space import SwapSpace
 
 if TYPE_CHECKING:
@@ -134,6 +135,22 @@ class ModelRunner:
         if not samplers:
             return []
         logits = self.model.logits(hidden[host_to_device(sample_rows, self.device)])  # [S, V] fp32
+        if any(it.draft for it in samplers):  # speculative decoding: their rows verify their drafts
+            drafted, drafted_logits, samplers, logits = split_drafted(samplers, logits)
+            sampled = self._sample(samplers, logits, generators, structured)
+            return sampled + verify(drafted, drafted_logits, generators)
+        return self._sample(samplers, logits, generators, structured)
+
+    def _sample(
+        self,
+        samplers: list[ScheduledSeq],
+        logits: torch.Tensor,
+        generators: dict[str, torch.Generator],
+        structured: StructuredOutputs | None,
+    ) -> list[tuple[ScheduledSeq, int, TokenLogprob | None]]:
+        """One token per sampling item from its logits row (`logits`: [S, V] fp32, raw)."""
+        if not samplers:
+            return []
         seqs = [it.seq for it in samplers]
         want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw = torch.log_softmax(logits[want], dim=-1) if want else None  # the model's own distribution
@@ -204,7 +221,7 @@ class ModelRunner:
         """(first position, tokens) the item feeds this step."""
         if it.is_decode and not self._is_decode(it):
             return 0, it.seq.num_computed_tokens + 1
-        return it.seq.num_computed_tokens, 1 if it.is_decode else it.num_tokens
+        return it.seq.num_computed_tokens, 1 if it.is_decode else it.num_query_tokens
 
     def _prepare(
         self, items: list[ScheduledSeq]
@@ -220,7 +237,8 @@ class ModelRunner:
             pos.append(p)
         for it in items[len(decodes) :]:
             start, n = self._span(it)
-            ids += it.seq.token_ids[start : start + n]
+            # a speculating decode feeds its drafts after its own new token (engine/speculative)
+            ids += it.seq.token_ids[start : start + n - len(it.draft)] + it.draft
             pos += range(start, start + n)
         sample_rows += range(len(decodes))  # every decode samples
         spec = self.model.spec
@@ -249,8 +267,8 @@ class ModelRunner:
             slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
             prefills.append(PrefillChunk(row, n, start + n, table))
             row += n
-            if it.samples:
-                sample_rows.append(row - 1)
+            if it.samples:  # a speculating item samples after its token and after each draft
+                sample_rows += range(row - 1 - len(it.draft), row)
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slot_parts),
             block_size=bs,

@@ -47,7 +47,15 @@ class OutputProcessor:
 
     def process(self, sampled: Iterable[Sampled], now: float) -> list[RequestOutput]:
         """One output per sampled item (`now`: time.monotonic(), the first tokens' time)."""
-        return [self.append(item.seq, token, now, logprob) for item, token, logprob in sampled]
+        outputs: list[RequestOutput] = []
+        last = None
+        for item, token, logprob in sampled:
+            if item is not last:
+                outputs.append(self.append(item.seq, token, now, logprob))
+            elif not item.seq.is_finished:  # speculative decoding: more kept tokens of the same item
+                _merge(outputs[-1], self.append(item.seq, token, now, logprob))
+            last = item
+        return outputs
 
     def append(self, seq: Sequence, token: int, now: float, logprob: TokenLogprob | None) -> RequestOutput:
         params = seq.params
@@ -160,3 +168,14 @@ class OutputProcessor:
             self.scheduler.finish(seq)
         if self.requests.forget(seq) and seq.lora is not None and self.lora is not None:
             self.lora.release(seq.lora)  # unpin the adapter in host memory
+
+
+def _merge(out: RequestOutput, more: RequestOutput) -> None:
+    """`more` (a later token of the same step and sequence) folded into `out`."""
+    out.new_token_ids += more.new_token_ids
+    out.new_text += more.new_text
+    if out.logprobs is not None and more.logprobs is not None:
+        out.logprobs += more.logprobs
+    out.finished, out.finish_reason, out.done = more.finished, more.finish_reason, more.done
+    out.num_output_tokens = more.num_output_tokens
+    out.events += more.events

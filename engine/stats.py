@@ -41,11 +41,20 @@ class EngineStats:
     # preemption rate, the share of admissions that ended in a preemption)
     admissions: int = 0
     prefix_hit_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
+    # Speculative decoding: drafts verified, drafts kept (acceptance rate: the ratio), verifications
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verifications: int = 0
     slo_refusals: int = 0  # requests refused for their TTFT target (on arrival or at a step start)
     # The last step that ran the model: its batch (sequences), its tokens and its forward's seconds.
     last_step_seqs: int = 0
     last_step_tokens: int = 0
     last_step_seconds: float = 0.0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Share of verified draft tokens kept (0 when nothing was drafted)."""
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
 
     @property
     def recompute_preemptions(self) -> int:
@@ -82,7 +91,8 @@ class EngineStats:
         self.steps += 1
         self.forward_seconds += ran.seconds
         self.decode_tokens += ran.decode_tokens
-        self.prefill_tokens += plan.num_tokens - ran.decode_tokens
+        drafts = sum(len(item.draft) for item in plan.scheduled)
+        self.prefill_tokens += plan.num_tokens - ran.decode_tokens - drafts
         self.output_tokens += sum(1 for item, _, _ in ran.sampled if item.seq.params.max_tokens)
         self.admissions = scheduler.num_admissions
         self.prefix_hit_tokens = block_manager.num_prefix_hit_tokens

@@ -98,7 +98,9 @@ class LoRAManager:
         if all(s < 0 for s in slot.values()):
             return items, None
         items = sorted(items, key=lambda it: (not it.is_decode, slot[id(it)]))
-        return items, build_batch([(it.num_tokens, slot[id(it)]) for it in items], self.slots, self.kernel)
+        return items, build_batch(
+            [(it.num_query_tokens, slot[id(it)]) for it in items], self.slots, self.kernel
+        )
 
     @property
     def stats(self) -> dict[str, int]:

@@ -30,7 +30,7 @@ def split(plan: StepPlan) -> tuple[int, int]:
         if item.is_decode:
             decodes += 1
         else:
-            prefill += item.num_tokens
+            prefill += item.num_query_tokens  # a speculating decode: its token and its drafts
     return prefill, decodes
 
 

@@ -11,6 +11,14 @@ from engine.request import Sequence
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
+    # Speculative decoding (engine/speculative): draft tokens after a decode's one token, verified in
+    # this step's forward; their KV slots are allocated, and those of rejected drafts given back.
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def num_query_tokens(self) -> int:
+        """Rows this item puts in the forward: its tokens, then its drafts."""
+        return self.num_tokens + len(self.draft)
 
     @property
     def samples(self) -> bool:
@@ -24,13 +32,13 @@ class ScheduledSeq:
     def is_decode(self) -> bool:
         """One token that samples the next: a decode to the scheduler, the step-cost model and the
         runner (one query row on the attention backend's decode path)."""
-        return self.num_tokens == 1 and self.samples
+        return self.num_tokens == 1 and not self.draft and self.samples
 
     @property
     def is_output_decode(self) -> bool:
         """A decode of an output token sampled in an earlier step: what the engine's stats count as
         a decode token (every other computed token is a prefill token)."""
-        return self.is_decode and self.seq.num_output_tokens > 0
+        return self.num_tokens == 1 and self.samples and self.seq.num_output_tokens > 0
 
 
 @dataclass
@@ -45,7 +53,7 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
+        return sum(s.num_query_tokens for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
@@ -25,6 +26,10 @@ from engine.scheduler.preemption import PreemptionChooser, SwapCost
 from engine.scheduler.registry import make_policy
 
 
+class Drafter(Protocol):
+    def drafts(self, seq: Sequence, budget: int, num_running: int) -> list[int]: ...
+
+
 class Scheduler:
     def __init__(
         self,
@@ -34,12 +39,14 @@ class Scheduler:
         clock: Callable[[], float] | None = None,
         swap_cost: SwapCost | None = None,
         admit_check: Callable[[Sequence, list[Sequence]], bool] | None = None,
+        drafter: Drafter | None = None,
     ):
         self.config = config
         # Policy-independent resource check on the head of the queue, e.g. "its LoRA adapter can
         # get a device slot" (engine/lora): False keeps it (and everything behind it) waiting.
         self.admit_check = admit_check
         self.block_manager = block_manager
+        self.drafter = drafter  # speculative decoding's draft tokens for decodes (None: off)
         self.policy = policy if policy is not None else make_policy(config.policy, config, clock=clock)
         self.preemption = PreemptionChooser(config, swap_cost if block_manager.num_host_blocks else None)
         self.running: list[Sequence] = []
@@ -100,9 +107,14 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                self.block_manager.append(seq, n)
-                plan.scheduled.append(ScheduledSeq(seq, n))
-                budget -= n
+                item = ScheduledSeq(seq, n)
+                if self.drafter is not None and n == 1 and budget > 1 and item.samples:
+                    draft = self.drafter.drafts(seq, budget - 1, len(self.running))
+                    if draft and self.block_manager.can_append(seq, 1 + len(draft)):
+                        item.draft = draft  # never preempts anyone: without room, a plain decode
+                self.block_manager.append(seq, item.num_query_tokens)
+                plan.scheduled.append(item)
+                budget -= item.num_query_tokens
                 i += 1
         if not plan.preempted or self._outranks(plan.preempted):
             self._admit(plan, budget)
@@ -239,9 +251,11 @@ class Scheduler:
         item = chunks.get(id(victim))
         if item is not None:
             plan.scheduled.remove(item)
+            if item.draft and for_budget:  # deferred: its drafts' slots go back (it keeps its place)
+                self.block_manager.trim(victim)
         if not for_budget:
             self._preempt(victim, plan)
-        return item.num_tokens if item is not None else 0
+        return item.num_query_tokens if item is not None else 0
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Preempt by swap (its computed blocks copied to host memory; back on readmission) when

@@ -1,0 +1,53 @@
+"""`EngineConfig.speculative_config`, checked: vLLM's key names where they exist, plus when to
+speculate (min_priority, max_decoding_seqs). Plain Python, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "ngram"
+    num_speculative_tokens: int = 4  # k: drafted tokens verified per speculating sequence and step
+    prompt_lookup_min: int = 2  # shortest suffix n-gram looked up in the sequence's own tokens
+    prompt_lookup_max: int = 4  # longest (tried first)
+    # When to speculate: only sequences of priority >= min_priority (with the gateway's default tiers
+    # priority=3, standard=2, batch=1: the interactive tiers; LLM requests have priority 0), and only
+    # while at most max_decoding_seqs sequences run (a larger batch is compute-bound: no gain).
+    min_priority: int = 2
+    max_decoding_seqs: int = 8
+
+
+def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
+    """The config dict (or None: off) as a SpeculativeConfig; ValueError naming the bad key."""
+    if value is None:
+        return None
+    if isinstance(value, SpeculativeConfig):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"speculative_config must be a dict or None, got {type(value).__name__}")
+    known = set(SpeculativeConfig.__dataclass_fields__)
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"speculative_config has unknown key(s) {unknown}; known: {sorted(known)}")
+    method = value.get("method", "ngram")
+    if method not in METHODS:
+        raise ValueError(f"speculative_config.method must be one of {METHODS}, got {method!r}")
+    for key in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "max_decoding_seqs"):
+        v = value.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"speculative_config.{key} must be a positive integer, got {v!r}")
+    mp = value.get("min_priority")
+    if mp is not None and (not isinstance(mp, int) or isinstance(mp, bool)):
+        raise ValueError(f"speculative_config.min_priority must be an integer, got {mp!r}")
+    config = SpeculativeConfig(**value)
+    if config.prompt_lookup_min > config.prompt_lookup_max:
+        raise ValueError(
+            f"speculative_config.prompt_lookup_min ({config.prompt_lookup_min}) must be <= "
+            f"prompt_lookup_max ({config.prompt_lookup_max})"
+        )
+    return config

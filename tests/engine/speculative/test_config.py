@@ -1,0 +1,40 @@
+"""speculative_config is checked when the EngineConfig is made, with errors naming the key."""
+
+import pytest
+
+from engine import EngineConfig
+from engine.speculative import SpeculativeConfig, parse_speculative_config
+from engine.speculative.ngram import propose
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"method": "eagle"}, "method must be one of"),
+        ({"num_speculative_tokens": 0}, "num_speculative_tokens must be a positive integer"),
+        ({"prompt_lookup_min": 5, "prompt_lookup_max": 3}, "prompt_lookup_min (5) must be <="),
+        ({"lookahead": 2}, "unknown key(s) ['lookahead']"),
+        ({"min_priority": "high"}, "min_priority must be an integer"),
+        ("ngram", "must be a dict or None"),
+    ],
+)
+def test_bad_configs_are_refused(value, message):
+    with pytest.raises(ValueError) as err:
+        EngineConfig(speculative_config=value)
+    assert message in str(err.value)
+
+
+def test_defaults_and_off():
+    assert EngineConfig().speculative_config is None and parse_speculative_config(None) is None
+    config = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3})
+    assert config == SpeculativeConfig(num_speculative_tokens=3)
+
+
+def test_prompt_lookup_takes_the_latest_longest_match():
+    config = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
+    #        0  1  2  3  4  5  6  7  8  9
+    tokens = [5, 6, 7, 1, 2, 5, 6, 9, 4, 5, 6]
+    assert propose(tokens, config, 3) == [9, 4, 5]  # "5 6" last seen at 5..6, followed by 9 4 5
+    assert propose(tokens, config, 1) == [9]
+    assert propose([1, 2, 3, 4], config, 3) == []  # no earlier occurrence of any suffix
+    assert propose(tokens, SpeculativeConfig(prompt_lookup_min=4, prompt_lookup_max=4), 3) == []
