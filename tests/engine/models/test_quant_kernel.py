@@ -29,9 +29,13 @@ def test_kernel_rounds_activations_as_the_reference():
 
 
 def _build(tmp_path, name: str, extra: list[str]) -> ctypes.CDLL:
-    so = tmp_path / f"{name}.so"
-    cmd = [shutil.which("gcc") or "cc", *native.FLAGS, *extra, "-shared", "-o", str(so), str(quant.SOURCE)]
-    subprocess.run([*cmd, "-lm"], check=True, capture_output=True)
+    so, obj = tmp_path / f"{name}.so", tmp_path / f"{name}.o"
+    cc = shutil.which("gcc") or "cc"
+    # compiled with the engine's flags, linked without -ffast-math as engine/native.py links (a
+    # fast-math link adds crtfastmath.o, which flushes subnormals for the whole test process)
+    compile_cmd = [cc, *native.FLAGS, *extra, "-c", "-o", str(obj), str(quant.SOURCE)]
+    subprocess.run(compile_cmd, check=True, capture_output=True)
+    subprocess.run([cc, *native.LINK_FLAGS, "-o", str(so), str(obj), "-lm"], check=True, capture_output=True)
     lib = ctypes.CDLL(str(so))
     lib.int8_linear_f32.restype, lib.int8_linear_f32.argtypes = (
         None,
