@@ -62,8 +62,15 @@ def hashed_exponential(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     lo, hi = (keys & _M32)[:, None], ((keys >> 32) & _M32)[:, None]
     x = _hash32(((idx * _GOLDEN) & _M32)[None, :] ^ lo)
     x = _hash32(x ^ hi)
-    u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24)
-    return u.log_().neg_()
+    return _exponential_of_bits(x >> 8)
+
+
+def _exponential_of_bits(bits: torch.Tensor) -> torch.Tensor:
+    """-log(U) for U = (bits + 0.5) / 2**24, bits in [0, 2**24): U is strictly inside (0, 1), so every
+    draw is finite and above 0. In float64: in float32 the top value 2**24 - 0.5 rounds to 2**24,
+    U to 1 and the draw to 0, which turns a forbidden token's 0 / 0 into NaN and argmax's choice."""
+    u = (bits.to(torch.float64) + 0.5) * (1.0 / 2**24)
+    return u.log_().neg_().to(torch.float32)
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.request import SamplingParams
-from engine.sampler import hashed_exponential, sample_ids
+from engine.sampler import _exponential_of_bits, hashed_exponential, sample_ids
 
 SYNCING = {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select", "aten::item"}
 
@@ -54,3 +54,13 @@ def test_sampling_makes_no_op_that_waits_for_the_device():
     with Record():
         sample_ids(torch.randn(3, 512), params, [torch.Generator().manual_seed(1), None, None])
     assert not SYNCING & set(seen), SYNCING & set(seen)
+
+
+def test_every_hashed_draw_is_finite_and_positive_at_the_extremes():
+    # the top 24-bit value once gave U = 1 in float32, a draw of 0, and p / 0 = NaN for a token a
+    # grammar forbids (p = 0): argmax then chose that token
+    draws = _exponential_of_bits(torch.tensor([0, 1, 2**23, 2**24 - 2, 2**24 - 1]))
+    assert torch.isfinite(draws).all() and (draws > 0).all()
+    probs = torch.tensor([[0.0, 1.0]])
+    noise = _exponential_of_bits(torch.tensor([[2**24 - 1, 2**24 - 1]]))
+    assert (probs / noise).argmax(dim=-1).item() == 1
