@@ -15,10 +15,7 @@ import time
 import uuid
 
 import pytest
-import redis as redislib
 from gateway_test_helpers import (
-    ADMIN_TOKEN,
-    TINY_ENGINE,
     InProcessGateway,
     admin_headers,
     inproc_gateway,
@@ -28,40 +25,16 @@ from gateway_test_helpers import (
 from prometheus_client import REGISTRY
 
 from gateway.lanes.keys import lane_key, model_info_key, workers_key
-from tenancy import upgrade
 
 SETTLEMENTS = "fairlane_quota_settlements_total"
 BUDGET = {"daily_token_budget": 10**6, "requests_per_minute": 1000}
 
 
 @pytest.fixture(scope="module")
-def module_settings(tmp_path_factory, redis_url):
-    from gateway.settings import ApiSettings
-
-    database_url = f"sqlite:///{tmp_path_factory.mktemp('outcomes') / 'fairlane.db'}"
-    upgrade(database_url)
-    prefix = f"fltest:outcome:{uuid.uuid4().hex[:10]}"
-    yield ApiSettings(
-        admin_token=ADMIN_TOKEN,
-        redis_url=redis_url,
-        database_url=database_url,
-        engine=TINY_ENGINE,
-        served_model_name=f"test-{uuid.uuid4().hex[:10]}",
-        max_tokens_default=8,
-        request_timeout_s=30,
-        quota_key_prefix=prefix,
-    )
-    client = redislib.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-        client.delete(key)
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def module_worker(module_settings, tiny_engine_factory):
-    with inproc_worker(tiny_engine_factory(num_threads=None), module_settings) as (worker, client):
+def module_worker(quota_settings, tiny_engine_factory):
+    with inproc_worker(tiny_engine_factory(num_threads=None), quota_settings) as (worker, client):
         yield worker
-        _forget_model(client, module_settings.model_name)
+        _forget_model(client, quota_settings.model_name)
 
 
 def _forget_model(client, model: str) -> None:
@@ -176,8 +149,8 @@ def _request_log(caplog):
     caplog.set_level(logging.INFO, logger="fairlane.request")
 
 
-async def test_finished(module_settings, module_worker, caplog):
-    async with inproc_gateway(module_settings, Gateway) as gw:
+async def test_finished(quota_settings, module_worker, caplog):
+    async with inproc_gateway(quota_settings, Gateway) as gw:
         tenant_id, key = await gw.tenant()
         with _one_settlement("length", "charged"):
             response = await gw.chat(key, max_tokens=5)
@@ -189,8 +162,8 @@ async def test_finished(module_settings, module_worker, caplog):
         assert record.request_id == response.headers["x-request-id"]
 
 
-async def test_cancelled_before_the_first_token_is_refunded(module_settings, redis, caplog):
-    settings = _own_model(module_settings)
+async def test_cancelled_before_the_first_token_is_refunded(quota_settings, redis, caplog):
+    settings = _own_model(quota_settings)
     redis.zadd(workers_key(settings.model_name), {"announced-only": time.time()})  # nobody reads its lane
     try:
         async with inproc_gateway(settings, Gateway) as gw:
@@ -206,8 +179,8 @@ async def test_cancelled_before_the_first_token_is_refunded(module_settings, red
         _forget_model(redis, settings.model_name)
 
 
-async def test_cancelled_after_the_first_token_is_charged_what_ran(module_settings, module_worker, caplog):
-    async with inproc_gateway(module_settings, Gateway) as gw:
+async def test_cancelled_after_the_first_token_is_charged_what_ran(quota_settings, module_worker, caplog):
+    async with inproc_gateway(quota_settings, Gateway) as gw:
         tenant_id, key = await gw.tenant()
         with _one_settlement("cancelled", "charged"):
             async with _over_a_socket(gw) as client:
@@ -218,8 +191,8 @@ async def test_cancelled_after_the_first_token_is_charged_what_ran(module_settin
         assert record.prompt_tokens > 0 and 0 < record.completion_tokens < 240
 
 
-async def test_timed_out_is_refunded(module_settings, redis, caplog):
-    settings = _own_model(module_settings, request_timeout_s=1, stream_idle_timeout_s=1)
+async def test_timed_out_is_refunded(quota_settings, redis, caplog):
+    settings = _own_model(quota_settings, request_timeout_s=1, stream_idle_timeout_s=1)
     redis.zadd(workers_key(settings.model_name), {"announced-only": time.time()})  # alive, never answers
     try:
         async with inproc_gateway(settings, Gateway) as gw:
@@ -232,15 +205,15 @@ async def test_timed_out_is_refunded(module_settings, redis, caplog):
         _forget_model(redis, settings.model_name)
 
 
-async def test_refused_by_the_slo_door_check_is_refunded(module_settings, tiny_engine_factory, redis, caplog):
+async def test_refused_by_the_slo_door_check_is_refunded(quota_settings, tiny_engine_factory, redis, caplog):
     import dataclasses
 
     from engine import SamplingParams
     from gateway.worker.loop import Worker
 
     settings = _own_model(
-        module_settings,
-        engine=dataclasses.replace(module_settings.engine, policy="priority+slo"),
+        quota_settings,
+        engine=dataclasses.replace(quota_settings.engine, policy="priority+slo"),
         tier_ttft_targets={"standard": 0.1},
     )
     engine = tiny_engine_factory(
@@ -270,9 +243,9 @@ async def test_refused_by_the_slo_door_check_is_refunded(module_settings, tiny_e
 
 
 async def test_worker_lost_mid_stream_is_charged_what_was_relayed(
-    module_settings, tiny_engine_factory, redis, caplog
+    quota_settings, tiny_engine_factory, redis, caplog
 ):
-    settings = _own_model(module_settings, stream_idle_timeout_s=1)
+    settings = _own_model(quota_settings, stream_idle_timeout_s=1)
     model = settings.model_name
     try:
         async with inproc_gateway(settings, Gateway) as gw, _over_a_socket(gw) as client:
@@ -302,14 +275,14 @@ async def test_worker_lost_mid_stream_is_charged_what_was_relayed(
 
 
 async def test_redis_lost_mid_stream_is_charged_what_was_relayed(
-    module_settings, tiny_engine_factory, redis_url, caplog
+    quota_settings, tiny_engine_factory, redis_url, caplog
 ):
     from gateway.cli.embedded_redis import EmbeddedRedis
 
     server = EmbeddedRedis()
     process = server.spawn()
     try:  # the lanes on a Redis of their own, killed mid-stream; the quotas stay on the module's
-        settings = _own_model(module_settings, redis_url=server.url, quota_redis_url=redis_url)
+        settings = _own_model(quota_settings, redis_url=server.url, quota_redis_url=redis_url)
         async with inproc_gateway(settings, Gateway) as gw, _over_a_socket(gw) as client:
             tenant_id, key = await gw.tenant()
 
