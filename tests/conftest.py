@@ -5,7 +5,16 @@ and run on the same worker. Without xdist the marks change nothing."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers share the cores, and engine tests ask for two threads each: OpenMP threads that spin in
+    # their barriers then take each other's cores for whole time slices. A passive wait (what `fairlane
+    # serve` gives its workers, gateway/cli/threads.py) sleeps instead. Set before any test module loads
+    # torch; the servers the tests start inherit it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids

@@ -52,6 +52,7 @@ class LaneClient:
         self._worker_seen: dict[str, float] = {}  # model → when a live worker was last seen (monotonic)
         self._epoch: str | None = None  # lanes:epoch as this replica last saw it
         self._epoch_read: asyncio.Future[str] | None = None
+        self._epoch_check: asyncio.Future[Any] | None = None  # the in-flight GET of the epoch
         self._cancels: set[asyncio.Task] = set()
         self.reader = ResultReader(redis, batch=RELAY_BATCH, block_ms=poll_ms)  # every relay's XREAD
 
@@ -71,7 +72,11 @@ class LaneClient:
         return "" if value is None else as_text(value)  # "": deleted at once (a flush)
 
     async def _same_epoch(self, epoch: str) -> bool:
-        value = await self.redis.get(EPOCH_KEY)
+        # one GET however many relays ask at once: every relay whose read timed out in the same poll
+        # asks together, and one connection each would drain the pool on a slow host
+        if self._epoch_check is None or self._epoch_check.done():
+            self._epoch_check = asyncio.ensure_future(self.redis.get(EPOCH_KEY))
+        value = await asyncio.shield(self._epoch_check)
         if (value.decode() if isinstance(value, bytes) else value) == epoch:
             return True
         self._epoch = None  # the next request takes the new epoch

@@ -84,3 +84,22 @@ async def test_a_redis_error_ends_the_read_of_every_waiting_request(redis_url):
     await reader.aclose()
     await client.aclose()
     assert all(isinstance(o, (RedisConnectionError, OSError)) or o == [] for o in outcomes)
+
+
+async def test_200_relays_whose_poll_times_out_together_share_one_epoch_check(redis_url):
+    """A slow host: every relay's read ends empty in the same poll and each asks whether Redis was
+    restarted; that must be one GET, not one pool connection per relay (16 here for 200 relays)."""
+    client = aioredis.Redis.from_url(redis_url, max_connections=16)
+    lanes = LaneClient(client, poll_ms=100)
+    try:
+        ids = [uuid.uuid4().hex for _ in range(200)]
+        relays = [asyncio.ensure_future(_relay(lanes, rid)) for rid in ids]
+        await asyncio.sleep(0.5)  # several empty polls, every relay checking the epoch after each
+        assert not any(r.done() for r in relays)  # none failed for want of a connection
+        for i, rid in enumerate(ids):
+            await _finish(lanes, rid, (i,))
+        results = await asyncio.wait_for(asyncio.gather(*relays), 10)
+        assert [tokens for tokens, _ in results] == [[i] for i in range(200)]
+    finally:
+        await lanes.aclose()
+        await client.aclose()
