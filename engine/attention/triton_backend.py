@@ -55,7 +55,10 @@ class TritonAttention(TorchAttention):
         meta: AttentionMetadata,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if sinks is not None:
+            sinks = sinks.to(torch.float32)  # [H]: a no-op for the fp32 logits the model keeps
         self._write(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes
@@ -72,6 +75,7 @@ class TritonAttention(TorchAttention):
                 out=out[:nd],
                 window=window,
                 softcap=softcap,
+                sinks=sinks,
             )
         if meta.prefills:
             packed = meta.packed_prefills
@@ -89,6 +93,7 @@ class TritonAttention(TorchAttention):
                 out=out,
                 window=window,
                 softcap=softcap,
+                sinks=sinks,
             )
         return out
 

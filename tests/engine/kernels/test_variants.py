@@ -39,11 +39,11 @@ def test_per_step_ints_do_not_make_new_variants():
         part = torch.zeros(2, 4, splits, 64)
         keys.add(
             specialization_key(
-                k, q, cache, tables, ctx, out, part, part[..., 0], 0.125, splits, 0, 0.0,
+                k, q, cache, tables, ctx, out, part, part[..., 0], None, 0.125, splits, 0, 0.0,
                 *[q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2)],
                 *[tables.stride(0), out.stride(0), out.stride(1), 4 * splits * 64, splits * 64, 64],
                 G=2, G_PAD=16, D=64, BLOCK_SIZE=16, BLOCK_N=64, FP32=True, PRECISION="ieee", SOFTCAP=False,
-                num_warps=4,
+                HAS_SINKS=False, num_warps=4,
             )
         )  # fmt: skip
     assert len(keys) == 1
