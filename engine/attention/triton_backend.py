@@ -42,6 +42,7 @@ class TritonAttention(TorchAttention):
             raise ValueError(f"the triton backend supports at most {self.MAX_GROUP} query heads per KV head")
         from engine.kernels import kv_write, paged_decode, paged_prefill  # imports triton
 
+        self.with_sinks = False  # whether a forward was given sinks (warm_up compiles their split decode)
         self._write = kv_write.kv_cache_write
         self._decode_kernel = paged_decode.paged_decode
         self._prefill_kernel = paged_prefill.paged_prefill
@@ -59,6 +60,7 @@ class TritonAttention(TorchAttention):
     ) -> torch.Tensor:
         if sinks is not None:
             sinks = sinks.to(torch.float32)  # [H]: a no-op for the fp32 logits the model keeps
+            self.with_sinks = True
         self._write(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes

@@ -29,7 +29,7 @@ import triton.language as tl
 from engine.kernels.common import compute_in_fp32, dot_precision
 from engine.kernels.moe_reference import align_tokens, check_moe_args, fused_moe_reference
 
-__all__ = ["MoEConfig", "choose_config", "fused_moe", "fused_moe_reference"]
+__all__ = ["CONFIGS", "MoEConfig", "choose_config", "fused_moe", "fused_moe_reference"]
 
 # ints that change from step to step (row counts, padded lengths): never specialised
 MOE_VARYING = ["num_rows", "num_blocks_m"]
@@ -45,13 +45,16 @@ class MoEConfig:
     num_warps: int = 4
 
 
+DECODE_CONFIG = MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1)
+PREFILL_CONFIG = MoEConfig(block_m=64, block_n=64, block_k=64, group_m=8)
+CONFIGS = (DECODE_CONFIG, PREFILL_CONFIG)  # a warm-up compiles each (`fused_moe(..., config=)`)
+
+
 def choose_config(num_rows: int, num_experts: int) -> MoEConfig:
     """Two tile shapes, so two compiled variants per kernel and dtype: decode-sized batches (at most
     16 rows per expert on average) in 16-row blocks, so an expert's weights are read once and little
     of a block is padding; larger batches in 64-row blocks, which reuse each weight tile 64 times."""
-    if num_rows <= 16 * num_experts:
-        return MoEConfig(block_m=16, block_n=64, block_k=128, group_m=1)
-    return MoEConfig(block_m=64, block_n=64, block_k=64, group_m=8)
+    return DECODE_CONFIG if num_rows <= 16 * num_experts else PREFILL_CONFIG
 
 
 @triton.jit
