@@ -81,6 +81,9 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         window: int = 0,  # a sliding layer: each query sees its last `window` keys, itself included
         softcap: float = 0.0,  # scores -> softcap * tanh(scores / softcap) before the softmax (0: none)
+        # [H] fp32 attention-sink logits (gpt-oss): each head's sink joins its softmax's denominator
+        # and contributes no value, so a query's probabilities over its keys sum to less than 1
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, H, D]
         ...
 

@@ -35,7 +35,7 @@ def load_library() -> ctypes.CDLL:
                 + [ctypes.c_int] * 4
                 + [ctypes.c_long]
                 + [ctypes.c_int] * 2
-                + [ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+                + [ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
             )
         _LIB = lib
     return _LIB
@@ -60,13 +60,14 @@ class CPUPagedAttention(TorchAttention):
         meta: AttentionMetadata,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if meta.prefills or self.KERNELS.get(q.dtype) is None or q.device.type != "cpu":
-            return super().forward(q, k, v, kv_cache, meta, window, softcap)
+            return super().forward(q, k, v, kv_cache, meta, window, softcap, sinks)
         # A decode-only step: the K/V writes and the kernel, its output written in place.
         kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-        return self._decode(q, kv_cache, meta, window, softcap)
+        return self._decode(q, kv_cache, meta, window, softcap, sinks)
 
     def _decode(
         self,
@@ -75,10 +76,15 @@ class CPUPagedAttention(TorchAttention):
         meta: AttentionMetadata,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         kernel = self.KERNELS.get(q.dtype)
         if kernel is None or q.device.type != "cpu":
-            return super()._decode(q, kv_cache, meta, window, softcap)
+            return super()._decode(q, kv_cache, meta, window, softcap, sinks)
+        if sinks is not None:  # [H] fp32, read in place by the kernel
+            if sinks.shape != (q.shape[1],):
+                raise ValueError(f"sinks must be [num_heads] = [{q.shape[1]}], got {list(sinks.shape)}")
+            sinks = sinks.to(torch.float32).contiguous()
         B, H, D = q.shape
         q = q.contiguous()
         out = torch.empty_like(q)
@@ -99,6 +105,7 @@ class CPUPagedAttention(TorchAttention):
             self.scale,
             window,
             softcap,
+            None if sinks is None else sinks.data_ptr(),
             torch.get_num_threads(),
         )
         return out

@@ -33,13 +33,15 @@ class TorchAttention(AttentionBackend):
         meta: AttentionMetadata,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], kv_cache, meta, window, softcap)
+            out[:nd] = self._decode(q[:nd], kv_cache, meta, window, softcap, sinks)
+        head_sinks = None if sinks is None else sinks.view(1, -1, 1, 1)  # [1, H, 1, 1] over [1, H, n, L]
         for chunk in meta.prefills:
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
             if chunk.context_len == chunk.num_tokens:  # no cached prefix: attend within the chunk
@@ -48,29 +50,43 @@ class TorchAttention(AttentionBackend):
                 kv = _gather(kv_cache, chunk.block_ids, meta.block_size)[:, :, 0, : chunk.context_len]
                 kc, vc = kv[0], kv[1]  # [KVH, L, D]
             mask = None
-            if window or softcap or chunk.context_len != chunk.num_tokens:
+            if window or softcap or sinks is not None or chunk.context_len != chunk.num_tokens:
                 mask = _causal_mask(chunk.num_tokens, chunk.context_len, q.device, window)
-            o = self._attend(q[rows].transpose(0, 1)[None], kc[None], vc[None], mask, softcap)  # [1, H, n, D]
+            qc = q[rows].transpose(0, 1)[None]  # [1, H, n, D]
+            o = self._attend(qc, kc[None], vc[None], mask, softcap, head_sinks)
             out[rows] = o[0].transpose(0, 1)
         return out
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, softcap: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        softcap: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: [..., H, n, D], k and v: [..., KVH, L, D], mask [n, L] or broadcastable (None: causal)."""
-        if not softcap:
+        """q: [..., H, n, D], k and v: [..., KVH, L, D], mask [n, L] or broadcastable (None: causal);
+        sinks: fp32 logits broadcastable to the scores' [..., H, n, 1] (None: no sinks)."""
+        if not softcap and sinks is None:
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
             )
-        # tanh soft-capping of the scores (Gemma 2), which SDPA cannot apply: the eager product
-        assert mask is not None, "soft-capped attention is always given its mask"
+        # tanh soft-capping (Gemma 2) or attention sinks (gpt-oss), which SDPA cannot apply: the eager
+        # product, its softmax in fp32
+        assert mask is not None, "eager attention is always given its mask"
         g = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
-        scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return torch.matmul(probs, v)
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.float().masked_fill(~mask, float("-inf"))
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1)
+        else:  # the sink is one more logit of each head's softmax, with no value: dropped after it
+            sink = sinks.float().expand(*scores.shape[:-1], 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        return torch.matmul(probs.to(q.dtype), v)
 
     def _decode(
         self,
@@ -79,6 +95,7 @@ class TorchAttention(AttentionBackend):
         meta: AttentionMetadata,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, H, D = q.shape
         KVH = self.num_kv_heads
@@ -93,9 +110,10 @@ class TorchAttention(AttentionBackend):
         if window:  # a sliding layer: the last `window` keys, the query's own included
             visible &= keys >= ctx - window
         mask = visible[None, :, None, :]
-        if softcap:  # [KVH, B, G, D] as B*KVH single-KV-head attentions
+        if softcap or sinks is not None:  # [KVH, B, G, D] as B*KVH single-KV-head attentions
+            group_sinks = None if sinks is None else sinks.view(KVH, 1, 1, H // KVH, 1)
             o = self._attend(
-                qg[:, :, None], kv[0][:, :, None], kv[1][:, :, None], mask[..., None, :], softcap
+                qg[:, :, None], kv[0][:, :, None], kv[1][:, :, None], mask[..., None, :], softcap, group_sinks
             )
             o = o[:, :, 0]
         else:

@@ -42,6 +42,7 @@ class TritonAttention(TorchAttention):
             raise ValueError(f"the triton backend supports at most {self.MAX_GROUP} query heads per KV head")
         from engine.kernels import kv_write, paged_decode, paged_prefill  # imports triton
 
+        self.with_sinks = False  # whether a forward was given sinks (warm_up compiles their split decode)
         self._write = kv_write.kv_cache_write
         self._decode_kernel = paged_decode.paged_decode
         self._prefill_kernel = paged_prefill.paged_prefill
@@ -55,7 +56,11 @@ class TritonAttention(TorchAttention):
         meta: AttentionMetadata,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if sinks is not None:
+            sinks = sinks.to(torch.float32)  # [H]: a no-op for the fp32 logits the model keeps
+            self.with_sinks = True
         self._write(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes
@@ -72,6 +77,7 @@ class TritonAttention(TorchAttention):
                 out=out[:nd],
                 window=window,
                 softcap=softcap,
+                sinks=sinks,
             )
         if meta.prefills:
             packed = meta.packed_prefills
@@ -89,6 +95,7 @@ class TritonAttention(TorchAttention):
                 out=out,
                 window=window,
                 softcap=softcap,
+                sinks=sinks,
             )
         return out
 

@@ -7,6 +7,9 @@ it writes the output directly; with several (long contexts, or too few sequences
 fill the GPU) each split writes a normalised partial output and its log-sum-exp, and a second
 kernel combines them. A sequence with context 0 (a padding row) gets a zero output.
 
+Attention sinks (gpt-oss): each head's sink logit joins its softmax's denominator once, with no
+value: in the decode program's epilogue with one split, in the combine with several.
+
 The split count is a run-time argument, and each sequence divides its own context across the
 splits (in whole BLOCK_N tiles): a CUDA graph captured for the longest context still spreads a
 short context over all its programs. Arguments that vary from step to step (the split count, the
@@ -44,6 +47,7 @@ def _decode_kernel(
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
+    sinks_ptr,
     scale,
     num_splits,
     window,
@@ -67,6 +71,7 @@ def _decode_kernel(
     FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -114,14 +119,21 @@ def _decode_kernel(
         m_i = m_new
 
     empty = l_i == 0.0  # no token in this split (or a padding row)
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
     if num_splits == 1:
+        if HAS_SINKS:  # the sink's exp joins the denominator: rescale to max(m_i, sink)
+            sink = tl.load(sinks_ptr + head, mask=gmask, other=0.0).to(tl.float32)
+            m_all = tl.maximum(m_i, sink)
+            alpha = tl.exp(m_i - m_all)  # 0 where the row saw no key
+            o = acc * alpha[:, None] / (l_i * alpha + tl.exp(sink - m_all))[:, None]
+        else:
+            o = acc / tl.where(empty, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + b * stride_ob + head[:, None] * stride_oh + d[None, :],
             o.to(out_ptr.dtype.element_ty),
             mask=gmask[:, None],
         )
     else:
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
         lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
         row = b * stride_pb + head * stride_ph + split * stride_ps  # [G_PAD]
         tl.store(part_o_ptr + row[:, None] + d[None, :], o, mask=gmask[:, None])
@@ -133,6 +145,7 @@ def _reduce_kernel(
     part_o_ptr,
     part_lse_ptr,
     out_ptr,
+    sinks_ptr,
     num_splits,
     stride_pb,
     stride_ph,
@@ -141,6 +154,7 @@ def _reduce_kernel(
     stride_oh,
     CHUNK: tl.constexpr,
     D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -152,6 +166,9 @@ def _reduce_kernel(
         lse = tl.load(part_lse_ptr + (base + s * stride_ps) // D, mask=s < num_splits, other=float("-inf"))
         m = tl.maximum(m, lse)
     m_all = tl.max(m, 0)
+    if HAS_SINKS:  # the head's sink: one more term of the denominator, added once
+        sink = tl.load(sinks_ptr + h).to(tl.float32)
+        m_all = tl.maximum(m_all, sink)
     m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
     total = tl.zeros([CHUNK], tl.float32)
     acc = tl.zeros([D], tl.float32)
@@ -165,6 +182,8 @@ def _reduce_kernel(
         total += w
         acc += tl.sum(o * w[:, None], 0)
     t = tl.sum(total, 0)
+    if HAS_SINKS:
+        t += tl.exp(sink - m_all)
     res = acc / tl.where(t == 0.0, 1.0, t)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty))
 
@@ -192,17 +211,19 @@ def paged_decode(
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; kv_cache: [2, KVH, slots, D]; block_tables: [B, max_blocks] int; context_lens:
     [B] int (tokens in the cache, the new one included). Returns [B, H, D] in q's dtype.
     `partials`: the split outputs and log-sum-exps ([B, H, S, D], [B, H, S] fp32) to use, with
     S >= the split count (default: allocated here). window > 0: each query sees its last `window`
-    tokens; softcap > 0: scores soft-capped by tanh."""
+    tokens; softcap > 0: scores soft-capped by tanh; sinks: [H] fp32 attention-sink logits."""
     B, H, D = q.shape
     KVH = kv_cache.shape[1]
     G = H // KVH
     assert D == next_pow2(D), "head_dim must be a power of two"
     assert q.stride(-1) == 1 and kv_cache.stride(-1) == 1
+    assert sinks is None or (sinks.shape == (H,) and sinks.dtype == torch.float32), "sinks: [H] fp32"
     out = torch.empty_like(q) if out is None else out
     if B == 0:
         return out
@@ -226,6 +247,7 @@ def paged_decode(
         out,
         part_o,
         part_lse,
+        sinks,
         scale,
         splits,
         window,
@@ -250,12 +272,14 @@ def paged_decode(
         PRECISION=dot_precision(q.dtype),
         num_warps=warps,
         SOFTCAP=softcap > 0,
+        HAS_SINKS=sinks is not None,
     )
     if splits > 1:
         _reduce_kernel[(B, H)](
             part_o,
             part_lse,
             out,
+            sinks,
             splits,
             H * S * D,
             S * D,
@@ -264,5 +288,6 @@ def paged_decode(
             out.stride(1),
             CHUNK=REDUCE_CHUNK,
             D=D,
+            HAS_SINKS=sinks is not None,
         )
     return out

@@ -9,6 +9,9 @@ Grid (query tile, chunk, KV head): the tiles go on the first axis, the only one 
 65,535 programs (a 64k-token chunk with 64 query heads per KV head is 65,536 tiles). A tile holds
 TOKENS query tokens x the G query heads of one KV head, flattened to rows r = token * G + group
 (GQA: each K/V tile is loaded once for them all).
+
+Attention sinks (gpt-oss): each head's sink logit joins its rows' softmax denominator in the
+epilogue, with no value.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def _prefill_kernel(
     qstart_ptr,
     ctx_ptr,
     out_ptr,
+    sinks_ptr,
     scale,
     window,
     softcap,
@@ -51,6 +55,7 @@ def _prefill_kernel(
     FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     t0 = tl.program_id(0) * TOKENS
     c = tl.program_id(1)
@@ -103,7 +108,13 @@ def _prefill_kernel(
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        if HAS_SINKS:  # the sink's exp joins the denominator: rescale to max(m_i, sink)
+            sink = tl.load(sinks_ptr + head).to(tl.float32)
+            m_all = tl.maximum(m_i, sink)
+            alpha = tl.exp(m_i - m_all)  # 0 where the row saw no key
+            o = acc * alpha[:, None] / (l_i * alpha + tl.exp(sink - m_all))[:, None]
+        else:
+            o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_off = (row0 + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
 
@@ -131,17 +142,20 @@ def paged_prefill(
     out: torch.Tensor | None = None,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [T, H, D] packed query rows; kv_cache: [2, KVH, slots, D] already holding this step's K/V;
     block_tables: [C, max_blocks]; query_starts: [C + 1] rows of q (chunk c is rows
     query_starts[c] .. query_starts[c+1]); context_lens: [C] cached prefix + new tokens.
     Writes the chunks' rows of `out` ([T, H, D], q's dtype) and returns it. window > 0: each query
-    sees its last `window` keys, itself included; softcap > 0: scores soft-capped by tanh."""
+    sees its last `window` keys, itself included; softcap > 0: scores soft-capped by tanh; sinks:
+    [H] fp32 attention-sink logits."""
     _, H, D = q.shape
     KVH = kv_cache.shape[1]
     G = H // KVH
     assert D == next_pow2(D), "head_dim must be a power of two"
     assert G <= BLOCK_R, f"at most {BLOCK_R} query heads per KV head"
+    assert sinks is None or (sinks.shape == (H,) and sinks.dtype == torch.float32), "sinks: [H] fp32"
     out = torch.empty_like(q) if out is None else out
     C = context_lens.shape[0]
     if C == 0:
@@ -153,6 +167,7 @@ def paged_prefill(
         query_starts,
         context_lens,
         out,
+        sinks,
         scale,
         window,
         softcap,
@@ -174,5 +189,6 @@ def paged_prefill(
         PRECISION=dot_precision(q.dtype),
         num_warps=num_warps(D),
         SOFTCAP=softcap > 0,
+        HAS_SINKS=sinks is not None,
     )
     return out

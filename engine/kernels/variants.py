@@ -24,6 +24,7 @@ KERNEL_MODULES = {
     "engine.kernels.paged_decode": ["_decode_kernel", "_reduce_kernel"],
     "engine.kernels.paged_prefill": ["_prefill_kernel"],
     "engine.kernels.fused_ops": ["_add_rms_norm_kernel", "_rope_kernel", "_silu_mul_kernel"],
+    "engine.kernels.fused_moe": ["_moe_gate_up_kernel", "_moe_down_kernel"],
     "engine.lora.kernels.triton_sgmv": ["_shrink", "_expand"],
 }
 OPTIONS = ("num_warps", "num_stages")

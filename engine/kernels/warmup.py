@@ -1,8 +1,9 @@
 """Compile, before serving, every Triton variant a step can launch: a forward over a step of
 padding rows (decodes of context 0, a prefill chunk whose slots are -1: nothing is written) runs
 the KV write, decode, prefill and the fused elementwise kernels with the argument types, alignments
-and constexprs of real steps, and a split decode compiles the reduce. Every argument that varies
-between steps is `do_not_specialize`, so nothing compiles later (tests/engine/kernels/test_variants.py)."""
+and constexprs of real steps, and a split decode compiles the reduce (with attention sinks too, where
+the forward's layers have them). Every argument that varies between steps is `do_not_specialize`,
+so nothing compiles later (tests/engine/kernels/test_variants.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,17 @@ def warm_up(model: LlamaModel, kv_caches: list[torch.Tensor], block_size: int) -
     attention = model.attention
     if hasattr(attention, "_decode_kernel"):  # the triton backend: its split path and reduce
         q = torch.zeros(decodes, model.num_heads, model.head_dim, dtype=kv_caches[0].dtype, device=device)
-        attention._decode_kernel(
-            q, kv_caches[0], meta.decode_block_tables, meta.decode_context_lens, block_size, 1.0, num_splits=2
-        )
+        sinks = torch.zeros(model.num_heads, dtype=torch.float32, device=device)
+        # the split decode with sinks too, where the forward's layers had them
+        sink_variants = [None, sinks] if getattr(attention, "with_sinks", False) else [None]
+        for layer_sinks in sink_variants:
+            attention._decode_kernel(
+                q,
+                kv_caches[0],
+                meta.decode_block_tables,
+                meta.decode_context_lens,
+                block_size,
+                1.0,
+                num_splits=2,
+                sinks=layer_sinks,
+            )

@@ -7,7 +7,9 @@
  *   ctx_lens [B]                  int32 tokens in the cache, the query's own included
  *   out      [B, H, D]
  * window > 0: a sliding layer, each query sees its last `window` tokens (itself included);
- * softcap > 0: scores -> softcap * tanh(scores / softcap) before the softmax (Gemma 2).
+ * softcap > 0: scores -> softcap * tanh(scores / softcap) before the softmax (Gemma 2);
+ * sinks     [H] fp32 or NULL   attention-sink logits (gpt-oss): one more logit in each head's
+ *                             softmax denominator, with no value.
  * Work item = (sequence, kv head): its G = H / KVH query heads read each K and V row once.
  * Two passes: scores for every token (fp32), softmax, then the weighted sum of V (fp32).
  * Built with -ffast-math (vectorised expf and reductions): every value here is finite. */
@@ -38,7 +40,7 @@ static inline uint16_t f32_to_bf16(float f) {
     void NAME(const T *restrict q, const T *restrict kv, const int32_t *restrict tables,             \
               const int32_t *restrict ctx_lens, T *restrict out, int B, int H, int KVH, int D,        \
               long S, int block_size, int max_blocks, float scale, int window, float softcap,         \
-              int num_threads) {                                                                      \
+              const float *restrict sinks, int num_threads) {                                         \
         const int G = H / KVH;                                                                       \
         const T *K = kv;                                                                             \
         const T *V = kv + (long)KVH * S * D;                                                         \
@@ -67,7 +69,9 @@ static inline uint16_t f32_to_bf16(float f) {
             }                                                                                        \
             for (int g = 0; g < G; g++) {                                                            \
                 float *sg = scores + (long)g * L, m = -FLT_MAX, sum = 0.f;                            \
+                const float sink = sinks ? sinks[h * G + g] : -FLT_MAX;                              \
                 for (int t = t0; t < L; t++) m = sg[t] > m ? sg[t] : m;                              \
+                if (sinks) { m = sink > m ? sink : m; sum = expf(sink - m); }                        \
                 for (int t = t0; t < L; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }              \
                 for (int t = t0; t < L; t++) sg[t] /= sum;                                           \
             }                                                                                        \
@@ -91,12 +95,12 @@ static inline uint16_t f32_to_bf16(float f) {
 DEFINE_KERNEL(paged_decode_window_f32, float, IDENT, IDENT)
 DEFINE_KERNEL(paged_decode_window_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
 
-/* Full attention, no soft-capping (what the one-call decode forward calls). */
+/* Full attention, no soft-capping, no sinks (what the one-call decode forward calls). */
 void paged_decode_f32(const float *q, const float *kv, const int32_t *tables, const int32_t *ctx_lens,
                       float *out, int B, int H, int KVH, int D, long S, int block_size, int max_blocks,
                       float scale, int num_threads) {
     paged_decode_window_f32(q, kv, tables, ctx_lens, out, B, H, KVH, D, S, block_size, max_blocks, scale,
-                            0, 0.f, num_threads);
+                            0, 0.f, NULL, num_threads);
 }
 
 int paged_decode_limits(int *max_d, int *max_g) {
@@ -109,5 +113,5 @@ void paged_decode_bf16(const uint16_t *q, const uint16_t *kv, const int32_t *tab
                        uint16_t *out, int B, int H, int KVH, int D, long S, int block_size, int max_blocks,
                        float scale, int num_threads) {
     paged_decode_window_bf16(q, kv, tables, ctx_lens, out, B, H, KVH, D, S, block_size, max_blocks, scale,
-                             0, 0.f, num_threads);
+                             0, 0.f, NULL, num_threads);
 }

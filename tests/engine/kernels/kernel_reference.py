@@ -32,18 +32,34 @@ def random_paged_kv(
     return cache, table, seqs
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_prefix: int) -> torch.Tensor:
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_prefix: int,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q: [n, H, D] at positions num_prefix .. num_prefix + n - 1; k, v: [KVH, L, D] with
-    L = num_prefix + n. Causal GQA attention in float64: [n, H, D]."""
+    L = num_prefix + n. Causal GQA attention in float64: [n, H, D]. window > 0: each query sees its
+    last `window` keys; sinks [H]: gpt-oss's sink logits, one more softmax column with no value."""
     n, H, D = q.shape
     kvh, L, _ = k.shape
     g = H // kvh
     qf = q.double().view(n, kvh, g, D)
     s = torch.einsum("nkgd,kld->nkgl", qf, k.double()) / math.sqrt(D)
     pos = torch.arange(L, device=k.device)
-    visible = pos[None, :] <= (num_prefix + pos[:n])[:, None]  # [n, L]
+    qpos = (num_prefix + pos[:n])[:, None]
+    visible = pos[None, :] <= qpos  # [n, L]
+    if window:
+        visible &= pos[None, :] > qpos - window
     s = s.masked_fill(~visible[:, None, None, :], float("-inf"))
-    o = torch.einsum("nkgl,kld->nkgd", s.softmax(-1), v.double())
+    if sinks is not None:
+        sink = sinks.double().to(s.device).view(1, kvh, g, 1).expand(n, kvh, g, 1)
+        p = torch.cat([s, sink], dim=-1).softmax(-1)[..., :-1]
+    else:
+        p = s.softmax(-1)
+    o = torch.einsum("nkgl,kld->nkgd", p, v.double())
     return o.reshape(n, H, D)
 
 

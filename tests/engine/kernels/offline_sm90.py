@@ -34,13 +34,22 @@ HEAD_DIMS = (64, 128, 256)
 GROUPS = (1, 4, 8)  # query heads per KV head (GQA)
 SPLITS = (1, 4)
 BLOCK_SIZE = 16
+SINK_SHAPES = ((64, 8),)  # (head dim, group) of the models with attention sinks (gpt-oss)
+# (name, hidden, intermediate, experts, top-k, gpt-oss's activation and biases)
+MOE_SHAPES = (
+    ("qwen3-30b-a3b", 2048, 768, 128, 8, False),
+    ("gpt-oss-20b", 2880, 2880, 32, 4, True),
+    ("mixtral-8x7b", 4096, 14336, 8, 2, False),
+    ("olmoe-1b-7b", 2048, 1024, 64, 8, False),
+)
+MOE_TOKENS = (1, 256)  # a decode step (16-row blocks) and a prefill-sized one (64-row blocks)
 
 
 def capture():
     """[(kernel name, args, kwargs, label)] of every distinct variant the grid launches."""
     import torch
 
-    from engine.kernels import kv_write, paged_decode, paged_prefill
+    from engine.kernels import fused_moe, kv_write, paged_decode, paged_prefill
     from engine.kernels.fused_ops import TritonOps
     from engine.kernels.variants import VariantLog
     from engine.lora.kernels.base import Segment
@@ -86,6 +95,38 @@ def capture():
                     out=out,
                 )
                 mark(f"{dn} head_dim {d} group {g}")
+                if (d, g) in SINK_SHAPES:
+                    sinks = torch.empty(h, dtype=torch.float32)
+                    for splits in SPLITS:
+                        paged_decode.paged_decode(
+                            q[:2],
+                            cache,
+                            tables,
+                            ctx,
+                            BLOCK_SIZE,
+                            0.1,
+                            num_splits=splits,
+                            out=out[:2],
+                            sinks=sinks,
+                        )
+                    paged_prefill.paged_prefill(
+                        q, cache, tables[:1], torch.tensor([0, T]), torch.tensor([T]), T, BLOCK_SIZE, 0.1,
+                        out=out, window=128, sinks=sinks,
+                    )  # fmt: skip
+                    mark(f"{dn} head_dim {d} group {g} sinks")
+        for name, hidden, inter, experts, k, oai in MOE_SHAPES:
+            # expert weights as stride-0 views: the strides' divisibility is what picks a variant
+            w1 = torch.empty(1, 2 * inter, hidden, dtype=dtype).expand(experts, -1, -1)
+            w2 = torch.empty(1, hidden, inter, dtype=dtype).expand(experts, -1, -1)
+            b1 = torch.empty(experts, 2 * inter, dtype=dtype) if oai else None
+            b2 = torch.empty(experts, hidden, dtype=dtype) if oai else None
+            act = dict(activation="swigluoai", swiglu_limit=7.0, interleaved_gate_up=True) if oai else {}
+            for tokens in MOE_TOKENS:
+                ids = torch.arange(tokens * k).view(tokens, k) % experts
+                x = torch.empty(tokens, hidden, dtype=dtype)
+                weights = torch.empty(tokens, k, dtype=torch.float32)
+                fused_moe.fused_moe(x, w1, w2, ids, weights, b_gate_up=b1, b_down=b2, **act)
+                mark(f"{dn} moe {name} tokens {tokens}")
         ops = TritonOps()
         for hidden, inter, heads, kvh, d in [
             (2048, 8192, 32, 8, 64),

@@ -9,7 +9,7 @@ from engine.kernels.paged_decode import paged_decode
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
-def run_case(lens, heads, kvh, d, block_size, dtype, seed, num_splits=None):
+def run_case(lens, heads, kvh, d, block_size, dtype, seed, num_splits=None, window=0, sinks=None):
     gen = torch.Generator().manual_seed(seed)
     cache, tables, seqs = random_paged_kv(lens, kvh, d, block_size, dtype, gen)
     q = torch.randn(len(lens), heads, d, generator=gen).to(dtype)
@@ -24,10 +24,12 @@ def run_case(lens, heads, kvh, d, block_size, dtype, seed, num_splits=None):
         d**-0.5,
         num_splits=num_splits,
         out=out,
+        window=window,
+        sinks=None if sinks is None else sinks.to(DEVICE),
     )
     out = out.cpu()
     for i, n in enumerate(lens):
-        ref = attention_ref(q[i : i + 1], seqs[i][0], seqs[i][1], n - 1)
+        ref = attention_ref(q[i : i + 1], seqs[i][0], seqs[i][1], n - 1, window, sinks)
         assert rel_err(out[i : i + 1], ref) < TOL[dtype], (i, n)
 
 
@@ -42,6 +44,35 @@ def test_decode_matches_reference(dtype, block_size, heads, kvh):
 def test_split_context_reduces_to_the_same_answer(num_splits):
     # split-K along the context: some splits of the short sequences are empty
     run_case([3, 40, 257], 8, 2, 64, 16, torch.float32, seed=num_splits, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [0, 100])
+def test_sinks_join_the_denominator_once_across_splits(num_splits, window):
+    # the sink is added in the one-split epilogue or once in the combine; some splits are empty
+    sinks = torch.tensor([-3.0, 0.5, 2.0, 8.0, 1.0, -1.0, 4.0, 0.0])
+    run_case(
+        [1, 40, 257], 8, 2, 64, 16, torch.float32, seed=11, num_splits=num_splits, window=window, sinks=sinks
+    )
+
+
+def test_sinks_on_padding_rows_give_zeros():
+    gen = torch.Generator().manual_seed(4)
+    cache, tables, _ = random_paged_kv([20, 20], 2, 64, 16, torch.float32, gen)
+    q = torch.randn(2, 4, 64, generator=gen)
+    ctx, sinks = torch.tensor([20, 0]), torch.tensor([1.0, -2.0, 0.0, 3.0])
+    for splits in (1, 3):
+        out = paged_decode(
+            q.to(DEVICE),
+            cache.to(DEVICE),
+            tables.to(DEVICE),
+            ctx.to(DEVICE),
+            16,
+            0.125,
+            num_splits=splits,
+            sinks=sinks.to(DEVICE),
+        ).cpu()
+        assert torch.isfinite(out).all() and not out[1].any() and out[0].abs().sum() > 0
 
 
 def test_head_dim_128_and_bf16_upcast():

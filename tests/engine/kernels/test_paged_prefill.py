@@ -9,7 +9,7 @@ from engine.kernels.paged_prefill import paged_prefill, prefill_grid
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
-def run_case(chunks, heads, kvh, d, block_size, dtype, seed):
+def run_case(chunks, heads, kvh, d, block_size, dtype, seed, window=0, sinks=None):
     """chunks: (cached prefix, new tokens) per sequence; the new tokens' K/V are in the cache too."""
     gen = torch.Generator().manual_seed(seed)
     lens = [p + n for p, n in chunks]
@@ -29,11 +29,13 @@ def run_case(chunks, heads, kvh, d, block_size, dtype, seed):
         block_size,
         d**-0.5,
         out=out,
+        window=window,
+        sinks=None if sinks is None else sinks.to(DEVICE),
     )
     out = out.cpu()
     for i, (p, n) in enumerate(chunks):
         rows = slice(starts[i], starts[i] + n)
-        ref = attention_ref(q[rows], seqs[i][0], seqs[i][1], p)
+        ref = attention_ref(q[rows], seqs[i][0], seqs[i][1], p, window, sinks)
         assert rel_err(out[rows], ref) < TOL[dtype], (i, p, n)
     assert out[starts[-1] :].isnan().all()  # rows outside every chunk are left alone
 
@@ -49,6 +51,14 @@ def test_prefill_without_cached_prefix(dtype, block_size, heads, kvh):
 @pytest.mark.parametrize("heads,kvh", [(2, 2), (8, 2), (8, 1)])
 def test_extend_over_a_cached_prefix(dtype, heads, kvh):
     run_case([(16, 1), (45, 20), (200, 90), (3, 70)], heads, kvh, 64, 16, dtype, seed=heads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 24])
+def test_sinks_in_chunked_prefill(dtype, window):
+    # a prompt's first chunk and later chunks over their cached prefix, GQA 4, the window biting
+    sinks = torch.tensor([-3.0, 0.5, 2.0, 8.0, 1.0, -1.0, 4.0, 0.0])
+    run_case([(0, 37), (45, 20), (3, 70)], 8, 2, 64, 16, dtype, seed=13, window=window, sinks=sinks)
 
 
 def test_group_of_three_heads_and_head_dim_128_in_bf16():

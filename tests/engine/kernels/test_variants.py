@@ -12,6 +12,7 @@ import random
 import torch
 
 from engine import LLM, SamplingParams
+from engine.attention import AttentionMetadata
 from engine.kernels import paged_decode
 from engine.kernels.fused_ops import TritonOps
 from engine.kernels.variants import VariantLog, specialization_key
@@ -39,11 +40,11 @@ def test_per_step_ints_do_not_make_new_variants():
         part = torch.zeros(2, 4, splits, 64)
         keys.add(
             specialization_key(
-                k, q, cache, tables, ctx, out, part, part[..., 0], 0.125, splits, 0, 0.0,
+                k, q, cache, tables, ctx, out, part, part[..., 0], None, 0.125, splits, 0, 0.0,
                 *[q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2)],
                 *[tables.stride(0), out.stride(0), out.stride(1), 4 * splits * 64, splits * 64, 64],
                 G=2, G_PAD=16, D=64, BLOCK_SIZE=16, BLOCK_N=64, FP32=True, PRECISION="ieee", SOFTCAP=False,
-                num_warps=4,
+                HAS_SINKS=False, num_warps=4,
             )
         )  # fmt: skip
     assert len(keys) == 1
@@ -86,5 +87,39 @@ def test_variant_count_after_warm_up_is_stable_over_200_steps():
             eng.step()
         assert log.launches["_decode_kernel"] > 100 and log.launches["_prefill_kernel"] > 20
         assert log.counts() == warmed
+    finally:
+        log.close()
+
+
+def test_warm_up_compiles_the_split_decode_with_sinks_where_layers_have_them():
+    llm = LLM(
+        model="dummy",
+        dummy_config=SHAPE,
+        device="cpu",
+        dtype="float32",
+        attention_backend="triton",
+        cpu_kernels=False,
+        block_size=16,
+        kv_cache_gib=0.01,
+    )
+    runner = llm.engine.runner
+    attention = runner.model.attention
+    log = VariantLog(execute=False)
+    try:
+        warm_up(runner.model, runner.kv_caches, runner.block_size)
+        assert log.counts()["_reduce_kernel"] == 1  # no layer has sinks: no sink variant
+        q = torch.zeros(1, 4, 16)
+        kv = torch.zeros(1, 2, 16)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor([-1]),
+            block_size=16,
+            num_decodes=1,
+            decode_block_tables=torch.zeros(1, 1, dtype=torch.int64),
+            decode_context_lens=torch.zeros(1, dtype=torch.int64),
+            prefills=[],
+        )
+        attention.forward(q, kv, kv, runner.kv_caches[0], meta, sinks=torch.zeros(4))  # a layer with sinks
+        warm_up(runner.model, runner.kv_caches, runner.block_size)
+        assert log.counts()["_reduce_kernel"] == 2 and log.counts()["_decode_kernel"] == 2
     finally:
         log.close()
