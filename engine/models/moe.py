@@ -143,10 +143,14 @@ class MoEBlock:
         else:
             g, u, d = moe.expert_names
             experts = range(moe.num_experts)
-            gate_up = torch.stack([torch.cat([w(f"{b}experts.{e}.{n}.weight") for n in (g, u)]) for e in experts])
+            gate_up = torch.stack(
+                [torch.cat([w(f"{b}experts.{e}.{n}.weight") for n in (g, u)]) for e in experts]
+            )
             down = torch.stack([w(f"{b}experts.{e}.{d}.weight") for e in experts])
             if moe.expert_bias:
-                b_gate_up = torch.stack([torch.cat([w(f"{b}experts.{e}.{n}.bias") for n in (g, u)]) for e in experts])
+                b_gate_up = torch.stack(
+                    [torch.cat([w(f"{b}experts.{e}.{n}.bias") for n in (g, u)]) for e in experts]
+                )
                 b_down = torch.stack([w(f"{b}experts.{e}.{d}.bias") for e in experts])
         return cls(
             moe,

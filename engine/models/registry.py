@@ -25,7 +25,20 @@ from engine.models.spec import ModelSpec, UnsupportedModelError
 
 FAMILIES: dict[str, ModuleType] = {
     t: module
-    for module in (llama, mistral, qwen2, qwen3, gemma, phi3, olmo2, granite, mixtral, qwen3_moe, olmoe, gpt_oss)
+    for module in (
+        llama,
+        mistral,
+        qwen2,
+        qwen3,
+        gemma,
+        phi3,
+        olmo2,
+        granite,
+        mixtral,
+        qwen3_moe,
+        olmoe,
+        gpt_oss,
+    )
     for t in module.MODEL_TYPES
 }
 # `architectures` names of checkpoints whose model_type says nothing more (Hugging Face class names)

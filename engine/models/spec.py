@@ -173,7 +173,7 @@ class ModelSpec:
                 names |= {a + x + ".bias" for x in projs}
             if self.o_bias:
                 names.add(a + "o_proj.bias")
-            if self.is_moe_layer(i):
+            if self.moe is not None and self.moe.layers[i]:
                 names |= self.moe.weight_names(p)
                 continue
             mlp = ["gate_up_proj"] if self.fused_gate_up else ["gate_proj", "up_proj"]
