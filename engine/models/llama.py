@@ -106,6 +106,8 @@ class LlamaModel:
         # experts the last forward ran (MoE layers only), and the bytes of the weights every step reads
         self.experts = next((ly.moe.counter for ly in layers if ly.moe is not None), None)
         self.dense_weight_bytes = _dense_bytes(self)
+        # a forward CUDA graphs may capture: no MoE layer groups its tokens on the host
+        self.graph_safe = all(ly.moe is None or ly.moe.fused is not None for ly in layers)
 
     @classmethod
     def from_state_dict(

@@ -51,6 +51,16 @@ class ExpertCounter:
         return int(self.touched)
 
 
+def _fused_kernel() -> Callable[..., torch.Tensor] | None:
+    """The Triton fused-MoE kernel, or None where this build lacks it (the grouped torch path then
+    runs on the GPU too, with a host sync a layer: no CUDA graphs, LlamaModel.graph_safe)."""
+    try:
+        from engine.kernels.fused_moe import fused_moe  # imports triton
+    except ImportError:
+        return None
+    return fused_moe
+
+
 def _nbytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
@@ -101,10 +111,8 @@ class MoEBlock:
             if quantization == "int8":
                 gu, dn = self.linears[0]
                 self.expert_bytes = gu.nbytes + dn.nbytes + biases
-        elif gate_up.device.type == "cuda":
-            from engine.kernels.fused_moe import fused_moe  # imports triton
-
-            self.fused = fused_moe
+        elif gate_up.device.type == "cuda" and quantization is None:
+            self.fused = _fused_kernel()
 
     @classmethod
     def from_state_dict(

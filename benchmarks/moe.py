@@ -1,0 +1,255 @@
+"""Mixture-of-experts decode steps against the bound of the bytes they read: an OLMoE-1B-7B layer
+shape (hidden 2048, 16 heads, experts of intermediate 1024, top-8) with fewer layers and experts
+and a smaller vocabulary, random weights saved as a Hugging Face folder, decoded at batch 1, 8 and
+32 by fairlane (experts on the own fp32 C kernel, and on torch's F.linear) and by transformers'
+own forward of the same folder (its default experts implementation, a DynamicCache).
+
+The bound of a step is the bytes of weights it reads (every dense weight, and each expert its
+tokens were routed to, once: EngineStats.last_step_weight_bytes) over the machine's read bandwidth
+(benchmarks/bandwidth.py). Writes moe.json and moe.png under --out (benchmarks/results).
+
+    python -m benchmarks.moe              # 2 layers, 24 experts, 2 threads
+    python -m benchmarks.moe --smoke      # a tiny MoE, in seconds
+
+The systems run one after another (one model in memory at a time), each for `--rounds` rounds of
+every batch size; the reported time of a step is the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.bandwidth import read_bandwidth
+from benchmarks.common import add_common_args, done, machine, out_dir
+from engine import LLM, SamplingParams
+
+# OLMoE-1B-7B's layer (hidden 2048, 16 q and kv heads, experts of 1024, top-8), 2 of its 16 layers,
+# 24 of its 64 experts and a vocabulary of 8192: 1.1 GB of fp32 weights
+SHAPE = dict(
+    hidden_size=2048,
+    intermediate_size=1024,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    num_hidden_layers=2,
+    num_experts=24,
+    num_experts_per_tok=8,
+    vocab_size=8192,
+)
+SMOKE = dict(SHAPE, hidden_size=64, intermediate_size=32, num_attention_heads=4, num_key_value_heads=4)
+SMOKE.update(num_experts=4, num_experts_per_tok=2, vocab_size=256)
+PROMPT_LEN = 32
+
+
+def moe_folder(shape: dict, root: Path) -> Path:
+    """An OLMoE checkpoint of `shape` with random weights (std 0.02, norms 1), saved once."""
+    from safetensors.torch import save_file
+    from transformers import OlmoeConfig
+
+    key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
+    folder = root / f"olmoe-random-{key}"
+    if (folder / "config.json").exists():
+        return folder
+    config = OlmoeConfig(**shape, max_position_embeddings=4096, eos_token_id=1, pad_token_id=0)
+    H, inter, E = shape["hidden_size"], shape["intermediate_size"], shape["num_experts"]
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen) * 0.02
+
+    sd = {"model.embed_tokens.weight": draw(shape["vocab_size"], H), "model.norm.weight": torch.ones(H)}
+    sd["lm_head.weight"] = draw(shape["vocab_size"], H)
+    for i in range(shape["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for n in ("q", "k", "v", "o"):
+            sd[f"{p}self_attn.{n}_proj.weight"] = draw(H, H)
+        for n in ("q_norm", "k_norm", "input_layernorm", "post_attention_layernorm"):
+            sd[p + (f"self_attn.{n}" if n in ("q_norm", "k_norm") else n) + ".weight"] = torch.ones(H)
+        sd[f"{p}mlp.gate.weight"] = draw(E, H)
+        for e in range(E):
+            sd[f"{p}mlp.experts.{e}.gate_proj.weight"] = draw(inter, H)
+            sd[f"{p}mlp.experts.{e}.up_proj.weight"] = draw(inter, H)
+            sd[f"{p}mlp.experts.{e}.down_proj.weight"] = draw(H, inter)
+    tmp = folder.with_suffix(".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(tmp)
+    save_file(sd, str(tmp / "model.safetensors"))
+    tmp.rename(folder)
+    return folder
+
+
+def prompts(batch: int, vocab: int) -> list[list[int]]:
+    return [[(97 * b + 31 * i + 7) % (vocab - 2) + 2 for i in range(PROMPT_LEN)] for b in range(batch)]
+
+
+def fairlane_steps(llm: LLM, batch: int, steps: int, vocab: int) -> dict:
+    """Decode steps of `batch` sequences (their prefills not counted): ms each, experts, bytes."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
+    for i, ids in enumerate(prompts(batch, vocab)):
+        engine.add_request(f"r{i}", ids, params)
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or (
+        engine.scheduler.num_waiting
+    ):
+        engine.step()
+    ms, experts, nbytes = [], [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        engine.step()
+        ms.append(1000 * (time.perf_counter() - t))
+        experts.append(engine.stats.last_step_experts_touched)
+        nbytes.append(engine.stats.last_step_weight_bytes)
+    for i in range(batch):
+        engine.abort(f"r{i}")
+    return {"ms": ms, "experts": experts, "bytes": nbytes}
+
+
+def hf_steps(model, batch: int, steps: int, vocab: int) -> dict:
+    """transformers' forward, one token per sequence a step over its DynamicCache: ms each."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor(prompts(batch, vocab))
+    cache = DynamicCache(config=model.config)
+    ms = []
+    with torch.inference_mode():
+        out = model(input_ids=ids, cache=cache, use_cache=True)
+        for _ in range(steps):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            t = time.perf_counter()
+            out = model(input_ids=nxt, cache=cache, use_cache=True)
+            ms.append(1000 * (time.perf_counter() - t))
+    return {"ms": ms}
+
+
+def run_system(name: str, folder: Path, args, batches: list[int], vocab: int) -> dict:
+    results: dict[int, dict] = {b: {} for b in batches}
+    model: Any
+    if name == "transformers":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        impl = f"experts_implementation={model.config._experts_implementation}"
+    else:
+        model = LLM(
+            model=str(folder),
+            dtype="float32",
+            num_threads=args.threads,
+            max_model_len=PROMPT_LEN + args.steps + 8,
+            cpu_kernels=name == "fairlane",
+        )
+        impl = "C kernels" if name == "fairlane" else "torch ops (cpu_kernels=False)"
+
+    def measure(batch: int) -> dict:
+        if name == "transformers":
+            return hf_steps(model, batch, args.steps, vocab)
+        return fairlane_steps(model, batch, args.steps, vocab)
+
+    measure(batches[0])  # warm-up
+    for _ in range(args.rounds):
+        for b in batches:
+            for k, v in measure(b).items():
+                results[b].setdefault(k, []).extend(v)
+    model = None  # one model in memory at a time
+    gc.collect()
+    out = {}
+    for b, r in results.items():
+        row = {"ms_per_step": statistics.median(r["ms"]), "steps": len(r["ms"]), "impl": impl}
+        if "bytes" in r:
+            row["experts_per_step"] = statistics.mean(r["experts"])
+            row["weight_bytes_per_step"] = statistics.mean(r["bytes"])
+        out[b] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8, help="decode steps a round, per batch size")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    add_common_args(ap)
+    args = ap.parse_args()
+    out = out_dir(args, "moe")
+    torch.set_num_threads(args.threads)
+    shape = SMOKE if args.smoke else SHAPE
+    batches = [1, 2] if args.smoke else [1, 8, 32]
+    if args.smoke:
+        args.steps, args.rounds = 2, 1
+    from engine import assets
+
+    folder = moe_folder(shape, assets.cache_dir() / "models")
+    systems = ["fairlane", "fairlane (torch ops)"] + ([] if args.no_hf else ["transformers"])
+    runs = {name: run_system(name, folder, args, batches, shape["vocab_size"]) for name in systems}
+    bandwidth = read_bandwidth(args.threads, gib=0.25 if args.smoke else 1.0)
+    for name in ("fairlane", "fairlane (torch ops)"):
+        for b, row in runs[name].items():
+            row["bound_ms"] = 1000 * row["weight_bytes_per_step"] / bandwidth
+            row["fraction_of_bound"] = row["bound_ms"] / row["ms_per_step"]
+            if "transformers" in runs:
+                row["speedup_vs_transformers"] = runs["transformers"][b]["ms_per_step"] / row["ms_per_step"]
+    report = {
+        "shape": shape,
+        "smoke": args.smoke,
+        "threads": args.threads,
+        "dtype": "float32",
+        "prompt_len": PROMPT_LEN,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "machine": machine(),
+        "torch": torch.__version__,
+        "runs": runs,
+    }
+    (out / "moe.json").write_text(json.dumps(report, indent=2))
+    print(
+        "| batch | experts/step | bound ms | "
+        + " | ".join(f"{n} ms" for n in runs)
+        + " | fraction of bound |"
+    )
+    print("|---:|---:|---:|" + "---:|" * len(runs) + "---:|")
+    for b in batches:
+        own = runs["fairlane"][b]
+        cells = " | ".join(f"{runs[n][b]['ms_per_step']:.2f}" for n in runs)
+        print(
+            f"| {b} | {own['experts_per_step']:.1f} | {own['bound_ms']:.2f} | {cells} | "
+            f"{own['fraction_of_bound']:.2f} |"
+        )
+    print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py)")
+    plot(runs, batches, out / "moe.png", shape)
+    done(out)
+
+
+def plot(runs: dict, batches: list[int], path: Path, shape: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = list(runs) + ["bound (bytes read / bandwidth)"]
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        vals = [
+            runs["fairlane"][b]["bound_ms"] if j == len(runs) else runs[name][b]["ms_per_step"]
+            for b in batches
+        ]
+        ax.bar([i + j * width for i in range(len(batches))], vals, width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(batches))], [f"batch {b}" for b in batches])
+    ax.set(
+        ylabel="ms per decode step",
+        title=f"MoE decode: {shape['num_experts']} experts, top-{shape['num_experts_per_tok']}, "
+        f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers (fp32)",
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
