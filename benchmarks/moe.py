@@ -1,18 +1,19 @@
 """Mixture-of-experts decode steps against the bound of the bytes they read: an OLMoE-1B-7B layer
 shape (hidden 2048, 16 heads, experts of intermediate 1024, top-8) with fewer layers and experts
 and a smaller vocabulary, random weights saved as a Hugging Face folder, decoded at batch 1, 8 and
-32 by fairlane (experts on the own fp32 C kernel, and on torch's F.linear) and by transformers'
+32 by fairlane (a MoE layer's experts in one call of the own fp32 C kernel) and by transformers'
 own forward of the same folder (its default experts implementation, a DynamicCache).
 
 The bound of a step is the bytes of weights it reads (every dense weight, and each expert its
 tokens were routed to, once: EngineStats.last_step_weight_bytes) over the machine's read bandwidth
 (benchmarks/bandwidth.py). Writes moe.json and moe.png under --out (benchmarks/results).
 
-    python -m benchmarks.moe              # 2 layers, 24 experts, 2 threads
+    python -m benchmarks.moe              # 2 layers, 16 experts, 2 threads
+    python -m benchmarks.moe --torch-ops  # also fairlane with cpu_kernels=False
     python -m benchmarks.moe --smoke      # a tiny MoE, in seconds
 
-The systems run one after another (one model in memory at a time), each for `--rounds` rounds of
-every batch size; the reported time of a step is the median.
+The systems take turns (`--steps` decode steps each, per batch size, round after round), so a
+noisy machine slows them alike; the reported time of a step is the median.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ from benchmarks.common import add_common_args, done, machine, out_dir
 from engine import LLM, SamplingParams
 
 # OLMoE-1B-7B's layer (hidden 2048, 16 q and kv heads, experts of 1024, top-8), 2 of its 16 layers,
-# 24 of its 64 experts and a vocabulary of 8192: 1.1 GB of fp32 weights
+# 16 of its 64 experts and a vocabulary of 8192: 1.07 GB of fp32 weights
 SHAPE = dict(
     hidden_size=2048,
     intermediate_size=1024,
     num_attention_heads=16,
     num_key_value_heads=16,
     num_hidden_layers=2,
-    num_experts=24,
+    num_experts=16,
     num_experts_per_tok=8,
     vocab_size=8192,
 )
@@ -129,43 +130,56 @@ def hf_steps(model, batch: int, steps: int, vocab: int) -> dict:
     return {"ms": ms}
 
 
-def run_system(name: str, folder: Path, args, batches: list[int], vocab: int) -> dict:
-    results: dict[int, dict] = {b: {} for b in batches}
-    model: Any
+def build(name: str, folder: Path, args) -> Any:
     if name == "transformers":
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        impl = f"experts_implementation={model.config._experts_implementation}"
-    else:
-        model = LLM(
-            model=str(folder),
-            dtype="float32",
-            num_threads=args.threads,
-            max_model_len=PROMPT_LEN + args.steps + 8,
-            cpu_kernels=name == "fairlane",
-        )
-        impl = "C kernels" if name == "fairlane" else "torch ops (cpu_kernels=False)"
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return LLM(
+        model=str(folder),
+        dtype="float32",
+        num_threads=args.threads,
+        max_model_len=PROMPT_LEN + args.steps + 8,
+        cpu_kernels=name == "fairlane",
+    )
 
-    def measure(batch: int) -> dict:
+
+def run_systems(names: list[str], folder: Path, args, batches: list[int], vocab: int) -> dict:
+    """Every system's median step per batch size; the systems take turns, round after round."""
+    models = {name: build(name, folder, args) for name in names}
+    results: dict[str, dict[int, dict]] = {n: {b: {} for b in batches} for n in names}
+
+    def measure(name: str, batch: int) -> dict:
         if name == "transformers":
-            return hf_steps(model, batch, args.steps, vocab)
-        return fairlane_steps(model, batch, args.steps, vocab)
+            return hf_steps(models[name], batch, args.steps, vocab)
+        return fairlane_steps(models[name], batch, args.steps, vocab)
 
-    measure(batches[0])  # warm-up
+    for name in names:
+        measure(name, batches[0])  # warm-up
     for _ in range(args.rounds):
         for b in batches:
-            for k, v in measure(b).items():
-                results[b].setdefault(k, []).extend(v)
-    model = None  # one model in memory at a time
+            for name in names:
+                for k, v in measure(name, b).items():
+                    results[name][b].setdefault(k, []).extend(v)
+    impl = {
+        "fairlane": "C kernels (one call a MoE layer)",
+        "fairlane (torch ops)": "torch ops (cpu_kernels=False)",
+    }
+    if "transformers" in models:
+        impl["transformers"] = (
+            f"experts_implementation={models['transformers'].config._experts_implementation}"
+        )
+    models.clear()
     gc.collect()
-    out = {}
-    for b, r in results.items():
-        row = {"ms_per_step": statistics.median(r["ms"]), "steps": len(r["ms"]), "impl": impl}
-        if "bytes" in r:
-            row["experts_per_step"] = statistics.mean(r["experts"])
-            row["weight_bytes_per_step"] = statistics.mean(r["bytes"])
-        out[b] = row
+    out: dict[str, dict[int, dict]] = {}
+    for name, per_batch in results.items():
+        out[name] = {}
+        for b, r in per_batch.items():
+            row = {"ms_per_step": statistics.median(r["ms"]), "steps": len(r["ms"]), "impl": impl[name]}
+            if "bytes" in r:
+                row["experts_per_step"] = statistics.mean(r["experts"])
+                row["weight_bytes_per_step"] = statistics.mean(r["bytes"])
+            out[name][b] = row
     return out
 
 
@@ -175,6 +189,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="decode steps a round, per batch size")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    ap.add_argument("--torch-ops", action="store_true", help="also fairlane with cpu_kernels=False")
     add_common_args(ap)
     args = ap.parse_args()
     out = out_dir(args, "moe")
@@ -186,10 +201,11 @@ def main() -> None:
     from engine import assets
 
     folder = moe_folder(shape, assets.cache_dir() / "models")
-    systems = ["fairlane", "fairlane (torch ops)"] + ([] if args.no_hf else ["transformers"])
-    runs = {name: run_system(name, folder, args, batches, shape["vocab_size"]) for name in systems}
+    systems = ["fairlane"] + (["fairlane (torch ops)"] if args.torch_ops else [])
+    systems += [] if args.no_hf else ["transformers"]
+    runs = run_systems(systems, folder, args, batches, shape["vocab_size"])
     bandwidth = read_bandwidth(args.threads, gib=0.25 if args.smoke else 1.0)
-    for name in ("fairlane", "fairlane (torch ops)"):
+    for name in systems[: 1 + args.torch_ops]:
         for b, row in runs[name].items():
             row["bound_ms"] = 1000 * row["weight_bytes_per_step"] / bandwidth
             row["fraction_of_bound"] = row["bound_ms"] / row["ms_per_step"]
@@ -210,15 +226,15 @@ def main() -> None:
     print(
         "| batch | experts/step | bound ms | "
         + " | ".join(f"{n} ms" for n in runs)
-        + " | fraction of bound |"
+        + " | fraction of bound | vs transformers |"
     )
-    print("|---:|---:|---:|" + "---:|" * len(runs) + "---:|")
+    print("|---:|---:|---:|" + "---:|" * len(runs) + "---:|---:|")
     for b in batches:
         own = runs["fairlane"][b]
         cells = " | ".join(f"{runs[n][b]['ms_per_step']:.2f}" for n in runs)
         print(
             f"| {b} | {own['experts_per_step']:.1f} | {own['bound_ms']:.2f} | {cells} | "
-            f"{own['fraction_of_bound']:.2f} |"
+            f"{own['fraction_of_bound']:.2f} | {own.get('speedup_vs_transformers', 0):.2f}x |"
         )
     print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py)")
     plot(runs, batches, out / "moe.png", shape)

@@ -16,21 +16,30 @@ cpu_kernels=False); measurements in docs/performance.md.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from engine import native
 from engine.models.fused import TorchOps
-from engine.models.linear import Linear, f32_library
+from engine.models.linear import Linear, f32_library, pack
 from engine.models.quant import Int8Linear
 from engine.models.spec import ModelSpec, MoESpec
 
 # the activation name the fused-MoE kernel takes for gpt-oss's clamped SwiGLU (vLLM's name)
 GPT_OSS_ACTIVATION = "swigluoai"
 ExpertLinear = Linear | Int8Linear
+SOURCE = Path(__file__).parent / "csrc" / "moe_f32.c"
+
+
+def moe_library() -> ctypes.CDLL | None:
+    """The fp32 C kernel of a whole MoE layer's experts (csrc/moe_f32.c), or None without a compiler."""
+    return native.library(SOURCE, {"moe_f32": [ctypes.c_void_p] * 13 + [ctypes.c_int] * 5})
 
 
 class ExpertCounter:
@@ -97,7 +106,19 @@ class MoEBlock:
         # bytes one active expert reads: weights (int8 with their scales) and biases
         biases = _nbytes(*(b[0] if b is not None else None for b in (b_gate_up, b_down)))
         self.expert_bytes = _nbytes(gate_up[0], down[0]) + biases
-        if quantization == "int8" or (on_cpu and c_fp32):
+        # fp32 on the CPU, SiLU experts: every active expert in one C call, over per-expert panels
+        # [E, ceil(N / NR), K, NR] (f32_linear.c's layout); other activations: a C call a matrix
+        self.lib = moe_library() if on_cpu and c_fp32 and self.activation in ("silu", "swish") else None
+        self.panels: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.lib is not None and quantization is None:
+            lib = f32_library()
+            assert lib is not None
+            self.panels = (
+                torch.stack([pack(lib, gate_up[e].contiguous()) for e in range(self.num_experts)]),
+                torch.stack([pack(lib, down[e].contiguous()) for e in range(self.num_experts)]),
+            )
+            self.gate_up = self.down = None
+        elif quantization == "int8" or (on_cpu and c_fp32):
             make = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=True)
 
             def bias(b: torch.Tensor | None, e: int) -> torch.Tensor | None:
@@ -212,6 +233,8 @@ class MoEBlock:
         order = torch.argsort(flat, stable=True)  # [T * k] pairs grouped by expert, tokens in order
         rows = order // k  # the token of each pair
         pair_weights = weights.reshape(-1)[order]
+        if self.panels is not None:
+            return self._c_experts(h, rows, pair_weights.float().contiguous(), flat)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         out = torch.zeros(T, h.shape[1], dtype=torch.float32, device=h.device)
         start = 0
@@ -223,6 +246,37 @@ class MoEBlock:
             out.index_add_(0, tokens, y.float() * pair_weights[start : start + n, None])
             start += n
         return out.to(h.dtype)
+
+    def _c_experts(
+        self, h: torch.Tensor, rows: torch.Tensor, pair_weights: torch.Tensor, flat: torch.Tensor
+    ) -> torch.Tensor:
+        """csrc/moe_f32.c over the pairs sorted by expert; h: [T, H] fp32."""
+        assert self.panels is not None and self.lib is not None
+        T, H = h.shape
+        P, inter = rows.shape[0], self.panels[1].shape[2]  # down's panels: [E, ceil(H / NR), I, NR]
+        starts = torch.zeros(self.num_experts + 1, dtype=torch.int32)
+        starts[1:] = torch.cumsum(torch.bincount(flat, minlength=self.num_experts), 0)
+        x = h.contiguous()
+        out, work = torch.empty(T, H), [torch.empty(P, n) for n in (H, 2 * inter, inter, H)]
+        b_gate_up, b_down = self.b_gate_up, self.b_down
+        self.lib.moe_f32(
+            x.data_ptr(),
+            rows.data_ptr(),
+            starts.data_ptr(),
+            pair_weights.data_ptr(),
+            self.panels[0].data_ptr(),
+            self.panels[1].data_ptr(),
+            b_gate_up.data_ptr() if b_gate_up is not None else None,
+            b_down.data_ptr() if b_down is not None else None,
+            out.data_ptr(),
+            *(t.data_ptr() for t in work),
+            T,
+            H,
+            inter,
+            self.num_experts,
+            torch.get_num_threads(),
+        )
+        return out
 
     def expert(self, e: int, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
         """Expert e's gated MLP over x [n, H] -> [n, H]."""

@@ -95,3 +95,30 @@ def test_qwen3_moe_mixes_dense_layers_as_transformers_does(step, dense, want):
     for i, moe in enumerate(want):
         assert (f"model.layers.{i}.mlp.gate.weight" in names) == moe
         assert (f"model.layers.{i}.mlp.gate_proj.weight" in names) == (not moe)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_call_c_kernel_equals_torch_and_ignores_the_batch(bias):
+    """csrc/moe_f32.c (a whole layer's SiLU experts in one call) against the torch path; a token's
+    output is the same alone and in a batch (prefill-sized too: more rows than a register tile)."""
+    from engine.models.linear import Linear
+    from engine.models.spec import MoESpec
+
+    torch.manual_seed(0)
+    E, H, inter = 6, 64, 40  # 2I = 80 and H = 64: panels padded on the gate/up side
+    spec = MoESpec(num_experts=E, top_k=3, intermediate_size=inter, norm_topk_prob=True, layers=(True,))
+    gu, dn, router = torch.randn(E, 2 * inter, H) * 0.2, torch.randn(E, H, inter) * 0.2, torch.randn(E, H)
+    b = (torch.randn(E, 2 * inter), torch.randn(E, H)) if bias else (None, None)
+
+    def block(cpu_kernels: bool) -> MoEBlock:
+        return MoEBlock(
+            spec, "silu", Linear(router), gu, dn, *b, ExpertCounter("cpu"), cpu_kernels=cpu_kernels
+        )
+
+    c, ref = block(True), block(False)
+    assert c.panels is not None and ref.panels is None
+    ops = make_ops(torch.device("cpu"), torch.float32, True)
+    h = torch.randn(37, H)
+    got = c(h, ops)
+    assert (got - ref(h, TorchOps())).abs().max() < 1e-5
+    assert torch.equal(got[:5], c(h[:5], ops)) and torch.equal(got[20:21], c(h[20:21], ops))

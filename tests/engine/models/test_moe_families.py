@@ -6,6 +6,7 @@ adapters, gpt-oss's attention sinks, MXFP4 experts)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -79,28 +80,35 @@ def test_int8_experts_within_tolerance(moe_reference, family):
 @pytest.mark.parametrize("family", MOE)
 def test_mixed_batch_gives_each_request_its_solo_tokens(moe_reference, family, backend):
     """Requests decoded together (their tokens grouped by expert, some experts shared by several
-    requests, others by one) get the tokens each gets alone; the shared experts are read once."""
+    requests, others used by one) get the tokens each gets alone."""
     folder, _, _ = moe_reference(family)
     llm = LLM(model=str(folder), dtype="float32", attention_backend=backend, num_threads=2, num_kv_blocks=128)
     prompts = PROMPTS + [[(13 * i + 1) % 250 + 2 for i in range(n)] for n in (3, 9, 17)]
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     solo = [llm.generate([p], params)[0].token_ids for p in prompts]
     engine = llm.engine
+    block = next(ly.moe for ly in engine.runner.model.layers if ly.moe is not None)
+    routed = []  # the first MoE layer's expert ids [T, k] of each decode step of the whole batch
+    route = block.route
+
+    def recording_route(h):
+        weights, ids = route(h)
+        if h.shape[0] == len(prompts) and engine.stats.steps > 0:
+            routed.append(ids.tolist())
+        return weights, ids
+
+    block.route = recording_route
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)
-    touched = []  # (experts touched, its tokens) of each decode step of the whole batch
     outs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     while engine.has_unfinished():
         for out in engine.step():
             outs[out.request_id] += out.new_token_ids
-        if engine.stats.last_step_seqs == len(prompts) and engine.stats.last_step_tokens == len(prompts):
-            touched.append(engine.stats.last_step_experts_touched)
     assert [outs[str(i)] for i in range(len(prompts))] == solo
-    spec = engine.runner.model.spec
-    moe_layers = sum(spec.is_moe_layer(i) for i in range(spec.num_layers))
-    # every batch-of-5 decode step ran fewer experts than its 5 * top-k routed pairs: shared ones
-    assert touched and all(t < len(prompts) * spec.moe.top_k * moe_layers for t in touched)
-    assert all(t <= spec.moe.num_experts * moe_layers for t in touched)
+    # the premise: in these steps some experts served several requests and others one
+    users = [Counter(e for token in step for e in token) for step in routed]
+    assert len(routed) >= 8
+    assert any(n > 1 for u in users for n in u.values()) and any(n == 1 for u in users for n in u.values())
 
 
 def test_step_stats_count_experts_and_bytes(moe_reference):
