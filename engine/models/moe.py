@@ -218,7 +218,7 @@ class MoEBlock:
         return dict(
             b_gate_up=self.b_gate_up,
             b_down=self.b_down,
-            activation=self.activation,
+            activation="silu" if self.activation == "swish" else self.activation,
             swiglu_limit=self.moe.swiglu_limit,
             swiglu_alpha=self.moe.swiglu_alpha,
         )
