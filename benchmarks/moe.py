@@ -134,7 +134,8 @@ def build(name: str, folder: Path, args) -> Any:
     if name == "transformers":
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        kw = {"experts_implementation": args.hf_experts} if args.hf_experts else {}
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw).eval()
     return LLM(
         model=str(folder),
         dtype="float32",
@@ -190,6 +191,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
     ap.add_argument("--torch-ops", action="store_true", help="also fairlane with cpu_kernels=False")
+    ap.add_argument(
+        "--hf-experts", default=None, help="transformers' experts_implementation (default: its own choice)"
+    )
     add_common_args(ap)
     args = ap.parse_args()
     out = out_dir(args, "moe")
