@@ -1,15 +1,19 @@
 """Where a decode step's time goes: the engine's step split into the scheduler, the host-side
-preparation of the batch, the linear layers, attention, RMSNorm with the residual adds, the rest
-of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling (with penalties and biases)
-and the rest of the step (output bookkeeping, detokenization), for fp32 and INT8 weights at batch 1
-and a larger batch, batch 1 against its memory-bandwidth bound (benchmarks/bandwidth.py). Each
-precision runs twice: as the engine runs it (a decode-only step's layers in one C call,
-`one_call_forward`, engine/models/decode.py) and "per-op" (the same kernels called one by one from
-Python, each part timed).
+preparation of the batch, the linear layers, a mixture of experts' expert MLPs, attention, RMSNorm
+with the residual adds, the rest of the forward (RoPE, SiLU·mul, embedding), the LM head, sampling
+(with penalties and biases) and the rest of the step (output bookkeeping, detokenization), for fp32
+and INT8 weights at batch 1 and a larger batch, batch 1 against its memory-bandwidth bound
+(benchmarks/bandwidth.py). Each precision runs twice: as the engine runs it (a decode-only step's
+layers in one C call, `one_call_forward`, engine/models/decode.py) and "per-op" (the same kernels
+called one by one from Python, each part timed).
 
     python -m benchmarks.profile_step            # SmolLM2, 2 threads, batch 1 and 32, 32 steps each
     python -m benchmarks.profile_step --torch-ops    # also fp32 with cpu_kernels=False (torch ops only)
     python -m benchmarks.profile_step --smoke    # a tiny random model, in seconds
+    python -m benchmarks.profile_step --model FOLDER   # another model, e.g. a mixture of experts
+
+Each run records the last step's experts run (summed over MoE layers) and bytes of weights read
+(EngineStats); a mixture of experts' batch-1 bound is those bytes.
 
 The configurations take turns (a few steps each, round after round), so a noisy machine slows
 them alike and their ratios hold.
@@ -40,6 +44,7 @@ PARTS = (
     "scheduler",
     "prepare",
     "linears",
+    "experts",
     "attention",
     "rms_norm",
     "forward_rest",
@@ -92,6 +97,7 @@ def instrumented(llm: LLM, timer: Timer):
     import engine.model_runner as runner_mod
     from engine.models.fused import CPUOps, TorchOps
     from engine.models.linear import Linear
+    from engine.models.moe import MoEBlock
     from engine.models.quant import Int8Linear
 
     engine = llm.engine
@@ -103,11 +109,13 @@ def instrumented(llm: LLM, timer: Timer):
         (CPUOps, "add_rms_norm"),
         (Linear, "__call__"),
         (Int8Linear, "__call__"),
+        (MoEBlock, "__call__"),
     ]
     saved = [(obj, name, getattr(obj, name)) for obj, name in patches]
     parts = {"sample_ids": "sampling", "process_logits": "sampling", "add_rms_norm": "rms_norm"}
     for obj, name, fn in saved:
-        setattr(obj, name, timer.wrap(parts.get(name, "linears"), fn))
+        part = "experts" if obj is MoEBlock else parts.get(name, "linears")
+        setattr(obj, name, timer.wrap(part, fn))
     instance = [
         (engine, "step", "step_rest"),
         (engine.scheduler, "schedule", "scheduler"),
@@ -152,7 +160,15 @@ def profile(llm: LLM, prompts: list[list[int]], steps: int) -> dict:
     for i in range(len(prompts)):
         engine.abort(f"p{i}")
     ms = {part: 1000 * timer.seconds[part] / steps for part in PARTS}
-    return {"batch": len(prompts), "steps": steps, "step_ms": 1000 * total / steps, "parts_ms": ms}
+    stats = engine.stats  # the last step's reads (mixtures of experts: the experts it ran)
+    return {
+        "batch": len(prompts),
+        "steps": steps,
+        "step_ms": 1000 * total / steps,
+        "parts_ms": ms,
+        "experts_touched": stats.last_step_experts_touched,
+        "weight_bytes": stats.last_step_weight_bytes,
+    }
 
 
 def merge(total: dict, run: dict) -> None:
@@ -174,10 +190,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--torch-ops", action="store_true", help="also profile fp32 with cpu_kernels=False")
+    ap.add_argument("--model", default="smollm2", help="a model spec (a folder, e.g. a mixture of experts)")
     add_common_args(ap)
     args = ap.parse_args()
     out = out_dir(args, "profile_step")
-    model = tiny_model() if args.smoke else "smollm2"
+    model = tiny_model() if args.smoke else args.model
     steps = 4 if args.smoke else args.steps
     torch.set_num_threads(args.threads)
     configs = {"fp32": dict(quantization=None), "fp32 per-op": dict(quantization=None)}
@@ -204,12 +221,14 @@ def main() -> None:
                     profile(llm, prompts[:batch], steps // rounds),
                 )
     bandwidth = read_bandwidth(args.threads, gib=0.25 if args.smoke else 1.0)
-    for name, run in runs.items():  # batch 1 reads every weight once a step: its bound
+    for name, run in runs.items():  # batch 1 reads every weight once a step (MoE: the experts it ran)
         if run["batch"] == 1:
-            run["bound_ms"] = 1000 * weight_bytes(llms[name.rsplit(" batch", 1)[0]]) / bandwidth
+            llm = llms[name.rsplit(" batch", 1)[0]]
+            moe = llm.engine.runner.model.spec.moe is not None
+            run["bound_ms"] = 1000 * (run["weight_bytes"] if moe else weight_bytes(llm)) / bandwidth
             run["fraction_of_bound"] = run["bound_ms"] / run["step_ms"]
     report = {
-        "model": "tiny-random" if args.smoke else "SmolLM2-135M-Instruct",
+        "model": "tiny-random" if args.smoke else _model_name(args.model),
         "smoke": args.smoke,
         "threads": args.threads,
         "read_bandwidth_gb_s": bandwidth / 1e9,
@@ -224,9 +243,18 @@ def main() -> None:
         print(f"| {part} | " + " | ".join(f"{r['parts_ms'][part]:.2f}" for r in runs.values()) + " |")
     print("| **step** | " + " | ".join(f"{r['step_ms']:.2f}" for r in runs.values()) + " |")
     print("| bound (weights / read bandwidth) | " + " | ".join(_bound(r) for r in runs.values()) + " |")
+    print(
+        "| experts run (MoE layers summed) | "
+        + " | ".join(str(r["experts_touched"]) for r in runs.values())
+        + " |"
+    )
     print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py)")
     plot(runs, out / "profile_step.png", f"{report['model']}, {args.threads} threads")
     done(out)
+
+
+def _model_name(model: str) -> str:
+    return "SmolLM2-135M-Instruct" if model == "smollm2" else Path(model).name
 
 
 def _bound(run: dict) -> str:

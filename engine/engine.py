@@ -312,7 +312,8 @@ class Engine:
             else:
                 item.seq.record("prefill_chunk", tokens=item.num_tokens, start=item.seq.num_computed_tokens)
         self.scheduler.finish_step(plan)
-        return StepRun(sampled, seconds, decode_tokens)
+        experts, weight_bytes = self.runner.model.step_weight_bytes()
+        return StepRun(sampled, seconds, decode_tokens, experts, weight_bytes)
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Structured requests whose grammar has compiled join the scheduler; one whose grammar

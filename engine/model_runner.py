@@ -83,7 +83,12 @@ class ModelRunner:
 
             warm_up(self.model, self.kv_caches, self.block_size)  # no compile stalls while serving
         self.graphs: DecodeGraphs | None = None
-        if config.cuda_graphs and self.device.type == "cuda" and backend.supports_cuda_graphs:
+        if (
+            config.cuda_graphs
+            and self.device.type == "cuda"
+            and backend.supports_cuda_graphs
+            and self.model.graph_safe
+        ):
             self.graphs = DecodeGraphs(
                 self.model,
                 self.kv_caches,

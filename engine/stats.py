@@ -20,6 +20,8 @@ class StepRun:
     sampled: Sequence[Sampled]  # ModelRunner.run's (item, token, logprob) per sampling item
     seconds: float  # the forward and the sampling
     decode_tokens: int  # items that decoded an output token (every other computed token: prefill)
+    experts_touched: int = 0  # distinct experts the forward ran, summed over its MoE layers
+    weight_bytes: int = 0  # bytes of weights the forward read: dense ones and the experts it ran
 
 
 @dataclass
@@ -50,6 +52,12 @@ class EngineStats:
     last_step_seqs: int = 0
     last_step_tokens: int = 0
     last_step_seconds: float = 0.0
+    # Mixtures of experts: distinct experts run per MoE layer, summed over layers and steps; bytes of
+    # weights read (every dense weight each step, each expert once a step it runs in)
+    experts_touched: int = 0
+    weight_bytes_read: int = 0
+    last_step_experts_touched: int = 0
+    last_step_weight_bytes: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -98,5 +106,8 @@ class EngineStats:
         self.prefix_hit_tokens = block_manager.num_prefix_hit_tokens
         self.last_step_seqs, self.last_step_tokens = len(plan.scheduled), plan.num_tokens
         self.last_step_seconds = ran.seconds
+        self.last_step_experts_touched, self.last_step_weight_bytes = ran.experts_touched, ran.weight_bytes
+        self.experts_touched += ran.experts_touched
+        self.weight_bytes_read += ran.weight_bytes
         self.utilization_sum += block_manager.utilization(scheduler.running)
         self.utilization_steps += 1

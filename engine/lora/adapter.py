@@ -21,7 +21,7 @@ from engine.lora.errors import (
     UnsupportedAdapterError,
     UnsupportedTargetModuleError,
 )
-from engine.lora.shape import ARCHITECTURES, MODULE_PARENT, TARGET_MODULES, ModelShape
+from engine.lora.shape import ARCHITECTURES, MODULE_PARENT, MOE_ARCHITECTURES, TARGET_MODULES, ModelShape
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -174,6 +174,12 @@ def inspect_adapter(
 ) -> AdapterSpec:
     """Check a parsed config and safetensors header against the base model; returns the spec."""
     cfg = parse_config(config, max_rank)
+    if shape.model_type in MOE_ARCHITECTURES:
+        raise AdapterBaseMismatchError(
+            f"LoRA adapters on mixture-of-experts models are not supported (the base model is "
+            f"{shape.model_type!r}: its MLPs are experts, which take no LoRA deltas)",
+            param="adapter_model",
+        )
     if shape.model_type not in ARCHITECTURES:
         raise AdapterBaseMismatchError(
             f"the base model's architecture {shape.model_type!r} has no LoRA support "

@@ -47,6 +47,9 @@ ARCHITECTURES = (
     "granite",
 )
 
+# mixtures of experts (engine/models/moe.py): no LoRA on their expert MLPs, so none on the model
+MOE_ARCHITECTURES = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss")
+
 
 @dataclass(frozen=True)
 class ModelShape:

@@ -76,6 +76,7 @@ class Linear:
         self._bias: torch.Tensor | None = None
         self.bf16 = BF16Panels.make(weight, bias) if cpu_kernel else None  # AVX512-BF16 CPUs
         self.out_features = weight.shape[0]
+        self.nbytes = weight.numel() * weight.element_size()  # the weight as stored (padding apart)
         if cpu_kernel and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2:
             self.lib = f32_library()
             if self.lib is not None:

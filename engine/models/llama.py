@@ -24,6 +24,7 @@ from engine.attention import AttentionBackend, AttentionMetadata
 from engine.lora.batch import LoRABatch
 from engine.models.fused import TorchOps, rms_norm
 from engine.models.linear import Linear
+from engine.models.moe import ExpertCounter, MoEBlock
 from engine.models.ops import make_ops
 from engine.models.quant import Int8Linear
 from engine.models.registry import resolve
@@ -51,12 +52,13 @@ class LayerWeights:
     qkv: Linear | Int8Linear  # [(H + 2*KVH) * D, hidden]  q, k and v projections fused
     o: Linear | Int8Linear  # [hidden, H * D]
     post_norm: torch.Tensor | None  # [hidden] the norm before the MLP (None: OLMo 2)
-    gate_up: Linear | Int8Linear  # [2 * intermediate, hidden]  gate and up fused
-    down: Linear | Int8Linear  # [hidden, intermediate]
+    gate_up: Linear | Int8Linear | None  # [2 * intermediate, hidden]  gate and up fused (None: MoE)
+    down: Linear | Int8Linear | None  # [hidden, intermediate]
     attn_out_norm: torch.Tensor | None = None  # [hidden] on the attention output (Gemma, OLMo 2)
     mlp_out_norm: torch.Tensor | None = None  # [hidden] on the MLP output (Gemma, OLMo 2)
     q_norm: torch.Tensor | None = None  # [D] per head, or [H * D] over all heads (OLMo 2)
     k_norm: torch.Tensor | None = None  # [D] or [KVH * D]
+    moe: MoEBlock | None = None  # the layer's mixture of experts, in place of gate_up and down
 
 
 class LlamaModel:
@@ -101,6 +103,11 @@ class LlamaModel:
         self.max_positions = max_positions
         self.rope = rope_tables(config, spec, max_positions, self.dtype, embed.device)
         self.cos, self.sin = self.rope[FULL]
+        # experts the last forward ran (MoE layers only), and the bytes of the weights every step reads
+        self.experts = next((ly.moe.counter for ly in layers if ly.moe is not None), None)
+        self.dense_weight_bytes = _dense_bytes(self)
+        # a forward CUDA graphs may capture: no MoE layer groups its tokens on the host
+        self.graph_safe = all(ly.moe is None or ly.moe.fused is not None for ly in layers)
 
     @classmethod
     def from_state_dict(
@@ -131,13 +138,30 @@ class LlamaModel:
         def cat(names: list[str]) -> torch.Tensor:
             return torch.cat([w(n) for n in names]).contiguous()
 
+        def mlp(i: int) -> dict:
+            """The layer's dense MLP linears, or its MoE block."""
+            p, m = f"model.layers.{i}.", f"model.layers.{i}.mlp."
+            if spec.is_moe_layer(i):
+                moe = MoEBlock.from_state_dict(
+                    sd, p, spec, dtype, counter, quantization=quantization, cpu_kernels=cpu_kernels
+                )
+                return dict(gate_up=None, down=None, moe=moe)
+            gate_up = [m + "gate_up_proj"] if spec.fused_gate_up else [m + "gate_proj", m + "up_proj"]
+            bias = spec.mlp_bias
+            return dict(
+                gate_up=linear(
+                    cat([x + ".weight" for x in gate_up]),
+                    cat([x + ".bias" for x in gate_up]) if bias else None,
+                ),
+                down=linear(w(m + "down_proj.weight"), w(m + "down_proj.bias") if bias else None),
+            )
+
+        counter = ExpertCounter(sd["model.embed_tokens.weight"].device)
         layers = []
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
+            a = p + "self_attn."
             qkv = [a + "qkv_proj"] if spec.fused_qkv else [a + f"{x}_proj" for x in "qkv"]
-            gate_up = [m + "gate_up_proj"] if spec.fused_gate_up else [m + "gate_proj", m + "up_proj"]
-            bias = spec.mlp_bias
             n = spec.norms
             layers.append(
                 LayerWeights(
@@ -148,11 +172,7 @@ class LlamaModel:
                     ),
                     o=linear(w(a + "o_proj.weight"), w(a + "o_proj.bias") if spec.o_bias else None),
                     post_norm=norm(n.pre_mlp and p + n.pre_mlp + ".weight"),
-                    gate_up=linear(
-                        cat([x + ".weight" for x in gate_up]),
-                        cat([x + ".bias" for x in gate_up]) if bias else None,
-                    ),
-                    down=linear(w(m + "down_proj.weight"), w(m + "down_proj.bias") if bias else None),
+                    **mlp(i),
                     attn_out_norm=norm(n.attn_out and p + n.attn_out + ".weight"),
                     mlp_out_norm=norm(n.mlp_out and p + n.mlp_out + ".weight"),
                     q_norm=norm(a + "q_norm.weight" if spec.qk_norm else None),
@@ -195,21 +215,39 @@ class LlamaModel:
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
         delta = None  # the last block's output, added to x by the next norm
+        if self.experts is not None:
+            self.experts.reset()
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             x, h = self._pre_norm(x, delta, layer.input_norm)
             delta = self._out(
                 self._attention(i, layer, h, positions, meta, kv_cache, lora), layer.attn_out_norm
             )
             x, h = self._pre_norm(x, delta, layer.post_norm)
-            gate_up = layer.gate_up(h)  # [T, 2 * intermediate]
-            if lora is not None:
-                lora.apply(i, "gate_up", h, gate_up)
-            act = self._act_mul(gate_up)
-            delta = layer.down(act)
-            if lora is not None:
-                lora.apply(i, "down", act, delta)
-            delta = self._out(delta, layer.mlp_out_norm)
+            delta = self._out(self._mlp(i, layer, h, lora), layer.mlp_out_norm)
         return ops.add_rms_norm(x, delta, self.norm, eps)[1]
+
+    def _mlp(self, i: int, layer: LayerWeights, h: torch.Tensor, lora: LoRABatch | None) -> torch.Tensor:
+        """The layer's MLP over its normed input h [T, hidden]: dense (with LoRA deltas) or experts."""
+        if layer.moe is not None:
+            return layer.moe(h, self.ops)
+        assert layer.gate_up is not None and layer.down is not None
+        gate_up = layer.gate_up(h)  # [T, 2 * intermediate]
+        if lora is not None:
+            lora.apply(i, "gate_up", h, gate_up)
+        act = self._act_mul(gate_up)
+        delta = layer.down(act)
+        if lora is not None:
+            lora.apply(i, "down", act, delta)
+        return delta
+
+    def step_weight_bytes(self) -> tuple[int, int]:
+        """(experts the last forward ran, summed over MoE layers; bytes of weights it read: every
+        dense weight plus each expert it ran). A read of the experts count syncs a GPU."""
+        if self.experts is None:
+            return 0, self.dense_weight_bytes
+        touched = self.experts.value()
+        per_expert = next(ly.moe.expert_bytes for ly in self.layers if ly.moe is not None)
+        return touched, self.dense_weight_bytes + touched * per_expert
 
     def _pre_norm(
         self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None
@@ -301,3 +339,22 @@ class LlamaModel:
         if spec.final_softcap:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits.float()
+
+
+def _dense_bytes(model: LlamaModel) -> int:
+    """Bytes of the weights a step reads whatever its tokens: projections, dense MLPs, routers,
+    norms and the LM head (the embedding table apart: a step reads only its tokens' rows)."""
+
+    def size(t: Linear | Int8Linear | torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        if isinstance(t, torch.Tensor):
+            return t.numel() * t.element_size()
+        return t.nbytes + size(t.bias)
+
+    total = size(model.norm) + size(model.lm_head)
+    for ly in model.layers:
+        parts = (ly.input_norm, ly.qkv, ly.o, ly.post_norm, ly.gate_up, ly.down, ly.attn_out_norm)
+        total += sum(size(t) for t in (*parts, ly.mlp_out_norm, ly.q_norm, ly.k_norm))
+        total += size(ly.moe.router) if ly.moe is not None else 0
+    return total

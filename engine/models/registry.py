@@ -7,12 +7,38 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from engine.models.families import gemma, granite, llama, mistral, olmo2, phi3, qwen2, qwen3
+from engine.models.families import (
+    gemma,
+    gpt_oss,
+    granite,
+    llama,
+    mistral,
+    mixtral,
+    olmo2,
+    olmoe,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+)
 from engine.models.spec import ModelSpec, UnsupportedModelError
 
 FAMILIES: dict[str, ModuleType] = {
     t: module
-    for module in (llama, mistral, qwen2, qwen3, gemma, phi3, olmo2, granite)
+    for module in (
+        llama,
+        mistral,
+        qwen2,
+        qwen3,
+        gemma,
+        phi3,
+        olmo2,
+        granite,
+        mixtral,
+        qwen3_moe,
+        olmoe,
+        gpt_oss,
+    )
     for t in module.MODEL_TYPES
 }
 # `architectures` names of checkpoints whose model_type says nothing more (Hugging Face class names)
@@ -27,6 +53,10 @@ ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "Olmo2ForCausalLM": "olmo2",
     "GraniteForCausalLM": "granite",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "OlmoeForCausalLM": "olmoe",
+    "GptOssForCausalLM": "gpt_oss",
 }
 FP8_METHODS = ("fp8",)  # quant_method values whose weights are dequantized on load (engine/models/fp8.py)
 
@@ -53,6 +83,11 @@ def quantization(config: Any) -> dict[str, Any] | None:
         return None
     q = q if isinstance(q, dict) else q.to_dict()
     method = q.get("quant_method")
+    if method == "mxfp4":
+        raise UnsupportedModelError(
+            "quantization_config with quant_method 'mxfp4' (MXFP4-quantized expert weights, as gpt-oss "
+            "ships them) is not supported; load a checkpoint with unquantized (bf16) experts"
+        )
     if method not in FP8_METHODS:
         raise UnsupportedModelError(
             f"quantization_config with quant_method {method!r} is not supported (only FP8 checkpoints, "

@@ -35,6 +35,48 @@ class Norms:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts MLP (engine/models/moe.py): the router picks `top_k` of `num_experts`
+    gated MLPs per token and the block's output is their outputs weighted by the routing weights.
+
+    Checkpoint names under each MoE layer's `block` (e.g. "mlp"): the router `router` [E, hidden]
+    (with a bias where `router_bias`) and either one tensor trio per expert,
+    `experts.{e}.{gate}/{up}/{down}.weight`, or stacked tensors (`stacked`: gpt-oss's
+    `experts.gate_up_proj` [E, hidden, 2I] with gate and up interleaved column by column,
+    `experts.down_proj` [E, I, hidden], and their `_bias` tensors)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    norm_topk_prob: bool = False  # the top-k weights renormalized to sum to 1
+    softmax_after_topk: bool = False  # gpt-oss: softmax over the top-k logits (else over all, then top-k)
+    layers: tuple[bool, ...] = ()  # per layer: MoE (True) or the dense MLP (Qwen3-MoE's mixed layers)
+    block: str = "mlp"
+    router: str = "gate"
+    router_bias: bool = False
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    stacked: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float = 0.0  # gpt-oss: gate clamped to <= limit, up to [-limit, limit] (0: none)
+    swiglu_alpha: float = 1.702  # gpt-oss: gate * sigmoid(alpha * gate) * (up + 1)
+
+    def weight_names(self, layer_prefix: str) -> set[str]:
+        """The tensors of one MoE layer (`layer_prefix`: "model.layers.{i}.")."""
+        b = f"{layer_prefix}{self.block}."
+        names = {f"{b}{self.router}.weight"} | ({f"{b}{self.router}.bias"} if self.router_bias else set())
+        if self.stacked:
+            names |= {b + "experts.gate_up_proj", b + "experts.down_proj"}
+            if self.expert_bias:
+                names |= {b + "experts.gate_up_proj_bias", b + "experts.down_proj_bias"}
+            return names
+        for e in range(self.num_experts):
+            names |= {f"{b}experts.{e}.{n}.weight" for n in self.expert_names}
+            if self.expert_bias:
+                names |= {f"{b}experts.{e}.{n}.bias" for n in self.expert_names}
+        return names
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     family: str
     num_layers: int
@@ -71,6 +113,7 @@ class ModelSpec:
     # with the long factors (transformers drops its cache there); else only later tokens take them
     long_rope_recompute: bool = False
     tied: bool = True
+    moe: MoESpec | None = None  # mixture-of-experts MLPs (None: every layer's MLP is dense)
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -108,7 +151,12 @@ class ModelSpec:
             and not self.attn_softcap
             and all(t == FULL for t in self.layer_types)
             and not self.per_type_rope
+            and self.moe is None
         )
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer i's MLP is a mixture of experts."""
+        return self.moe is not None and self.moe.layers[i]
 
     def weight_names(self) -> set[str]:
         """Every tensor name the forward reads from the checkpoint (the LM head apart)."""
@@ -125,6 +173,9 @@ class ModelSpec:
                 names |= {a + x + ".bias" for x in projs}
             if self.o_bias:
                 names.add(a + "o_proj.bias")
+            if self.moe is not None and self.moe.layers[i]:
+                names |= self.moe.weight_names(p)
+                continue
             mlp = ["gate_up_proj"] if self.fused_gate_up else ["gate_proj", "up_proj"]
             names |= {m + x + ".weight" for x in mlp + ["down_proj"]}
             if self.mlp_bias:

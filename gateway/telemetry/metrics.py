@@ -155,6 +155,18 @@ ADMISSIONS = Counter(
 SLO_REFUSALS = Counter(
     "fairlane_engine_slo_refusals", "Requests the engine refused for their TTFT target", ("worker",)
 )
+EXPERTS_TOUCHED = Counter(
+    "fairlane_engine_moe_experts_touched",
+    "Distinct experts the engine's steps ran, per mixture-of-experts layer, summed over layers and "
+    "steps (over fairlane_engine_step_seconds_count: experts run per step)",
+    ("worker",),
+)
+WEIGHT_BYTES = Counter(
+    "fairlane_engine_weight_bytes_read",
+    "Bytes of model weights the engine's steps read: every dense weight each step, each expert of a "
+    "mixture of experts once per step that runs it",
+    ("worker",),
+)
 LORA_SLOT_LOADS = Counter(
     "fairlane_engine_lora_slot_loads", "LoRA adapters copied from host memory into a device slot", ("worker",)
 )

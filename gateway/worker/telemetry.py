@@ -150,6 +150,8 @@ class EngineMetrics:
             "slo_refusals": metrics.SLO_REFUSALS.labels(w),
             "lora_slot_loads": metrics.LORA_SLOT_LOADS.labels(w),
             "lora_slot_evictions": metrics.LORA_SLOT_EVICTIONS.labels(w),
+            "experts_touched": metrics.EXPERTS_TOUCHED.labels(w),
+            "weight_bytes_read": metrics.WEIGHT_BYTES.labels(w),
         }
         self.seen = {name: 0 for name in self.counters}
         self.batch, self.tokens, self.seconds = (

@@ -14,10 +14,13 @@ from transformers import (
     GraniteConfig,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     Olmo2Config,
+    OlmoeConfig,
     Phi3Config,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 BASE = dict(
@@ -95,7 +98,26 @@ CONFIGS = {
         attention_bias=True,
         mlp_bias=True,
     ),
+    # mixtures of experts: 8 experts, top-2 to top-4, 3 layers; Qwen3-MoE's middle layer dense
+    "mixtral": lambda: MixtralConfig(
+        **{**BASE, "num_hidden_layers": 3}, num_local_experts=8, num_experts_per_tok=2, sliding_window=WINDOW
+    ),
+    "qwen3_moe": lambda: Qwen3MoeConfig(
+        **{**BASE, "num_hidden_layers": 3},
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=4,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+    ),
+    "olmoe": lambda: OlmoeConfig(
+        **{**BASE, "num_hidden_layers": 3}, num_experts=8, num_experts_per_tok=3, attention_bias=True
+    ),
 }
+MOE = ("mixtral", "qwen3_moe", "olmoe")
 
 
 def save_family(name: str, folder: Path, seed: int = 0) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig
 
 from engine import LLM, SamplingParams, UnsupportedModelError
 from engine.models.check import check_folder, safetensors_header
@@ -55,11 +55,11 @@ def _refused(folder: Path) -> str:
 
 
 def test_a_family_we_do_not_serve(tmp_path):
-    config = MixtralConfig(**{**BASE, "num_local_experts": 2})
+    config = Qwen2MoeConfig(**{**BASE, "num_experts": 2})
     config.save_pretrained(tmp_path)
     save_file({"model.embed_tokens.weight": torch.zeros(4, 4)}, str(tmp_path / "model.safetensors"))
     _header_only(tmp_path)
-    assert "'mixtral'" in _refused(tmp_path)
+    assert "'qwen2_moe'" in _refused(tmp_path)
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq", "bitsandbytes"])

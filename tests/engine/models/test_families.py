@@ -9,7 +9,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.engine.hf_reference import hf_greedy
-from tests.engine.models.families import CONFIGS, ORIGINAL_CONTEXT, WINDOW, load_hf, save_family
+from tests.engine.models.families import CONFIGS, MOE, ORIGINAL_CONTEXT, WINDOW, load_hf, save_family
 
 MAX_TOKENS = 32
 # longer than every window; one shorter than longrope's original context that generates past it
@@ -70,12 +70,13 @@ def test_family_equals_transformers(reference, family, backend):
 
 
 # nats from transformers' float32 prompt logprobs; measured at most 0.042 (bf16) and 0.074 (int8) over
-# these checkpoints (2026-11-25)
+# these checkpoints (2026-11-25). Mixtures of experts: tests/engine/models/test_moe_families.py (a
+# router's near-tie flips an expert in low precision, in transformers' own bf16 forward too)
 LOW_PRECISION = [("bfloat16", None, 0.1), ("float32", "int8", 0.15)]
 
 
 @pytest.mark.parametrize("dtype,quantization,tolerance", LOW_PRECISION)
-@pytest.mark.parametrize("family", sorted(CONFIGS))
+@pytest.mark.parametrize("family", sorted(set(CONFIGS) - set(MOE)))
 def test_family_in_low_precision_is_within_tolerance(reference, family, dtype, quantization, tolerance):
     folder, _, logprobs = reference(family)
     llm = LLM(model=str(folder), dtype=dtype, quantization=quantization, num_threads=2, num_kv_blocks=64)

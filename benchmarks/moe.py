@@ -1,0 +1,275 @@
+"""Mixture-of-experts decode steps against the bound of the bytes they read: an OLMoE-1B-7B layer
+shape (hidden 2048, 16 heads, experts of intermediate 1024, top-8) with fewer layers and experts
+and a smaller vocabulary, random weights saved as a Hugging Face folder, decoded at batch 1, 8 and
+32 by fairlane (a MoE layer's experts in one call of the own fp32 C kernel) and by transformers'
+own forward of the same folder (its default experts implementation, a DynamicCache).
+
+The bound of a step is the bytes of weights it reads (every dense weight, and each expert its
+tokens were routed to, once: EngineStats.last_step_weight_bytes) over the machine's read bandwidth
+(benchmarks/bandwidth.py). Writes moe.json and moe.png under --out (benchmarks/results).
+
+    python -m benchmarks.moe              # 2 layers, 16 experts, 2 threads
+    python -m benchmarks.moe --torch-ops  # also fairlane with cpu_kernels=False
+    python -m benchmarks.moe --smoke      # a tiny MoE, in seconds
+
+The systems take turns (`--steps` decode steps each, per batch size, round after round), so a
+noisy machine slows them alike; the reported time of a step is the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.bandwidth import read_bandwidth
+from benchmarks.common import add_common_args, done, machine, out_dir
+from engine import LLM, SamplingParams
+
+# OLMoE-1B-7B's layer (hidden 2048, 16 q and kv heads, experts of 1024, top-8), 2 of its 16 layers,
+# 16 of its 64 experts and a vocabulary of 8192: 1.07 GB of fp32 weights
+SHAPE = dict(
+    hidden_size=2048,
+    intermediate_size=1024,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    num_hidden_layers=2,
+    num_experts=16,
+    num_experts_per_tok=8,
+    vocab_size=8192,
+)
+SMOKE = dict(SHAPE, hidden_size=64, intermediate_size=32, num_attention_heads=4, num_key_value_heads=4)
+SMOKE.update(num_experts=4, num_experts_per_tok=2, vocab_size=256)
+PROMPT_LEN = 32
+
+
+def moe_folder(shape: dict, root: Path) -> Path:
+    """An OLMoE checkpoint of `shape` with random weights (std 0.02, norms 1), saved once."""
+    from safetensors.torch import save_file
+    from transformers import OlmoeConfig
+
+    key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
+    folder = root / f"olmoe-random-{key}"
+    if (folder / "config.json").exists():
+        return folder
+    config = OlmoeConfig(**shape, max_position_embeddings=4096, eos_token_id=1, pad_token_id=0)
+    H, inter, E = shape["hidden_size"], shape["intermediate_size"], shape["num_experts"]
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen) * 0.02
+
+    sd = {"model.embed_tokens.weight": draw(shape["vocab_size"], H), "model.norm.weight": torch.ones(H)}
+    sd["lm_head.weight"] = draw(shape["vocab_size"], H)
+    for i in range(shape["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for n in ("q", "k", "v", "o"):
+            sd[f"{p}self_attn.{n}_proj.weight"] = draw(H, H)
+        for n in ("q_norm", "k_norm", "input_layernorm", "post_attention_layernorm"):
+            sd[p + (f"self_attn.{n}" if n in ("q_norm", "k_norm") else n) + ".weight"] = torch.ones(H)
+        sd[f"{p}mlp.gate.weight"] = draw(E, H)
+        for e in range(E):
+            sd[f"{p}mlp.experts.{e}.gate_proj.weight"] = draw(inter, H)
+            sd[f"{p}mlp.experts.{e}.up_proj.weight"] = draw(inter, H)
+            sd[f"{p}mlp.experts.{e}.down_proj.weight"] = draw(H, inter)
+    tmp = folder.with_suffix(".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(tmp)
+    save_file(sd, str(tmp / "model.safetensors"))
+    tmp.rename(folder)
+    return folder
+
+
+def prompts(batch: int, vocab: int) -> list[list[int]]:
+    return [[(97 * b + 31 * i + 7) % (vocab - 2) + 2 for i in range(PROMPT_LEN)] for b in range(batch)]
+
+
+def fairlane_steps(llm: LLM, batch: int, steps: int, vocab: int) -> dict:
+    """Decode steps of `batch` sequences (their prefills not counted): ms each, experts, bytes."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
+    for i, ids in enumerate(prompts(batch, vocab)):
+        engine.add_request(f"r{i}", ids, params)
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or (
+        engine.scheduler.num_waiting
+    ):
+        engine.step()
+    ms, experts, nbytes = [], [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        engine.step()
+        ms.append(1000 * (time.perf_counter() - t))
+        experts.append(engine.stats.last_step_experts_touched)
+        nbytes.append(engine.stats.last_step_weight_bytes)
+    for i in range(batch):
+        engine.abort(f"r{i}")
+    return {"ms": ms, "experts": experts, "bytes": nbytes}
+
+
+def hf_steps(model, batch: int, steps: int, vocab: int) -> dict:
+    """transformers' forward, one token per sequence a step over its DynamicCache: ms each."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor(prompts(batch, vocab))
+    cache = DynamicCache(config=model.config)
+    ms = []
+    with torch.inference_mode():
+        out = model(input_ids=ids, cache=cache, use_cache=True)
+        for _ in range(steps):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            t = time.perf_counter()
+            out = model(input_ids=nxt, cache=cache, use_cache=True)
+            ms.append(1000 * (time.perf_counter() - t))
+    return {"ms": ms}
+
+
+def build(name: str, folder: Path, args) -> Any:
+    if name == "transformers":
+        from transformers import AutoModelForCausalLM
+
+        kw = {"experts_implementation": args.hf_experts} if args.hf_experts else {}
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw).eval()
+    return LLM(
+        model=str(folder),
+        dtype="float32",
+        num_threads=args.threads,
+        max_model_len=PROMPT_LEN + args.steps + 8,
+        cpu_kernels=name == "fairlane",
+    )
+
+
+def run_systems(names: list[str], folder: Path, args, batches: list[int], vocab: int) -> dict:
+    """Every system's median step per batch size; the systems take turns, round after round."""
+    models = {name: build(name, folder, args) for name in names}
+    results: dict[str, dict[int, dict]] = {n: {b: {} for b in batches} for n in names}
+
+    def measure(name: str, batch: int) -> dict:
+        if name == "transformers":
+            return hf_steps(models[name], batch, args.steps, vocab)
+        return fairlane_steps(models[name], batch, args.steps, vocab)
+
+    for name in names:
+        measure(name, batches[0])  # warm-up
+    for _ in range(args.rounds):
+        for b in batches:
+            for name in names:
+                for k, v in measure(name, b).items():
+                    results[name][b].setdefault(k, []).extend(v)
+    impl = {
+        "fairlane": "C kernels (one call a MoE layer)",
+        "fairlane (torch ops)": "torch ops (cpu_kernels=False)",
+    }
+    if "transformers" in models:
+        impl["transformers"] = (
+            f"experts_implementation={models['transformers'].config._experts_implementation}"
+        )
+    models.clear()
+    gc.collect()
+    out: dict[str, dict[int, dict]] = {}
+    for name, per_batch in results.items():
+        out[name] = {}
+        for b, r in per_batch.items():
+            row = {"ms_per_step": statistics.median(r["ms"]), "steps": len(r["ms"]), "impl": impl[name]}
+            if "bytes" in r:
+                row["experts_per_step"] = statistics.mean(r["experts"])
+                row["weight_bytes_per_step"] = statistics.mean(r["bytes"])
+            out[name][b] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8, help="decode steps a round, per batch size")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    ap.add_argument("--torch-ops", action="store_true", help="also fairlane with cpu_kernels=False")
+    ap.add_argument(
+        "--hf-experts", default=None, help="transformers' experts_implementation (default: its own choice)"
+    )
+    add_common_args(ap)
+    args = ap.parse_args()
+    out = out_dir(args, "moe")
+    torch.set_num_threads(args.threads)
+    shape = SMOKE if args.smoke else SHAPE
+    batches = [1, 2] if args.smoke else [1, 8, 32]
+    if args.smoke:
+        args.steps, args.rounds = 2, 1
+    from engine import assets
+
+    folder = moe_folder(shape, assets.cache_dir() / "models")
+    systems = ["fairlane"] + (["fairlane (torch ops)"] if args.torch_ops else [])
+    systems += [] if args.no_hf else ["transformers"]
+    runs = run_systems(systems, folder, args, batches, shape["vocab_size"])
+    bandwidth = read_bandwidth(args.threads, gib=0.25 if args.smoke else 1.0)
+    for name in systems[: 1 + args.torch_ops]:
+        for b, row in runs[name].items():
+            row["bound_ms"] = 1000 * row["weight_bytes_per_step"] / bandwidth
+            row["fraction_of_bound"] = row["bound_ms"] / row["ms_per_step"]
+            if "transformers" in runs:
+                row["speedup_vs_transformers"] = runs["transformers"][b]["ms_per_step"] / row["ms_per_step"]
+    report = {
+        "shape": shape,
+        "smoke": args.smoke,
+        "threads": args.threads,
+        "dtype": "float32",
+        "prompt_len": PROMPT_LEN,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "machine": machine(),
+        "torch": torch.__version__,
+        "runs": runs,
+    }
+    (out / "moe.json").write_text(json.dumps(report, indent=2))
+    print(
+        "| batch | experts/step | bound ms | "
+        + " | ".join(f"{n} ms" for n in runs)
+        + " | fraction of bound | vs transformers |"
+    )
+    print("|---:|---:|---:|" + "---:|" * len(runs) + "---:|---:|")
+    for b in batches:
+        own = runs["fairlane"][b]
+        cells = " | ".join(f"{runs[n][b]['ms_per_step']:.2f}" for n in runs)
+        print(
+            f"| {b} | {own['experts_per_step']:.1f} | {own['bound_ms']:.2f} | {cells} | "
+            f"{own['fraction_of_bound']:.2f} | {own.get('speedup_vs_transformers', 0):.2f}x |"
+        )
+    print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py)")
+    plot(runs, batches, out / "moe.png", shape)
+    done(out)
+
+
+def plot(runs: dict, batches: list[int], path: Path, shape: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = list(runs) + ["bound (bytes read / bandwidth)"]
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        vals = [
+            runs["fairlane"][b]["bound_ms"] if j == len(runs) else runs[name][b]["ms_per_step"]
+            for b in batches
+        ]
+        ax.bar([i + j * width for i in range(len(batches))], vals, width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(batches))], [f"batch {b}" for b in batches])
+    ax.set(
+        ylabel="ms per decode step",
+        title=f"MoE decode: {shape['num_experts']} experts, top-{shape['num_experts_per_tok']}, "
+        f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers (fp32)",
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
