@@ -80,6 +80,53 @@ def tiny_model() -> str:
     return str(folder)
 
 
+# Other families at a real model's shape (its config's shape fields), random weights, SmolLM2's
+# tokenizer (its ids fit every vocabulary here): what the benchmarks measure a family by.
+FAMILY_SHAPES: dict[str, dict] = {
+    "qwen3": {  # Qwen3-0.6B: q/k norms, 16 heads of 128 over hidden 1024, tied 151,936-token head
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "eos_token_id": 2,
+        "bos_token_id": 1,
+    },
+}
+# --smoke: the same family, tiny (and SmolLM2's vocabulary)
+SMOKE_SHAPE = {k: TINY_CONFIG[k] for k in TINY_CONFIG if k not in ("eos_token_id", "bos_token_id")}
+
+
+def family_model(family: str, *, smoke: bool = False) -> str:
+    """A random-weight Hugging Face folder of `family` at its FAMILY_SHAPES shape (tiny with
+    `smoke`), weights stored in bf16 (read in any dtype), with SmolLM2's tokenizer; kept in the model
+    cache; its path."""
+    from engine import assets
+
+    fields = {**FAMILY_SHAPES[family], **(SMOKE_SHAPE if smoke else {})}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
+    folder = assets.cache_dir() / "models" / f"random-{family}-smollm2-tokenizer-{key}"
+    if not (folder / "config.json").exists():
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        def write(tmp: Path) -> None:
+            torch.manual_seed(0)
+            config = AutoConfig.for_model(**fields)
+            AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(tmp)
+            assets.load_tokenizer("smollm2").save_pretrained(tmp)
+
+        assets.save_atomically(folder, write)
+    return str(folder)
+
+
 def machine() -> dict:
     """The CPU model (lscpu), cores, Python and the date of the run."""
     return {

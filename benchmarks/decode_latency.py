@@ -6,17 +6,22 @@ bytes (a batch-1 decode step reads every weight once).
     python -m benchmarks.decode_latency                       # SmolLM2, 2 threads, 128 tokens
     python -m benchmarks.decode_latency --vllm-python VENV/bin/python \\
         --llamacpp-python VENV2/bin/python --gguf F32.gguf --gguf Q4_1.gguf
+    python -m benchmarks.decode_latency --family qwen3        # random weights, Qwen3-0.6B's shape
     python -m benchmarks.decode_latency --smoke               # a tiny random model, in seconds
 
 The bound: weight bytes / the machine's read bandwidth (benchmarks/bandwidth.py: a vectorised C
 read over a 1 GiB buffer, best of several passes with up to the same threads), measured before and
-after the systems in the same run, the better of the two counting. Writes decode_latency.json and
-decode_latency.png under --out (benchmarks/results).
+after the systems in the same run, the better of the two counting. `--family` measures another
+family at a real model's shape (benchmarks/common.py FAMILY_SHAPES) instead of SmolLM2. Each
+system is loaded, measured and released in turn (one model in memory at a time). Writes
+decode_latency.json and decode_latency.png (decode_latency_<family>.* with --family) under --out
+(benchmarks/results).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -28,7 +33,16 @@ from pathlib import Path
 import torch
 
 from benchmarks.bandwidth import read_bandwidth
-from benchmarks.common import add_common_args, done, machine, out_dir, result_line, tiny_model
+from benchmarks.common import (
+    FAMILY_SHAPES,
+    add_common_args,
+    done,
+    family_model,
+    machine,
+    out_dir,
+    result_line,
+    tiny_model,
+)
 from benchmarks.throughput import run_vllm
 from engine import LLM, SamplingParams
 
@@ -108,34 +122,59 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=None)
     ap.add_argument("--llamacpp-python", default=None)
     ap.add_argument("--gguf", action="append", default=[], help="a GGUF file for llama.cpp (repeatable)")
+    ap.add_argument(
+        "--family",
+        choices=sorted(FAMILY_SHAPES),
+        default=None,
+        help="measure this family at a real model's shape (random weights) instead of SmolLM2",
+    )
+    ap.add_argument(
+        "--systems",
+        default="fairlane,fairlane_bf16,fairlane_int8",
+        help="the fairlane configurations to run, comma-separated (HF always runs: the reference)",
+    )
     add_common_args(ap)
     args = ap.parse_args()
     out = out_dir(args, "decode_latency")
-    model = tiny_model() if args.smoke else "smollm2"
+    if args.family:
+        model = family_model(args.family, smoke=args.smoke)
+    else:
+        model = tiny_model() if args.smoke else "smollm2"
     tokens = 16 if args.smoke else args.tokens
     torch.set_num_threads(args.threads)
     bandwidth = read_bandwidth(args.threads, gib=0.25 if args.smoke else 1.0)
     runs: dict = {}
-    fp32 = LLM(model=model, dtype="float32", num_threads=args.threads)
-    ids = fp32.encode(PROMPT)
-    for name, llm in (
-        ("fairlane", fp32),
-        ("fairlane_bf16", LLM(model=model, dtype="bfloat16", num_threads=args.threads)),
-        ("fairlane_int8", LLM(model=model, dtype="float32", num_threads=args.threads, quantization="int8")),
-    ):
+    systems = {
+        "fairlane": dict(dtype="float32"),
+        "fairlane_bf16": dict(dtype="bfloat16"),
+        "fairlane_int8": dict(dtype="float32", quantization="int8"),
+    }
+    chosen = ["fairlane", *(s for s in args.systems.split(",") if s != "fairlane")]  # fp32: the reference
+    if unknown := set(chosen) - set(systems):
+        raise SystemExit(f"unknown system(s) {sorted(unknown)}; known: {sorted(systems)}")
+    for name in chosen:
+        options = systems[name]
         print(f"{name} ...", flush=True)
+        # one stream needs a few blocks: a small cache keeps a real-size family's run in memory
+        llm = LLM(model=model, num_threads=args.threads, kv_cache_gib=0.125, **options)
         runs[name] = {**fairlane_ms_per_token(llm, tokens), "weight_bytes": weight_bytes(llm)}
+        if name == "fairlane":
+            ids, model_path, model_name = llm.encode(PROMPT), llm.engine.model_path, llm.engine.model_name
+        del llm
+        gc.collect()
     dense_bytes = runs["fairlane"]["weight_bytes"]
     from transformers import AutoModelForCausalLM
 
     print("hf ...", flush=True)
-    hf = AutoModelForCausalLM.from_pretrained(fp32.engine.model_path, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     runs["hf"] = {**hf_ms_per_token(hf, ids, tokens), "weight_bytes": dense_bytes}
+    del hf
+    gc.collect()
     if args.vllm_python:
         print("vllm ...", flush=True)
         r = run_vllm(
             args.vllm_python,
-            fp32.engine.model_path,
+            model_path,
             [ids],
             [tokens],
             True,
@@ -158,7 +197,9 @@ def main() -> None:
         r["bound_ms"] = 1000 * r["weight_bytes"] / bandwidth
         r["fraction_of_bound"] = r["bound_ms"] / r["ms_per_token"]
     report = {
-        "model": fp32.engine.model_name,
+        "model": model_name,
+        "family": args.family or "llama",
+        "shape": FAMILY_SHAPES[args.family] if args.family and not args.smoke else None,
         "smoke": args.smoke,
         "threads": args.threads,
         "tokens": tokens,
@@ -167,7 +208,8 @@ def main() -> None:
         "torch": torch.__version__,
         "runs": runs,
     }
-    (out / "decode_latency.json").write_text(json.dumps(report, indent=2))
+    stem = f"decode_latency_{args.family}" if args.family else "decode_latency"
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
     print("\n| system | ms/token | weight MB | bound ms/token | fraction of bound |")
     print("|---|---:|---:|---:|---:|")
     for name, r in runs.items():
@@ -176,7 +218,7 @@ def main() -> None:
             f"{r['fraction_of_bound']:.2f} |"
         )
     print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s")
-    plot(runs, out / "decode_latency.png", f"{report['model']}, batch 1, {args.threads} threads")
+    plot(runs, out / f"{stem}.png", f"{report['model']}, batch 1, {args.threads} threads")
     done(out)
 
 

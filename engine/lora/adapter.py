@@ -187,13 +187,22 @@ def inspect_adapter(
             param="adapter_model",
         )
     r = cfg["r"]
+    supported = shape.target_modules  # Phi-3's fused qkv_proj and gate_up_proj, else q/k/v, gate/up apart
+    if isinstance(cfg["target_modules"], list):
+        foreign = [t for t in cfg["target_modules"] if t not in supported]
+        if foreign:
+            raise UnsupportedTargetModuleError(
+                f"target module(s) {foreign} are not modules of the base model "
+                f"({shape.model_type}: {', '.join(supported)})",
+                param="adapter_config",
+            )
     entries: dict[tuple[int, str, str], TensorEntry] = {}
     for name, e in header.items():
         m = KEY.match(name)
-        if m is None or m.group(3) not in TARGET_MODULES or MODULE_PARENT[m.group(3)] != m.group(2):
+        if m is None or m.group(3) not in supported or MODULE_PARENT[m.group(3)] != m.group(2):
             raise UnsupportedTargetModuleError(
                 f"tensor {name!r} is not a LoRA A/B weight of a supported module "
-                f"(base_model.model.model.layers.N.{{self_attn,mlp}}.{{{','.join(TARGET_MODULES)}}}.lora_{{A,B}}.weight)",
+                f"(base_model.model.model.layers.N.{{self_attn,mlp}}.{{{','.join(supported)}}}.lora_{{A,B}}.weight)",
                 param="adapter_model",
             )
         layer, module, matrix = int(m.group(1)), m.group(3), m.group(4)
@@ -227,7 +236,7 @@ def inspect_adapter(
                 )
     targets = cfg["target_modules"]
     if isinstance(targets, list) or targets == "all-linear":  # then every named module in every layer
-        named = list(TARGET_MODULES) if targets == "all-linear" else targets
+        named = list(supported) if targets == "all-linear" else targets
         layers = cfg.get("layers_to_transform")
         layers = (
             range(shape.num_layers) if layers is None else [layers] if isinstance(layers, int) else layers

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 # PEFT module name -> (fused projection of our forward, index of the module inside it).
-# Our Llama forward fuses q/k/v into one matmul and gate/up into another (engine/models/llama.py).
+# Our forward fuses q/k/v into one matmul and gate/up into another (engine/models/llama.py); a base
+# whose checkpoint fuses them too (Phi-3) has adapters on qkv_proj and gate_up_proj, each the whole
+# of its projection.
 TARGET_MODULES: dict[str, tuple[str, int]] = {
     "q_proj": ("qkv", 0),
     "k_proj": ("qkv", 1),
@@ -16,6 +18,8 @@ TARGET_MODULES: dict[str, tuple[str, int]] = {
     "gate_proj": ("gate_up", 0),
     "up_proj": ("gate_up", 1),
     "down_proj": ("down", 0),
+    "qkv_proj": ("qkv", 0),
+    "gate_up_proj": ("gate_up", 0),
 }
 # Fused projection -> its modules, in the order of their output columns.
 PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -24,6 +28,14 @@ PROJECTIONS: dict[str, tuple[str, ...]] = {
     "gate_up": ("gate_proj", "up_proj"),
     "down": ("down_proj",),
 }
+# The same for a base whose checkpoint fuses them (its q, k, v rows, and gate, up rows, in our order)
+FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "qkv": ("qkv_proj",),
+    "o": ("o_proj",),
+    "gate_up": ("gate_up_proj",),
+    "down": ("down_proj",),
+}
+FUSED_CHECKPOINTS = ("phi3",)  # model_type values whose checkpoints have qkv_proj and gate_up_proj
 # Which block of a decoder layer holds a module (the PEFT key names it).
 MODULE_PARENT = {
     "q_proj": "self_attn",
@@ -33,8 +45,10 @@ MODULE_PARENT = {
     "gate_proj": "mlp",
     "up_proj": "mlp",
     "down_proj": "mlp",
+    "qkv_proj": "self_attn",
+    "gate_up_proj": "mlp",
 }
-# model_type values whose checkpoints name q/k/v/o and gate/up/down projections apart, as these do
+# model_type values whose projections an adapter's modules map onto
 ARCHITECTURES = (
     "llama",
     "mistral",
@@ -45,6 +59,7 @@ ARCHITECTURES = (
     "gemma3_text",
     "olmo2",
     "granite",
+    "phi3",
 )
 
 # mixtures of experts (engine/models/moe.py): no LoRA on their expert MLPs, so none on the model
@@ -78,6 +93,16 @@ class ModelShape:
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
         )
 
+    @property
+    def projections(self) -> dict[str, tuple[str, ...]]:
+        """Fused projection of our forward -> the base's modules in it, in output-column order."""
+        return FUSED_PROJECTIONS if self.model_type in FUSED_CHECKPOINTS else PROJECTIONS
+
+    @property
+    def target_modules(self) -> tuple[str, ...]:
+        """The modules an adapter of this base may target, in the projections' order."""
+        return tuple(m for modules in self.projections.values() for m in modules)
+
     def module_dims(self, module: str) -> tuple[int, int]:
         """(in_features, out_features) of a target module's base weight."""
         h, i = self.hidden_size, self.intermediate_size
@@ -90,17 +115,19 @@ class ModelShape:
             "gate_proj": (h, i),
             "up_proj": (h, i),
             "down_proj": (i, h),
+            "qkv_proj": (h, q + 2 * kv),
+            "gate_up_proj": (h, 2 * i),
         }[module]
 
     def projection_dims(self, projection: str) -> tuple[int, int]:
         """(in_features, out_features) of a fused projection: its modules' outputs side by side."""
-        modules = PROJECTIONS[projection]
+        modules = self.projections[projection]
         return self.module_dims(modules[0])[0], sum(self.module_dims(m)[1] for m in modules)
 
     def column_offsets(self, projection: str) -> dict[str, int]:
         """First output column of each module inside its fused projection."""
         offsets, col = {}, 0
-        for m in PROJECTIONS[projection]:
+        for m in self.projections[projection]:
             offsets[m] = col
             col += self.module_dims(m)[1]
         return offsets

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.lora.shape import PROJECTIONS, ModelShape
+from engine.lora.shape import ModelShape
 from engine.lora.weights import LoRAWeights
 
 
@@ -39,7 +39,7 @@ class LoRASlots:
 
     def _allocate(self) -> None:
         L, S, R = self.shape.num_layers, self.max_loras, self.max_rank
-        for proj, modules in PROJECTIONS.items():
+        for proj, modules in self.shape.projections.items():
             d_in, d_out = self.shape.projection_dims(proj)
             self.a[proj] = torch.zeros(L, S, R, len(modules), d_in, dtype=self.dtype, device=self.device)
             self.b[proj] = torch.zeros(L, S, R, len(modules), d_out, dtype=self.dtype, device=self.device)

@@ -1,7 +1,8 @@
 """An adapter's tensors in host memory, laid out as the device slots hold them.
 
-For each fused projection of our forward (qkv, o, gate_up, down; see shape.PROJECTIONS) with m
-modules, in_features `in` and the modules' outputs side by side (`out`):
+For each fused projection of our forward (qkv, o, gate_up, down) with m modules (ModelShape.
+projections: q/k/v and gate/up apart, or Phi-3's qkv_proj and gate_up_proj whole, m = 1), in_features
+`in` and the modules' outputs side by side (`out`):
     a: [L, r, m, in]    a[l, i, j] = row i of module j's lora_A           (zeros where absent)
     b: [L, r, m, out]   b[l, i, j, cols of module j] = column i of lora_B * scaling, 0 elsewhere
 so that for one layer, x @ a[l].view(r*m, in).T @ b[l].view(r*m, out) is the sum over the fused
@@ -28,7 +29,7 @@ from engine.lora.adapter import (
     read_header,
 )
 from engine.lora.errors import AdapterNotFoundError
-from engine.lora.shape import PROJECTIONS, ModelShape
+from engine.lora.shape import ModelShape
 
 
 @dataclass
@@ -73,7 +74,7 @@ def load_adapter(
     by_key = {(e.layer, e.module, e.matrix): tensors[e.name] for e in spec.tensors}
     a: dict[str, torch.Tensor] = {}
     b: dict[str, torch.Tensor] = {}
-    for proj, modules in PROJECTIONS.items():
+    for proj, modules in shape.projections.items():
         if not any(m in spec.target_modules for m in modules):
             continue
         d_in, d_out = shape.projection_dims(proj)

@@ -206,13 +206,16 @@ def _serve(app, sock: socket.socket, settings: ServeSettings) -> None:
 
 def _refuse_model(model: str) -> str | None:
     """Why `model` cannot be served (the engine's checkpoint check: config and tensor names, no
-    weights read), or None."""
-    from engine import UnsupportedModelError, check_model
+    weights read; a folder without the tokenizer the gateway needs), or None."""
+    from engine import UnsupportedModelError, assets, check_model
 
     try:
         check_model(model)
+        source = assets.resolve_model(model)
     except (UnsupportedModelError, FileNotFoundError) as exc:
         return str(exc)
+    if source.kind == "folder" and not assets.has_tokenizer(source.files):
+        return "the folder has no tokenizer (tokenizer.json): the gateway needs one to tokenize prompts"
     return None
 
 

@@ -29,18 +29,26 @@ def test_every_benchmark_is_found():
     assert {"gateway_overhead", "preemption", "sched_sim", "scheduling", "throughput"} <= set(BENCHMARKS)
 
 
+# Options that take another path through a benchmark: smoke-run too.
+VARIANTS = [("decode_latency", ("--family", "qwen3"))]
+
+
 # Under pytest-xdist each smoke run is a group of its own (tests/conftest.py), spread over the workers.
 @pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=pytest.mark.xdist_group(f"benchmark-{name}")) for name in BENCHMARKS]
+    "name,options",
+    [
+        pytest.param(name, options, marks=pytest.mark.xdist_group(f"benchmark-{name}{'-'.join(options)}"))
+        for name, options in [*((name, ()) for name in BENCHMARKS), *VARIANTS]
+    ],
 )
-def test_smoke(name):
+def test_smoke(name, options):
     before = _results_state()
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     done = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", "--smoke"],
+        [sys.executable, "-m", f"benchmarks.{name}", "--smoke", *options],
         cwd=REPO,
         env=env,
         capture_output=True,
