@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy import BigInteger, ColumnElement, Select, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -85,7 +85,12 @@ class UsagePoint:
         return self.prompt_tokens + self.completion_tokens
 
     def as_row(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"total_tokens": self.total_tokens}
+        row = {name: getattr(self, name) for name in _POINT_FIELDS}
+        row["total_tokens"] = self.prompt_tokens + self.completion_tokens
+        return row
+
+
+_POINT_FIELDS = tuple(f.name for f in fields(UsagePoint))  # fields() per row cost more than the query
 
 
 def _scoped(
@@ -122,7 +127,8 @@ def _scoped(
 
 
 def _sums() -> list[ColumnElement[Any]]:
-    return [func.sum(getattr(UsageHourly, name)) for name in COUNTERS]
+    # bigint sums: PostgreSQL's SUM(bigint) is numeric, which the driver returns as Decimal
+    return [cast(func.sum(getattr(UsageHourly, name)), BigInteger) for name in COUNTERS]
 
 
 def _bucket_column(session: Session, bucket: str, *, day_rows: bool) -> Any:
@@ -172,9 +178,14 @@ def usage_series(
         bucket=bucket,
     )
     query = query.group_by(*columns).order_by(*columns)
-    if owner is None:
-        return [UsagePoint(_utc(row[0]), None, *map(int, row[1:])) for row in session.execute(query)]
-    return [UsagePoint(_utc(row[0]), row[1], *map(int, row[2:])) for row in session.execute(query)]
+    starts: dict[Any, datetime] = {}  # a bucket's value -> its UTC start: one conversion per bucket
+    points = []
+    for row in session.execute(query).tuples():
+        start = starts.get(row[0]) or starts.setdefault(row[0], _utc(row[0]))
+        sums = row[1:] if owner is None else row[2:]
+        owned = None if owner is None else row[1]
+        points.append(UsagePoint(start, owned, *sums))  # bigint sums arrive as ints
+    return points
 
 
 def usage_totals(

@@ -68,10 +68,9 @@ def usage_range(
 def point_row(point: UsagePoint, *, tenant_id: int | None, key_id: int | None, by: str | None) -> dict:
     row = point.as_row()
     owner = row.pop("owner")
-    return row | {
-        "tenant_id": owner if by == "tenant" else tenant_id,
-        "key_id": owner if by == "key" else key_id,
-    }
+    row["tenant_id"] = owner if by == "tenant" else tenant_id
+    row["key_id"] = owner if by == "key" else key_id
+    return row
 
 
 def series(session, *, since, until, tenant_id=None, key_id=None, bucket="hour") -> tuple[list[dict], str]:
