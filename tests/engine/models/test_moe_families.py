@@ -1,11 +1,12 @@
-"""Mixtures of experts (Mixtral, Qwen3-MoE, OLMoE) beyond the float32 equality of
+"""Mixtures of experts (Mixtral, Qwen3-MoE, OLMoE, gpt-oss) beyond the float32 equality of
 tests/engine/models/test_families.py: bf16 and INT8 against transformers, a mixed batch whose
 requests share some experts and not others, the per-step expert stats, and what is refused (LoRA
-adapters, gpt-oss's attention sinks, MXFP4 experts)."""
+adapters, MXFP4 experts)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 
 import pytest
@@ -140,27 +141,17 @@ def _edit_config(folder, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-def test_gpt_oss_is_refused_for_its_attention_sinks(tmp_path):
-    from transformers import GptOssConfig
-
-    cfg = GptOssConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        sliding_window=8,
-    )
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "gpt-oss")
-    with pytest.raises(UnsupportedModelError, match="attention sinks"):
-        check_folder(tmp_path / "gpt-oss")
-    _edit_config(tmp_path / "gpt-oss", quantization_config={"quant_method": "mxfp4"})
+def test_gpt_oss_is_served_in_bf16_weights_and_refused_in_mxfp4(moe_reference, tmp_path):
+    """Its sink logits stay fp32 in a bf16 model; MXFP4-quantized experts are refused."""
+    folder, _, _ = moe_reference("gpt_oss")
+    check_folder(folder)
+    llm = LLM(model=str(folder), dtype="bfloat16", num_threads=2, num_kv_blocks=16)
+    sinks = [ly.sinks for ly in llm.engine.runner.model.layers]
+    assert all(s is not None and s.dtype == torch.float32 and s.shape == (4,) for s in sinks)
+    mxfp4 = shutil.copytree(folder, tmp_path / "mxfp4")
+    _edit_config(mxfp4, quantization_config={"quant_method": "mxfp4"})
     with pytest.raises(UnsupportedModelError, match="MXFP4-quantized expert weights"):
-        check_folder(tmp_path / "gpt-oss")
+        check_folder(mxfp4)
 
 
 def test_checkpoint_missing_an_expert_or_with_an_extra_one_is_refused(moe_reference, tmp_path):
