@@ -144,7 +144,14 @@ class LlamaModel:
             p, m = f"model.layers.{i}.", f"model.layers.{i}.mlp."
             if spec.is_moe_layer(i):
                 moe = MoEBlock.from_state_dict(
-                    sd, p, spec, dtype, counter, quantization=quantization, cpu_kernels=cpu_kernels
+                    sd,
+                    p,
+                    spec,
+                    dtype,
+                    counter,
+                    quantization=quantization,
+                    cpu_kernels=cpu_kernels,
+                    triton=attention.triton_kernels,
                 )
                 return dict(gate_up=None, down=None, moe=moe)
             gate_up = [m + "gate_up_proj"] if spec.fused_gate_up else [m + "gate_proj", m + "up_proj"]

@@ -1,13 +1,14 @@
 """Mixtures of experts (Mixtral, Qwen3-MoE, OLMoE, gpt-oss) beyond the float32 equality of
 tests/engine/models/test_families.py: bf16 and INT8 against transformers, a mixed batch whose
 requests share some experts and not others, the per-step expert stats, and what is refused (LoRA
-adapters, MXFP4 experts)."""
+adapters, MXFP4 experts), and the triton backend with the fused-MoE kernel."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from collections import Counter
+from functools import partial
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from engine import LLM, SamplingParams
 from engine.lora import AdapterBaseMismatchError
 from engine.models import UnsupportedModelError, check_folder
+from tests.engine.hf_reference import hf_greedy
 from tests.engine.models.families import MOE, load_hf, save_family
 from tests.engine.models.test_families import PROMPTS
 
@@ -110,6 +112,31 @@ def test_mixed_batch_gives_each_request_its_solo_tokens(moe_reference, family, b
     users = [Counter(e for token in step for e in token) for step in routed]
     assert len(routed) >= 8
     assert any(n > 1 for u in users for n in u.values()) and any(n == 1 for u in users for n in u.values())
+
+
+TRITON_TOKENS = 8  # triton's interpreter takes about a second a step of these models
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_triton_backend_with_the_fused_moe_kernel_equals_transformers(moe_reference, family):
+    """The triton attention backend runs the model's MoE layers on the fused-MoE kernel too (here in
+    triton's interpreter, TRITON_INTERPRET=1 from tests/engine/conftest.py): float32 greedy tokens
+    equal transformers' for 8 tokens, prompt logprobs within 1e-4."""
+    folder, want, _ = moe_reference(family)
+    tokens = hf_greedy(load_hf(folder), PROMPTS, [TRITON_TOKENS] * len(PROMPTS))
+    llm = LLM(model=str(folder), dtype="float32", attention_backend="triton", num_threads=2, num_kv_blocks=64)
+    blocks = [ly.moe for ly in llm.engine.runner.model.layers if ly.moe is not None]
+    calls = []
+    for block in blocks:
+        assert block.fused is not None and block.panels is None and block.linears is None
+        block.fused = partial(lambda fused, *a, **kw: calls.append(1) or fused(*a, **kw), block.fused)
+    params = SamplingParams(max_tokens=TRITON_TOKENS, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    outs = llm.generate(PROMPTS, params)
+    assert len(calls) >= len(blocks) * TRITON_TOKENS
+    for out, want_tokens, lp in zip(outs, tokens, want):
+        got = torch.tensor([x.logprob for x in out.prompt_logprobs[1:]])
+        assert (got - lp).abs().max() < 1e-4, family
+        assert out.token_ids == want_tokens, family
 
 
 def test_step_stats_count_experts_and_bytes(moe_reference):
