@@ -218,10 +218,11 @@ class MoEBlock:
         weights, ids = self.route(h)
         self.counter.add(ids, self.num_experts)
         if self.fused is not None:
-            return self.fused(h, self.gate_up, self.down, ids, weights, **self._fused_args())
+            return self.fused(h, self.gate_up, self.down, ids, weights, **self.fused_args())
         return self.grouped(h, weights, ids, ops)
 
-    def _fused_args(self) -> dict[str, Any]:
+    def fused_args(self) -> dict[str, Any]:
+        """The fused kernel's arguments besides the tokens, weights and routing (its activation)."""
         return dict(
             b_gate_up=self.b_gate_up,
             b_down=self.b_down,
