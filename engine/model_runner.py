@@ -46,9 +46,9 @@ class ModelRunner:
             config.attention_backend, num_heads, self.num_kv_heads, self.head_dim, self.device
         )
         weights = {
-            k: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
+            k: t.to(self.device, self.dtype if t.is_floating_point() and not _fp32(k) else t.dtype)
             for k, t in loaded.state_dict.items()
-        }  # no copy where the loader drew them there
+        }  # no copy where the loader drew them there; sink logits keep their own precision
         self.model = LlamaModel.from_state_dict(
             cfg,
             weights,
@@ -330,3 +330,8 @@ def _pad(table: list[int], n: int) -> list[int]:
     released out of a sliding window (OUT_OF_WINDOW) read as block 0 too (the attention skips them)."""
     table = [max(b, 0) for b in table[:n]]
     return table + [0] * (n - len(table))
+
+
+def _fp32(name: str) -> bool:
+    """Tensors the model keeps in fp32 whatever its dtype: attention-sink logits (gpt-oss)."""
+    return name.endswith("self_attn.sinks")

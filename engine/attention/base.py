@@ -53,6 +53,9 @@ class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache and computes attention for every packed token."""
 
     supports_cuda_graphs = False  # can its decode be captured (padding rows: slot -1, context 0)?
+    # whether the model's other Triton kernels (the fused MoE) run with it wherever it runs (the CPU:
+    # triton's interpreter, for tests); they always run on a GPU
+    triton_kernels = False
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         self.num_heads = num_heads

@@ -32,6 +32,7 @@ class PackedPrefills:
 @register_backend("triton")
 class TritonAttention(TorchAttention):
     supports_cuda_graphs = True
+    triton_kernels = True
     MAX_GROUP = 64  # query heads per KV head one prefill tile can hold
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):

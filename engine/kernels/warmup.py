@@ -2,8 +2,10 @@
 padding rows (decodes of context 0, a prefill chunk whose slots are -1: nothing is written) runs
 the KV write, decode, prefill and the fused elementwise kernels with the argument types, alignments
 and constexprs of real steps, and a split decode compiles the reduce (with attention sinks too, where
-the forward's layers have them). Every argument that varies between steps is `do_not_specialize`,
-so nothing compiles later (tests/engine/kernels/test_variants.py)."""
+the forward's layers have them); each MoE layer's fused-MoE kernel runs once per tile config
+(fused_moe.CONFIGS) over one padding token, whatever config the padding step's size picked. Every
+argument that varies between steps is `do_not_specialize`, so nothing compiles later
+(tests/engine/kernels/test_variants.py)."""
 
 from __future__ import annotations
 
@@ -55,3 +57,22 @@ def warm_up(model: LlamaModel, kv_caches: list[torch.Tensor], block_size: int) -
                 num_splits=2,
                 sinks=layer_sinks,
             )
+    _warm_up_moe(model)
+
+
+def _warm_up_moe(model: LlamaModel) -> None:
+    """Each MoE layer's fused kernel once per tile config, on one padding token routed to experts
+    0..k-1 with weight 0."""
+    from engine.kernels.fused_moe import CONFIGS
+
+    for layer in model.layers:
+        block = layer.moe
+        if block is None or block.fused is None:
+            continue
+        assert block.gate_up is not None and block.down is not None  # what the fused kernel reads
+        device = block.gate_up.device
+        h = torch.zeros(1, block.gate_up.shape[2], dtype=block.gate_up.dtype, device=device)
+        ids = torch.arange(block.top_k, dtype=torch.int64, device=device)[None] % block.num_experts
+        weights = torch.zeros(1, block.top_k, dtype=torch.float32, device=device)
+        for config in CONFIGS:
+            block.fused(h, block.gate_up, block.down, ids, weights, **block.fused_args(), config=config)

@@ -58,6 +58,7 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None = None  # [hidden] on the MLP output (Gemma, OLMo 2)
     q_norm: torch.Tensor | None = None  # [D] per head, or [H * D] over all heads (OLMo 2)
     k_norm: torch.Tensor | None = None  # [D] or [KVH * D]
+    sinks: torch.Tensor | None = None  # [H] fp32 attention-sink logits (gpt-oss), whatever the dtype
     moe: MoEBlock | None = None  # the layer's mixture of experts, in place of gate_up and down
 
 
@@ -143,7 +144,14 @@ class LlamaModel:
             p, m = f"model.layers.{i}.", f"model.layers.{i}.mlp."
             if spec.is_moe_layer(i):
                 moe = MoEBlock.from_state_dict(
-                    sd, p, spec, dtype, counter, quantization=quantization, cpu_kernels=cpu_kernels
+                    sd,
+                    p,
+                    spec,
+                    dtype,
+                    counter,
+                    quantization=quantization,
+                    cpu_kernels=cpu_kernels,
+                    triton=attention.triton_kernels,
                 )
                 return dict(gate_up=None, down=None, moe=moe)
             gate_up = [m + "gate_up_proj"] if spec.fused_gate_up else [m + "gate_proj", m + "up_proj"]
@@ -177,6 +185,7 @@ class LlamaModel:
                     mlp_out_norm=norm(n.mlp_out and p + n.mlp_out + ".weight"),
                     q_norm=norm(a + "q_norm.weight" if spec.qk_norm else None),
                     k_norm=norm(a + "k_norm.weight" if spec.qk_norm else None),
+                    sinks=sd[a + "sinks"].float().contiguous() if spec.attn_sinks else None,
                 )
             )
         embed = w("model.embed_tokens.weight")
@@ -298,7 +307,14 @@ class LlamaModel:
                 self._rope(k.contiguous(), cos, sin, positions),
             )
         attn = self.attention.forward(
-            q, k, v, kv_cache, meta, window=spec.layer_window(i), softcap=spec.attn_softcap
+            q,
+            k,
+            v,
+            kv_cache,
+            meta,
+            window=spec.layer_window(i),
+            softcap=spec.attn_softcap,
+            sinks=layer.sinks,
         ).reshape(T, H * D)
         o = layer.o(attn)
         if lora is not None:
@@ -355,6 +371,6 @@ def _dense_bytes(model: LlamaModel) -> int:
     total = size(model.norm) + size(model.lm_head)
     for ly in model.layers:
         parts = (ly.input_norm, ly.qkv, ly.o, ly.post_norm, ly.gate_up, ly.down, ly.attn_out_norm)
-        total += sum(size(t) for t in (*parts, ly.mlp_out_norm, ly.q_norm, ly.k_norm))
+        total += sum(size(t) for t in (*parts, ly.mlp_out_norm, ly.q_norm, ly.k_norm, ly.sinks))
         total += size(ly.moe.router) if ly.moe is not None else 0
     return total

@@ -90,7 +90,10 @@ class MoEBlock:
         *,
         quantization: str | None = None,
         cpu_kernels: bool = True,
+        triton: bool = False,
     ):
+        """`triton`: the fused-MoE Triton kernel runs the experts on the CPU too (its interpreter,
+        TRITON_INTERPRET=1: the triton attention backend's models); on a GPU it always does."""
         self.moe, self.counter, self.router = moe, counter, router
         self.num_experts, self.top_k = moe.num_experts, moe.top_k
         self.activation = GPT_OSS_ACTIVATION if moe.swiglu_limit else activation
@@ -102,7 +105,11 @@ class MoEBlock:
         self.linears: list[tuple[ExpertLinear, ExpertLinear]] | None = None
         self.fused: Callable[..., torch.Tensor] | None = None
         on_cpu = gate_up.device.type == "cpu"
+        # the Triton kernel on a GPU, and on the CPU where `triton` asks for it (triton's interpreter)
+        if quantization is None and (gate_up.device.type == "cuda" or triton):
+            self.fused = _fused_kernel()
         c_fp32 = cpu_kernels and gate_up.dtype == torch.float32 and f32_library() is not None
+        c_fp32 = c_fp32 and self.fused is None
         # bytes one active expert reads: weights (int8 with their scales) and biases
         biases = _nbytes(*(b[0] if b is not None else None for b in (b_gate_up, b_down)))
         self.expert_bytes = _nbytes(gate_up[0], down[0]) + biases
@@ -132,8 +139,6 @@ class MoEBlock:
             if quantization == "int8":
                 gu, dn = self.linears[0]
                 self.expert_bytes = gu.nbytes + dn.nbytes + biases
-        elif gate_up.device.type == "cuda" and quantization is None:
-            self.fused = _fused_kernel()
 
     @classmethod
     def from_state_dict(
@@ -146,6 +151,7 @@ class MoEBlock:
         *,
         quantization: str | None = None,
         cpu_kernels: bool = True,
+        triton: bool = False,
     ) -> MoEBlock:
         """The block of the layer whose tensors start with `layer_prefix` ("model.layers.{i}.")."""
         moe = spec.moe
@@ -192,6 +198,7 @@ class MoEBlock:
             counter,
             quantization=quantization,
             cpu_kernels=cpu_kernels,
+            triton=triton,
         )
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,10 +218,11 @@ class MoEBlock:
         weights, ids = self.route(h)
         self.counter.add(ids, self.num_experts)
         if self.fused is not None:
-            return self.fused(h, self.gate_up, self.down, ids, weights, **self._fused_args())
+            return self.fused(h, self.gate_up, self.down, ids, weights, **self.fused_args())
         return self.grouped(h, weights, ids, ops)
 
-    def _fused_args(self) -> dict[str, Any]:
+    def fused_args(self) -> dict[str, Any]:
+        """The fused kernel's arguments besides the tokens, weights and routing (its activation)."""
         return dict(
             b_gate_up=self.b_gate_up,
             b_down=self.b_down,

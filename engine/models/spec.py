@@ -113,6 +113,7 @@ class ModelSpec:
     # with the long factors (transformers drops its cache there); else only later tokens take them
     long_rope_recompute: bool = False
     tied: bool = True
+    attn_sinks: bool = False  # a per-head sink logit in each softmax's denominator (gpt-oss), kept fp32
     moe: MoESpec | None = None  # mixture-of-experts MLPs (None: every layer's MLP is dense)
 
     def __post_init__(self) -> None:
@@ -152,6 +153,7 @@ class ModelSpec:
             and all(t == FULL for t in self.layer_types)
             and not self.per_type_rope
             and self.moe is None
+            and not self.attn_sinks
         )
 
     def is_moe_layer(self, i: int) -> bool:
@@ -173,6 +175,8 @@ class ModelSpec:
                 names |= {a + x + ".bias" for x in projs}
             if self.o_bias:
                 names.add(a + "o_proj.bias")
+            if self.attn_sinks:
+                names.add(a + "sinks")
             if self.moe is not None and self.moe.layers[i]:
                 names |= self.moe.weight_names(p)
                 continue

@@ -4,26 +4,23 @@ experts in every layer: the router (with a bias) takes the top-k logits and soft
 expert has biases and the clamped SwiGLU `(clamp(up) + 1) * g * sigmoid(alpha * g)`,
 g = min(gate, limit), over gate/up columns stored interleaved in one stacked tensor.
 
-Refused: the attention backends do not yet add sink logits to the softmax."""
+Yarn rope is transformers' own init function (its `truncate` flag included); gpt-oss rotates the
+two halves of each head, the same rotation as the other families' rotate_half."""
 
 from typing import Any
 
 from engine.models.families.common import base, layer_types, window
-from engine.models.spec import ModelSpec, MoESpec, UnsupportedModelError
+from engine.models.spec import ModelSpec, MoESpec
 
 MODEL_TYPES = ("gpt_oss",)
 
 
 def spec(config: Any) -> ModelSpec:
-    full_spec(config)  # what else the config asks for is checked first
-    raise UnsupportedModelError(
-        "gpt_oss: attention sinks (self_attn.sinks, a per-head logit in each softmax's denominator) "
-        "are not supported by the attention backends"
-    )
+    return full_spec(config)
 
 
 def full_spec(config: Any) -> ModelSpec:
-    """The spec the forward would run, sinks apart (its MoE block is served: engine/models/moe.py)."""
+    """The spec the forward runs (MoE block: engine/models/moe.py; sinks: engine/attention)."""
     types = layer_types(config)
     moe = MoESpec(
         num_experts=config.num_local_experts,
@@ -46,4 +43,5 @@ def full_spec(config: Any) -> ModelSpec:
         layer_types=types,
         window=window(config, types),
         moe=moe,
+        attn_sinks=True,
     )

@@ -123,3 +123,38 @@ def test_warm_up_compiles_the_split_decode_with_sinks_where_layers_have_them():
         assert log.counts()["_reduce_kernel"] == 2 and log.counts()["_decode_kernel"] == 2
     finally:
         log.close()
+
+
+def test_warm_up_compiles_every_fused_moe_tile_config(tmp_path):
+    """A MoE model's warm-up runs the fused-MoE kernel in each tile config (decode-sized and
+    prefill-sized batches pick different ones): steps of 1 to 70 tokens add no variant."""
+    from engine.kernels.fused_moe import CONFIGS
+    from tests.engine.models.families import save_family
+
+    folder = save_family("mixtral", tmp_path / "mixtral")  # 8 experts, top-2: > 64 tokens is prefill-sized
+    llm = LLM(
+        model=str(folder),
+        dtype="float32",
+        attention_backend="triton",
+        cpu_kernels=False,
+        block_size=16,
+        max_num_batched_tokens=128,
+        num_kv_blocks=64,
+    )
+    runner = llm.engine.runner
+    log = VariantLog(execute=False)
+    try:
+        warm_up(runner.model, runner.kv_caches, runner.block_size)
+        warmed = log.counts()
+        assert warmed["_moe_gate_up_kernel"] == warmed["_moe_down_kernel"] == len(CONFIGS)
+        eng, rng = llm.engine, random.Random(0)
+        for step in range(30):
+            if eng.num_running < 4 and rng.random() < 0.5:
+                prompt = [rng.randrange(2, 250) for _ in range(rng.choice([1, 5, 17, 70, 100]))]
+                params = SamplingParams(max_tokens=rng.randrange(1, 20), temperature=0, ignore_eos=True)
+                eng.add_request(f"r{step}", prompt, params)
+            eng.step()
+        assert log.launches["_moe_gate_up_kernel"] > 30
+        assert log.counts() == warmed
+    finally:
+        log.close()

@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
     Gemma3TextConfig,
+    GptOssConfig,
     GraniteConfig,
     LlamaConfig,
     MistralConfig,
@@ -116,8 +117,28 @@ CONFIGS = {
     "olmoe": lambda: OlmoeConfig(
         **{**BASE, "num_hidden_layers": 3}, num_experts=8, num_experts_per_tok=3, attention_bias=True
     ),
+    # gpt-oss: sliding / full layers, yarn past its original context, a SwiGLU limit that clamps
+    # (random weights with noisy biases put gate and up past 0.5), sinks perturbed like biases
+    "gpt_oss": lambda: GptOssConfig(
+        **{**BASE, "num_hidden_layers": 3, "intermediate_size": 32},
+        head_dim=16,
+        num_local_experts=8,
+        num_experts_per_tok=3,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        swiglu_limit=0.5,
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=150000.0,
+            factor=8.0,  # max_position_embeddings / original context
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+            original_max_position_embeddings=ORIGINAL_CONTEXT,
+        ),
+    ),
 }
-MOE = ("mixtral", "qwen3_moe", "olmoe")
+MOE = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss")
 
 
 def save_family(name: str, folder: Path, seed: int = 0) -> Path:
@@ -128,6 +149,8 @@ def save_family(name: str, folder: Path, seed: int = 0) -> Path:
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.2)
+            if pname.endswith("sinks"):  # logits near the scores' own scale: the sink takes a share
+                p.add_(torch.randn_like(p))
     model.save_pretrained(folder)
     return folder
 

@@ -1,12 +1,14 @@
-"""Mixtures of experts (Mixtral, Qwen3-MoE, OLMoE) beyond the float32 equality of
+"""Mixtures of experts (Mixtral, Qwen3-MoE, OLMoE, gpt-oss) beyond the float32 equality of
 tests/engine/models/test_families.py: bf16 and INT8 against transformers, a mixed batch whose
 requests share some experts and not others, the per-step expert stats, and what is refused (LoRA
-adapters, gpt-oss's attention sinks, MXFP4 experts)."""
+adapters, MXFP4 experts), and the triton backend with the fused-MoE kernel."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
+from functools import partial
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from engine import LLM, SamplingParams
 from engine.lora import AdapterBaseMismatchError
 from engine.models import UnsupportedModelError, check_folder
+from tests.engine.hf_reference import hf_greedy
 from tests.engine.models.families import MOE, load_hf, save_family
 from tests.engine.models.test_families import PROMPTS
 
@@ -111,6 +114,31 @@ def test_mixed_batch_gives_each_request_its_solo_tokens(moe_reference, family, b
     assert any(n > 1 for u in users for n in u.values()) and any(n == 1 for u in users for n in u.values())
 
 
+TRITON_TOKENS = 8  # triton's interpreter takes about a second a step of these models
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_triton_backend_with_the_fused_moe_kernel_equals_transformers(moe_reference, family):
+    """The triton attention backend runs the model's MoE layers on the fused-MoE kernel too (here in
+    triton's interpreter, TRITON_INTERPRET=1 from tests/engine/conftest.py): float32 greedy tokens
+    equal transformers' for 8 tokens, prompt logprobs within 1e-4."""
+    folder, want, _ = moe_reference(family)
+    tokens = hf_greedy(load_hf(folder), PROMPTS, [TRITON_TOKENS] * len(PROMPTS))
+    llm = LLM(model=str(folder), dtype="float32", attention_backend="triton", num_threads=2, num_kv_blocks=64)
+    blocks = [ly.moe for ly in llm.engine.runner.model.layers if ly.moe is not None]
+    calls = []
+    for block in blocks:
+        assert block.fused is not None and block.panels is None and block.linears is None
+        block.fused = partial(lambda fused, *a, **kw: calls.append(1) or fused(*a, **kw), block.fused)
+    params = SamplingParams(max_tokens=TRITON_TOKENS, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    outs = llm.generate(PROMPTS, params)
+    assert len(calls) >= len(blocks) * TRITON_TOKENS
+    for out, want_tokens, lp in zip(outs, tokens, want):
+        got = torch.tensor([x.logprob for x in out.prompt_logprobs[1:]])
+        assert (got - lp).abs().max() < 1e-4, family
+        assert out.token_ids == want_tokens, family
+
+
 def test_step_stats_count_experts_and_bytes(moe_reference):
     """A batch-1 decode step of Mixtral (top-2 of 8, 3 layers) runs 2 experts a layer: 6, and reads
     the dense weights plus those 6 experts' bytes."""
@@ -140,27 +168,17 @@ def _edit_config(folder, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-def test_gpt_oss_is_refused_for_its_attention_sinks(tmp_path):
-    from transformers import GptOssConfig
-
-    cfg = GptOssConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        sliding_window=8,
-    )
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "gpt-oss")
-    with pytest.raises(UnsupportedModelError, match="attention sinks"):
-        check_folder(tmp_path / "gpt-oss")
-    _edit_config(tmp_path / "gpt-oss", quantization_config={"quant_method": "mxfp4"})
+def test_gpt_oss_is_served_in_bf16_weights_and_refused_in_mxfp4(moe_reference, tmp_path):
+    """Its sink logits stay fp32 in a bf16 model; MXFP4-quantized experts are refused."""
+    folder, _, _ = moe_reference("gpt_oss")
+    check_folder(folder)
+    llm = LLM(model=str(folder), dtype="bfloat16", num_threads=2, num_kv_blocks=16)
+    sinks = [ly.sinks for ly in llm.engine.runner.model.layers]
+    assert all(s is not None and s.dtype == torch.float32 and s.shape == (4,) for s in sinks)
+    mxfp4 = shutil.copytree(folder, tmp_path / "mxfp4")
+    _edit_config(mxfp4, quantization_config={"quant_method": "mxfp4"})
     with pytest.raises(UnsupportedModelError, match="MXFP4-quantized expert weights"):
-        check_folder(tmp_path / "gpt-oss")
+        check_folder(mxfp4)
 
 
 def test_checkpoint_missing_an_expert_or_with_an_extra_one_is_refused(moe_reference, tmp_path):
