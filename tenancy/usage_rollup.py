@@ -11,12 +11,14 @@ batches with ``add_refusals``. Readers group roll-up rows, never usage records.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import BigInteger, ColumnElement, Select, cast, func, select
+from sqlalchemy import BigInteger, ColumnElement, Select, Table, func, select
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -45,19 +47,25 @@ def add_to_rollup(
     """Add ``counts`` (names from COUNTERS) to the key's and the tenant's rows of an hour and the
     tenant's row of its day, creating them; the caller commits."""
     values = {name: int(counts.get(name, 0)) for name in COUNTERS}
-    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     hour = hour_of(hour)
     rows = [
         {"tenant_id": tenant_id, "key_id": k, "hour": at, **values}
         for k, at in ((key_id or NO_KEY, hour), (ALL_KEYS, hour), (ALL_KEYS_DAY, hour.replace(hour=0)))
     ]
-    statement = insert(UsageHourly).values(rows)
-    table = UsageHourly.__table__
-    statement = statement.on_conflict_do_update(
+    session.connection().execute(_upsert(session.get_bind().dialect.name), rows)
+
+
+@functools.cache
+def _upsert(dialect: str) -> Any:
+    """The roll-up's upsert, built once per dialect and run with each request's rows as parameters
+    (a statement built per call with its rows inlined is compiled again every time: ~2 ms)."""
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    table = cast(Table, UsageHourly.__table__)
+    statement = insert(table)
+    return statement.on_conflict_do_update(
         index_elements=["tenant_id", "key_id", "hour"],
         set_={name: table.c[name] + statement.excluded[name] for name in COUNTERS},
     )
-    session.execute(statement)
 
 
 def add_refusals(session: Session, counts: Mapping[tuple[int, int | None, datetime], int]) -> None:
@@ -128,7 +136,7 @@ def _scoped(
 
 def _sums() -> list[ColumnElement[Any]]:
     # bigint sums: PostgreSQL's SUM(bigint) is numeric, which the driver returns as Decimal
-    return [cast(func.sum(getattr(UsageHourly, name)), BigInteger) for name in COUNTERS]
+    return [sql_cast(func.sum(getattr(UsageHourly, name)), BigInteger) for name in COUNTERS]
 
 
 def _bucket_column(session: Session, bucket: str, *, day_rows: bool) -> Any:

@@ -29,7 +29,7 @@ from gateway.api.errors import (
     worker_lost,
 )
 from gateway.api.outcome import RequestOutcome, Status
-from gateway.api.settle import RequestContext, settle
+from gateway.api.settle import RequestContext, UsageWrite, settle
 from gateway.api.state import GatewayState
 from gateway.lanes.client import QueueUnavailable, ResultTimeout
 from gateway.lanes.messages import LaneResult
@@ -115,6 +115,8 @@ class Generation:
     finish_reason: str | None = None  # the last choice's, once every relay is done
     failure: Status | None = None  # why the relay stopped before the end
     closed: bool = False
+    usage_write: UsageWrite | None = None  # left by close(after_response=True) to finish()
+    finished: bool = False
 
     @property
     def state(self) -> GatewayState:
@@ -252,9 +254,11 @@ class Generation:
             first_token_at=self.first_token_at,
         )
 
-    async def close(self) -> None:
-        """Cancel what is unfinished, drop the result streams and settle the outcome (shielded:
-        runs even when the client has gone and this task is being cancelled); once."""
+    async def close(self, *, after_response: bool = False) -> None:
+        """Cancel what is unfinished, settle the outcome, drop the result streams and record the
+        usage (shielded: runs even when the client has gone and this task is being cancelled);
+        once. ``after_response``: leave what the response does not wait for (the result streams'
+        deletion, the usage record) to ``finish``, which the caller runs once it is sent."""
         if self.closed:
             return
         self.closed = True
@@ -264,12 +268,23 @@ class Generation:
             for relay in self.relays:
                 if not relay.done or outcome.status is Status.REDIS_LOST:
                     lanes.cancel_soon(relay.request_id)
-            for relay in self.relays:
-                await _quietly(lanes.discard(relay.request_id))
             if self.relay_span is not None:
                 self.relay_span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)
                 self.relay_span.end()
-            await settle(self.context, outcome)
+            self.usage_write = await settle(self.context, outcome, defer_usage=True)
+        if not after_response:
+            await self.finish()
+
+    async def finish(self) -> None:
+        """What ``close`` left: drop the result streams, write the usage record; once."""
+        if self.finished:
+            return
+        self.finished = True
+        with anyio.CancelScope(shield=True):
+            for relay in self.relays:
+                await _quietly(self.state.lanes.discard(relay.request_id))
+            if self.usage_write is not None:
+                await self.usage_write()
 
 
 async def _quietly(call: Awaitable[object]) -> None:

@@ -39,6 +39,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # serve's resolved settings for its extra gateway processes (gateway/cli/gateway_process.py): not a
 # FAIRLANE_* setting, read (and removed) before their settings load
 SETTINGS_ENV = "FL_SERVE_SETTINGS_JSON"
+GRACE_S = 5.0  # an extra gateway process may take this long past drain_timeout_s to stop (its shutdown)
 
 
 class Stopping(Exception):
@@ -185,13 +186,18 @@ def _raise_stopping(signum, _frame) -> None:
     raise Stopping(signal.Signals(signum).name)
 
 
-def _serve(app, sock: socket.socket, settings: ServeSettings) -> None:
-    """uvicorn on ``sock`` until SIGTERM/SIGINT, draining in-flight requests for drain_timeout_s.
-    uvicorn re-raises the signal once it has stopped, which would end serve before it stops its
-    children: this server keeps the signal to itself."""
+def _serve(app, sock: socket.socket, settings: ServeSettings, on_stop=lambda: None) -> None:
+    """uvicorn on ``sock`` until SIGTERM/SIGINT, draining in-flight requests for drain_timeout_s;
+    ``on_stop()`` runs when the signal comes (serve stops its other gateway processes then, so
+    that they drain at the same time). uvicorn re-raises the signal once it has stopped, which would
+    end serve before it stops its children: this server keeps the signal to itself."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            on_stop()
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self):
             previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
@@ -274,8 +280,9 @@ def main(args: argparse.Namespace) -> int:
         for i in range(settings.workers):
             supervisor.add(f"worker-{i}", spawn_worker, wait=False)
         spawn_gateway = _gateway_spawner(settings, sock)
-        for i in range(1, settings.gateway_workers):  # this process is gateway 0
-            supervisor.add(f"gateway-{i}", spawn_gateway, wait=False)
+        gateways = [f"gateway-{i}" for i in range(1, settings.gateway_workers)]  # this process is gateway 0
+        for name in gateways:  # each drains its requests for drain_timeout_s when told to stop
+            supervisor.add(name, spawn_gateway, wait=False, stop_timeout_s=settings.drain_timeout_s + GRACE_S)
         log.info(
             "serving on http://%s:%d (%d gateway process(es), %d worker(s))",
             settings.host,
@@ -283,7 +290,12 @@ def main(args: argparse.Namespace) -> int:
             settings.gateway_workers,
             settings.workers,
         )
-        _serve(create_app(settings, supervisor=supervisor), sock, settings)
+        _serve(
+            create_app(settings, supervisor=supervisor),
+            sock,
+            settings,
+            on_stop=lambda: supervisor.stop_now(gateways),
+        )
     except Stopping as exc:
         log.info("%s before the gateway was serving: stopping", exc)
     finally:

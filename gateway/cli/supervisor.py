@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 log = logging.getLogger("fairlane.serve")
@@ -48,6 +48,8 @@ class Child:
     due_at: float | None = None  # when a dead child is started again
     last_exit: int | None = None
     exits: deque = field(default_factory=deque)  # monotonic times of recent exits
+    stop_timeout_s: float = STOP_TIMEOUT_S  # how long it may take to stop after SIGTERM
+    stop_by: float | None = None  # once told to stop: when it is killed if still running
 
     def state(self, crash_loop_restarts: int) -> str:
         if self.due_at is not None:
@@ -72,7 +74,7 @@ class Supervisor:
         self.on_exit = on_exit
         self.crash_loop_restarts, self.crash_loop_window_s = crash_loop_restarts, crash_loop_window_s
         self.children: list[Child] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # stop_now may run in a signal handler of a thread holding it
         self._todo: deque[Child] = deque()  # added, not started yet
         self._started = threading.Event()
         self._stopping = threading.Event()
@@ -86,9 +88,11 @@ class Supervisor:
         *,
         first_backoff_s: float = 1.0,
         wait: bool = True,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
     ) -> Child:
-        """Start a child (from the supervisor thread) and keep it running; ``wait``: until spawned."""
-        child = Child(name, spawn, first_backoff_s)
+        """Start a child (from the supervisor thread) and keep it running; ``wait``: until spawned;
+        ``stop_timeout_s``: how long it may take to stop after SIGTERM before it is killed."""
+        child = Child(name, spawn, first_backoff_s, stop_timeout_s=stop_timeout_s)
         with self._lock:
             self.children.append(child)
             self._todo.append(child)
@@ -113,6 +117,20 @@ class Supervisor:
 
     def healthy(self) -> bool:
         return all(s["state"] != "crash_loop" for s in self.status().values())
+
+    def stop_now(self, names: Collection[str]) -> None:
+        """SIGTERM these children now and restart them no more (serve's other gateway processes,
+        which drain together with the first); ``stop`` waits for them, each its stop_timeout_s
+        from now."""
+        with self._lock:
+            for child in self.children:
+                if child.name in names and child.stop_by is None:
+                    self._terminate(child)
+
+    def _terminate(self, child: Child) -> None:
+        child.stop_by = time.monotonic() + child.stop_timeout_s
+        if child.process is not None and child.process.poll() is None:
+            child.process.terminate()
 
     def stop(self) -> None:
         """Stop watching, then end the children in reverse order (SIGTERM, SIGKILL after a while)."""
@@ -149,6 +167,8 @@ class Supervisor:
     def _watch(self) -> None:
         now = time.monotonic()
         for child in list(self.children):
+            if child.stop_by is not None:  # told to stop: not restarted
+                continue
             if child.due_at is not None:
                 if now >= child.due_at:
                     child.restarts += 1
@@ -191,10 +211,12 @@ class Supervisor:
             process = child.process
             if process is None or process.poll() is not None:
                 continue
-            process.terminate()
+            if child.stop_by is None:
+                self._terminate(child)
+            assert child.stop_by is not None
             try:
-                process.wait(timeout=STOP_TIMEOUT_S)
+                process.wait(timeout=max(0.0, child.stop_by - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %.0f s; killing it", child.name, STOP_TIMEOUT_S)
+                log.warning("%s did not stop in %.0f s; killing it", child.name, child.stop_timeout_s)
                 process.kill()
                 process.wait()

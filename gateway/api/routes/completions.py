@@ -10,6 +10,7 @@ import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from gateway.api import logprobs_format as lp_fmt
 from gateway.api import openai_format as fmt
@@ -200,7 +201,32 @@ async def _respond(
             tasks.start_soon(collect, tasks.cancel_scope)
             tasks.start_soon(watch_disconnect, tasks.cancel_scope)
     finally:
-        await generation.close()
+        await generation.close(after_response=True)  # the quota is settled before the response
+    try:
+        response = _json(
+            generation, body, chat, ids, headers, parts, logprobs, reasons, failure, echo, tool_plan
+        )
+    except BaseException:
+        await generation.finish()
+        raise
+    response.background = BackgroundTask(generation.finish)  # the usage record, once the response is sent
+    return response
+
+
+def _json(
+    generation: Generation,
+    body,
+    chat: bool,
+    ids: dict,
+    headers: dict[str, str],
+    parts: dict[int, list[str]],
+    logprobs: dict[int, list],
+    reasons: dict[int, str | None],
+    failure: list[BaseException],
+    echo: Echo | None,
+    tool_plan: tools.ToolPlan | None,
+) -> JSONResponse:
+    """A non-streamed response from what the relay collected (raises the relay's failure)."""
     if failure:
         raise failure[0]
     if not generation.done:

@@ -85,3 +85,59 @@ def test_forget_process_drops_a_dead_workers_live_gauges(tmp_path):
     assert scraped() == 5.0
     forget = True
     assert scraped() == 0.0
+
+
+SLOW_STOP = textwrap.dedent("""
+    import signal, sys, time
+    def drain(*_):
+        time.sleep(1.0)  # in-flight requests finishing
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, drain)
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+""")
+
+
+def _slow_stopper(processes: list[subprocess.Popen]):
+    def spawn() -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-c", SLOW_STOP], stdout=subprocess.PIPE, text=True)
+        processes.append(process)
+        return process
+
+    return spawn
+
+
+def _started(processes: list[subprocess.Popen]) -> subprocess.Popen:
+    deadline = time.monotonic() + 20
+    while not processes and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert processes[0].stdout is not None and processes[0].stdout.readline() == "ready\n"
+    return processes[0]
+
+
+def test_a_child_gets_its_own_stop_timeout_before_it_is_killed():
+    """A child that needs 1 s to stop after SIGTERM: given 5 s it exits by itself; given 0.2 s, killed."""
+    patient, hasty = [], []
+    supervisor = Supervisor()
+    supervisor.add("patient", _slow_stopper(patient), stop_timeout_s=5.0)
+    supervisor.add("hasty", _slow_stopper(hasty), stop_timeout_s=0.2)
+    _started(patient), _started(hasty)
+    supervisor.stop()
+    assert patient[0].returncode == 0
+    assert hasty[0].returncode == -9
+
+
+def test_stop_now_terminates_at_once_restarts_no_more_and_stop_waits_for_it():
+    processes: list[subprocess.Popen] = []
+    supervisor = Supervisor()
+    supervisor.add("gateway-1", _slow_stopper(processes), first_backoff_s=0.05, stop_timeout_s=5.0)
+    process = _started(processes)
+    told = time.monotonic()
+    supervisor.stop_now(["gateway-1"])
+    process.wait(timeout=10)
+    assert time.monotonic() - told < 5  # stopped by the SIGTERM of stop_now, not by stop()
+    time.sleep(0.3)  # several supervisor polls: an exit after stop_now is not restarted
+    assert len(processes) == 1
+    supervisor.stop()
+    assert process.returncode == 0 and supervisor.status()["gateway-1"]["restarts"] == 0
