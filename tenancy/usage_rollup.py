@@ -188,7 +188,7 @@ def usage_series(
     query = query.group_by(*columns).order_by(*columns)
     starts: dict[Any, datetime] = {}  # a bucket's value -> its UTC start: one conversion per bucket
     points = []
-    for row in session.execute(query).tuples():
+    for row in session.execute(query):
         start = starts.get(row[0]) or starts.setdefault(row[0], _utc(row[0]))
         sums = row[1:] if owner is None else row[2:]
         owned = None if owner is None else row[1]
