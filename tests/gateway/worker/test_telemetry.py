@@ -1,5 +1,5 @@
 """The worker's Prometheus metrics of its engine (gateway/worker/telemetry.py): a mixture of experts'
-experts run and the weight bytes its steps read, as the engine counts them."""
+experts run and the weight bytes its steps read, speculative decoding by tier, as the engine counts them."""
 
 from __future__ import annotations
 
