@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,7 +46,14 @@ class EngineStats:
     # Speculative decoding: drafts verified, drafts kept (acceptance rate: the ratio), verifications
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
-    spec_verifications: int = 0
+    spec_verifications: int = 0  # speculating sequences verified, summed over steps
+    # the same three by the sequences' priority (the gateway's tier: gateway/lanes/keys.py)
+    spec_draft_tokens_by_priority: dict[int, int] = field(default_factory=dict)
+    spec_accepted_tokens_by_priority: dict[int, int] = field(default_factory=dict)
+    spec_verifications_by_priority: dict[int, int] = field(default_factory=dict)
+    last_step_spec_seqs: int = 0  # speculating sequences the last step verified
+    last_step_spec_draft_tokens: int = 0
+    last_step_spec_accepted_tokens: int = 0
     slo_refusals: int = 0  # requests refused for their TTFT target (on arrival or at a step start)
     # The last step that ran the model: its batch (sequences), its tokens and its forward's seconds.
     last_step_seqs: int = 0
@@ -63,6 +70,22 @@ class EngineStats:
     def spec_acceptance_rate(self) -> float:
         """Share of verified draft tokens kept (0 when nothing was drafted)."""
         return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+
+    def record_verification(self, priority: int, drafted: int, accepted: int) -> None:
+        """Count one speculating sequence's verified drafts (speculative.verify.settle, which zeroes
+        the last step's totals first)."""
+        self.spec_draft_tokens += drafted
+        self.spec_accepted_tokens += accepted
+        self.spec_verifications += 1
+        self.last_step_spec_seqs += 1
+        self.last_step_spec_draft_tokens += drafted
+        self.last_step_spec_accepted_tokens += accepted
+        for counts, n in (
+            (self.spec_draft_tokens_by_priority, drafted),
+            (self.spec_accepted_tokens_by_priority, accepted),
+            (self.spec_verifications_by_priority, 1),
+        ):
+            counts[priority] = counts.get(priority, 0) + n
 
     @property
     def recompute_preemptions(self) -> int:

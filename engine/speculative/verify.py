@@ -117,6 +117,7 @@ def settle(
     """After the output processor appended the kept tokens: each live speculating sequence's kept
     drafts become computed tokens (and registered for prefix sharing); the blocks past its
     computed tokens (rejected drafts' slots) return to the free list."""
+    stats.last_step_spec_seqs = stats.last_step_spec_draft_tokens = stats.last_step_spec_accepted_tokens = 0
     kept: dict[int, int] = {}
     for item, _, _ in sampled:
         if item.draft:
@@ -125,10 +126,8 @@ def settle(
         if not item.draft:
             continue
         accepted = kept.get(id(item), 1) - 1
-        stats.spec_draft_tokens += len(item.draft)
-        stats.spec_accepted_tokens += accepted
-        stats.spec_verifications += 1
         seq = item.seq
+        stats.record_verification(seq.priority, len(item.draft), accepted)
         if seq.is_finished:  # released: its blocks are free already
             continue
         seq.num_computed_tokens += accepted

@@ -167,6 +167,22 @@ WEIGHT_BYTES = Counter(
     "mixture of experts once per step that runs it",
     ("worker",),
 )
+SPEC_DRAFT_TOKENS = Counter(
+    "fairlane_engine_spec_draft_tokens",
+    "Draft tokens speculative decoding proposed and the engine verified, by the sequences' tier",
+    ("worker", "tier"),
+)
+SPEC_ACCEPTED_TOKENS = Counter(
+    "fairlane_engine_spec_accepted_tokens",
+    "Verified draft tokens kept (over fairlane_engine_spec_draft_tokens_total: the acceptance rate), "
+    "by the sequences' tier",
+    ("worker", "tier"),
+)
+SPEC_VERIFICATIONS = Counter(
+    "fairlane_engine_spec_verifications",
+    "Speculating sequences verified, summed over steps (one per sequence and step), by tier",
+    ("worker", "tier"),
+)
 LORA_SLOT_LOADS = Counter(
     "fairlane_engine_lora_slot_loads", "LoRA adapters copied from host memory into a device slot", ("worker",)
 )

@@ -94,7 +94,7 @@ class Worker:
         self.inflight: dict[str, InFlight] = {}
         self.adapters = AdapterStore(adapter_dir or default_adapter_dir())  # uploaded LoRA adapters
         self.lock = threading.Lock()  # guards inflight against the heartbeat thread's reads
-        self.metrics = EngineMetrics(engine, worker_id)
+        self.metrics = EngineMetrics(engine, worker_id, tiers)
         self._lost: set[tuple[str, str]] = set()  # (lane, entry id) the heartbeat found gone from the group
 
     def setup(self) -> None:

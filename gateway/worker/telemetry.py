@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from engine import Engine, ErrorCode, RequestOutput
+from gateway.lanes.keys import tier_priorities
 from gateway.lanes.messages import LaneRequest
 from gateway.telemetry import metrics, tracing
 from gateway.telemetry.tracing import ns
@@ -132,8 +133,16 @@ class RequestTrace:
 class EngineMetrics:
     """Prometheus metrics of one worker's engine, refreshed after every step."""
 
-    def __init__(self, engine: Engine, worker_id: str) -> None:
-        self.engine, w = engine, worker_id
+    def __init__(self, engine: Engine, worker_id: str, tiers: list[str] | None = None) -> None:
+        self.engine, self.worker_id, w = engine, worker_id, worker_id
+        # the tier label of a priority (gateway/lanes/keys.py); a priority no tier has: its number
+        self.tier_names = {p: t for t, p in tier_priorities(tiers or []).items()}
+        self.spec_counters = {  # EngineStats field (by priority) -> its counter (by tier)
+            "spec_draft_tokens_by_priority": metrics.SPEC_DRAFT_TOKENS,
+            "spec_accepted_tokens_by_priority": metrics.SPEC_ACCEPTED_TOKENS,
+            "spec_verifications_by_priority": metrics.SPEC_VERIFICATIONS,
+        }
+        self.spec_seen: dict[tuple[str, int], int] = {}
         self.running, self.waiting, self.swapped = (
             g.labels(w) for g in (metrics.RUNNING, metrics.WAITING, metrics.SWAPPED)
         )
@@ -167,6 +176,13 @@ class EngineMetrics:
             if value > self.seen[name]:
                 counter.inc(value - self.seen[name])
                 self.seen[name] = value
+        for name, family in self.spec_counters.items():
+            for priority, value in getattr(stats, name).items():
+                seen = self.spec_seen.get((name, priority), 0)
+                if value > seen:
+                    tier = self.tier_names.get(priority, str(priority))
+                    family.labels(self.worker_id, tier).inc(value - seen)
+                    self.spec_seen[(name, priority)] = value
         if stats.steps > self.steps:
             self.steps = stats.steps
             self.batch.observe(stats.last_step_seqs)
