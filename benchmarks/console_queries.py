@@ -31,7 +31,7 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 from benchmarks.common import add_common_args, done, machine, out_dir
-from gateway.api.routes.admin_usage import series
+from gateway.api.routes.admin_usage import series_csv
 from tenancy import (
     UsageHourly,
     UsageRecord,
@@ -203,10 +203,12 @@ def queries(now: datetime) -> dict:
         found[f"usage, {label}: totals"] = totals
         found[f"usage, {label}: series of the top {TOP}"] = top_series
         found[f"usage, {label}: overall series"] = overall
-    found["CSV: one tenant by key, 30 days per day"] = lambda s: series(
+    found["CSV: one tenant by key, 30 days per day"] = lambda s: series_csv(
         s, since=month, until=until, tenant_id=busiest, bucket="day"
     )
-    found["CSV: every tenant, 30 days per day"] = lambda s: series(s, since=month, until=until, bucket="day")
+    found["CSV: every tenant, 30 days per day"] = lambda s: series_csv(
+        s, since=month, until=until, bucket="day"
+    )
     return found
 
 

@@ -57,6 +57,7 @@ from tenancy.usage_rollup import (
     add_refusals,
     hour_of,
     usage_series,
+    usage_series_rows,
     usage_totals,
 )
 
@@ -120,6 +121,7 @@ __all__ = [
     "update_tenant",
     "upgrade",
     "usage_series",
+    "usage_series_rows",
     "usage_summary",
     "usage_totals",
     "verify_key",

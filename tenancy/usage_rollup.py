@@ -171,12 +171,8 @@ def usage_series(
     """Usage per bucket ("hour" or "day") in [since, until), of every tenant, one tenant or one key,
     split by "tenant" or "key" (``group_by``; only ``owners`` when given) or not; ordered by bucket,
     then owner. One row per bucket and owner comes back from the database."""
-    owner = {"tenant": UsageHourly.tenant_id, "key": UsageHourly.key_id, None: None}.get(group_by)
-    day_rows = group_by != "key" and key_id is None  # the tenants' day totals serve it
-    start = _bucket_column(session, bucket, day_rows=day_rows).label("start")
-    columns = [start] + ([owner] if owner is not None else [])
-    query = _scoped(
-        select(*columns, *_sums()),
+    rows = usage_series_rows(
+        session,
         since=since,
         until=until,
         tenant_id=tenant_id,
@@ -185,15 +181,49 @@ def usage_series(
         owners=owners,
         bucket=bucket,
     )
-    query = query.group_by(*columns).order_by(*columns)
+    return [UsagePoint(*row) for row in rows]
+
+
+def usage_series_rows(
+    session: Session,
+    *,
+    since: datetime,
+    until: datetime,
+    tenant_id: int | None = None,
+    key_id: int | None = None,
+    group_by: str | None = None,
+    owners: Collection[int] | None = None,
+    bucket: str = "hour",
+) -> list[tuple[Any, ...]]:
+    """``usage_series`` as plain tuples (start, owner, *COUNTERS), for readers of thousands of rows
+    (a CSV of every tenant's month): no object per row."""
+    owner = {"tenant": UsageHourly.tenant_id, "key": UsageHourly.key_id, None: None}.get(group_by)
+    day_rows = group_by != "key" and key_id is None  # the tenants' day totals serve it
+    start = _bucket_column(session, bucket, day_rows=day_rows).label("start")
+    columns = [start] + ([owner] if owner is not None else [])
+    # Roll-up rows are unique per (tenant, key, hour): where the view reads stored buckets of one
+    # row per bucket and owner, there is nothing to add up
+    stored = bucket == "hour" or day_rows
+    one_row = key_id is not None or group_by == "tenant" or tenant_id is not None
+    unique = stored and one_row and (group_by != "key" or tenant_id is not None)
+    counters = [getattr(UsageHourly, name) for name in COUNTERS] if unique else _sums()
+    query = _scoped(
+        select(*columns, *counters),
+        since=since,
+        until=until,
+        tenant_id=tenant_id,
+        key_id=key_id,
+        group_by=group_by,
+        owners=owners,
+        bucket=bucket,
+    )
+    query = (query if unique else query.group_by(*columns)).order_by(*columns)
     starts: dict[Any, datetime] = {}  # a bucket's value -> its UTC start: one conversion per bucket
-    points = []
-    for row in session.execute(query):
-        start = starts.get(row[0]) or starts.setdefault(row[0], _utc(row[0]))
-        sums = row[1:] if owner is None else row[2:]
-        owned = None if owner is None else row[1]
-        points.append(UsagePoint(start, owned, *sums))  # bigint sums arrive as ints
-    return points
+    found = []
+    for row in session.connection().execute(query):
+        at = starts.get(row[0]) or starts.setdefault(row[0], _utc(row[0]))
+        found.append((at, *row[1:]) if owner is not None else (at, None, *row[1:]))
+    return found
 
 
 def usage_totals(

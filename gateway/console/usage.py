@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import StateDep
-from gateway.api.routes.admin_usage import csv_text, series, usage_range
+from gateway.api.routes.admin_usage import series_csv, usage_range
 from gateway.api.schemas.admin import DB_ID_MAX
 from gateway.console.session import SignedIn
 from gateway.console.views import render
@@ -134,11 +134,11 @@ async def usage_csv(
 
     def read():
         with state.session_factory() as db:
-            return series(db, since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket=bucket)[0]
+            return series_csv(db, since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket=bucket)
 
-    rows = await run_in_threadpool(read)
+    text = await run_in_threadpool(read)
     return Response(
-        csv_text(rows),
+        text,
         media_type="text/csv",
         headers={"content-disposition": 'attachment; filename="fairlane-usage.csv"'},
     )

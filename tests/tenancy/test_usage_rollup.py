@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 
+from gateway.api.routes.admin_usage import series, series_csv
 from tenancy import (
     UsageHourly,
     add_refusals,
@@ -20,6 +21,7 @@ from tenancy import (
     record_usage,
     upgrade,
     usage_series,
+    usage_series_rows,
     usage_totals,
 )
 
@@ -85,6 +87,55 @@ def test_series_per_hour_and_day_per_tenant_and_key(session):
     assert {t: p.rate_limited for t, p in totals.items()} == {a.id: 3, b.id: 4}
     keys = usage_totals(session, since=since, until=until, group_by="key", tenant_id=a.id)
     assert {k: p.rate_limited for k, p in keys.items()} == {key.id: 3}
+
+
+def test_every_view_of_the_series_adds_up_the_key_rows(session):
+    """Whether a view reads stored rows as they are (one per bucket and owner) or adds them up in the
+    database, each bucket holds the sum of the key-level rows it covers; the CSV carries the same."""
+    a, b = create_tenant(session, name="a"), create_tenant(session, name="b")
+    ka, kb = (create_api_key(session, tenant_id=t.id).api_key for t in (a, b))
+    day = datetime(2026, 11, 20, tzinfo=UTC)
+    counts = {}
+    for i, (tenant, key, h) in enumerate(
+        [(a, ka, 1), (a, ka, 1), (a, None, 1), (a, ka, 30), (b, kb, 1), (b, None, 2), (b, kb, 26)]
+    ):
+        counts[(tenant.id, key.id if key else None, day + timedelta(hours=h, minutes=i))] = i + 1
+    add_refusals(session, counts)
+    since, until = day, day + timedelta(days=2)
+    key_rows = session.scalars(select(UsageHourly).where(UsageHourly.key_id >= 0)).all()
+    views = [
+        (None, None, None),
+        ("tenant", None, None),
+        ("key", a.id, None),
+        (None, a.id, None),
+        (None, a.id, ka.id),
+        (None, None, kb.id),
+    ]
+    for bucket in ("hour", "day"):
+        for group_by, tenant_id, key_id in views:
+            expected: dict[tuple, int] = {}
+            for row in key_rows:
+                if tenant_id is not None and row.tenant_id != tenant_id or key_id not in (None, row.key_id):
+                    continue
+                at = hour_of(row.hour.replace(tzinfo=UTC) if row.hour.tzinfo is None else row.hour)
+                at = at.replace(hour=0) if bucket == "day" else at
+                who = {"tenant": row.tenant_id, "key": row.key_id}.get(group_by)
+                expected[(at, who)] = expected.get((at, who), 0) + row.rate_limited
+            scope = dict(since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket=bucket)
+            points = usage_series(session, group_by=group_by, **scope)
+            got = {(p.start, p.owner): p.rate_limited for p in points}
+            assert got == expected, (bucket, group_by, tenant_id, key_id)
+            assert [(r[0], r[1]) for r in usage_series_rows(session, group_by=group_by, **scope)] == list(got)
+    for tenant_id, key_id in ((None, None), (a.id, None), (a.id, ka.id)):
+        scope = dict(since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket="day")
+        rows, _by = series(session, **scope)
+        lines = series_csv(session, **scope).splitlines()
+        assert lines[0].split(",")[:3] == ["start", "tenant_id", "key_id"] and len(lines) == len(rows) + 1
+        header = lines[0].split(",")
+        for line, row in zip(lines[1:], rows, strict=True):
+            cells = line.split(",")
+            assert cells[0] == row["start"].isoformat()
+            assert cells[1:] == ["" if row[c] is None else str(row[c]) for c in header[1:]]
 
 
 def test_migration_0004_rolls_up_existing_records(migrated_url, db_engine):
