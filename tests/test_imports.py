@@ -221,11 +221,16 @@ def test_no_import_cycle_even_through_deferred_or_type_checking_imports():
 
 FRESH_IMPORTS = """
 import importlib, json, subprocess, sys
+from prometheus_client import REGISTRY
 packages, modules = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 failed = {}
+builtin = set(REGISTRY._collector_to_names)
 for name in modules:
     for loaded in [m for m in sys.modules if m.split(".")[0] in packages]:
         del sys.modules[loaded]
+    # the metrics the last module defined: registered again by the next load of their module
+    for collector in [c for c in list(REGISTRY._collector_to_names) if c not in builtin]:
+        REGISTRY.unregister(collector)
     try:
         importlib.import_module(name)
     except BaseException:

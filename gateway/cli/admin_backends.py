@@ -10,7 +10,7 @@ from datetime import datetime
 
 import httpx
 
-from gateway.api.routes.admin_usage import csv_text, series, usage_range
+from gateway.api.routes.admin_usage import series, series_csv, usage_range
 from gateway.api.schemas.admin import ApiKeyCreated, ApiKeyPublic, TenantPublic
 from gateway.api.schemas.quotas import QuotaPublic, QuotaSet
 
@@ -172,9 +172,8 @@ class DatabaseBackend:
             since, until = usage_range(since, until, bucket=bucket)
         except Exception as exc:
             raise AdminError(getattr(exc, "message", str(exc))) from None
-        rows, _by = self._run(
-            lambda s: series(s, since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket=bucket)
-        )
+        scope = dict(since=since, until=until, tenant_id=tenant_id, key_id=key_id, bucket=bucket)
         if csv:
-            return csv_text(rows)
+            return self._run(lambda s: series_csv(s, **scope))
+        rows, _by = self._run(lambda s: series(s, **scope))
         return [r | {"start": r["start"].isoformat()} for r in rows]
