@@ -73,9 +73,14 @@ def point_row(point: UsagePoint, *, tenant_id: int | None, key_id: int | None, b
     return row
 
 
+def _split(tenant_id: int | None, key_id: int | None) -> str | None:
+    """How a view's rows split: one key's not at all, one tenant's by key, everything by tenant."""
+    return None if key_id is not None else ("key" if tenant_id is not None else "tenant")
+
+
 def series(session, *, since, until, tenant_id=None, key_id=None, bucket="hour") -> tuple[list[dict], str]:
     """Rows of usage per bucket, split by tenant (no tenant given) or by key (a tenant given)."""
-    by = None if key_id is not None else ("key" if tenant_id is not None else "tenant")
+    by = _split(tenant_id, key_id)
     points = usage_series(
         session, since=since, until=until, tenant_id=tenant_id, key_id=key_id, group_by=by, bucket=bucket
     )
@@ -85,7 +90,7 @@ def series(session, *, since, until, tenant_id=None, key_id=None, bucket="hour")
 def series_csv(session, *, since, until, tenant_id=None, key_id=None, bucket="hour") -> str:
     """``series(...)`` as CSV, written straight from the database's rows: a month of every
     tenant per day is thousands of rows, and an object per row cost more than the query."""
-    by = None if key_id is not None else ("key" if tenant_id is not None else "tenant")
+    by = _split(tenant_id, key_id)
     rows = usage_series_rows(
         session, since=since, until=until, tenant_id=tenant_id, key_id=key_id, group_by=by, bucket=bucket
     )
@@ -93,12 +98,12 @@ def series_csv(session, *, since, until, tenant_id=None, key_id=None, bucket="ho
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     iso: dict[datetime, str] = {}  # one string per bucket
-    prompt, completion = 1 + COUNTERS.index("prompt_tokens"), 1 + COUNTERS.index("completion_tokens")
+    prompt, completion = COUNTERS.index("prompt_tokens"), COUNTERS.index("completion_tokens")
     for start, owner, *sums in rows:
         text = iso.get(start) or iso.setdefault(start, start.isoformat())
         tenant = owner if by == "tenant" else tenant_id
         key = owner if by == "key" else key_id
-        writer.writerow((text, tenant, key, *sums, sums[prompt - 1] + sums[completion - 1]))
+        writer.writerow((text, tenant, key, *sums, sums[prompt] + sums[completion]))
     return out.getvalue()
 
 
