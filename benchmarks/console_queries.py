@@ -32,6 +32,7 @@ from sqlalchemy.engine import make_url
 
 from benchmarks.common import add_common_args, done, machine, out_dir
 from gateway.api.routes.admin_usage import series_csv
+from gateway.telemetry import gc_policy
 from tenancy import (
     UsageHourly,
     UsageRecord,
@@ -213,8 +214,20 @@ def queries(now: datetime) -> dict:
 
 
 def measure(url: str, now: datetime, repeats: int) -> dict:
+    """Times each query in this process under the garbage-collector policy the gateway's process
+    runs with (gateway/telemetry/gc_policy.py: what was alive at start frozen, a higher young
+    threshold), so a collection lands where it would land in the server."""
     engine = make_engine(url, pool_size=2) if url.startswith("postgresql") else make_engine(url)
     sessions = make_session_factory(engine)
+    thresholds = gc_policy.freeze()
+    try:
+        return _measure(sessions, now, repeats)
+    finally:
+        gc_policy.thaw(thresholds)
+        engine.dispose()
+
+
+def _measure(sessions, now: datetime, repeats: int) -> dict:
     results = {}
     for name, fn in queries(now).items():
         times = []
@@ -248,7 +261,6 @@ def measure(url: str, now: datetime, repeats: int) -> dict:
                 status="stop",
             )
             writes.append((time.perf_counter() - started) * 1000)
-    engine.dispose()
     writes.sort()
     return {
         "queries": results,

@@ -45,6 +45,7 @@ from benchmarks.common import (
 )
 from benchmarks.throughput import run_vllm
 from engine import LLM, SamplingParams
+from engine.device import resolve_dtype
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
 LLAMACPP_RUNNER = Path(__file__).parent / "external" / "llamacpp_runner.py"
@@ -120,6 +121,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vllm-python", default=None)
+    ap.add_argument(
+        "--vllm-dtypes",
+        default=None,
+        help="comma-separated dtypes vLLM runs at (default: float32, and bfloat16 where `auto` picks it)",
+    )
     ap.add_argument("--llamacpp-python", default=None)
     ap.add_argument("--gguf", action="append", default=[], help="a GGUF file for llama.cpp (repeatable)")
     ap.add_argument(
@@ -170,19 +176,18 @@ def main() -> None:
     runs["hf"] = {**hf_ms_per_token(hf, ids, tokens), "weight_bytes": dense_bytes}
     del hf
     gc.collect()
-    if args.vllm_python:
-        print("vllm ...", flush=True)
-        r = run_vllm(
-            args.vllm_python,
-            model_path,
-            [ids],
-            [tokens],
-            True,
-            "float32",
-            args.threads,
-            mode="latency",
-        )
-        runs["vllm"] = {**r, "weight_bytes": dense_bytes}
+    # vLLM in float32 and, where fairlane's `auto` picks bfloat16 (native bf16 on this CPU), in bfloat16
+    vllm_dtypes = (
+        args.vllm_dtypes.split(",")
+        if args.vllm_dtypes
+        else sorted({"float32", str(resolve_dtype("auto")).removeprefix("torch.")})
+    )
+    for dtype in vllm_dtypes if args.vllm_python else []:
+        name = "vllm" if dtype == "float32" else f"vllm_{'bf16' if dtype == 'bfloat16' else dtype}"
+        print(f"{name} ...", flush=True)
+        r = run_vllm(args.vllm_python, model_path, [ids], [tokens], True, dtype, args.threads, mode="latency")
+        half = runs.get("fairlane_bf16", {}).get("weight_bytes", dense_bytes // 2)
+        runs[name] = {**r, "weight_bytes": dense_bytes if dtype == "float32" else half}
     for gguf in args.gguf:
         if not args.llamacpp_python:
             raise SystemExit("--gguf needs --llamacpp-python")

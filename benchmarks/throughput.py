@@ -55,8 +55,15 @@ FAIRLANE = {
     "fairlane_static": {"batching": "static"},
     "fairlane_dynamic": {"batching": "dynamic"},
 }
-# Only when named in --systems: the engine with its own CPU kernels off (EngineConfig.cpu_kernels).
-FAIRLANE_EXTRA = {"fairlane_torch_ops": {"cpu_kernels": False}}
+# Only when named in --systems: the engine with its own CPU kernels off (EngineConfig.cpu_kernels), or
+# at a dtype other than --dtype's (to set `auto`'s pick beside the other one in one run).
+FAIRLANE_EXTRA = {
+    "fairlane_torch_ops": {"cpu_kernels": False},
+    "fairlane_fp32": {"dtype": "float32"},
+    "fairlane_bf16": {"dtype": "bfloat16"},
+}
+# vLLM at --vllm-dtype (default: the dtype fairlane's --dtype resolves to), or at a named one.
+VLLM = {"vllm": None, "vllm_fp32": "float32", "vllm_bf16": "bfloat16"}
 VLLM_RUNNER = Path(__file__).parent / "external" / "vllm_runner.py"
 
 
@@ -161,8 +168,12 @@ def main() -> None:
         "(docs/models.md; it needs a tokenizer) or a .gguf file",
     )
     ap.add_argument(
-        "--dtype", default="float32", help="float32 is the fastest dtype on CPUs without native bf16"
+        "--dtype",
+        default="auto",
+        help="fairlane's dtype; `auto` is the engine's pick for this machine (bfloat16 with AVX512-BF16 or "
+        "AMX, else float32); HF runs at the dtype it resolves to",
     )
+    ap.add_argument("--vllm-dtype", default=None, help="vLLM's dtype (default: the one --dtype resolves to)")
     ap.add_argument("--batch-size", type=int, default=16, help="HF static batch size")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument(
@@ -171,7 +182,7 @@ def main() -> None:
     ap.add_argument(
         "--systems",
         default=None,
-        help="comma-separated, of hf_static, hf_continuous, vllm, "
+        help="comma-separated, of hf_static, hf_continuous, vllm, vllm_fp32, vllm_bf16, "
         + ", ".join([*FAIRLANE, *FAIRLANE_EXTRA])
         + " (default: all; with --smoke: hf_static and the fairlane ones, since transformers' "
         "continuous batching alone takes about 20 s to start and stop)",
@@ -186,9 +197,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     engine_args = dict(dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs)
     llm = LLM(model=model, **engine_args)
+    resolved = str(llm.engine.runner.dtype).removeprefix("torch.")
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=getattr(torch, args.dtype)).eval()
+    hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=getattr(torch, resolved)).eval()
     eos = min(llm.engine.eos_token_ids) if llm.engine.eos_token_ids else 2
     if args.smoke:
         prompts, budgets = chat_prompts(llm.tokenizer, n, max_len=128), output_budgets(n, low=4, high=16)
@@ -199,6 +211,7 @@ def main() -> None:
     default = ["hf_static", *FAIRLANE] if args.smoke else ["hf_static", "hf_continuous", *FAIRLANE]
     if args.vllm_python:
         default.insert(2, "vllm")
+    vllm_dtypes = {**VLLM, "vllm": args.vllm_dtype or resolved}
     systems = args.systems.split(",") if args.systems else default
     engines = {"fairlane": llm}
     runs: dict = {}
@@ -209,17 +222,26 @@ def main() -> None:
             print(f"[{mode}] {name} ...", flush=True)
             if name in FAIRLANE or name in FAIRLANE_EXTRA:
                 if name not in engines:
-                    engines[name] = LLM(model=model, **engine_args, **{**FAIRLANE, **FAIRLANE_EXTRA}[name])
+                    engines[name] = LLM(
+                        model=model, **{**engine_args, **{**FAIRLANE, **FAIRLANE_EXTRA}[name]}
+                    )
                 engines[name].engine.stats.__init__()
                 res[name] = run_fairlane(engines[name], prompts, budgets, ig)
             elif name == "hf_static":
                 res[name] = run_hf_static(hf, prompts, budgets, ig, eos, args.batch_size)
             elif name == "hf_continuous":
                 res[name] = run_hf_continuous(hf, prompts, budgets, ig, eos)
-            elif name == "vllm":
+            elif name in VLLM:
                 res[name] = run_vllm(
-                    args.vllm_python, llm.engine.model_path, prompts, budgets, ig, args.dtype, args.threads
+                    args.vllm_python,
+                    llm.engine.model_path,
+                    prompts,
+                    budgets,
+                    ig,
+                    vllm_dtypes[name],
+                    args.threads,
                 )
+                res[name]["dtype"] = vllm_dtypes[name]
             else:
                 raise SystemExit(f"unknown system {name!r}")
             res[name]["tokens_per_s"] = res[name]["output_tokens"] / res[name]["seconds"]
@@ -238,6 +260,8 @@ def main() -> None:
         "smoke": args.smoke,
         "workload": args.workload,
         "dtype": args.dtype,
+        "dtype_resolved": resolved,
+        "vllm_dtype": vllm_dtypes["vllm"],
         "threads": args.threads,
         "requests": n,
         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts)), sum(map(len, prompts))],
@@ -261,7 +285,12 @@ def main() -> None:
             f"{quality['greedy_identical']}/{quality['greedy_prompts']} "
             f"outputs identical ({quality['greedy_tokens']} tokens)"
         )
-    plot(runs, out / "throughput.png", n, f"{report['model']} {args.dtype}, {args.threads} threads")
+    plot(
+        runs,
+        out / "throughput.png",
+        n,
+        f"{report['model']} {args.dtype} ({resolved}), {args.threads} threads",
+    )
     done(out)
 
 
@@ -286,8 +315,8 @@ def plot(runs: dict, path: Path, n: int, what: str) -> None:
     for ax, (mode, res) in zip(axes[0], runs.items()):
         names = list(res)
         vals = [res[k]["tokens_per_s"] for k in names]
-        colors = {"hf_static": "#999", "hf_continuous": "#69c", "vllm": "#5a5"}
-        bars = ax.bar(names, vals, color=[colors.get(k, "#e63") for k in names])
+        colors = {"hf_static": "#999", "hf_continuous": "#69c"}
+        bars = ax.bar(names, vals, color=[colors.get(k, "#5a5" if k in VLLM else "#e63") for k in names])
         ax.tick_params(axis="x", labelrotation=30)
         ax.bar_label(bars, fmt="%.0f")
         ax.set_title(f"{mode}: {n} requests, {what}")
