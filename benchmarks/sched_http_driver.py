@@ -13,6 +13,7 @@ import asyncio
 import random
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,7 +36,7 @@ class Sent:
     request_id: str = ""
     chunk_times: list[float] = field(default_factory=list)
     tokens: int = 0
-    error: str = ""
+    error: str = ""  # the HTTP status (or "stream") and the error's code
 
 
 @dataclass
@@ -163,8 +164,8 @@ async def _one(client: openai.AsyncOpenAI, model: str, r: SimRequest, t0: float,
                 sent.chunk_times.append(time.time())
             if chunk.usage is not None:
                 sent.tokens = chunk.usage.completion_tokens
-    except openai.APIError as e:  # a refusal (429/503) or an error event in the stream
-        sent.error = f"{type(e).__name__}: {e}"
+    except openai.APIError as e:  # a refusal (429/503) or an error event in the stream ("stream")
+        sent.error = f"{getattr(e, 'status_code', 'stream')} {e.code or type(e).__name__}"
 
 
 async def _replay(server: Server, trace: list[SimRequest], keys: dict[str, str], until, t0: float):
@@ -218,6 +219,7 @@ def replay(server: Server, trace: list[SimRequest], until: float | None = None) 
     report.metrics = {  # type: ignore[attr-defined]
         "lane_queue_mean_s": tier_means(before, after, "fairlane_lane_queue_seconds"),
         "server_ttft_mean_s": tier_means(before, after, "fairlane_ttft_seconds"),
+        "errors": dict(Counter(s.error for s in sent if s.error)),  # "503 slo_unattainable": count
     }
     report.sent = sent  # type: ignore[attr-defined]
     report.t0 = t0  # type: ignore[attr-defined]

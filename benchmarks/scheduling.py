@@ -160,13 +160,16 @@ def noisy_neighbour(d, cap: float, duration: float) -> dict:
     a = poisson_trace(2 * cap, duration, random.Random(1), tenant="A", **SHAPE)
     b = poisson_trace(0.2 * cap, duration, random.Random(2), tenant="B", **SHAPE)
     solo = d.run("fcfs", b)
-    out = {"b_solo_p99": solo.ttft_p(99, tenant="B"), "b_solo_waits": d.waits(solo, solo.requests)}
+    out = {"b_solo_p99": solo.ttft_p(99, tenant="B"), "b_solo_p50": solo.ttft_p(50, tenant="B")}
+    out["b_solo_waits"] = d.waits(solo, solo.requests)
     for policy in ("fcfs", "vtc"):
         report = d.run(policy, a + b, until=duration)
         out[policy] = {
             "b_waits": d.waits(report, report.select(tenant="B")),
             "b_p99": report.ttft_p(99, tenant="B"),
+            "b_p50": report.ttft_p(50, tenant="B"),
             "a_p99": report.ttft_p(99, tenant="A"),
+            "a_p50": report.ttft_p(50, tenant="A"),
             "b_started": len(report.ttfts(tenant="B")),
             "b_sent": len(b),
             **d.extra(report),
@@ -180,6 +183,7 @@ def priority(d, cap: float, duration: float) -> dict:
     solo = d.run("priority", inter)
     out = {
         "inter_solo_p99": solo.ttft_p(99, priority=1),
+        "inter_solo_p50": solo.ttft_p(50, priority=1),
         "inter_solo_waits": d.waits(solo, solo.requests),
         "batch_solo_tps": d.run("priority", batch, until=duration).throughput(until=duration, priority=0),
     }
@@ -188,6 +192,8 @@ def priority(d, cap: float, duration: float) -> dict:
         out[policy] = {
             "inter_waits": d.waits(report, report.select(priority=1)),
             "inter_p99": report.ttft_p(99, priority=1),
+            "inter_p50": report.ttft_p(50, priority=1),
+            "batch_p50": report.ttft_p(50, priority=0),
             "batch_tps": report.throughput(until=duration, priority=0),
             "batch_finished": len(report.finished(priority=0)),
             "preemptions": report.preemptions,
@@ -207,6 +213,7 @@ def overload(d, cap: float, duration: float, ttft: float, tpot: float) -> dict:
             "goodput_rps": sum(r.met_slo() for r in report.requests) / duration,
             "refused": sum(r.refused for r in report.requests),
             "ttft_p99": report.ttft_p(99),
+            "ttft_p50": report.ttft_p(50),
             **d.extra(report),
         }
     return out
@@ -214,6 +221,10 @@ def overload(d, cap: float, duration: float, ttft: float, tpot: float) -> dict:
 
 def _s(x: float) -> str:
     return "none started" if x != x else f"{x:.2f} s"  # NaN: no request of the group got a token
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else float("nan")  # a solo run with nothing finished or started
 
 
 def table(res: dict, d) -> str:
@@ -224,13 +235,16 @@ def table(res: dict, d) -> str:
         f"| 1 fairness, weights 1:2 | max weighted service gap | {f['fcfs']['max_diff']:.0f} | "
         f"{f['vtc']['max_diff']:.0f} (VTC) | <= 2U = {f['bound']:.0f} |",
         f"| 2 noisy neighbour | B p99 TTFT (solo {n['b_solo_p99']:.2f} s) | {_s(n['fcfs']['b_p99'])} | "
-        f"{n['vtc']['b_p99']:.2f} s (VTC, {n['vtc']['b_p99'] / n['b_solo_p99']:.2f}x solo) | <= 1.5x solo |",
+        f"{n['vtc']['b_p99']:.2f} s (VTC, {_div(n['vtc']['b_p99'], n['b_solo_p99']):.2f}x solo) | "
+        "<= 1.5x solo |",
         f"| 3 priority | interactive p99 TTFT (solo {p['inter_solo_p99']:.2f} s) | "
         f"{_s(p['fcfs']['inter_p99'])} | "
-        f"{p['priority']['inter_p99']:.2f} s ({p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x) | "
+        f"{p['priority']['inter_p99']:.2f} s "
+        f"({_div(p['priority']['inter_p99'], p['inter_solo_p99']):.2f}x) | "
         "<= 1.5x solo |",
         f"| 3 priority | batch tokens/s vs solo ({p['batch_solo_tps']:.0f}) | {p['fcfs']['batch_tps']:.0f} | "
-        f"{p['priority']['batch_tps']:.0f} ({p['priority']['batch_tps'] / p['batch_solo_tps']:.0%}) | >= "
+        f"{p['priority']['batch_tps']:.0f} "
+        f"({_div(p['priority']['batch_tps'], p['batch_solo_tps']):.0%}) | >= "
         "70% |",
         f"| 4 overload 2x, TTFT {o['ttft_target_s']} s / TPOT {o['tpot_target_s']} s | goodput (req/s) | "
         f"{o['fcfs']['goodput_rps']:.2f} | {o['slo']['goodput_rps']:.2f} (SLO-aware, {o['slo']['refused']} "
