@@ -26,6 +26,7 @@ from engine.sim import SimReport, SimRequest
 
 TIERS = {1: "priority", 0: "standard"}  # a trace's priority -> the service_tier its requests name
 DRAIN_TIMEOUT_S = 60.0
+WARM_UP_STREAMS = 32  # the engine's max_num_seqs in these runs
 
 
 @dataclass
@@ -64,14 +65,13 @@ class Server:
         server.warm_up()
         return server
 
-    def warm_up(self) -> None:
-        """One request first (as the in-process runs do), so the first forward's one-time costs
-        are not in a measured request's TTFT."""
-        client = openai.OpenAI(base_url=self.served.base_url + "/v1", api_key=self.served.api_key)
-        with client:
-            client.completions.create(
-                model=self.model, prompt=list(range(100, 164)), max_tokens=2, extra_body={"ignore_eos": True}
-            )
+    def warm_up(self, rounds: int = 2) -> None:
+        """Bursts of WARM_UP_STREAMS streamed requests first, so what a server does once (the first
+        forwards at each batch size, connections and pools of the gateway and the client) is not in
+        a measured run (the in-process runs need one request)."""
+        trace = [SimRequest(0.0, 64, 4, tenant="warm-up") for _ in range(WARM_UP_STREAMS)]
+        for _ in range(rounds):
+            asyncio.run(_replay(self, trace, {"warm-up": self.served.api_key}, None, time.time()))
 
     def admin(self, method: str, path: str, body: dict) -> dict:
         response = httpx.request(
