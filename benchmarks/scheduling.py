@@ -6,10 +6,13 @@ SLO-aware admission).
 
     chrt -r 10 python -m benchmarks.scheduling        # about 5 minutes
     python -m benchmarks.scheduling --smoke           # a tiny random model, 0.5 s of arrivals
+    python -m benchmarks.scheduling --http            # through `fairlane serve` (scheduling_http.py)
 
 The traces come from the simulator (engine.sim) with shorter requests; arrivals follow the
-wall clock and every step is a real forward. Writes scheduling.json and one PNG per scenario under
---out (benchmarks/results), and prints a markdown table (copied into the README).
+wall clock and every step is a real forward. Writes scheduling.json (--http: scheduling_http.json)
+and one PNG per scenario under --out (benchmarks/results), and prints a markdown table (copied into
+the README). A driver runs each trace: `InProcess` here, `HTTP` (benchmarks/scheduling_http.py)
+over HTTP, where a TTFT's split is what the client and the server's spans see.
 """
 
 from __future__ import annotations
@@ -105,13 +108,31 @@ def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
     return report
 
 
-def capacity(n: int = 64) -> float:
+class InProcess:
+    """Runs on a fresh engine in this process; the waits from its Timeline."""
+
+    name, where = "scheduling", "real engine"
+    waits_header = ("| run | mean | slowest |", "| --- | --- | --- |")
+    line = staticmethod(line)
+
+    def run(self, policy: str, trace, until: float | None = None) -> SimReport:
+        return run(policy, trace, until)
+
+    def waits(self, report: SimReport, requests) -> dict:
+        return summary(report.timeline, requests)
+
+    def extra(self, report: SimReport | None) -> dict:
+        """What a run's results add (None: the whole result's) beside the shared measures."""
+        return {}
+
+
+def capacity(d, n: int = 64) -> float:
     """Requests/s the engine serves from a backlog of n (FCFS)."""
-    report = run("fcfs", backlog(n, random.Random(0), **SHAPE))
+    report = d.run("fcfs", backlog(n, random.Random(0), **SHAPE))
     return len(report.requests) / report.duration
 
 
-def fairness(n: int) -> dict:
+def fairness(d, n: int) -> dict:
     U = max(1.0 * SHAPE["prompt_len"][1], 2.0 * SHAPE["output_len"][1])
     out = {"bound": 2 * U}
     for policy in ("fcfs", "vtc"):
@@ -120,7 +141,7 @@ def fairness(n: int) -> dict:
             backlog(n, rng, tenant="A", weight=1.0, **SHAPE),
             backlog(n, rng, tenant="B", weight=2.0, **SHAPE),
         )
-        report = run(policy, [r for pair in zip(a, b) for r in pair])
+        report = d.run(policy, [r for pair in zip(a, b) for r in pair])
         end = min(max(r.first_token for r in report.select(tenant=t)) for t in "AB")
         diff = [
             abs(x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"]) if t <= end
@@ -130,59 +151,70 @@ def fairness(n: int) -> dict:
             "times": report.times,
             "A": report.service["A"],
             "B": report.service["B"],
+            **d.extra(report),
         }
     return out
 
 
-def noisy_neighbour(cap: float, duration: float) -> dict:
+def noisy_neighbour(d, cap: float, duration: float) -> dict:
     a = poisson_trace(2 * cap, duration, random.Random(1), tenant="A", **SHAPE)
     b = poisson_trace(0.2 * cap, duration, random.Random(2), tenant="B", **SHAPE)
-    solo = run("fcfs", b)
-    out = {"b_solo_p99": solo.ttft_p(99, tenant="B"), "b_solo_waits": summary(solo.timeline, solo.requests)}
+    solo = d.run("fcfs", b)
+    out = {"b_solo_p99": solo.ttft_p(99, tenant="B"), "b_solo_p50": solo.ttft_p(50, tenant="B")}
+    out["b_solo_waits"] = d.waits(solo, solo.requests)
     for policy in ("fcfs", "vtc"):
-        report = run(policy, a + b, until=duration)
+        report = d.run(policy, a + b, until=duration)
         out[policy] = {
-            "b_waits": summary(report.timeline, report.select(tenant="B")),
+            "b_waits": d.waits(report, report.select(tenant="B")),
             "b_p99": report.ttft_p(99, tenant="B"),
+            "b_p50": report.ttft_p(50, tenant="B"),
             "a_p99": report.ttft_p(99, tenant="A"),
+            "a_p50": report.ttft_p(50, tenant="A"),
             "b_started": len(report.ttfts(tenant="B")),
             "b_sent": len(b),
+            **d.extra(report),
         }
     return out
 
 
-def priority(cap: float, duration: float) -> dict:
+def priority(d, cap: float, duration: float) -> dict:
     inter = poisson_trace(0.2 * cap, duration, random.Random(3), tenant="interactive", priority=1, **SHAPE)
     batch = backlog(int(1.5 * cap * duration), random.Random(4), tenant="batch", priority=0, **SHAPE)
-    solo = run("priority", inter)
+    solo = d.run("priority", inter)
     out = {
         "inter_solo_p99": solo.ttft_p(99, priority=1),
-        "inter_solo_waits": summary(solo.timeline, solo.requests),
-        "batch_solo_tps": run("priority", batch, until=duration).throughput(until=duration, priority=0),
+        "inter_solo_p50": solo.ttft_p(50, priority=1),
+        "inter_solo_waits": d.waits(solo, solo.requests),
+        "batch_solo_tps": d.run("priority", batch, until=duration).throughput(until=duration, priority=0),
     }
     for policy in ("fcfs", "priority"):
-        report = run(policy, inter + batch, until=duration)
+        report = d.run(policy, inter + batch, until=duration)
         out[policy] = {
-            "inter_waits": summary(report.timeline, report.select(priority=1)),
+            "inter_waits": d.waits(report, report.select(priority=1)),
             "inter_p99": report.ttft_p(99, priority=1),
+            "inter_p50": report.ttft_p(50, priority=1),
+            "batch_p50": report.ttft_p(50, priority=0),
             "batch_tps": report.throughput(until=duration, priority=0),
             "batch_finished": len(report.finished(priority=0)),
             "preemptions": report.preemptions,
+            **d.extra(report),
         }
     return out
 
 
-def overload(cap: float, duration: float, ttft: float, tpot: float) -> dict:
+def overload(d, cap: float, duration: float, ttft: float, tpot: float) -> dict:
     trace = bursty_trace(
         2 * cap, duration, random.Random(5), burst=4, ttft_target_s=ttft, tpot_target_s=tpot, **SHAPE
     )
     out = {"ttft_target_s": ttft, "tpot_target_s": tpot, "sent": len(trace)}
     for policy in ("fcfs", "slo"):
-        report = run(policy, trace, until=2 * duration)
+        report = d.run(policy, trace, until=2 * duration)
         out[policy] = {
             "goodput_rps": sum(r.met_slo() for r in report.requests) / duration,
             "refused": sum(r.refused for r in report.requests),
             "ttft_p99": report.ttft_p(99),
+            "ttft_p50": report.ttft_p(50),
+            **d.extra(report),
         }
     return out
 
@@ -191,7 +223,11 @@ def _s(x: float) -> str:
     return "none started" if x != x else f"{x:.2f} s"  # NaN: no request of the group got a token
 
 
-def table(res: dict) -> str:
+def _div(a: float, b: float) -> float:
+    return a / b if b else float("nan")  # a solo run with nothing finished or started
+
+
+def table(res: dict, d) -> str:
     f, n, p, o = res["fairness"], res["noisy_neighbour"], res["priority"], res["overload"]
     rows = [
         "| scenario | measure | FCFS | policy | target |",
@@ -199,13 +235,16 @@ def table(res: dict) -> str:
         f"| 1 fairness, weights 1:2 | max weighted service gap | {f['fcfs']['max_diff']:.0f} | "
         f"{f['vtc']['max_diff']:.0f} (VTC) | <= 2U = {f['bound']:.0f} |",
         f"| 2 noisy neighbour | B p99 TTFT (solo {n['b_solo_p99']:.2f} s) | {_s(n['fcfs']['b_p99'])} | "
-        f"{n['vtc']['b_p99']:.2f} s (VTC, {n['vtc']['b_p99'] / n['b_solo_p99']:.2f}x solo) | <= 1.5x solo |",
+        f"{n['vtc']['b_p99']:.2f} s (VTC, {_div(n['vtc']['b_p99'], n['b_solo_p99']):.2f}x solo) | "
+        "<= 1.5x solo |",
         f"| 3 priority | interactive p99 TTFT (solo {p['inter_solo_p99']:.2f} s) | "
         f"{_s(p['fcfs']['inter_p99'])} | "
-        f"{p['priority']['inter_p99']:.2f} s ({p['priority']['inter_p99'] / p['inter_solo_p99']:.2f}x) | "
+        f"{p['priority']['inter_p99']:.2f} s "
+        f"({_div(p['priority']['inter_p99'], p['inter_solo_p99']):.2f}x) | "
         "<= 1.5x solo |",
         f"| 3 priority | batch tokens/s vs solo ({p['batch_solo_tps']:.0f}) | {p['fcfs']['batch_tps']:.0f} | "
-        f"{p['priority']['batch_tps']:.0f} ({p['priority']['batch_tps'] / p['batch_solo_tps']:.0%}) | >= "
+        f"{p['priority']['batch_tps']:.0f} "
+        f"({_div(p['priority']['batch_tps'], p['batch_solo_tps']):.0%}) | >= "
         "70% |",
         f"| 4 overload 2x, TTFT {o['ttft_target_s']} s / TPOT {o['tpot_target_s']} s | goodput (req/s) | "
         f"{o['fcfs']['goodput_rps']:.2f} | {o['slo']['goodput_rps']:.2f} (SLO-aware, {o['slo']['refused']} "
@@ -216,17 +255,16 @@ def table(res: dict) -> str:
         "",
         "First-token waits (ms; mean over the group, then the slowest request's TTFT and split):",
         "",
-        "| run | mean | slowest |",
-        "| --- | --- | --- |",
-        line("2 light tenant B alone", n["b_solo_waits"]),
-        *(line(f"2 light tenant B, {k}", n[k]["b_waits"]) for k in ("fcfs", "vtc")),
-        line("3 interactive alone", p["inter_solo_waits"]),
-        *(line(f"3 interactive, {k}", p[k]["inter_waits"]) for k in ("fcfs", "priority")),
+        *d.waits_header,
+        d.line("2 light tenant B alone", n["b_solo_waits"]),
+        *(d.line(f"2 light tenant B, {k}", n[k]["b_waits"]) for k in ("fcfs", "vtc")),
+        d.line("3 interactive alone", p["inter_solo_waits"]),
+        *(d.line(f"3 interactive, {k}", p[k]["inter_waits"]) for k in ("fcfs", "priority")),
     ]
     return "\n".join(rows)
 
 
-def plot(res: dict, out: Path) -> None:
+def plot(res: dict, out: Path, d) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,25 +275,25 @@ def plot(res: dict, out: Path) -> None:
     for ax, policy in zip(axes, ("fcfs", "vtc")):
         ax.plot(f[policy]["times"], f[policy]["A"], label="A (weight 1)")
         ax.plot(f[policy]["times"], f[policy]["B"], label="B (weight 2)")
-        ax.set_title(f"{policy}: weighted service, real engine")
+        ax.set_title(f"{policy}: weighted service, {d.where}")
         ax.set_xlabel("s")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "scheduling_fairness.png", dpi=100)
+    fig.savefig(out / f"{d.name}_fairness.png", dpi=100)
     bars = {
-        "scheduling_noisy_neighbour.png": (
+        "noisy_neighbour": (
             "B p99 TTFT (s)",
             ["solo", "fcfs", "vtc"],
             [res["noisy_neighbour"]["b_solo_p99"]]
             + [res["noisy_neighbour"][k]["b_p99"] for k in ("fcfs", "vtc")],
         ),
-        "scheduling_priority.png": (
+        "priority": (
             "interactive p99 TTFT (s)",
             ["solo", "fcfs", "priority"],
             [res["priority"]["inter_solo_p99"]]
             + [res["priority"][k]["inter_p99"] for k in ("fcfs", "priority")],
         ),
-        "scheduling_overload.png": (
+        "overload": (
             "goodput (req/s)",
             ["fcfs", "slo"],
             [res["overload"][k]["goodput_rps"] for k in ("fcfs", "slo")],
@@ -265,11 +303,9 @@ def plot(res: dict, out: Path) -> None:
         fig, ax = plt.subplots(figsize=(5, 4))
         ax.bar(keys, values, color=["#999", "#69c", "#e63"][: len(keys)])
         ax.set_ylabel(label)
-        ax.set_title(
-            name.removeprefix("scheduling_").removesuffix(".png").replace("_", " ") + " (real engine)"
-        )
+        ax.set_title(name.replace("_", " ") + f" ({d.where})")
         fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
+        fig.savefig(out / f"{d.name}_{name}.png", dpi=100)
 
 
 def main() -> None:
@@ -288,6 +324,12 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="engine/scheduler settings for every run, e.g. urgent_prefill_defers_decodes=true",
     )
+    ap.add_argument(
+        "--http",
+        action="store_true",
+        help="the same scenarios through `fairlane serve` over HTTP (benchmarks/scheduling_http.py)",
+    )
+    ap.add_argument("--no-spans", action="store_true", help="--http: no spans in the server's log (no split)")
     add_common_args(ap)
     args = ap.parse_args()
     for item in args.set:
@@ -300,7 +342,18 @@ def main() -> None:
     if args.smoke:
         ENGINE.update(model=tiny_model(), dtype="float32", num_threads=1, kv_cache_gib=0.02)
         args.duration, backlog_n, capacity_n = 0.5, 4, 16
-    cap = args.capacity or capacity(capacity_n)
+    if args.http:
+        from benchmarks.scheduling_http import HTTP
+
+        with HTTP(ENGINE, spans=not args.no_spans) as d:
+            measure(args, d, backlog_n, capacity_n)
+    else:
+        measure(args, InProcess(), backlog_n, capacity_n)
+
+
+def measure(args: argparse.Namespace, d, backlog_n: int, capacity_n: int) -> None:
+    """Every scenario (or --only's) through the driver `d`; results written unless --only."""
+    cap = args.capacity or capacity(d, capacity_n)
     print(f"capacity: {cap:.2f} requests/s", flush=True)
     res = {
         "capacity_rps": cap,
@@ -309,12 +362,13 @@ def main() -> None:
         "duration_s": args.duration,
         "smoke": args.smoke,
         "machine": machine(),
+        **d.extra(None),
     }
     runs = {
-        "fairness": lambda: fairness(backlog_n),
-        "noisy_neighbour": lambda: noisy_neighbour(cap, args.duration),
-        "priority": lambda: priority(cap, args.duration),
-        "overload": lambda: overload(cap, args.duration, ttft=2.0, tpot=0.3),
+        "fairness": lambda: fairness(d, backlog_n),
+        "noisy_neighbour": lambda: noisy_neighbour(d, cap, args.duration),
+        "priority": lambda: priority(d, cap, args.duration),
+        "overload": lambda: overload(d, cap, args.duration, ttft=2.0, tpot=0.3),
     }
     for name in args.only or SCENARIOS:
         res[name] = runs[name]()
@@ -331,10 +385,10 @@ def main() -> None:
         )
     if args.only:
         return
-    out = out_dir(args, "scheduling")
-    (out / "scheduling.json").write_text(json.dumps(res, indent=1, default=float))
-    plot(res, out)
-    print(table(res))
+    out = out_dir(args, d.name)
+    (out / f"{d.name}.json").write_text(json.dumps(res, indent=1, default=float))
+    plot(res, out, d)
+    print(table(res, d))
     done(out)
 
 

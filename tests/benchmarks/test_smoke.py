@@ -30,7 +30,7 @@ def test_every_benchmark_is_found():
 
 
 # Options that take another path through a benchmark: smoke-run too.
-VARIANTS = [("decode_latency", ("--family", "qwen3"))]
+VARIANTS = [("decode_latency", ("--family", "qwen3")), ("scheduling", ("--http",))]
 
 
 # Under pytest-xdist each smoke run is a group of its own (tests/conftest.py), spread over the workers.

@@ -1,0 +1,255 @@
+"""The client side of `benchmarks.scheduling --http`: `fairlane serve` as a user starts it, tenants
+and keys made over the admin REST API, a trace replayed on the wall clock as streamed completions
+through the official `openai` client, and what the server tells about each request afterwards.
+
+One replayed request is a `SimRequest` of engine.sim, so the in-process scenarios' measures
+(`SimReport.ttft_p`, `throughput`, `met_slo`) read HTTP runs unchanged; times are seconds from the
+run's start, `first_token` and `finish` when the client received them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import httpx
+import openai
+
+from benchmarks.round_trip import Served, serve
+from engine.config import EngineConfig
+from engine.sim import SimReport, SimRequest
+
+TIERS = {1: "priority", 0: "standard"}  # a trace's priority -> the service_tier its requests name
+DRAIN_TIMEOUT_S = 60.0
+WARM_UP_STREAMS = 32  # the engine's max_num_seqs in these runs
+
+
+@dataclass
+class Sent:
+    """What the client saw of one request (wall-clock seconds, time.time())."""
+
+    arrival_wall: float
+    request_id: str = ""
+    chunk_times: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str = ""  # the HTTP status (or "stream") and the error's code
+
+
+@dataclass
+class Server:
+    """One `fairlane serve` with the engine settings and policy of its runs."""
+
+    served: Served
+    admin_token: str
+    model: str
+    tenants: int = 0
+
+    @classmethod
+    def start(cls, model: str, policy: str, engine: dict, workdir: Path, trace_spans: bool) -> Server:
+        workdir.mkdir(parents=True, exist_ok=True)
+        token = "fl-admin-" + secrets.token_urlsafe(24)
+        env = {f"FAIRLANE_ENGINE__{k.upper()}": str(v) for k, v in engine.items() if k != "model"}
+        env |= {"FAIRLANE_ENGINE__POLICY": policy, "FAIRLANE_ADMIN_TOKEN": token}
+        if trace_spans:  # every span printed to the server's log, read back by sched_http_timeline
+            env["FAIRLANE_OTEL_CONSOLE"] = "true"
+        served = serve(model, workdir, env=env)
+        name = httpx.get(
+            served.base_url + "/v1/models", headers={"Authorization": f"Bearer {served.api_key}"}
+        ).json()["data"][0]["id"]
+        server = cls(served, token, name)
+        server.warm_up()
+        return server
+
+    def warm_up(self, rounds: int = 2) -> None:
+        """Bursts of WARM_UP_STREAMS streamed requests first, so what a server does once (the first
+        forwards at each batch size, connections and pools of the gateway and the client) is not in
+        a measured run (the in-process runs need one request)."""
+        trace = [SimRequest(0.0, 64, 4, tenant="warm-up") for _ in range(WARM_UP_STREAMS)]
+        for _ in range(rounds):
+            asyncio.run(_replay(self, trace, {"warm-up": self.served.api_key}, None, time.time()))
+
+    def admin(self, method: str, path: str, body: dict) -> dict:
+        response = httpx.request(
+            method,
+            self.served.base_url + "/admin" + path,
+            json=body,
+            headers={"Authorization": f"Bearer {self.admin_token}"},
+            timeout=30,
+        )
+        if response.status_code >= 300:
+            raise RuntimeError(f"{method} /admin{path}: HTTP {response.status_code} {response.text}")
+        return response.json()
+
+    def tenant(self, name: str, weight: float, ttft: float | None, tpot: float | None) -> str:
+        """A fresh tenant (a name unique on this server: fair-share counters start clean) allowed
+        every tier, with its targets; the secret of a new key of it."""
+        self.tenants += 1
+        created = self.admin(
+            "POST",
+            "/tenants",
+            {
+                "name": f"{name}-{self.tenants}",
+                "weight": weight,
+                "default_tier": "standard",
+                "allowed_tiers": ["priority", "standard", "batch"],
+                "ttft_target_s": ttft,
+                "tpot_target_s": tpot,
+            },
+        )
+        return self.admin("POST", f"/tenants/{created['id']}/keys", {"name": "bench"})["key"]
+
+    def metrics(self) -> dict[str, float]:
+        """The server's Prometheus samples (name{labels} -> value), lane gauges and histograms."""
+        text = httpx.get(self.served.base_url + "/metrics", timeout=30).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    out[name] = out.get(name, 0.0) + float(value)  # series of several workers add up
+                except ValueError:
+                    pass
+        return out
+
+    def drain(self) -> None:
+        """Wait until no lane holds or runs a request (cancelled streams are aborted by then)."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            samples = self.metrics()
+            busy = sum(
+                v
+                for k, v in samples.items()
+                if k.startswith(("fairlane_lane_depth", "fairlane_lane_pending", "fairlane_engine_running"))
+            )
+            if busy == 0:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"the server still had work {DRAIN_TIMEOUT_S} s after the run")
+
+
+def tier_means(before: dict[str, float], after: dict[str, float], metric: str) -> dict[str, float]:
+    """Mean of a per-tier histogram over the run (seconds), from two scrapes."""
+    out = {}
+    for tier in TIERS.values():
+        key = f'{{tier="{tier}"}}'
+        n = after.get(f"{metric}_count{key}", 0.0) - before.get(f"{metric}_count{key}", 0.0)
+        total = after.get(f"{metric}_sum{key}", 0.0) - before.get(f"{metric}_sum{key}", 0.0)
+        if n > 0:
+            out[tier] = total / n
+    return out
+
+
+async def _one(client: openai.AsyncOpenAI, model: str, r: SimRequest, t0: float, sent: Sent, seed: int):
+    rng = random.Random(seed)
+    await asyncio.sleep(max(0.0, t0 + r.arrival - time.time()))
+    prompt = [rng.randrange(100, 40000) for _ in range(r.prompt_len)]
+    try:
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=r.output_len,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "service_tier": TIERS[r.priority]},
+        )
+        async for chunk in stream:
+            sent.request_id = sent.request_id or chunk.id.partition("-")[2]
+            if chunk.choices:
+                sent.chunk_times.append(time.time())
+            if chunk.usage is not None:
+                sent.tokens = chunk.usage.completion_tokens
+    except openai.APIError as e:  # a refusal (429/503) or an error event in the stream ("stream")
+        sent.error = f"{getattr(e, 'status_code', 'stream')} {e.code or type(e).__name__}"
+
+
+async def _replay(server: Server, trace: list[SimRequest], keys: dict[str, str], until, t0: float):
+    clients = {
+        tenant: openai.AsyncOpenAI(
+            base_url=server.served.base_url + "/v1", api_key=key, max_retries=0, timeout=600
+        )
+        for tenant, key in keys.items()
+    }
+    sent = [Sent(t0 + r.arrival) for r in trace]
+    tasks = [
+        asyncio.create_task(_one(clients[r.tenant], server.model, r, t0, s, i))
+        for i, (r, s) in enumerate(zip(trace, sent))
+    ]
+    if not tasks:  # a trace with no request in its duration
+        return sent
+    timeout = None if until is None else until + max(0.0, t0 - time.time())
+    done, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:  # streams closed at `until`: the server aborts them
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for client in clients.values():
+        await client.close()
+    return sent
+
+
+def replay(server: Server, trace: list[SimRequest], until: float | None = None) -> tuple[SimReport, list]:
+    """Serve `trace` through `server` (one new tenant and key per trace tenant, with its weight and
+    targets; arrivals on the wall clock); the report, and what the client saw of each request."""
+    trace = sorted((replace(r) for r in trace), key=lambda r: r.arrival)
+    first: dict[str, SimRequest] = {}
+    for r in trace:
+        first.setdefault(r.tenant, r)
+    keys = {t: server.tenant(t, r.weight, r.ttft_target_s, r.tpot_target_s) for t, r in first.items()}
+    before = server.metrics()
+    t0 = time.time() + 0.2  # keys made; the first arrival a little ahead, as the loop starts
+    sent = asyncio.run(_replay(server, trace, keys, until, t0))
+    duration = time.time() - t0
+    server.drain()
+    after = server.metrics()
+    for i, (r, s) in enumerate(zip(trace, sent)):
+        r.request_id = s.request_id or f"unsent-{i}"
+        if s.chunk_times:
+            r.first_token = s.chunk_times[0] - t0
+            if s.tokens >= r.output_len:
+                r.finish = s.chunk_times[-1] - t0
+        elif s.error:
+            r.refused = True
+    report = SimReport(trace, duration, 0, int(after_minus(before, after, "fairlane_engine_preemptions")))
+    report.times, report.service = service(trace, sent, t0)
+    report.metrics = {  # type: ignore[attr-defined]
+        "lane_queue_mean_s": tier_means(before, after, "fairlane_lane_queue_seconds"),
+        "server_ttft_mean_s": tier_means(before, after, "fairlane_ttft_seconds"),
+        "errors": dict(Counter(s.error for s in sent if s.error)),  # "503 slo_unattainable": count
+    }
+    report.sent = sent  # type: ignore[attr-defined]
+    report.t0 = t0  # type: ignore[attr-defined]
+    return report, sent
+
+
+def after_minus(before: dict[str, float], after: dict[str, float], prefix: str) -> float:
+    """Growth of every series of a counter over the run."""
+    return sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(prefix + "_total"))
+
+
+def service(trace: list[SimRequest], sent: list[Sent], t0: float) -> tuple[list[float], dict]:
+    """Weighted service each tenant received as the client saw it (VTC's measure: prompt tokens at
+    the first token, output tokens as their chunks arrived, over the tenant's weight); a chunk's
+    tokens are the request's output tokens (its usage) spread evenly over its chunks."""
+    config = EngineConfig()
+    events = []
+    for r, s in zip(trace, sent):
+        if not s.chunk_times:
+            continue
+        per_chunk = config.vtc_output_weight * s.tokens / len(s.chunk_times) / r.weight
+        events.append((s.chunk_times[0] - t0, r.tenant, config.vtc_input_weight * r.prompt_len / r.weight))
+        events += [(t - t0, r.tenant, per_chunk) for t in s.chunk_times]
+    events.sort()
+    totals = {r.tenant: 0.0 for r in trace}
+    times: list[float] = []
+    series: dict[str, list[float]] = {t: [] for t in totals}
+    for t, tenant, amount in events:
+        totals[tenant] += amount
+        times.append(t)
+        for name, value in totals.items():
+            series[name].append(value)
+    return times, series
