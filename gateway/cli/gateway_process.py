@@ -9,6 +9,7 @@ and the database; the kernel spreads the socket's connections over them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -34,4 +35,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    gc.freeze()  # the interpreter's shutdown collections then walk none of the app's objects
+    raise SystemExit(code)
