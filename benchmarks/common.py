@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import hashlib
 import json
 import os
@@ -149,8 +150,11 @@ def cpu_name() -> str:
 
 
 def done(path: Path) -> None:
-    """The last line of every benchmark: where its results are."""
-    print(f"results: {path}")
+    """The last line of every benchmark: where its results are. The process ends next: every object
+    goes into the collector's permanent generation, so the collections of the interpreter's shutdown
+    walk none of them (a second or more with torch and matplotlib loaded)."""
+    print(f"results: {path}", flush=True)
+    gc.freeze()
 
 
 def result_line(stdout: str) -> dict:
