@@ -42,7 +42,9 @@ def _admin(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from gateway.cli import generate
 
-    return generate.main(args)
+    code = generate.main(args)
+    _exiting()
+    return code
 
 
 def add_policy_argument(parser: argparse.ArgumentParser) -> None:
