@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import hashlib
 import json
 import os
@@ -150,11 +149,12 @@ def cpu_name() -> str:
 
 
 def done(path: Path) -> None:
-    """The last line of every benchmark: where its results are. The process ends next: every object
-    goes into the collector's permanent generation, so the collections of the interpreter's shutdown
-    walk none of them (a second or more with torch and matplotlib loaded)."""
+    """The last line of every benchmark: where its results are. The process ends next (its
+    interpreter's shutdown then skips collecting every object: gateway/cli/process_exit.py)."""
+    from gateway.cli.process_exit import prepare_exit
+
     print(f"results: {path}", flush=True)
-    gc.freeze()
+    prepare_exit()
 
 
 def result_line(stdout: str) -> dict:

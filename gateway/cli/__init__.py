@@ -7,21 +7,15 @@ Subcommand modules are imported when their command runs: ``fairlane generate`` l
 from __future__ import annotations
 
 import argparse
-import gc
 
-
-def _exiting() -> None:
-    """For a process that ends when its command returns: every object into the collector's permanent
-    generation, so the collections of the interpreter's shutdown walk none of them (a second or more
-    for a process holding the web stack or torch); the system takes the memory back at exit."""
-    gc.freeze()
+from gateway.cli.process_exit import prepare_exit
 
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.cli import serve
 
     code = serve.main(args)
-    _exiting()
+    prepare_exit()  # the process ends when the command returns
     return code
 
 
@@ -29,7 +23,7 @@ def _worker(args: argparse.Namespace) -> int:
     from gateway.worker import main as worker_main
 
     worker_main.main({"policy": args.policy} if args.policy else None)
-    _exiting()
+    prepare_exit()  # the process ends when the command returns
     return 0
 
 
@@ -43,7 +37,7 @@ def _generate(args: argparse.Namespace) -> int:
     from gateway.cli import generate
 
     code = generate.main(args)
-    _exiting()
+    prepare_exit()  # the process ends when the command returns
     return code
 
 

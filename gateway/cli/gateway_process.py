@@ -9,7 +9,6 @@ and the database; the kernel spreads the socket's connections over them.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import socket
@@ -35,6 +34,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from gateway.cli.process_exit import prepare_exit
+
     code = main()
-    gc.freeze()  # the interpreter's shutdown collections then walk none of the app's objects
+    prepare_exit()
     raise SystemExit(code)

@@ -1,6 +1,5 @@
-import gc
-
+from gateway.cli.process_exit import prepare_exit
 from gateway.worker.main import main
 
 main()
-gc.freeze()  # the interpreter's shutdown collections then walk none of the engine's objects
+prepare_exit()
