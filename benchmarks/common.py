@@ -149,8 +149,12 @@ def cpu_name() -> str:
 
 
 def done(path: Path) -> None:
-    """The last line of every benchmark: where its results are."""
-    print(f"results: {path}")
+    """The last line of every benchmark: where its results are. The process ends next (its
+    interpreter's shutdown then skips collecting every object: gateway/cli/process_exit.py)."""
+    from gateway.cli.process_exit import prepare_exit
+
+    print(f"results: {path}", flush=True)
+    prepare_exit()
 
 
 def result_line(stdout: str) -> dict:

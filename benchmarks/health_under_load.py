@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--probe-every-ms", type=float, default=10.0)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.clients, args.prompt_chars, args.seconds = 2, 200_000, 2.0
+        args.clients, args.prompt_chars, args.seconds = 2, 200_000, 1.0
     out = out_dir(args, "health_under_load")
     model = tiny_model()
     raised = {

@@ -40,6 +40,21 @@ class Block:
     token_ids: tuple[int, ...] = field(default=())
 
 
+class _Blocks(dict[int, Block]):
+    """Block id -> Block, each made on first use: the cache of a small model holds 10^5 blocks or more,
+    which a list of Block objects takes a second to build."""
+
+    def __init__(self, num_blocks: int):
+        super().__init__()
+        self.num_blocks = num_blocks
+
+    def __missing__(self, block_id: int) -> Block:
+        if not 0 <= block_id < self.num_blocks:
+            raise IndexError(f"block {block_id} out of range (num_blocks {self.num_blocks})")
+        block = self[block_id] = Block(block_id)
+        return block
+
+
 OUT_OF_WINDOW = -1  # a block-table entry whose block was released (sliding window)
 
 
@@ -67,7 +82,7 @@ class BlockManager:
         self.block_size = block_size
         self.sliding_window = sliding_window
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = _Blocks(num_blocks)
         self.hash_to_block: dict[int, int] = {}
         # Free blocks in the order they were freed: the oldest is handed out first.
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -83,7 +98,7 @@ class BlockManager:
     # ---- queries -------------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self.blocks.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -91,7 +106,7 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return len(self.blocks) - len(self.free_ids)
+        return self.blocks.num_blocks - len(self.free_ids)
 
     @property
     def num_free_host_blocks(self) -> int:

@@ -241,7 +241,9 @@ for name in modules:
         if alone.returncode:
             lines = alone.stderr.strip().splitlines()
             failed[name] = lines[-1] if lines else "exit %d" % alone.returncode
-print(json.dumps(failed))
+print(json.dumps(failed), flush=True)
+import gc
+gc.freeze()  # the shutdown's collections then walk none of the objects of every module loaded
 """
 
 

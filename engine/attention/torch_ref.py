@@ -8,6 +8,9 @@ become G queries of one SDPA "head" (batch = KVH, heads = B), so GQA needs no re
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +22,13 @@ class TorchAttention(AttentionBackend):
     def allocate_cache(
         self, num_slots: int, dtype: torch.dtype, device: torch.device | str = "cpu"
     ) -> torch.Tensor:
-        return torch.zeros(2, self.num_kv_heads, num_slots, self.head_dim, dtype=dtype, device=device)
+        shape = (2, self.num_kv_heads, num_slots, self.head_dim)
+        if torch.device(device).type != "cpu":
+            return torch.zeros(shape, dtype=dtype, device=device)
+        # Anonymous pages read as zeros and are committed only when first written: a cache larger
+        # than its sequences ever fill costs neither the time to zero it nor the memory.
+        pages = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)
+        return torch.frombuffer(pages, dtype=dtype).view(shape)
 
     def block_view(self, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
         return kv_cache.view(2 * self.num_kv_heads, -1, block_size * self.head_dim)  # [2*KVH, blocks, bs*D]

@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import argparse
 
+from gateway.cli.process_exit import prepare_exit
+
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.cli import serve
 
-    return serve.main(args)
+    code = serve.main(args)
+    prepare_exit()  # the process ends when the command returns
+    return code
 
 
 def _worker(args: argparse.Namespace) -> int:
     from gateway.worker import main as worker_main
 
     worker_main.main({"policy": args.policy} if args.policy else None)
+    prepare_exit()  # the process ends when the command returns
     return 0
 
 
@@ -31,7 +36,9 @@ def _admin(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from gateway.cli import generate
 
-    return generate.main(args)
+    code = generate.main(args)
+    prepare_exit()  # the process ends when the command returns
+    return code
 
 
 def add_policy_argument(parser: argparse.ArgumentParser) -> None:

@@ -34,4 +34,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from gateway.cli.process_exit import prepare_exit
+
+    code = main()
+    prepare_exit()
+    raise SystemExit(code)

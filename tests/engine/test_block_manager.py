@@ -1,3 +1,5 @@
+import pytest
+
 from engine.block_manager import BlockManager
 from engine.request import SamplingParams, Sequence
 
@@ -20,6 +22,19 @@ def test_allocate_on_demand_and_free_everything():
     assert len(s.block_table) == 4
     bm.free(s)
     assert bm.num_free_blocks == 8 and s.block_table == []
+
+
+def test_a_large_cache_counts_every_block_and_refuses_ids_outside_it():
+    bm = BlockManager(1 << 20, 16)  # Block objects are made on first use
+    assert bm.num_blocks == bm.num_free_blocks == 1 << 20 and bm.num_used_blocks == 0
+    s = seq("a", range(40))
+    bm.allocate(s, [], 40)
+    assert s.block_table == [0, 1, 2] and bm.num_used_blocks == 3
+    assert [bm.blocks[b].ref_count for b in s.block_table] == [1, 1, 1]
+    assert bm.blocks[(1 << 20) - 1].ref_count == 0
+    for block_id in (1 << 20, -1):
+        with pytest.raises(IndexError):
+            bm.blocks[block_id]
 
 
 def test_can_allocate_respects_capacity_and_reserve():

@@ -21,16 +21,17 @@ def _answered(base_url: str, key: str) -> bool:
 
 def _wait_for(served, name: str, timeout_s: float = 120.0) -> int:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert served.process.poll() is None, served.log()
-        try:
-            body = httpx.get(served.base_url + "/ready", timeout=2).json()
-            child = body.get("processes", {}).get(name)
-            if child and child["state"] == "running" and child["pid"]:
-                return child["pid"]
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.3)
+    with httpx.Client(timeout=2) as client:  # one SSL context for every poll
+        while time.monotonic() < deadline:
+            assert served.process.poll() is None, served.log()
+            try:
+                body = client.get(served.base_url + "/ready").json()
+                child = body.get("processes", {}).get(name)
+                if child and child["state"] == "running" and child["pid"]:
+                    return child["pid"]
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.3)
     raise TimeoutError(served.log())
 
 
