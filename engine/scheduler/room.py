@@ -27,6 +27,13 @@ class Room:
     def count(self, priority: int, taken: Iterable[int] = ()) -> int:
         """How many more of ``priority`` would start once requests of the priorities ``taken`` were
         added (each of them fills a slot, and waits ahead of ``priority`` if at or above it)."""
+        room = self.after(taken)
+        return max(0, room.free, room.displacing.get(priority, 0))
+
+    def after(self, taken: Iterable[int]) -> Room:
+        """The room left once requests of the priorities ``taken`` were added."""
         taken = list(taken)
-        ahead = sum(1 for p in taken if p >= priority or not self.tiers)
-        return max(0, self.free - len(taken), self.displacing.get(priority, 0) - ahead)
+        displacing = {
+            p: d - sum(1 for t in taken if t >= p or not self.tiers) for p, d in self.displacing.items()
+        }
+        return Room(self.free - len(taken), displacing, self.tiers)

@@ -19,6 +19,7 @@ from typing import Any
 
 import redis as redislib
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import Room
@@ -109,9 +110,14 @@ class LaneIO:
         claim = self._claim_due()
         if not any(room.count(p) for p in self.priorities):
             return []
+        return self._entries(self._take(keys=self.lanes, args=self._take_args(room, claim)))
+
+    def _take_args(self, room: Room, claim: bool) -> list[str | int]:
         args: list[str | int] = [GROUP, self.worker_id, int(claim), self.claim_idle_ms, room.free]
-        args += [int(room.tiers), *(room.displacing.get(p, 0) for p in self.priorities)]
-        reply: Any = self._take(keys=self.lanes, args=args)
+        return args + [int(room.tiers), *(room.displacing.get(p, 0) for p in self.priorities)]
+
+    def _entries(self, reply: Any) -> list[LaneEntry]:
+        """take.lua's reply as lane entries: the claimed ones first, then the new ones."""
         claimed: list[LaneEntry] = []
         new: list[LaneEntry] = []
         for lane, (claims, entries) in zip(self.lanes, reply):
@@ -143,16 +149,34 @@ class LaneIO:
             self.prune_loads()
         return True
 
-    def priors(self, requests: Sequence[tuple[str, bool]]) -> list[Prior]:
+    def priors(
+        self, requests: Sequence[tuple[str, bool]], *, take: Room | None = None
+    ) -> tuple[list[Prior], list[LaneEntry]]:
         """For each (request id, claimed): whether it was cancelled or already ended, and (claimed)
-        the tokens its dead worker published, where this worker resumes it from; one round trip."""
+        the tokens its dead worker published, where this worker resumes it from; with ``take``, the
+        new entries that room holds (as ``take``, without claims). One round trip."""
         claimed = [request_id for request_id, was_claimed in requests if was_claimed]
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.mget([cancel_key(request_id) for request_id, _ in requests])
-        for request_id in claimed:
-            pipe.xrange(out_key(request_id))
-        flags, *streams = pipe.execute()
-        published = dict(zip(claimed, streams))
+        taking = take is not None and any(take.count(p) for p in self.priorities)
+        for attempt in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for request_id in claimed:
+                pipe.xrange(out_key(request_id))
+            if requests:
+                pipe.mget([cancel_key(request_id) for request_id, _ in requests])
+            if taking:
+                assert take is not None
+                args = self._take_args(take, claim=False)
+                pipe.evalsha(self._take.sha, len(self.lanes), *self.lanes, *args)
+            try:
+                replies = pipe.execute()
+                break
+            except NoScriptError:  # a restarted or flushed Redis: load the script, ask again
+                if attempt:
+                    raise
+                self.redis.script_load(TAKE_LUA)
+        entries = self._entries(replies.pop()) if taking else []
+        flags = replies.pop() if requests else []
+        published = dict(zip(claimed, replies))
         priors = []
         for (request_id, _), flag in zip(requests, flags):
             over, resume = flag is not None, list[int]()
@@ -161,7 +185,7 @@ class LaneIO:
                 over = over or result.done  # it ended before its worker could ACK
                 resume.extend(result.token_ids)
             priors.append(Prior(over, tuple(resume)))
-        return priors
+        return priors, entries
 
     # ---- out -------------------------------------------------------------------------------
     def publish(

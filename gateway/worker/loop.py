@@ -155,8 +155,9 @@ class Worker:
         admitted = self._admit(self._take())
         if not self.engine.has_unfinished() and not admitted:
             self._flush()  # what the take dropped or refused goes out before the worker waits
-            if self._admit(self.lane_io.wait()):  # woken: the rest of a burst joins the same step
-                self._admit(self._take())
+            woke = self.lane_io.wait()
+            if woke:  # the rest of a burst joins the entries that woke the worker, in the same step
+                self._admit(woke, then_take=True)
         if not self.engine.has_unfinished():
             self._flush()
             self.publish_load()  # idle: keep the load fresh for the gateways
@@ -190,9 +191,11 @@ class Worker:
         """Every lane entry the engine has room for (LaneIO.take), in one call."""
         return self.lane_io.take(self.engine.room(self.lane_io.priorities))
 
-    def _admit(self, entries: list[LaneEntry]) -> int:
+    def _admit(self, entries: list[LaneEntry], *, then_take: bool = False) -> int:
         """Hand lane entries to the engine, their cancel marks read in one round trip; how many run.
-        Entries dropped or refused wait in the outbox for the step's publish."""
+        ``then_take``: the same round trip takes the entries the engine has room for beside them,
+        which are admitted next (one more round trip). Entries dropped or refused wait in the outbox
+        for the step's publish."""
         requests: list[tuple[LaneEntry, LaneRequest]] = []
         for entry in entries:
             try:
@@ -200,16 +203,22 @@ class Worker:
             except MessageError as exc:
                 log.error("dropping unreadable lane entry %s: %s", entry.entry_id, exc)
                 self._outbox_done.append((entry.lane, entry.entry_id))
-        if not requests:
+        room = None
+        if then_take:  # as if these entries were in the engine already
+            room = self.engine.room(self.lane_io.priorities)
+            room = room.after(self.priorities[entry.lane] for entry, _ in requests)
+        elif not requests:
             return 0
-        priors = self.lane_io.priors([(request.request_id, entry.claimed) for entry, request in requests])
+        priors, more = self.lane_io.priors(
+            [(request.request_id, entry.claimed) for entry, request in requests], take=room
+        )
         admitted = 0
         for (entry, request), prior in zip(requests, priors):
             if prior.over:
                 self._outbox_done.append((entry.lane, entry.entry_id))
             else:
                 admitted += self._start(entry, request, prior)
-        return admitted
+        return admitted + (self._admit(more) if more else 0)
 
     def _start(self, entry: LaneEntry, request: LaneRequest, prior: Prior) -> int:
         """Hand one request to the engine; 1 if it runs, 0 if the engine refused it."""

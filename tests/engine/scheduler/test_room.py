@@ -75,3 +75,10 @@ def test_count_after_higher_tiers_were_taken():
     assert room.free == 0 and room.count(3) == 4 and room.count(1) == 0
     assert room.count(3, [3, 3]) == 2 and room.count(2, [3, 3, 3]) == 1  # they claim the same victims
     assert room.count(3, [1, 1]) == 4  # lower tiers taken do not wait ahead of it
+
+
+def test_the_room_after_some_were_taken_counts_the_same():
+    s, queued = state("priority+vtc", running=6, running_priority=1, waiting=[3, 2])
+    room = s.room(queued, PRIORITIES)
+    for taken in ([], [3], [3, 2, 2], [1, 1, 3]):
+        assert [room.after(taken).count(p) for p in PRIORITIES] == [room.count(p, taken) for p in PRIORITIES]

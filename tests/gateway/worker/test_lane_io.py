@@ -112,6 +112,38 @@ def test_a_burst_that_wakes_a_waiting_worker_starts_in_one_step(tiny_engine_fact
     _cleanup(redis, rids)
 
 
+def test_a_single_request_that_wakes_the_worker_costs_one_round_trip_before_the_step(
+    tiny_engine_factory, counted, redis, model_name
+):
+    worker = Worker(
+        tiny_engine_factory(), counted, model=model_name, tiers=TIERS, worker_id="w1", block_ms=3000
+    )
+    worker.setup()
+    assert worker.lane_io.take(worker.engine.room(worker.lane_io.priorities)) == []  # loads the script
+    timer = threading.Timer(0.2, _submit, args=(redis, model_name))
+    timer.start()
+    before = CountingConnection.sent
+    worker.run_once()
+    timer.join()
+    # take (nothing yet), the blocking wait, the cancel mark with the rest of a burst (one pipeline),
+    # the step's publish
+    assert CountingConnection.sent - before == 4
+    assert worker.inflight == {} and worker.engine.stats.steps == 1
+
+
+def test_the_take_after_a_wake_loads_its_script_on_a_server_without_it(
+    tiny_engine_factory, redis, model_name, monkeypatch
+):
+    from gateway.worker import lane_io
+
+    monkeypatch.setattr(lane_io, "TAKE_LUA", lane_io.TAKE_LUA + f"\n-- {uuid.uuid4().hex}\n")  # unseen
+    worker = _worker(tiny_engine_factory(), redis, model_name)
+    rids = _submit(redis, model_name, n=3)
+    priors, entries = worker.lane_io.priors([], take=worker.engine.room(worker.lane_io.priorities))
+    assert priors == [] and [LaneRequest.decode(e.fields).request_id for e in entries] == rids
+    _cleanup(redis, rids)
+
+
 def test_one_read_takes_what_fits_highest_tier_first(tiny_engine_factory, counted, redis, model_name):
     worker = _worker(tiny_engine_factory(max_num_seqs=4), counted, model_name)
     worker.run_once()
