@@ -2,8 +2,8 @@
 
 Public API (other packages import only these names):
     Engine, EngineConfig, LLM, SamplingParams, TokenLogprob, StructuredSpec, RequestOutput, SLOLoad,
-    LoRARequest, EngineRequest (what Engine.add takes), ErrorCode and FinishReason (engine/codes.py),
-    check_prompt and check_context (engine/prompt_checks.py), errors
+    Room (what Engine.room returns), LoRARequest, EngineRequest (what Engine.add takes), ErrorCode and
+    FinishReason (engine/codes.py), check_prompt and check_context (engine/prompt_checks.py), errors
     (AdapterError and its subclasses in engine.lora).
 
 Names are resolved lazily (PEP 562): ``from engine import SamplingParams`` loads only the
@@ -36,6 +36,7 @@ _EXPORTS = {
     "TokenLogprob": "engine.request",
     "StructuredSpec": "engine.structured.spec",
     "SLOLoad": "engine.scheduler.load",
+    "Room": "engine.scheduler.room",
     "predict_ttft": "engine.scheduler.load",
     "POLICY_PARTS": "engine.scheduler.registry",
     "parse_policy": "engine.scheduler.registry",
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from engine.request import RequestOutput, SamplingParams, TokenLogprob
     from engine.scheduler.load import SLOLoad, predict_ttft
     from engine.scheduler.registry import POLICY_PARTS, parse_policy
+    from engine.scheduler.room import Room
     from engine.structured.spec import StructuredSpec
 
 

@@ -36,6 +36,7 @@ from engine.stats import EngineStats, StepRun
 
 if TYPE_CHECKING:
     from engine.scheduler.load import SLOLoad
+    from engine.scheduler.room import Room
     from engine.structured.manager import StructuredOutputs
 
 TokenIds = list[int] | tuple[int, ...]
@@ -355,10 +356,9 @@ class Engine:
         """Would one more request start at the next step? (See Scheduler.has_room.)"""
         return self.scheduler.has_room(self.requests.waiting())
 
-    def has_room_for(self, priority: int) -> bool:
-        """has_room, or a request of `priority` would start at the next step by displacing running
-        work of lower tiers (Scheduler.has_room_for): what a worker asks before reading a lane."""
-        return self.scheduler.has_room_for(self.requests.waiting(), priority)
+    def room(self, priorities: list[int]) -> Room:
+        """Requests of each of `priorities` that would start at the next step (Scheduler.room)."""
+        return self.scheduler.room(self.requests.waiting(), priorities)
 
     @property
     def num_free_blocks(self) -> int:

@@ -10,6 +10,7 @@ from engine.scheduler.policy import FCFSPolicy, SchedulingPolicy
 from engine.scheduler.preemption import PreemptionChooser, SwapCost
 from engine.scheduler.priority import PriorityPolicy, TieredPolicy
 from engine.scheduler.registry import POLICIES, POLICY_PARTS, make_policy, parse_policy
+from engine.scheduler.room import Room
 from engine.scheduler.scheduler import Scheduler
 from engine.scheduler.slo import SLOPolicy
 from engine.scheduler.vtc import FairTieredPolicy, PriorityVTCPolicy, VTCPolicy
@@ -22,6 +23,7 @@ __all__ = [
     "PreemptionChooser",
     "PriorityPolicy",
     "PriorityVTCPolicy",
+    "Room",
     "SLOLoad",
     "SLOPolicy",
     "ScheduledSeq",

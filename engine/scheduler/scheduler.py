@@ -13,7 +13,7 @@ then swap in). docs/scheduling.md describes the policies.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from engine.block_manager import BlockManager
@@ -24,6 +24,7 @@ from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import SchedulingPolicy
 from engine.scheduler.preemption import PreemptionChooser, SwapCost
 from engine.scheduler.registry import make_policy
+from engine.scheduler.room import Room
 
 
 class Drafter(Protocol):
@@ -83,6 +84,20 @@ class Scheduler:
             return True
         ahead = sum(1 for s in waiting if s.priority >= priority or not self.policy.tiers)
         return self.policy.displaceable(priority, tenant, self.running) > ahead
+
+    def room(self, waiting: list[Sequence], priorities: Iterable[int]) -> Room:
+        """``has_room`` and ``has_room_for`` of each of ``priorities`` as counts (engine/scheduler/room.py):
+        how many requests would start at the next step, given the ``waiting`` sequences."""
+        slots = self.config.max_num_seqs - len(self.running) - len(waiting)
+        need = sum(self.block_manager.blocks_needed(s.num_tokens + 1) for s in waiting)
+        spare = self.block_manager.num_free_blocks - need - self._reserve - len(self.running)
+        smallest = self.block_manager.blocks_needed(2)  # a one-token prompt and its first output
+        free = max(0, min(slots, -(-spare // smallest)))  # has_room holds while spare stays above 0
+        displacing = {}
+        for p in priorities:
+            ahead = sum(1 for s in waiting if s.priority >= p or not self.policy.tiers)
+            displacing[p] = self.policy.displaceable(p, None, self.running) - ahead
+        return Room(free, displacing, bool(self.policy.tiers))
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING

@@ -1,6 +1,7 @@
-"""The worker's lane I/O on Redis, apart from the engine: one way in (``take``: a dead worker's
-entries first, then new entries highest tier first) and one way out (``publish``: results, ACKs,
-the load and the cancel marks, in one MULTI/EXEC round trip).
+"""The worker's lane I/O on Redis, apart from the engine: one way in (``take``: every entry the
+engine has room for, a dead worker's first, then new ones highest tier first, in one script call;
+``priors``: their cancel marks, in one round trip) and one way out (``publish``: results, ACKs, the
+load and the cancel marks, in one MULTI/EXEC round trip).
 
 Every write that carries an engine step's tokens is retried through a Redis outage for as long as
 the worker runs (``stop`` not set): tokens a step produced must not be dropped.
@@ -11,18 +12,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 import redis as redislib
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.lanes.keys import GROUP, WORKER_FORGOTTEN_S, as_text, cancel_key, lane_key, load_key, out_key
+from engine import Room
+from gateway.lanes.keys import (
+    GROUP,
+    WORKER_FORGOTTEN_S,
+    as_text,
+    cancel_key,
+    lane_key,
+    load_key,
+    out_key,
+    tier_priorities,
+)
 from gateway.lanes.messages import LaneResult, LoadReport, MessageError
 
 log = logging.getLogger(__name__)
+TAKE_LUA = resources.files(__package__).joinpath("take.lua").read_text(encoding="utf-8")
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # backoff: doubles from the first wait up to the longest
 PRUNE_EVERY_S = 60.0  # how often dead consumers and stale loads are removed
 CONSUMER_IDLE_MS = 600_000  # a consumer with nothing pending, idle this long, belongs to a dead worker
@@ -38,6 +52,11 @@ class LaneEntry:
     entry_id: str
     fields: dict[Any, Any]
     claimed: bool = False
+
+
+def _fields(flat: list[Any]) -> dict[Any, Any]:
+    """A stream entry's fields as a script returns them (field, value, ...), as redis-py's dict."""
+    return dict(zip(flat[::2], flat[1::2]))
 
 
 @dataclass(frozen=True)
@@ -64,11 +83,13 @@ class LaneIO:
     ) -> None:
         self.redis, self.worker_id = redis, worker_id
         self.lanes = [lane_key(model, tier) for tier in tiers]  # highest tier first
+        self.priorities = [tier_priorities(tiers)[tier] for tier in tiers]  # the engine's, per lane
         self.load_key = load_key(model)
         self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
         self.stop = threading.Event()  # set by the worker's caller: ends retries too
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
+        self._take = redis.register_script(TAKE_LUA)  # EVALSHA, loaded again on NOSCRIPT
 
     def setup(self) -> None:
         """Create the consumer group of every lane (idempotent)."""
@@ -80,39 +101,42 @@ class LaneIO:
                     raise
 
     # ---- in --------------------------------------------------------------------------------
-    def take(self, room: Callable[[str], bool], *, wait: bool = False) -> Iterator[LaneEntry]:
-        """Entries for this worker while ``room(lane)``: a dead worker's first (every claim_idle_ms /
-        CLAIMS_PER_IDLE), then new ones, highest tier first. ``room`` asks per lane, so that an
-        urgent lane is still read while bulk work holds every slot or block (the engine starts its
-        entry by displacing that work). ``wait``: nothing came, so wait up to block_ms on every lane
-        at once for one."""
-        if wait:
-            reply = self.redis.xreadgroup(
-                GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=self.block_ms
-            )
-            for lane, entries in sorted(reply or [], key=lambda r: self.lanes.index(as_text(r[0]))):
-                for entry_id, fields in entries:
-                    yield LaneEntry(as_text(lane), as_text(entry_id), fields)
-            return
-        if self._claim_due():
-            for lane in self.lanes:
-                while room(lane):
-                    _next, entries, *_ = self.redis.xautoclaim(
-                        lane, GROUP, self.worker_id, min_idle_time=self.claim_idle_ms, count=1
-                    )
-                    entries = [e for e in entries if e and e[1]]
-                    if not entries:
-                        break
-                    entry_id, fields = entries[0]
-                    log.warning("worker %s claims %s from a dead worker", self.worker_id, as_text(entry_id))
-                    yield LaneEntry(lane, as_text(entry_id), fields, claimed=True)
-        for lane in self.lanes:
-            while room(lane):
-                reply = self.redis.xreadgroup(GROUP, self.worker_id, {lane: ">"}, count=1)
-                if not reply or not reply[0][1]:
-                    break
-                entry_id, fields = reply[0][1][0]
-                yield LaneEntry(lane, as_text(entry_id), fields)
+    def take(self, room: Room) -> list[LaneEntry]:
+        """The entries this worker has ``room`` for (the engine's Room of ``self.priorities``), in one
+        call of take.lua: a dead worker's first (every claim_idle_ms / CLAIMS_PER_IDLE), then
+        new ones, highest tier first, each lane read once for as many as ``Room.count`` allows after
+        the entries taken before it. An urgent lane is still read while bulk work holds every slot
+        or block (the engine starts its entries by displacing that work)."""
+        claim = self._claim_due()
+        if not any(room.count(p) for p in self.priorities):
+            return []
+        return self._entries(self._take(keys=self.lanes, args=self._take_args(room, claim)))
+
+    def _take_args(self, room: Room, claim: bool) -> list[str | int]:
+        args: list[str | int] = [GROUP, self.worker_id, int(claim), self.claim_idle_ms, room.free]
+        return args + [int(room.tiers), *(room.displacing.get(p, 0) for p in self.priorities)]
+
+    def _entries(self, reply: Any) -> list[LaneEntry]:
+        """take.lua's reply as lane entries: the claimed ones first, then the new ones."""
+        claimed: list[LaneEntry] = []
+        new: list[LaneEntry] = []
+        for lane, (claims, entries) in zip(self.lanes, reply):
+            for entry_id, flat in claims:
+                log.warning("worker %s claims %s from a dead worker", self.worker_id, as_text(entry_id))
+                claimed.append(LaneEntry(lane, as_text(entry_id), _fields(flat), claimed=True))
+            new.extend(LaneEntry(lane, as_text(entry_id), _fields(flat)) for entry_id, flat in entries)
+        return claimed + new
+
+    def wait(self) -> list[LaneEntry]:
+        """Nothing came: wait up to block_ms on every lane at once for an entry (one a lane at most)."""
+        reply: Any = self.redis.xreadgroup(
+            GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=self.block_ms
+        )
+        return [
+            LaneEntry(as_text(lane), as_text(entry_id), fields)
+            for lane, entries in sorted(reply or [], key=lambda r: self.lanes.index(as_text(r[0])))
+            for entry_id, fields in entries
+        ]
 
     def _claim_due(self) -> bool:
         now = time.monotonic()
@@ -125,21 +149,43 @@ class LaneIO:
             self.prune_loads()
         return True
 
-    def prior(self, request_id: str, *, claimed: bool) -> Prior:
-        """Whether the request was cancelled or already ended, and (claimed) the tokens its dead
-        worker published, where this worker resumes it from."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.exists(cancel_key(request_id))
-        if claimed:
-            pipe.xrange(out_key(request_id))
-        replies = pipe.execute()
-        over, published = bool(replies[0]), replies[1] if claimed else []
-        resume: list[int] = []
-        for _id, fields in published:
-            result = LaneResult.decode(fields)
-            over = over or result.done  # it ended before its worker could ACK
-            resume.extend(result.token_ids)
-        return Prior(over, tuple(resume))
+    def priors(
+        self, requests: Sequence[tuple[str, bool]], *, take: Room | None = None
+    ) -> tuple[list[Prior], list[LaneEntry]]:
+        """For each (request id, claimed): whether it was cancelled or already ended, and (claimed)
+        the tokens its dead worker published, where this worker resumes it from; with ``take``, the
+        new entries that room holds (as ``take``, without claims). One round trip."""
+        claimed = [request_id for request_id, was_claimed in requests if was_claimed]
+        taking = take is not None and any(take.count(p) for p in self.priorities)
+        for attempt in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for request_id in claimed:
+                pipe.xrange(out_key(request_id))
+            if requests:
+                pipe.mget([cancel_key(request_id) for request_id, _ in requests])
+            if taking:
+                assert take is not None
+                args = self._take_args(take, claim=False)
+                pipe.evalsha(self._take.sha, len(self.lanes), *self.lanes, *args)
+            try:
+                replies = pipe.execute()
+                break
+            except NoScriptError:  # a restarted or flushed Redis: load the script, ask again
+                if attempt:
+                    raise
+                self.redis.script_load(TAKE_LUA)
+        entries = self._entries(replies.pop()) if taking else []
+        flags = replies.pop() if requests else []
+        published = dict(zip(claimed, replies))
+        priors = []
+        for (request_id, _), flag in zip(requests, flags):
+            over, resume = flag is not None, list[int]()
+            for _id, fields in published.get(request_id, []):
+                result = LaneResult.decode(fields)
+                over = over or result.done  # it ended before its worker could ACK
+                resume.extend(result.token_ids)
+            priors.append(Prior(over, tuple(resume)))
+        return priors, entries
 
     # ---- out -------------------------------------------------------------------------------
     def publish(

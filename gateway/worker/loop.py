@@ -1,9 +1,11 @@
 """The worker bridge: lanes on Redis in, engine steps, tokens back out. The only place where lanes
 meet the engine; its Redis I/O is gateway/worker/lane_io.py.
 
-Each iteration: take entries (a dead worker's left pending, then new ones, highest tier first)
-while the engine has room, run one engine step, then publish every new token of every request,
-ACK finished entries and read cancel marks, all in one MULTI/EXEC round trip. With an SLO-aware
+Each iteration: take every entry the engine has room for (a dead worker's left pending, then new
+ones, highest tier first) in one script call, read their cancel marks in one round trip, hand them
+all to the engine, run one engine step, then publish every new token of every request, the results
+of requests dropped or refused, ACK finished entries and read cancel marks, all in one MULTI/EXEC
+round trip (cancelled requests' aborts go out in one more). With an SLO-aware
 policy the same round trip refreshes, every ~50 ms, the engine's load in ``load:{model}`` for the
 gateways' door check, and a request the engine refuses for its TTFT target (on arrival or at a
 step start) is published as an error result with code ``slo_unattainable`` and its retry-after.
@@ -25,10 +27,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from engine import Engine, EngineError, ErrorCode, LoRARequest, RequestOutput
 from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
-from gateway.lanes.keys import tier_priorities
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
 from gateway.telemetry import metrics, tracing
-from gateway.worker.lane_io import BLOCK_MS, RETRY_FIRST_S, RETRY_MAX_S, LaneEntry, LaneIO
+from gateway.worker.lane_io import BLOCK_MS, RETRY_FIRST_S, RETRY_MAX_S, LaneEntry, LaneIO, Prior
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,9 @@ class Worker:
             claim_idle_ms=claim_idle_ms,
             block_ms=block_ms,
         )
-        self.priorities = {
-            lane: tier_priorities(tiers)[tier] for lane, tier in zip(self.lane_io.lanes, tiers)
-        }
+        self.priorities = dict(zip(self.lane_io.lanes, self.lane_io.priorities))
+        self._outbox: list[LaneResult] = []  # results of requests dropped, refused or aborted ...
+        self._outbox_done: list[tuple[str, str | None]] = []  # ... and their entries, to ACK
         self._last_load = float("-inf")
         self.inflight: dict[str, InFlight] = {}
         self.adapters = AdapterStore(adapter_dir or default_adapter_dir())  # uploaded LoRA adapters
@@ -151,15 +152,16 @@ class Worker:
         """One iteration: admit work, step the engine, publish."""
         if self._lost:
             self._forget_lost()
-
-        def room(lane: str) -> bool:  # an urgent lane may displace bulk work (Scheduler.has_room_for)
-            return self.engine.has_room_for(self.priorities[lane])
-
-        admitted = sum(self._start(entry) for entry in self.lane_io.take(room))
+        admitted = self._admit(self._take())
         if not self.engine.has_unfinished() and not admitted:
-            if not sum(self._start(entry) for entry in self.lane_io.take(room, wait=True)):
-                self.publish_load()  # idle: keep the load fresh for the gateways
-                return
+            self._flush()  # what the take dropped or refused goes out before the worker waits
+            woke = self.lane_io.wait()
+            if woke:  # the rest of a burst joins the entries that woke the worker, in the same step
+                self._admit(woke, then_take=True)
+        if not self.engine.has_unfinished():
+            self._flush()
+            self.publish_load()  # idle: keep the load fresh for the gateways
+            return
         self._publish(self.engine.step())
         self.metrics.update()
 
@@ -185,18 +187,41 @@ class Worker:
         self.lane_io.withdraw_load()
 
     # ---- admission -------------------------------------------------------------------------
-    def _start(self, entry: LaneEntry) -> int:
-        """Hand a lane entry to the engine; 1 if it runs, 0 if it was dropped or refused."""
-        try:
-            request = LaneRequest.decode(entry.fields)
-        except MessageError as exc:
-            log.error("dropping unreadable lane entry %s: %s", entry.entry_id, exc)
-            self.lane_io.publish(done=[(entry.lane, entry.entry_id)])
+    def _take(self) -> list[LaneEntry]:
+        """Every lane entry the engine has room for (LaneIO.take), in one call."""
+        return self.lane_io.take(self.engine.room(self.lane_io.priorities))
+
+    def _admit(self, entries: list[LaneEntry], *, then_take: bool = False) -> int:
+        """Hand lane entries to the engine, their cancel marks read in one round trip; how many run.
+        ``then_take``: the same round trip takes the entries the engine has room for beside them,
+        which are admitted next (one more round trip). Entries dropped or refused wait in the outbox
+        for the step's publish."""
+        requests: list[tuple[LaneEntry, LaneRequest]] = []
+        for entry in entries:
+            try:
+                requests.append((entry, LaneRequest.decode(entry.fields)))
+            except MessageError as exc:
+                log.error("dropping unreadable lane entry %s: %s", entry.entry_id, exc)
+                self._outbox_done.append((entry.lane, entry.entry_id))
+        room = None
+        if then_take:  # as if these entries were in the engine already
+            room = self.engine.room(self.lane_io.priorities)
+            room = room.after(self.priorities[entry.lane] for entry, _ in requests)
+        elif not requests:
             return 0
-        prior = self.lane_io.prior(request.request_id, claimed=entry.claimed)
-        if prior.over:
-            self.lane_io.publish(done=[(entry.lane, entry.entry_id)])
-            return 0
+        priors, more = self.lane_io.priors(
+            [(request.request_id, entry.claimed) for entry, request in requests], take=room
+        )
+        admitted = 0
+        for (entry, request), prior in zip(requests, priors):
+            if prior.over:
+                self._outbox_done.append((entry.lane, entry.entry_id))
+            else:
+                admitted += self._start(entry, request, prior)
+        return admitted + (self._admit(more) if more else 0)
+
+    def _start(self, entry: LaneEntry, request: LaneRequest, prior: Prior) -> int:
+        """Hand one request to the engine; 1 if it runs, 0 if the engine refused it."""
         # TTFT counts from the gateway's enqueue (time in the lane included).
         taken_at = time.time()
         waited = max(0.0, taken_at - request.enqueued_at)
@@ -228,8 +253,8 @@ class Worker:
                 )
             if trace is not None:
                 trace.refused(refusal)
-            error = self._error(request.request_id, refusal, offset=resumed)
-            self.lane_io.publish([error], done=[(entry.lane, entry.entry_id)])
+            self._outbox.append(self._error(request.request_id, refusal, offset=resumed))
+            self._outbox_done.append((entry.lane, entry.entry_id))
             return 0
         with self.lock:
             self.inflight[request.request_id] = InFlight(
@@ -289,9 +314,10 @@ class Worker:
         )
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
-        """Publish a step's outputs, ACK what ended, refresh the load, and abort what was cancelled."""
-        results: list[LaneResult] = []
-        done: list[tuple[str, str | None]] = []
+        """Publish a step's outputs and the outbox, ACK what ended, refresh the load, and abort what
+        was cancelled: one MULTI/EXEC, and one more for the aborts when there are any."""
+        results, done = self._outbox, self._outbox_done
+        self._outbox, self._outbox_done = [], []
         with self.lock:
             for out in outputs:
                 running = self.inflight.get(out.request_id)
@@ -313,8 +339,17 @@ class Worker:
         for request_id, flagged in zip(watched, cancelled):
             if flagged:
                 self._cancel(request_id)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Publish the outbox (dropped, refused and aborted requests) now, in one MULTI/EXEC."""
+        if self._outbox or self._outbox_done:
+            results, done = self._outbox, self._outbox_done
+            self._outbox, self._outbox_done = [], []
+            self.lane_io.publish(results, done=done)
 
     def _cancel(self, request_id: str) -> None:
+        """Abort a cancelled request; its last result waits in the outbox."""
         events = self.engine.take_events(request_id)
         self.engine.abort(request_id)  # frees its blocks now
         with self.lock:
@@ -322,11 +357,13 @@ class Worker:
         if running.trace is not None:
             running.trace.events(events)
             running.trace.aborted()
-        result = LaneResult(
-            request_id=request_id,
-            done=True,
-            finish_reason="abort",
-            offset=running.offset,
-            worker=self.worker_id,
+        self._outbox.append(
+            LaneResult(
+                request_id=request_id,
+                done=True,
+                finish_reason="abort",
+                offset=running.offset,
+                worker=self.worker_id,
+            )
         )
-        self.lane_io.publish([result], done=[(running.lane, running.entry_id)])
+        self._outbox_done.append((running.lane, running.entry_id))

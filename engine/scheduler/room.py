@@ -1,0 +1,39 @@
+"""How many more requests would start at the next step: what a worker asks once before it reads its
+lanes, so that it takes every entry that fits in one read per lane instead of asking per entry.
+
+``Room.count`` is what ``Scheduler.has_room_for`` answers when asked again after each request added
+one by one, for requests of the smallest size (a one-token prompt: one KV block, with the first
+output slot). A larger prompt holds more blocks, so the count is an upper bound on what the one by
+one loop would take; the engine keeps any excess waiting, in its policy's order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Room:
+    """``free``: requests that start without displacing anyone (the sequence cap, the KV blocks).
+    ``displacing[p]``: requests of priority ``p`` that start by pushing out running work the policy
+    lets them displace, beyond those waiting at ``p`` or above (every waiting one when the policy
+    has no tiers). ``tiers``: the policy orders by priority."""
+
+    free: int
+    displacing: Mapping[int, int]
+    tiers: bool
+
+    def count(self, priority: int, taken: Iterable[int] = ()) -> int:
+        """How many more of ``priority`` would start once requests of the priorities ``taken`` were
+        added (each of them fills a slot, and waits ahead of ``priority`` if at or above it)."""
+        room = self.after(taken)
+        return max(0, room.free, room.displacing.get(priority, 0))
+
+    def after(self, taken: Iterable[int]) -> Room:
+        """The room left once requests of the priorities ``taken`` were added."""
+        taken = list(taken)
+        displacing = {
+            p: d - sum(1 for t in taken if t >= p or not self.tiers) for p, d in self.displacing.items()
+        }
+        return Room(self.free - len(taken), displacing, self.tiers)

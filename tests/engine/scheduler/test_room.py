@@ -1,0 +1,84 @@
+"""Scheduler.room counts what has_room_for answers one request at a time: a worker that reads
+Room.count entries of a lane in one go takes what the one by one loop would take (one-token
+prompts), never more than it would (longer prompts)."""
+
+import pytest
+from helpers import make, run_step, seq
+
+PRIORITIES = [3, 2, 1]  # lanes, highest tier first
+
+
+def one_by_one(s, waiting, lanes, *, prompt=1):
+    """What a worker asking has_room_for before every entry takes: lane -> count, highest first."""
+    waiting, taken = list(waiting), {}
+    for p in lanes:
+        taken[p] = 0
+        while s.has_room_for(waiting, priority=p) and taken[p] < 100:
+            waiting.append(seq(f"x{p}-{taken[p]}", prompt, priority=p))
+            taken[p] += 1
+    return taken
+
+
+def counted(s, waiting, lanes):
+    room, taken, counts = s.room(waiting, lanes), [], {}
+    for p in lanes:
+        counts[p] = room.count(p, taken)
+        taken += [p] * counts[p]
+    return counts
+
+
+def state(policy, *, running, running_priority, waiting, max_num_seqs=8, num_blocks=64):
+    s = make(policy, max_num_seqs=max_num_seqs, num_blocks=num_blocks)
+    for i in range(running):
+        s.add(seq(f"r{i}", 4, priority=running_priority, max_tokens=64))
+    run_step(s)
+    return s, [seq(f"w{i}", 4, priority=p) for i, p in enumerate(waiting)]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "vtc", "priority+vtc", "priority+vtc+slo"])
+@pytest.mark.parametrize(
+    "running, running_priority, waiting, max_num_seqs, num_blocks",
+    [
+        (0, 1, [], 8, 64),  # empty: the sequence cap
+        (3, 1, [2], 8, 64),
+        (8, 1, [], 8, 64),  # every slot held by the lowest tier: urgent lanes displace it
+        (8, 2, [3], 8, 64),
+        (6, 1, [3, 1], 8, 64),
+        (2, 1, [], 16, 8),  # the KV blocks bound it, not the cap
+        (4, 1, [2, 2], 16, 12),
+    ],
+)
+def test_room_counts_what_has_room_for_admits_one_at_a_time(
+    policy, running, running_priority, waiting, max_num_seqs, num_blocks
+):
+    s, queued = state(
+        policy,
+        running=running,
+        running_priority=running_priority,
+        waiting=waiting,
+        max_num_seqs=max_num_seqs,
+        num_blocks=num_blocks,
+    )
+    assert counted(s, queued, PRIORITIES) == one_by_one(s, queued, PRIORITIES)
+
+
+def test_longer_prompts_take_no_more_than_the_count():
+    s, queued = state("priority", running=2, running_priority=1, waiting=[], max_num_seqs=16, num_blocks=12)
+    exact = one_by_one(s, queued, PRIORITIES, prompt=9)  # three blocks each
+    bound = counted(s, queued, PRIORITIES)
+    assert all(exact[p] <= bound[p] for p in PRIORITIES) and exact != bound
+
+
+def test_count_after_higher_tiers_were_taken():
+    s, _ = state("priority", running=4, running_priority=1, waiting=[], max_num_seqs=4)
+    room = s.room([], [3, 2, 1])
+    assert room.free == 0 and room.count(3) == 4 and room.count(1) == 0
+    assert room.count(3, [3, 3]) == 2 and room.count(2, [3, 3, 3]) == 1  # they claim the same victims
+    assert room.count(3, [1, 1]) == 4  # lower tiers taken do not wait ahead of it
+
+
+def test_the_room_after_some_were_taken_counts_the_same():
+    s, queued = state("priority+vtc", running=6, running_priority=1, waiting=[3, 2])
+    room = s.room(queued, PRIORITIES)
+    for taken in ([], [3], [3, 2, 2], [1, 1, 3]):
+        assert [room.after(taken).count(p) for p in PRIORITIES] == [room.count(p, taken) for p in PRIORITIES]

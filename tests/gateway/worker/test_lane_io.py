@@ -1,0 +1,231 @@
+"""A burst of lane entries enters the engine in one read per lane: Redis round trips per burst and
+engine steps counted against real Redis, with the tiers' order and a dead worker's claims kept."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+import redis as redislib
+
+from engine import SamplingParams
+from gateway.lanes.keys import cancel_key, lane_key, out_key
+from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.worker.loop import Worker
+
+TIERS = ["priority", "standard", "batch"]
+
+
+class CountingConnection(redislib.Connection):
+    """A connection that counts what it sends: one packet is one round trip (a pipeline is one)."""
+
+    sent = 0
+
+    def send_packed_command(self, command, check_health=True):
+        CountingConnection.sent += 1
+        super().send_packed_command(command, check_health)
+
+
+@pytest.fixture
+def counted(redis_url):
+    pool = redislib.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    client = redislib.Redis(connection_pool=pool)
+    yield client
+    client.close()
+
+
+def _request(model, tier, *, max_tokens=1, prompt=(5, 6, 7, 8)) -> LaneRequest:
+    return LaneRequest(
+        request_id=f"req-{uuid.uuid4().hex[:12]}",
+        model=model,
+        tier=tier,
+        tenant="acme",
+        prompt_token_ids=tuple(prompt),
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+
+
+def _submit(redis, model, tier="standard", n=1, **kw) -> list[str]:
+    """n requests XADDed in one MULTI/EXEC: a worker blocked on the lane wakes once for all."""
+    requests = [_request(model, tier, **kw) for _ in range(n)]
+    pipe = redis.pipeline(transaction=True)
+    for request in requests:
+        pipe.xadd(lane_key(model, tier), request.encode())
+    pipe.execute()
+    return [r.request_id for r in requests]
+
+
+def _results(redis, rid) -> list[LaneResult]:
+    return [LaneResult.decode(fields) for _id, fields in redis.xrange(out_key(rid))]
+
+
+def _worker(engine, redis, model, worker_id="w1", **kw) -> Worker:
+    worker = Worker(engine, redis, model=model, tiers=TIERS, worker_id=worker_id, block_ms=10, **kw)
+    worker.setup()
+    return worker
+
+
+def _pending(redis, model, tier) -> int:
+    return redis.xpending(lane_key(model, tier), "workers")["pending"]
+
+
+def _cleanup(redis, rids):
+    redis.delete(*(out_key(r) for r in rids), *(cancel_key(r) for r in rids))
+
+
+def test_a_burst_of_32_costs_three_round_trips_and_one_step(tiny_engine_factory, counted, redis, model_name):
+    engine = tiny_engine_factory(max_num_seqs=32, num_kv_blocks=128)
+    worker = _worker(engine, counted, model_name)
+    worker.run_once()  # idle: loads the script, waits on the lanes
+    rids = _submit(redis, model_name, n=32)
+    before, steps = CountingConnection.sent, engine.stats.steps
+    worker.run_once()
+    # take (one script call), the cancel marks (one pipeline), the step's publish (one MULTI/EXEC)
+    assert CountingConnection.sent - before == 3
+    assert engine.stats.steps == steps + 1
+    assert all(_results(redis, rid)[-1].done for rid in rids)  # max_tokens=1: done in that step
+    assert redis.xlen(lane_key(model_name, "standard")) == 0 and worker.inflight == {}
+    _cleanup(redis, rids)
+
+
+def test_a_burst_that_wakes_a_waiting_worker_starts_in_one_step(tiny_engine_factory, redis, model_name):
+    """The blocked read returns one entry; the rest of the burst joins it before the engine steps."""
+    engine = tiny_engine_factory(max_num_seqs=32, num_kv_blocks=128)
+    worker = Worker(engine, redis, model=model_name, tiers=TIERS, worker_id="w1", block_ms=2000)
+    worker.setup()
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)  # blocked on the lanes
+        rids = _submit(redis, model_name, n=32)
+        deadline = time.monotonic() + 30
+        while not all(_results(redis, r) for r in rids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert all(_results(redis, rid)[-1].done for rid in rids)
+        assert engine.stats.steps == 1
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    _cleanup(redis, rids)
+
+
+def test_a_single_request_that_wakes_the_worker_costs_one_round_trip_before_the_step(
+    tiny_engine_factory, counted, redis, model_name
+):
+    worker = Worker(
+        tiny_engine_factory(), counted, model=model_name, tiers=TIERS, worker_id="w1", block_ms=3000
+    )
+    worker.setup()
+    assert worker.lane_io.take(worker.engine.room(worker.lane_io.priorities)) == []  # loads the script
+    timer = threading.Timer(0.2, _submit, args=(redis, model_name))
+    timer.start()
+    before = CountingConnection.sent
+    worker.run_once()
+    timer.join()
+    # take (nothing yet), the blocking wait, the cancel mark with the rest of a burst (one pipeline),
+    # the step's publish
+    assert CountingConnection.sent - before == 4
+    assert worker.inflight == {} and worker.engine.stats.steps == 1
+
+
+def test_the_take_after_a_wake_loads_its_script_on_a_server_without_it(
+    tiny_engine_factory, redis, model_name, monkeypatch
+):
+    from gateway.worker import lane_io
+
+    monkeypatch.setattr(lane_io, "TAKE_LUA", lane_io.TAKE_LUA + f"\n-- {uuid.uuid4().hex}\n")  # unseen
+    worker = _worker(tiny_engine_factory(), redis, model_name)
+    rids = _submit(redis, model_name, n=3)
+    priors, entries = worker.lane_io.priors([], take=worker.engine.room(worker.lane_io.priorities))
+    assert priors == [] and [LaneRequest.decode(e.fields).request_id for e in entries] == rids
+    _cleanup(redis, rids)
+
+
+def test_one_read_takes_what_fits_highest_tier_first(tiny_engine_factory, counted, redis, model_name):
+    worker = _worker(tiny_engine_factory(max_num_seqs=4), counted, model_name)
+    worker.run_once()
+    batch = _submit(redis, model_name, "batch", n=3, max_tokens=4)
+    urgent = _submit(redis, model_name, "priority", n=3, max_tokens=4)
+    before = CountingConnection.sent
+    worker.run_once()
+    assert CountingConnection.sent - before == 3
+    assert set(worker.inflight) == {*urgent, batch[0]}  # room for 4: the 3 urgent, then the oldest batch
+    assert _pending(redis, model_name, "batch") == 1  # the other two stay in the lane for any worker
+    assert redis.xlen(lane_key(model_name, "batch")) == 3
+    _run_until_done(worker, redis, batch + urgent)
+    _cleanup(redis, batch + urgent)
+
+
+def test_an_urgent_burst_displaces_as_many_as_the_engine_would(tiny_engine_factory, redis, model_name):
+    worker = _worker(tiny_engine_factory(max_num_seqs=2, policy="priority"), redis, model_name)
+    bulk = _submit(redis, model_name, "batch", n=2, max_tokens=60)
+    worker.run_once()
+    assert set(worker.inflight) == set(bulk) and worker.engine.num_running == 2
+    urgent = _submit(redis, model_name, "priority", n=3, max_tokens=2)
+    worker.run_once()  # two running batch sequences can be displaced: two urgent entries are taken
+    assert len(set(worker.inflight) & set(urgent)) == 2 and _pending(redis, model_name, "priority") == 2
+    _run_until_done(worker, redis, bulk + urgent)
+    _cleanup(redis, bulk + urgent)
+
+
+def test_cancelled_entries_of_a_burst_are_dropped_in_the_same_read(tiny_engine_factory, redis, model_name):
+    worker = _worker(tiny_engine_factory(), redis, model_name)
+    rids = _submit(redis, model_name, n=8, max_tokens=2)
+    for rid in rids[::2]:
+        redis.set(cancel_key(rid), b"1", ex=60)
+    worker.run_once()
+    assert set(worker.inflight) == set(rids[1::2])
+    assert all(_results(redis, rid) == [] for rid in rids[::2])  # gone before a token: nothing to relay
+    _run_until_done(worker, redis, rids[1::2])
+    assert redis.xlen(lane_key(model_name, "standard")) == 0 and _pending(redis, model_name, "standard") == 0
+    _cleanup(redis, rids)
+
+
+def test_a_dead_workers_entries_are_claimed_in_one_read(tiny_engine_factory, counted, redis, model_name):
+    dead = _worker(tiny_engine_factory(), redis, model_name, worker_id="dead")
+    rids = _submit(redis, model_name, n=5, max_tokens=12)
+    for _ in range(4):
+        dead.run_once()  # then it stops: its entries stay pending with some tokens published
+    survivor = _worker(tiny_engine_factory(), counted, model_name, worker_id="survivor", claim_idle_ms=400)
+    survivor.run_once()
+    assert survivor.inflight == {}
+    time.sleep(0.5)
+    before = CountingConnection.sent
+    survivor.run_once()
+    # take (claims in the same script call), the cancel marks and published tokens, the publish
+    assert CountingConnection.sent - before == 3 and set(survivor.inflight) == set(rids)
+    _run_until_done(survivor, redis, rids)
+    for rid in rids:
+        results = _results(redis, rid)
+        assert [r.offset for r in results] == list(range(12)) and {r.worker for r in results} == {
+            "dead",
+            "survivor",
+        }
+    assert _pending(redis, model_name, "standard") == 0
+    _cleanup(redis, rids)
+
+
+def test_cancels_in_one_step_are_published_together(tiny_engine_factory, counted, redis, model_name):
+    engine = tiny_engine_factory()
+    worker = _worker(engine, counted, model_name)
+    rids = _submit(redis, model_name, n=4, max_tokens=100)
+    worker.run_once()
+    for rid in rids:
+        redis.set(cancel_key(rid), b"1", ex=60)
+    before = CountingConnection.sent
+    worker.run_once()  # the step's publish reads the marks
+    assert worker.inflight == {} and not engine.has_unfinished()
+    assert all(_results(redis, rid)[-1].finish_reason == "abort" for rid in rids)
+    assert CountingConnection.sent - before == 3  # take, the step's publish, the 4 aborts together
+    _cleanup(redis, rids)
+
+
+def _run_until_done(worker, redis, rids, max_iters=500):
+    for _ in range(max_iters):
+        worker.run_once()
+        if all(r and r[-1].done for r in (_results(redis, rid) for rid in rids)):
+            return
+    raise AssertionError("requests did not finish")
