@@ -27,6 +27,8 @@ from engine.scheduler.registry import make_policy
 
 
 class Drafter(Protocol):
+    method: str  # the speculative decoding method, e.g. "ngram"
+
     def drafts(self, seq: Sequence, budget: int, num_running: int) -> list[int]: ...
 
 
