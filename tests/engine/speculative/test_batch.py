@@ -1,14 +1,24 @@
 """Speculative decoding at batch 32 on the real SmolLM2: with every sequence allowed to speculate,
-32 concurrent greedy requests give exactly the tokens of decoding without drafts in fp32 and every
-KV block comes back (with the C kernels the drafts verify as decode rows of the one-call decode
-forward, with plain torch operators as prefill chunks). In bf16 (what `dtype: auto` picks on a CPU
-with AVX512-BF16) the drafts' verification rows round differently from a one-token decode, so the
-two may part only at a near tie, which the non-speculative engine's own log-probabilities show."""
+32 concurrent greedy requests give exactly the tokens of decoding without drafts in fp32 (and with
+INT8 weights) and every KV block comes back (with the C kernels the drafts verify as decode rows of
+the one-call decode forward, with plain torch operators as prefill chunks). In bf16 (what `dtype:
+auto` picks on a CPU with AVX512-BF16) the drafts' verification rows round differently from a
+one-token decode, so the two may part only at a near tie, which the plain engine's log-probabilities
+show."""
 
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.engine.paths import BF16_C, BF16_TORCH, FP32_C, FP32_TORCH, LOGPROB_TOL_BF16, greedy_prefix, params
+from tests.engine.paths import (
+    BF16_C,
+    BF16_TORCH,
+    FP32_C,
+    FP32_TORCH,
+    INT8,
+    LOGPROB_TOL_BF16,
+    greedy_prefix,
+    params,
+)
 
 pytestmark = pytest.mark.real_model
 
@@ -64,8 +74,8 @@ def _run(llm: LLM, prompts, max_tokens: int, logprobs: int | None = None):
     return llm.generate(prompts, greedy)
 
 
-@pytest.mark.parametrize("path", params([FP32_C, FP32_TORCH]), ids=str)
-def test_batch_of_32_greedy_equals_no_speculation_fp32(path):
+@pytest.mark.parametrize("path", params([FP32_C, FP32_TORCH, INT8]), ids=str)
+def test_batch_of_32_greedy_equals_no_speculation(path):
     plain = path.llm()
     spec = path.llm(speculative_config=SPEC)
     prompts = _prompts(plain)
@@ -92,7 +102,7 @@ def test_batch_of_32_greedy_equals_no_speculation_fp32(path):
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert widest > 16  # most of the batch verified drafts in one step
     # with the C kernels, a step of decodes and drafts is one C decode call (the drafts as rows)
-    assert (one_call > 0) == (path == FP32_C)
+    assert (one_call > 0) == (path in (FP32_C, INT8))
     assert stats.spec_accepted_tokens > BATCH  # more than one accepted draft a sequence, on average
     assert eng.num_free_blocks == eng.num_total_blocks and not eng.seqs
 
