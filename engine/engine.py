@@ -17,11 +17,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.device import resolve_device, resolve_dtype
 from engine.engine_request import EngineRequest
-from engine.errors import (
-    DuplicateRequestError,
-    InvalidRequestError,
-    SLOUnattainableError,
-)
+from engine.errors import DuplicateRequestError, InvalidRequestError, SLOUnattainableError
 from engine.loader import load_model
 from engine.lora.request import LoRARequest, acquire_adapter
 from engine.model_runner import ModelRunner
@@ -31,7 +27,7 @@ from engine.request import FinishReason, RequestOutput, SamplingParams, SeqEvent
 from engine.request_table import RequestTable
 from engine.scheduler import Scheduler, StepPlan
 from engine.speculative.ngram import make_drafter
-from engine.speculative.verify import settle
+from engine.speculative.verify import settle, tally
 from engine.stats import EngineStats, StepRun
 
 if TYPE_CHECKING:
@@ -278,8 +274,7 @@ class Engine:
 
     # ---- stepping --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run the model once over every scheduled token and sample, then
-        process the sampled tokens into outputs."""
+        """One iteration: schedule, run the model once over every scheduled token and sample, process."""
         outputs = self._admit_compiled()
         plan = self.scheduler.schedule()
         swap_seconds = self.runner.stage(plan, self.scheduler.running)  # even when nothing runs
@@ -293,9 +288,9 @@ class Engine:
             block_manager=self.block_manager,
             lora=self.lora,
         )
+        verified = tally(plan, ran.sampled, self.stats) if ran and self.scheduler.drafter else []
         outputs += self.output.process(ran.sampled if ran else (), time.monotonic())
-        if ran is not None and self.scheduler.drafter is not None:
-            settle(plan, ran.sampled, self.block_manager, self.stats)  # kept drafts computed, the rest freed
+        settle(verified, self.block_manager)  # kept drafts computed, rejected drafts' blocks freed
         return outputs
 
     def _run(self, plan: StepPlan) -> StepRun:
@@ -359,6 +354,11 @@ class Engine:
     def room(self, priorities: list[int]) -> Room:
         """Requests of each of `priorities` that would start at the next step (Scheduler.room)."""
         return self.scheduler.room(self.requests.waiting(), priorities)
+
+    @property
+    def speculative_method(self) -> str | None:
+        """The speculative decoding method in use ("ngram"), or None: speculation off."""
+        return self.scheduler.drafter.method if self.scheduler.drafter is not None else None
 
     @property
     def num_free_blocks(self) -> int:

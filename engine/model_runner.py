@@ -201,7 +201,16 @@ class ModelRunner:
         lora = None
         if self.lora is not None:  # rows regrouped so that each adapter's rows are contiguous
             items, lora = self.lora.batch(items)
-        input_ids, positions, meta, sample_rows = self._prepare(items)  # on the host
+        # a step of decodes and speculating decodes only: on the one-call decode (CPU), each draft
+        # is one more decode row of its sequence (its own position and context length), so k + 1
+        # rows verify in the same C forward as plain decodes (causal: a row sees the rows before it)
+        as_decodes = (
+            lora is None
+            and self.model.decode is not None
+            and not self.model.spec.long_rope_after
+            and all(self._is_decode(it) or it.draft for it in items)
+        )
+        input_ids, positions, meta, sample_rows = self._prepare(items, as_decodes)  # on the host
         if (
             lora is None
             and self.graphs is not None
@@ -229,43 +238,47 @@ class ModelRunner:
         return it.seq.num_computed_tokens, 1 if it.is_decode else it.num_query_tokens
 
     def _prepare(
-        self, items: list[ScheduledSeq]
+        self, items: list[ScheduledSeq], as_decodes: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """The step's host tensors. `as_decodes`: every item is a decode, a speculating one as one
+        decode row per fed token (its new token, then each draft)."""
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         sample_rows: list[int] = []
-        decodes = [it for it in items if self._is_decode(it)]
+        decodes = list(items) if as_decodes else [it for it in items if self._is_decode(it)]
+        rows: list[tuple[Sequence, int]] = []  # (sequence, position) of each decode row
         for it in decodes:
             p = it.seq.num_computed_tokens
-            ids.append(it.seq.token_ids[p])
-            pos.append(p)
+            ids += [it.seq.token_ids[p], *it.draft]
+            pos += range(p, p + 1 + len(it.draft))
+            rows += [(it.seq, q) for q in range(p, p + 1 + len(it.draft))]
         for it in items[len(decodes) :]:
             start, n = self._span(it)
             # a speculating decode feeds its drafts after its own new token (engine/speculative)
             ids += it.seq.token_ids[start : start + n - len(it.draft)] + it.draft
             pos += range(start, start + n)
-        sample_rows += range(len(decodes))  # every decode samples
+        sample_rows += range(len(rows))  # every decode row samples
         spec = self.model.spec
         if spec.long_rope_after:  # longrope: each token's row of the short or long table
 
             def length(seq: Sequence) -> int:
                 return len(seq.token_ids) if spec.long_rope_recompute else seq.num_prompt_tokens
 
-            lens = [length(it.seq) for it in decodes]
+            lens = [length(seq) for seq, _ in rows]
             lens += [length(it.seq) for it in items[len(decodes) :] for _ in range(self._span(it)[1])]
             pos = rope_rows(pos, lens, spec.long_rope_after, self.model.max_positions)
         arange_bs = torch.arange(bs)
         slot_parts: list[torch.Tensor] = []
         tables = ctx = None
-        if decodes:
-            ctx = torch.tensor([it.seq.num_computed_tokens + 1 for it in decodes])
+        if rows:
+            ctx = torch.tensor([q + 1 for _, q in rows])
             nb = -(-int(ctx.max()) // bs)
-            tables = torch.tensor([_pad(it.seq.block_table, nb) for it in decodes])  # [B, nb]
+            tables = torch.tensor([_pad(seq.block_table, nb) for seq, _ in rows])  # [B, nb]
             last = ctx - 1
             slot_parts.append(tables.gather(1, (last // bs)[:, None]).view(-1) * bs + last % bs)
         prefills: list[PrefillChunk] = []
-        row = len(decodes)
+        row = len(rows)
         for it in items[len(decodes) :]:
             start, n = self._span(it)
             table = torch.tensor(_pad(it.seq.block_table, -(-(start + n) // bs)))
@@ -277,7 +290,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slot_parts),
             block_size=bs,
-            num_decodes=len(decodes),
+            num_decodes=len(rows),
             decode_block_tables=tables,
             decode_context_lens=ctx,
             prefills=prefills,

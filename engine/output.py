@@ -88,6 +88,8 @@ class OutputProcessor:
             num_output_tokens=seq.num_output_tokens,
             logprobs=logprobs,
             num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens),
+            num_draft_tokens=seq.num_draft_tokens,
+            num_accepted_tokens=seq.num_accepted_tokens,
         )
         if params.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
             out.prompt_logprobs, seq.prompt_logprobs_sent = seq.prompt_logprobs, True
@@ -157,6 +159,8 @@ class OutputProcessor:
             num_output_tokens=seq.num_output_tokens,
             error=error,
             events=seq.take_events(),
+            num_draft_tokens=seq.num_draft_tokens,
+            num_accepted_tokens=seq.num_accepted_tokens,
         )
 
     def release(self, seq: Sequence) -> None:

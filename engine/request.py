@@ -247,6 +247,8 @@ class Sequence:
     # the prefill's logits; handed out once, with the first output
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
     prompt_logprobs_sent: bool = False
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for it, and those accepted
+    num_accepted_tokens: int = 0
     events: list[SeqEvent] = field(default_factory=list)  # not yet handed out in a RequestOutput
 
     def record(self, name: str, **attrs: object) -> None:
@@ -304,6 +306,9 @@ class RequestOutput:
     )
     num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache
     index: int = 0  # which choice (SamplingParams.n); `finished` is this choice's end
+    # speculative decoding, this choice so far: draft tokens verified, and those accepted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     done: bool | None = None  # is the whole request over (every choice finished)? None: as `finished`
 
     def __post_init__(self) -> None:

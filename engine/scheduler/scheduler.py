@@ -28,6 +28,8 @@ from engine.scheduler.room import Room
 
 
 class Drafter(Protocol):
+    method: str  # the speculative decoding method, e.g. "ngram"
+
     def drafts(self, seq: Sequence, budget: int, num_running: int) -> list[int]: ...
 
 

@@ -26,6 +26,8 @@ def propose(token_ids: list[int], config: SpeculativeConfig, max_tokens: int) ->
 class NgramProposer:
     """Which running sequences speculate in a step, and their drafts (the scheduler asks)."""
 
+    method = "ngram"
+
     def __init__(self, config: SpeculativeConfig, max_model_len: int):
         self.config = config
         self.max_model_len = max_model_len

@@ -10,8 +10,9 @@ logits after each of them. `verify` turns those rows into the tokens kept:
   the token is drawn from p with x removed, renormalised, and verification stops there (Leviathan
   et al.'s rule for a one-hot draft distribution: every token is distributed exactly as p). A
   seeded sequence draws from its own generator.
-`settle` then advances each speculating sequence over its kept drafts (their KV is written) and
-gives back the blocks of rejected ones, so num_computed_tokens and block tables stay consistent.
+`tally` counts each sequence's drafts and accepted drafts; `settle` then advances each speculating
+sequence over its kept drafts (their KV is written) and gives back the blocks of rejected ones, so
+num_computed_tokens and block tables stay consistent.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from engine.sampler import _top_k_top_p
 if TYPE_CHECKING:
     from engine.block_manager import BlockManager
     from engine.output import Sampled
+    from engine.request import Sequence as Seq
     from engine.scheduler import ScheduledSeq, StepPlan
     from engine.stats import EngineStats
 
@@ -111,23 +113,33 @@ def _rejection_sample(rows: torch.Tensor, it: ScheduledSeq, gen: torch.Generator
     return tokens
 
 
-def settle(
-    plan: StepPlan, sampled: Sequence[Sampled], block_manager: BlockManager, stats: EngineStats
-) -> None:
-    """After the output processor appended the kept tokens: each live speculating sequence's kept
-    drafts become computed tokens (and registered for prefix sharing); the blocks past its
-    computed tokens (rejected drafts' slots) return to the free list."""
+def tally(plan: StepPlan, sampled: Sequence[Sampled], stats: EngineStats) -> list[tuple[Seq, int]]:
+    """Before the output processor: each speculating sequence's drafts and accepted drafts (its kept
+    tokens but the last) counted in `stats` and on the sequence (Sequence.num_draft_tokens and
+    num_accepted_tokens, which its RequestOutput carries). Returns (sequence, accepted drafts)."""
     stats.last_step_spec_seqs = stats.last_step_spec_draft_tokens = stats.last_step_spec_accepted_tokens = 0
     kept: dict[int, int] = {}
     for item, _, _ in sampled:
         if item.draft:
             kept[id(item)] = kept.get(id(item), 0) + 1
+    verified: list[tuple[Seq, int]] = []
     for item in plan.scheduled:
         if not item.draft:
             continue
         accepted = kept.get(id(item), 1) - 1
         seq = item.seq
         stats.record_verification(seq.priority, len(item.draft), accepted)
+        seq.num_draft_tokens += len(item.draft)
+        seq.num_accepted_tokens += accepted
+        verified.append((seq, accepted))
+    return verified
+
+
+def settle(verified: list[tuple[Seq, int]], block_manager: BlockManager) -> None:
+    """After the output processor appended the kept tokens: each live speculating sequence's kept
+    drafts become computed tokens (and registered for prefix sharing); the blocks past its
+    computed tokens (rejected drafts' slots) return to the free list."""
+    for seq, accepted in verified:
         if seq.is_finished:  # released: its blocks are free already
             continue
         seq.num_computed_tokens += accepted

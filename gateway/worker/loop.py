@@ -229,7 +229,13 @@ class Worker:
             metrics.LANE_QUEUE.labels(request.tier).observe(waited)
         resumed = len(prior.resume_token_ids)
         trace = (
-            RequestTrace(request, worker_id=self.worker_id, taken_at=taken_at, resumed_tokens=resumed)
+            RequestTrace(
+                request,
+                worker_id=self.worker_id,
+                taken_at=taken_at,
+                resumed_tokens=resumed,
+                speculative_method=self.engine.speculative_method,
+            )
             if tracing.enabled()
             else None
         )
@@ -324,7 +330,7 @@ class Worker:
                 if running is None:  # aborted since it was scheduled
                     continue
                 if running.trace is not None:
-                    running.trace.events(out.events)
+                    running.trace.output(out)
                     if out.done:
                         running.trace.finish(
                             out, status=out.finish_reason or "error", num_output_tokens=out.num_output_tokens

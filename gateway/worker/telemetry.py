@@ -10,6 +10,9 @@ gateway's request span):
       engine.prefill   admission to the first token; one event per prefill chunk {tokens, start}
       engine.decode    first token to the end
 
+With speculative decoding on, engine.request ends with fairlane.spec.method, .draft_tokens,
+.accepted_tokens (summed over the request's choices) and .acceptance_rate (when it drafted).
+
 Metrics are updated from ``Engine.stats`` after every step: counters by the change since the last
 step, gauges set, the step histograms observed once per step that ran the model.
 """
@@ -20,6 +23,7 @@ import time
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from engine import Engine, ErrorCode, RequestOutput
 from gateway.lanes.keys import tier_priorities
@@ -35,7 +39,15 @@ ENGINE_SPAN_EVENTS = frozenset(
 class RequestTrace:
     """The spans of one request on this worker (create only while tracing is on)."""
 
-    def __init__(self, req: LaneRequest, *, worker_id: str, taken_at: float, resumed_tokens: int) -> None:
+    def __init__(
+        self,
+        req: LaneRequest,
+        *,
+        worker_id: str,
+        taken_at: float,
+        resumed_tokens: int,
+        speculative_method: str | None = None,
+    ) -> None:
         tracer = tracing.tracer()
         parent = tracing.extract(req.traceparent)
         sampling = req.sampling
@@ -76,11 +88,18 @@ class RequestTrace:
         self.phase: Span | None = None  # engine.prefill, then engine.decode
         self.preemptions = 0
         self.first_token_at: float | None = None
+        self.speculative_method = speculative_method  # None: the engine does not speculate
+        self.speculation: dict[int, tuple[int, int]] = {}  # choice -> (drafted, accepted) so far
 
     def _phase(self, name: str, at: float) -> None:
         if self.phase is not None:
             self.phase.end(end_time=ns(at))
         self.phase = tracing.tracer().start_span(name, context=self._context, start_time=ns(at))
+
+    def output(self, out: RequestOutput) -> None:
+        """One of the request's outputs: its events, and its choice's speculation so far."""
+        self.events(out.events)
+        self.speculation[out.index] = (out.num_draft_tokens, out.num_accepted_tokens)
 
     def events(self, events) -> None:
         """Add the engine's events (engine.request.SeqEvent) to the spans."""
@@ -117,17 +136,38 @@ class RequestTrace:
         now = time.time()
         if self.phase is not None:
             self.phase.end(end_time=ns(now))
-        attributes = {"fairlane.preemptions": self.preemptions, "fairlane.status": status}
+        attributes: dict[str, AttributeValue] = {
+            "fairlane.preemptions": self.preemptions,
+            "fairlane.status": status,
+        }
         if num_output_tokens >= 0:
             attributes["gen_ai.usage.output_tokens"] = num_output_tokens
         if out is not None and out.finish_reason in ("stop", "length"):
             attributes["gen_ai.response.finish_reasons"] = [out.finish_reason]
         if self.first_token_at is not None:
             attributes["fairlane.engine.first_token_s"] = self.first_token_at - self.span.start_time / 1e9
+        if self.speculative_method is not None:
+            attributes.update(self._speculation())
         self.span.set_attributes(attributes)
         if out is not None and out.error is not None:
             self.span.set_status(StatusCode.ERROR, str(getattr(out.error, "code", ErrorCode.ENGINE_ERROR)))
         self.span.end(end_time=ns(now))
+
+    def _speculation(self) -> dict[str, AttributeValue]:
+        """fairlane.spec.*: the method, draft tokens verified and accepted over every choice, and
+        the acceptance rate (only where something was drafted: a tier that does not speculate has 0)."""
+        if self.speculation:
+            drafted, accepted = (sum(column) for column in zip(*self.speculation.values()))
+        else:
+            drafted = accepted = 0
+        attributes: dict[str, AttributeValue] = {
+            "fairlane.spec.method": str(self.speculative_method),
+            "fairlane.spec.draft_tokens": drafted,
+            "fairlane.spec.accepted_tokens": accepted,
+        }
+        if drafted:
+            attributes["fairlane.spec.acceptance_rate"] = accepted / drafted
+        return attributes
 
 
 class EngineMetrics:
