@@ -75,7 +75,7 @@ def start_vllm(
     log = open(workdir / "vllm.log", "w")
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     command += ["--served-model-name", name, "--port", str(port), "--dtype", "bfloat16"]
-    command += ["--max-model-len", "2048", "--disable-log-requests"]
+    command += ["--max-model-len", "2048"]  # request logging is off by default (vLLM 0.32)
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
