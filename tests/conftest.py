@@ -22,3 +22,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+# Which numeric paths of the engine (tests/engine/paths.py) this run exercised, and how: tests/engine's
+# conftest names each test's path in its report, which reaches this process from xdist's workers.
+_PATH_OUTCOMES: dict[str, dict[str, int]] = {}  # path -> outcome -> count
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = dict(report.user_properties).get("engine_path")
+    if path is not None and (report.when == "call" or report.outcome != "passed"):
+        counts = _PATH_OUTCOMES.setdefault(path, {})
+        counts[report.outcome] = counts.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _PATH_OUTCOMES:
+        return
+    terminalreporter.section("engine paths run")
+    for path, counts in sorted(_PATH_OUTCOMES.items()):
+        outcomes = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+        terminalreporter.write_line(f"{path}: {outcomes}")

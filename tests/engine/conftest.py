@@ -19,9 +19,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from engine import LLM
 
-_PATH_OF_TEST: dict[str, str] = {}  # nodeid -> the engine path it runs (tests/engine/paths.py)
-_PATH_OUTCOMES: dict[str, dict[str, int]] = {}  # path -> outcome -> count
-
 TINY = dict(
     vocab_size=256,
     hidden_size=64,
@@ -62,25 +59,10 @@ def smollm2_hf(smollm2):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Each test that runs an engine path (tests/engine/paths.py) carries its name as a user property:
+    its reports take it to the root conftest's summary, across pytest-xdist's workers too."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         for value in callspec.params.values() if callspec else ():
             if isinstance(value, EnginePath):
-                _PATH_OF_TEST[item.nodeid] = value.name
-
-
-def pytest_runtest_logreport(report):
-    path = _PATH_OF_TEST.get(report.nodeid)
-    if path is not None and (report.when == "call" or report.outcome != "passed"):
-        counts = _PATH_OUTCOMES.setdefault(path, {})
-        counts[report.outcome] = counts.get(report.outcome, 0) + 1
-
-
-def pytest_terminal_summary(terminalreporter):
-    """Which numeric paths (tests/engine/paths.py) this run exercised, and how."""
-    if not _PATH_OUTCOMES:
-        return
-    terminalreporter.section("engine paths run")
-    for path, counts in sorted(_PATH_OUTCOMES.items()):
-        outcomes = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
-        terminalreporter.write_line(f"{path}: {outcomes}")
+                item.user_properties.append(("engine_path", value.name))
