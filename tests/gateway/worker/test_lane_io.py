@@ -9,10 +9,12 @@ import uuid
 
 import pytest
 import redis as redislib
+from worker_lanes import results as _results
+from worker_lanes import run_until_done as _run_until_done
 
 from engine import SamplingParams
 from gateway.lanes.keys import cancel_key, lane_key, out_key
-from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.lanes.messages import LaneRequest
 from gateway.worker.loop import Worker
 
 TIERS = ["priority", "standard", "batch"]
@@ -55,10 +57,6 @@ def _submit(redis, model, tier="standard", n=1, **kw) -> list[str]:
         pipe.xadd(lane_key(model, tier), request.encode())
     pipe.execute()
     return [r.request_id for r in requests]
-
-
-def _results(redis, rid) -> list[LaneResult]:
-    return [LaneResult.decode(fields) for _id, fields in redis.xrange(out_key(rid))]
 
 
 def _worker(engine, redis, model, worker_id="w1", **kw) -> Worker:
@@ -221,11 +219,3 @@ def test_cancels_in_one_step_are_published_together(tiny_engine_factory, counted
     assert all(_results(redis, rid)[-1].finish_reason == "abort" for rid in rids)
     assert CountingConnection.sent - before == 3  # take, the step's publish, the 4 aborts together
     _cleanup(redis, rids)
-
-
-def _run_until_done(worker, redis, rids, max_iters=500):
-    for _ in range(max_iters):
-        worker.run_once()
-        if all(r and r[-1].done for r in (_results(redis, rid) for rid in rids)):
-            return
-    raise AssertionError("requests did not finish")

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 import uuid
 
+from worker_lanes import results as _results
+from worker_lanes import run_until_done as _run_until_done
+
 from engine import SamplingParams
 from gateway.lanes.keys import cancel_key, lane_key, out_key
-from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.lanes.messages import LaneRequest
 from gateway.worker.loop import Worker
 
 TIERS = ["priority", "standard", "batch"]
@@ -25,18 +28,6 @@ def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8,
     )
     redis.xadd(lane_key(model, tier), req.encode())
     return rid
-
-
-def _results(redis, rid) -> list[LaneResult]:
-    return [LaneResult.decode(fields) for _id, fields in redis.xrange(out_key(rid))]
-
-
-def _run_until_done(worker, redis, rids, max_iters=500):
-    for _ in range(max_iters):
-        worker.run_once()
-        if all(r and r[-1].done for r in (_results(redis, rid) for rid in rids)):
-            return
-    raise AssertionError("requests did not finish")
 
 
 def _worker(engine, redis, model, **kw):

@@ -11,10 +11,11 @@ import pytest
 from adapter_files import ALL, make_peft_adapter
 from gateway_test_helpers import TINY
 from prometheus_client import REGISTRY
+from worker_lanes import results as _results
 
 from engine import LoRARequest, SamplingParams
 from gateway.adapters.store import AdapterStore
-from gateway.lanes.keys import lane_key, out_key
+from gateway.lanes.keys import lane_key
 from gateway.lanes.messages import LaneAdapter, LaneRequest, LaneResult
 from gateway.worker.loop import Worker
 
@@ -57,10 +58,6 @@ def _submit(redis, model, lora=None, max_tokens=N):
     )
     redis.xadd(lane_key(model, "standard"), req.encode())
     return rid
-
-
-def _results(redis, rid) -> list[LaneResult]:
-    return [LaneResult.decode(fields) for _id, fields in redis.xrange(out_key(rid))]
 
 
 def _run(worker, redis, rids, max_iters=500) -> dict[str, list[LaneResult]]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import time
 import uuid
 
+from worker_lanes import results as _results
+
 from engine import SamplingParams, SLOLoad
 from gateway.lanes.keys import lane_key, load_key, out_key
-from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport
+from gateway.lanes.messages import LaneRequest, LoadReport
 from gateway.worker.loop import Worker
 
 TIERS = ["priority", "standard", "batch"]
@@ -29,10 +31,6 @@ def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8,
     )
     redis.xadd(lane_key(model, tier), req.encode())
     return rid
-
-
-def _results(redis, rid) -> list[LaneResult]:
-    return [LaneResult.decode(fields) for _id, fields in redis.xrange(out_key(rid))]
 
 
 def _worker(engine, redis, model, worker_id="w1") -> Worker:

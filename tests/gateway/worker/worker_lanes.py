@@ -1,0 +1,19 @@
+"""What the worker tests read back from Redis: a request's published results, and a worker run until
+its requests are done."""
+
+from __future__ import annotations
+
+from gateway.lanes.keys import out_key
+from gateway.lanes.messages import LaneResult
+
+
+def results(redis, rid) -> list[LaneResult]:
+    return [LaneResult.decode(fields) for _id, fields in redis.xrange(out_key(rid))]
+
+
+def run_until_done(worker, redis, rids, max_iters=500):
+    for _ in range(max_iters):
+        worker.run_once()
+        if all(r and r[-1].done for r in (results(redis, rid) for rid in rids)):
+            return
+    raise AssertionError("requests did not finish")
