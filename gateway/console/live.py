@@ -119,31 +119,31 @@ async def read_lanes(redis: aioredis.Redis, model: str, tiers: list[str]) -> lis
     pipe.time()
     for tier in tiers:
         pipe.xlen(lane_key(model, tier))
-        pipe.xinfo_groups(lane_key(model, tier))
+        pipe.xpending(lane_key(model, tier), GROUP)
     replies = await pipe.execute(raise_on_error=False)
     seconds, micros = replies[0]
     now_ms = seconds * 1000 + micros // 1000
-    lanes, last_ids = [], []
+    lanes = []
     for i, tier in enumerate(tiers):
-        length, groups = replies[1 + 2 * i], replies[2 + 2 * i]
+        length, info = replies[1 + 2 * i], replies[2 + 2 * i]
         length = length if isinstance(length, int) else 0
-        group = (
-            next((g for g in groups if _s(g.get("name")) == GROUP), None)
-            if isinstance(groups, list)
-            else None
-        )
-        pending = int(group["pending"]) if group else 0
-        last_ids.append(_s(group["last-delivered-id"]) if group else "0-0")
+        pending = int(info.get("pending", 0)) if isinstance(info, dict) else 0
         lanes.append((tier, max(0, length - pending), pending))
+    # Workers take a lane's entries least-served tenant first, not in order: the oldest waiting
+    # entry is the oldest one no worker holds (every held one is pending; finished ones are deleted).
     pipe = redis.pipeline(transaction=False)
-    for (tier, _queued, _pending), last in zip(lanes, last_ids):
-        pipe.xrange(lane_key(model, tier), min=f"({last}", max="+", count=1)
+    for tier, queued, pending in lanes:
+        pipe.xrange(lane_key(model, tier), count=pending + 1)
+        pipe.xpending_range(lane_key(model, tier), GROUP, min="-", max="+", count=max(pending, 1))
     oldest = await pipe.execute(raise_on_error=False)
     views = []
-    for (tier, queued, pending), first in zip(lanes, oldest):
+    for i, (tier, queued, pending) in enumerate(lanes):
+        first, held = oldest[2 * i], oldest[2 * i + 1]
+        held_ids = {_s(p["message_id"]) for p in held} if isinstance(held, list) else set()
+        waiting = [_s(e[0]) for e in first if _s(e[0]) not in held_ids] if isinstance(first, list) else []
         wait = None
-        if queued and isinstance(first, list) and first:
-            wait = max(0.0, (now_ms - int(_s(first[0][0]).split("-")[0])) / 1000)
+        if queued and waiting:
+            wait = max(0.0, (now_ms - int(waiting[0].split("-")[0])) / 1000)
         views.append(LaneView(tier=tier, queued=queued, running=pending, oldest_wait_s=wait))
     return views
 

@@ -1,7 +1,16 @@
 """Redis key names of the lanes protocol, shared by gateways and workers (the one place they are spelled).
 
 - ``lanes:{model}:{tier}``: one stream per model and tier; workers read it through the consumer
-  group ``workers``, ACK and delete an entry when its request finishes (lanes never grow).
+  group ``workers``, ACK and delete an entry when its request finishes (lanes never grow). An
+  entry waits until a worker takes it (gateway/worker/take.lua), pending in that worker's list
+  from then on; XLEN minus the group's pending count is what waits.
+- ``lanes:{model}:{tier}:backlog``: sorted set of the tenants with entries waiting in the lane that
+  a worker has read, scored by their virtual counter; ``lanes:{model}:{tier}:backlog:{tenant}``: a
+  list of that tenant's waiting entries ("id cost"), oldest first. Workers take the least-served
+  tenant's entry first, so a light tenant never waits behind a heavy tenant's backlog.
+- ``lanes:{model}:{tier}:vtc``: hash tenant → virtual counter of the lane (the service taken, the
+  engine's VTC cost); field ``""``: the counter of the tenant served last, where a tenant that
+  idled enters again.
 - ``out:{request_id}``: the request's results, written by the worker each step; it expires
   ``result_ttl_s`` after its last write and the gateway deletes it once relayed. A replica reads
   the streams of all its requests in flight with one blocking XREAD (gateway/lanes/result_reader.py).
@@ -27,6 +36,19 @@ def as_text(value: bytes | str) -> str:
 
 def lane_key(model: str, tier: str) -> str:
     return f"lanes:{model}:{tier}"
+
+
+def lane_backlog_key(model: str, tier: str) -> str:
+    return f"{lane_key(model, tier)}:backlog"
+
+
+def lane_tenant_key(model: str, tier: str, tenant: str) -> str:
+    """A tenant's waiting entries in its lane's backlog (take.lua spells it itself)."""
+    return f"{lane_backlog_key(model, tier)}:{tenant}"
+
+
+def lane_counters_key(model: str, tier: str) -> str:
+    return f"{lane_key(model, tier)}:vtc"
 
 
 def out_key(request_id: str) -> str:

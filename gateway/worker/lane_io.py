@@ -1,5 +1,7 @@
 """The worker's lane I/O on Redis, apart from the engine: one way in (``take``: every entry the
-engine has room for, a dead worker's first, then new ones highest tier first, in one script call;
+engine has room for, a dead worker's first, then waiting ones highest tier first and, inside a
+lane, the least-served tenant's first (a virtual token counter per tenant, kept in Redis and
+shared by every worker: take.lua), in one script call;
 ``priors``: their cancel marks, in one round trip) and one way out (``publish``: results, ACKs, the
 load and the cancel marks, in one MULTI/EXEC round trip).
 
@@ -28,6 +30,8 @@ from gateway.lanes.keys import (
     WORKER_FORGOTTEN_S,
     as_text,
     cancel_key,
+    lane_backlog_key,
+    lane_counters_key,
     lane_key,
     load_key,
     out_key,
@@ -42,6 +46,7 @@ PRUNE_EVERY_S = 60.0  # how often dead consumers and stale loads are removed
 CONSUMER_IDLE_MS = 600_000  # a consumer with nothing pending, idle this long, belongs to a dead worker
 CLAIMS_PER_IDLE = 4  # look for a dead worker's entries this many times per claim_idle_ms
 BLOCK_MS = 100  # an idle worker waits on its lanes this long per take
+SCAN = 1024  # new entries a take moves into a lane's backlog at most (a larger burst: the next takes)
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,19 @@ class LaneIO:
         result_ttl_s: int = 300,
         claim_idle_ms: int = 3000,
         block_ms: int = BLOCK_MS,
+        w_in: float = 1.0,
+        w_out: float = 2.0,
     ) -> None:
+        """``w_in``, ``w_out``: the engine's VTC weights (EngineConfig.vtc_input_weight, _output_):
+        a take charges a tenant w_in a prompt token and w_out a token of max_tokens."""
         self.redis, self.worker_id = redis, worker_id
         self.lanes = [lane_key(model, tier) for tier in tiers]  # highest tier first
+        self.keys = [  # take.lua's: per lane, the stream, its backlog and its counters
+            key
+            for tier in tiers
+            for key in (lane_key(model, tier), lane_backlog_key(model, tier), lane_counters_key(model, tier))
+        ]
+        self.w_in, self.w_out = w_in, w_out
         self.priorities = [tier_priorities(tiers)[tier] for tier in tiers]  # the engine's, per lane
         self.load_key = load_key(model)
         self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
@@ -104,17 +119,19 @@ class LaneIO:
     def take(self, room: Room) -> list[LaneEntry]:
         """The entries this worker has ``room`` for (the engine's Room of ``self.priorities``), in one
         call of take.lua: a dead worker's first (every claim_idle_ms / CLAIMS_PER_IDLE), then
-        new ones, highest tier first, each lane read once for as many as ``Room.count`` allows after
-        the entries taken before it. An urgent lane is still read while bulk work holds every slot
-        or block (the engine starts its entries by displacing that work)."""
+        waiting ones, highest tier first, as many of a lane as ``Room.count`` allows after the
+        entries taken before it, the least-served tenant's first. An urgent lane is still read
+        while bulk work holds every slot or block (the engine starts its entries by displacing
+        that work)."""
         claim = self._claim_due()
         if not any(room.count(p) for p in self.priorities):
             return []
-        return self._entries(self._take(keys=self.lanes, args=self._take_args(room, claim)))
+        return self._entries(self._take(keys=self.keys, args=self._take_args(room, claim)))
 
-    def _take_args(self, room: Room, claim: bool) -> list[str | int]:
-        args: list[str | int] = [GROUP, self.worker_id, int(claim), self.claim_idle_ms, room.free]
-        return args + [int(room.tiers), *(room.displacing.get(p, 0) for p in self.priorities)]
+    def _take_args(self, room: Room, claim: bool) -> list[str | int | float]:
+        args: list[str | int | float] = [GROUP, self.worker_id, int(claim), self.claim_idle_ms, room.free]
+        args += [int(room.tiers), SCAN, self.w_in, self.w_out]
+        return args + [room.displacing.get(p, 0) for p in self.priorities]
 
     def _entries(self, reply: Any) -> list[LaneEntry]:
         """take.lua's reply as lane entries: the claimed ones first, then the new ones."""
@@ -166,7 +183,7 @@ class LaneIO:
             if taking:
                 assert take is not None
                 args = self._take_args(take, claim=False)
-                pipe.evalsha(self._take.sha, len(self.lanes), *self.lanes, *args)
+                pipe.evalsha(self._take.sha, len(self.keys), *self.keys, *args)
             try:
                 replies = pipe.execute()
                 break

@@ -1,8 +1,8 @@
 """The worker bridge: lanes on Redis in, engine steps, tokens back out. The only place where lanes
 meet the engine; its Redis I/O is gateway/worker/lane_io.py.
 
-Each iteration: take every entry the engine has room for (a dead worker's left pending, then new
-ones, highest tier first) in one script call, read their cancel marks in one round trip, hand them
+Each iteration: take every entry the engine has room for (a dead worker's left pending, then waiting
+ones, highest tier first, the least-served tenant of a lane first) in one script call, read their cancel marks in one round trip, hand them
 all to the engine, run one engine step, then publish every new token of every request, the results
 of requests dropped or refused, ACK finished entries and read cancel marks, all in one MULTI/EXEC
 round trip (cancelled requests' aborts go out in one more). With an SLO-aware
@@ -87,6 +87,8 @@ class Worker:
             result_ttl_s=result_ttl_s,
             claim_idle_ms=claim_idle_ms,
             block_ms=block_ms,
+            w_in=engine.config.vtc_input_weight,
+            w_out=engine.config.vtc_output_weight,
         )
         self.priorities = dict(zip(self.lane_io.lanes, self.lane_io.priorities))
         self._outbox: list[LaneResult] = []  # results of requests dropped, refused or aborted ...

@@ -1,35 +1,114 @@
--- take: the entries of a model's lanes that one worker has room for, in one call.
--- KEYS: the lanes, highest tier first (lanes:{model}:{tier}).
+-- take: the entries of a model's lanes that one worker has room for, in one call, fair between the
+-- tenants of a lane (gateway/lanes/keys.py describes the keys; the engine's VTC, gateway-side).
+-- KEYS: per lane, highest tier first: the lane (lanes:{model}:{tier}), its backlog (sorted set of the
+--       tenants with entries waiting, scored by virtual counter; a tenant's entries wait in the list
+--       <backlog>:<tenant> as "id cost") and its counters (hash tenant -> counter; field "": the lane's
+--       virtual time, the counter of the tenant served last).
 -- ARGV: group, consumer, claim (1: first a dead worker's entries idle for min_idle_ms, by XAUTOCLAIM),
---       min_idle_ms, free, tiers (1: the engine orders by priority), then per lane: displacing.
--- free and displacing are the engine's Room (engine/scheduler/room.py), in requests; a lane is read
--- for as many entries as Room.count allows after every entry taken before it in this call.
+--       min_idle_ms, free, tiers (1: the engine orders by priority), scan, w_in, w_out, then per lane:
+--       displacing.
+-- free and displacing are the engine's Room (engine/scheduler/room.py), in requests; a lane yields as
+-- many entries as Room.count allows after every entry taken before it in this call. New entries
+-- (up to scan a lane per call) enter the lane's backlog by an XREADGROUP with NOACK: read, yet in no
+-- worker's pending list; a tenant with nothing waiting enters at the least counter of those waiting
+-- (the lane's virtual time if none wait), so idling banks no credit. A take serves the tenant of the
+-- least counter first and adds the entry's cost, (w_in * prompt + w_out * max_tokens * n) / weight
+-- (what the engine's VTC charges, its output at the most), then hands the entry to this worker with
+-- XCLAIM FORCE: from then on it is pending, reclaimed from a dead worker like any other.
 -- Returns per lane {claimed entries, new entries}, each entry {id, {field, value, ...}}.
 local group, consumer = ARGV[1], ARGV[2]
 local claim, min_idle = ARGV[3] == "1", ARGV[4]
 local free, tiers = tonumber(ARGV[5]), ARGV[6] == "1"
+local scan, w_in, w_out = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local LANE_ARGS = 9
+local lanes = #KEYS / 3
 local taken, out = {}, {}
-for i = 1, #KEYS do
+for i = 1, lanes do
   taken[i], out[i] = 0, { {}, {} }
 end
 
 local function room(i) -- Room.count of lane i, its priority below every earlier lane's
   local all, ahead = 0, 0
-  for j = 1, #KEYS do
+  for j = 1, lanes do
     all = all + taken[j]
     if j <= i or not tiers then
       ahead = ahead + taken[j]
     end
   end
-  return math.max(free - all, tonumber(ARGV[6 + i]) - ahead)
+  return math.max(free - all, tonumber(ARGV[LANE_ARGS + i]) - ahead)
+end
+
+local function cost(fields) -- an entry's tenant and cost; an unreadable one costs nothing (the worker drops it)
+  for k = 1, #fields, 2 do
+    if fields[k] == "body" then
+      local ok, body = pcall(cjson.decode, fields[k + 1])
+      if ok and type(body) == "table" and type(body.sampling) == "table" then
+        local s = body.sampling
+        local weight = tonumber(body.weight) or 1
+        local prompt = type(body.prompt_token_ids) == "table" and #body.prompt_token_ids or 0
+        local output = (tonumber(s.max_tokens) or 16) * (tonumber(s.n) or 1)
+        local tenant = (type(body.tenant) == "string" or type(body.tenant) == "number") and body.tenant or "?"
+        return tostring(tenant), (w_in * prompt + w_out * output) / (weight > 0 and weight or 1)
+      end
+    end
+  end
+  return "?", 0
+end
+
+local function least(backlog) -- the tenant waiting with the least counter, and the counter
+  local first = redis.call("ZRANGE", backlog, 0, 0, "WITHSCORES")
+  return first[1], tonumber(first[2])
+end
+
+local function enqueue(lane, backlog, counters) -- new entries of the lane into its backlog
+  local reply = redis.call("XREADGROUP", "GROUP", group, consumer, "COUNT", scan, "NOACK", "STREAMS", lane, ">")
+  if not reply then
+    return
+  end
+  for _, entry in ipairs(reply[1][2]) do
+    local tenant, charge = cost(entry[2])
+    if not redis.call("ZSCORE", backlog, tenant) then
+      local _, floor = least(backlog)
+      floor = floor or tonumber(redis.call("HGET", counters, "")) or 0
+      local own = tonumber(redis.call("HGET", counters, tenant)) or 0
+      redis.call("ZADD", backlog, math.max(own, floor), tenant)
+    end
+    redis.call("RPUSH", backlog .. ":" .. tenant, entry[1] .. " " .. charge)
+  end
+end
+
+local function serve(backlog, counters, n) -- up to n entry ids, least-served tenant first, charged
+  local ids = {}
+  while #ids < n do
+    local tenant, counter = least(backlog)
+    if not tenant then
+      break
+    end
+    local queue = backlog .. ":" .. tenant
+    local head = redis.call("LPOP", queue)
+    if head then
+      local id, charge = string.match(head, "^(%S+) (%S+)$")
+      ids[#ids + 1] = id
+      redis.call("HSET", counters, "", counter)
+      counter = counter + tonumber(charge)
+      redis.call("HSET", counters, tenant, counter)
+    end
+    if redis.call("LLEN", queue) == 0 then
+      redis.call("ZREM", backlog, tenant)
+    else
+      redis.call("ZADD", backlog, counter, tenant)
+    end
+  end
+  return ids
 end
 
 if claim then
-  for i, lane in ipairs(KEYS) do
+  for i = 1, lanes do
     local n = room(i)
     if n > 0 then
       local entries = {}
-      for _, entry in ipairs(redis.call("XAUTOCLAIM", lane, group, consumer, min_idle, "0-0", "COUNT", n)[2]) do
+      local reply = redis.call("XAUTOCLAIM", KEYS[3 * i - 2], group, consumer, min_idle, "0-0", "COUNT", n)
+      for _, entry in ipairs(reply[2]) do
         if type(entry) == "table" and type(entry[2]) == "table" then -- deleted entries carry no fields
           entries[#entries + 1] = entry
         end
@@ -38,12 +117,32 @@ if claim then
     end
   end
 end
-for i, lane in ipairs(KEYS) do
+for i = 1, lanes do
+  local lane, backlog, counters = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local n = room(i)
   if n > 0 then
-    local reply = redis.call("XREADGROUP", "GROUP", group, consumer, "COUNT", n, "STREAMS", lane, ">")
-    if reply then
-      out[i][2], taken[i] = reply[1][2], taken[i] + #reply[1][2]
+    enqueue(lane, backlog, counters)
+    local entries = out[i][2]
+    while n > 0 do
+      local ids = serve(backlog, counters, n)
+      if #ids == 0 then
+        break
+      end
+      -- only ids of the backlog, which no worker holds: FORCE adds each to this worker's pending
+      -- list (an id deleted meanwhile, by a test or an operator, is skipped)
+      local args = { "XCLAIM", lane, group, consumer, 0 }
+      for _, id in ipairs(ids) do
+        args[#args + 1] = id
+      end
+      for _, word in ipairs({ "RETRYCOUNT", "1", "FORCE" }) do
+        args[#args + 1] = word
+      end
+      local claimed = redis.call(unpack(args))
+      for _, entry in ipairs(claimed) do
+        entries[#entries + 1] = entry
+      end
+      taken[i] = taken[i] + #claimed
+      n = room(i)
     end
   end
 end

@@ -154,10 +154,10 @@ async def test_several_prompts_reserve_for_all_and_are_refunded_when_none_ran(qu
             tenant, key, _ = await gw.tenant(max_concurrency=1, daily_token_budget=10**6)
             waiting = asyncio.create_task(gw.complete(key, ["abc", "de", "fghi"], n=2, max_tokens=4))
             for _ in range(100):  # every prompt queued: an entry each
-                if sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*")) == 3:
+                if sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*", _type="stream")) == 3:
                     break
                 await asyncio.sleep(0.05)
-            assert sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*")) == 3
+            assert sum(redis.xlen(k) for k in redis.scan_iter(match=f"lanes:{model}:*", _type="stream")) == 3
             usage = await gw.quota_usage(tenant["id"])
             assert (
                 usage["in_flight"] == 1 and usage["daily"]["used"] == 9 + 3 * 2 * 4

@@ -1,0 +1,134 @@
+"""take.lua against real Redis: inside a lane the least-served tenant's entries are taken first (a
+virtual token counter per tenant, shared by every worker), a tenant that idled banks no credit, and
+a dead worker's entries are still reclaimed, each entry held by exactly one worker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from engine import Room, SamplingParams
+from gateway.lanes.keys import GROUP, lane_backlog_key, lane_counters_key, lane_key
+from gateway.lanes.messages import LaneRequest
+from gateway.worker.lane_io import LaneEntry, LaneIO
+
+TIERS = ["priority", "standard", "batch"]
+COST = 1.0 * 4 + 2.0 * 1  # w_in a prompt token, w_out a token of max_tokens: 4 prompt tokens, max_tokens 1
+
+
+def _submit(redis, model, tenant, n, tier="standard", weight=1.0) -> list[str]:
+    pipe = redis.pipeline(transaction=True)
+    for _ in range(n):
+        request = LaneRequest(
+            request_id=f"req-{uuid.uuid4().hex[:12]}",
+            model=model,
+            tier=tier,
+            tenant=tenant,
+            prompt_token_ids=(5, 6, 7, 8),
+            sampling=SamplingParams(max_tokens=1, temperature=0.0),
+            weight=weight,
+        )
+        pipe.xadd(lane_key(model, tier), request.encode())
+    return [entry_id.decode() for entry_id in pipe.execute()]
+
+
+def _io(redis, model, worker_id="w1", **kw) -> LaneIO:
+    io = LaneIO(redis, model=model, tiers=TIERS, worker_id=worker_id, **kw)
+    io.setup()
+    return io
+
+
+def _room(n: int) -> Room:
+    return Room(free=n, displacing={}, tiers=True)
+
+
+def _tenants(entries: list[LaneEntry]) -> list[str]:
+    return [LaneRequest.decode(e.fields).tenant for e in entries]
+
+
+def _counter(redis, model, tenant, tier="standard") -> float:
+    return float(redis.hget(lane_counters_key(model, tier), tenant) or 0)
+
+
+def test_a_light_tenant_is_taken_before_a_heavy_backlog_ahead_of_it(redis, model_name):
+    _submit(redis, model_name, "heavy", 50)
+    light = _submit(redis, model_name, "light", 2)
+    io = _io(redis, model_name)
+    taken = io.take(_room(4))
+    assert len(taken) == 4 and {e.entry_id for e in taken} >= set(light)
+    assert sorted(_tenants(taken)) == ["heavy", "heavy", "light", "light"]
+    lane = lane_key(model_name, "standard")
+    info = redis.xpending(lane, GROUP)
+    assert info["pending"] == 4 and redis.xlen(lane) - info["pending"] == 48  # what waits, as /metrics says
+    # the rest is the heavy tenant's, oldest first, for any worker
+    rest = _io(redis, model_name, "w2").take(_room(100))
+    assert len(rest) == 48 and set(_tenants(rest)) == {"heavy"}
+    assert [e.entry_id for e in rest] == sorted((e.entry_id for e in rest), key=lambda i: tuple(map(int, i.split("-"))))
+    assert redis.zcard(lane_backlog_key(model_name, "standard")) == 0
+
+
+def test_a_tenant_weighs_its_share(redis, model_name):
+    _submit(redis, model_name, "one", 12)
+    _submit(redis, model_name, "two", 12, weight=2.0)
+    taken = _io(redis, model_name).take(_room(9))
+    assert _tenants(taken).count("two") == 6 and _tenants(taken).count("one") == 3
+
+
+def test_a_returning_tenant_is_lifted_to_those_waiting(redis, model_name):
+    io = _io(redis, model_name)
+    _submit(redis, model_name, "b", 1)
+    assert _tenants(io.take(_room(1))) == ["b"]  # b's counter: one entry's cost
+    _submit(redis, model_name, "a", 10)
+    assert len(io.take(_room(10))) == 10  # a alone, served 10 entries while b idled
+    assert _counter(redis, model_name, "a") == 10 * COST
+    _submit(redis, model_name, "a", 10)
+    _submit(redis, model_name, "b", 10)
+    taken = io.take(_room(4))
+    # b enters at a's counter, not at its own: no burst of 9 entries' credit
+    assert sorted(_tenants(taken)) == ["a", "a", "b", "b"]
+    assert _counter(redis, model_name, "b") == _counter(redis, model_name, "a") == 12 * COST
+
+
+def test_a_tenant_returning_to_an_empty_lane_enters_at_the_lane_virtual_time(redis, model_name):
+    io = _io(redis, model_name)
+    _submit(redis, model_name, "b", 1)
+    io.take(_room(1))
+    for _ in range(5):  # a alone, every entry taken at once: nothing ever waits
+        _submit(redis, model_name, "a", 2)
+        io.take(_room(2))
+    _submit(redis, model_name, "b", 4)
+    _submit(redis, model_name, "a", 4)
+    taken = io.take(_room(4))
+    assert _tenants(taken).count("b") <= 3  # b's credit is at most one entry, not nine
+    assert _counter(redis, model_name, "b") >= 9 * COST
+
+
+def test_entries_are_held_by_one_worker_each_and_a_dead_workers_are_reclaimed(redis, model_name):
+    ids = set(_submit(redis, model_name, "a", 10) + _submit(redis, model_name, "b", 10))
+    dead, survivor = _io(redis, model_name, "dead"), _io(redis, model_name, "survivor", claim_idle_ms=200)
+    held = [e.entry_id for e in dead.take(_room(6))]
+    survivor._claim_due()  # its next take claims only once claim_idle_ms / CLAIMS_PER_IDLE passed
+    mine = [e.entry_id for e in survivor.take(_room(20))]
+    assert len(held) == 6 and len(mine) == 14 and set(held) | set(mine) == ids and not set(held) & set(mine)
+    lane = lane_key(model_name, "standard")
+    pending = redis.xpending_range(lane, GROUP, min="-", max="+", count=100)
+    assert {p["times_delivered"] for p in pending} == {1}
+    assert {p["consumer"].decode() for p in pending} == {"dead", "survivor"}
+    for entry_id in mine:
+        redis.xack(lane, GROUP, entry_id)
+        redis.xdel(lane, entry_id)
+    time.sleep(0.3)  # the dead worker's entries idle past claim_idle_ms
+    survivor._last_claim = 0.0
+    claimed = survivor.take(_room(20))
+    assert {e.entry_id for e in claimed} == set(held) and all(e.claimed for e in claimed)
+    assert survivor.take(_room(20)) == []
+
+
+def test_an_entry_deleted_while_it_waits_is_skipped_and_an_unreadable_one_taken(redis, model_name):
+    a = _submit(redis, model_name, "a", 3)
+    io = _io(redis, model_name)
+    assert [e.entry_id for e in io.take(_room(1))] == a[:1]
+    garbage = redis.xadd(lane_key(model_name, "standard"), {"v": "2", "body": "not json"}).decode()
+    redis.xdel(lane_key(model_name, "standard"), a[1])  # an operator removed it
+    taken = io.take(_room(3))
+    assert {e.entry_id for e in taken} == {a[2], garbage}  # the worker drops what it cannot read
