@@ -10,7 +10,9 @@ one loop would take; the engine keeps any excess waiting, in its policy's order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+FRESH_TENANT = "\x00fresh"  # a tenant no request carries: one that holds nothing (Room.fresh)
 
 
 @dataclass(frozen=True)
@@ -18,11 +20,16 @@ class Room:
     """``free``: requests that start without displacing anyone (the sequence cap, the KV blocks).
     ``displacing[p]``: requests of priority ``p`` that start by pushing out running work the policy
     lets them displace, beyond those waiting at ``p`` or above (every waiting one when the policy
-    has no tiers). ``tiers``: the policy orders by priority."""
+    has no tiers). ``tiers``: the policy orders by priority. ``fresh[p]``: the same for a request of
+    a tenant that holds no sequence of ``p``'s tier (in ``active[p]``, the tenants that do): under
+    VTC it also displaces what more-served tenants hold beyond their shares, so a worker takes a
+    light tenant's entry while a heavy one holds every slot."""
 
     free: int
     displacing: Mapping[int, int]
     tiers: bool
+    fresh: Mapping[int, int] = field(default_factory=dict)
+    active: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
     def count(self, priority: int, taken: Iterable[int] = ()) -> int:
         """How many more of ``priority`` would start once requests of the priorities ``taken`` were
@@ -30,10 +37,16 @@ class Room:
         room = self.after(taken)
         return max(0, room.free, room.displacing.get(priority, 0))
 
+    def fresh_count(self, priority: int, taken: Iterable[int] = ()) -> int:
+        """``count`` for a request of a tenant outside ``active[priority]``."""
+        room = self.after(taken)
+        return max(0, room.free, room.displacing.get(priority, 0), room.fresh.get(priority, 0))
+
     def after(self, taken: Iterable[int]) -> Room:
         """The room left once requests of the priorities ``taken`` were added."""
         taken = list(taken)
-        displacing = {
-            p: d - sum(1 for t in taken if t >= p or not self.tiers) for p, d in self.displacing.items()
-        }
-        return Room(self.free - len(taken), displacing, self.tiers)
+
+        def less(counts: Mapping[int, int]) -> dict[int, int]:
+            return {p: d - sum(1 for t in taken if t >= p or not self.tiers) for p, d in counts.items()}
+
+        return Room(self.free - len(taken), less(self.displacing), self.tiers, less(self.fresh), self.active)

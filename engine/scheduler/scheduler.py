@@ -24,7 +24,7 @@ from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import SchedulingPolicy
 from engine.scheduler.preemption import PreemptionChooser, SwapCost
 from engine.scheduler.registry import make_policy
-from engine.scheduler.room import Room
+from engine.scheduler.room import FRESH_TENANT, Room
 
 
 class Drafter(Protocol):
@@ -95,11 +95,15 @@ class Scheduler:
         spare = self.block_manager.num_free_blocks - need - self._reserve - len(self.running)
         smallest = self.block_manager.blocks_needed(2)  # a one-token prompt and its first output
         free = max(0, min(slots, -(-spare // smallest)))  # has_room holds while spare stays above 0
-        displacing = {}
+        displacing, fresh, active = {}, {}, {}
         for p in priorities:
             ahead = sum(1 for s in waiting if s.priority >= p or not self.policy.tiers)
             displacing[p] = self.policy.displaceable(p, None, self.running) - ahead
-        return Room(free, displacing, bool(self.policy.tiers))
+            fresh[p] = self.policy.displaceable(p, FRESH_TENANT, self.running) - ahead
+            active[p] = frozenset(
+                s.tenant for s in (*self.running, *waiting) if s.priority == p or not self.policy.tiers
+            )
+        return Room(free, displacing, bool(self.policy.tiers), fresh, active)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING

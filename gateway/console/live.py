@@ -132,7 +132,7 @@ async def read_lanes(redis: aioredis.Redis, model: str, tiers: list[str]) -> lis
     # Workers take a lane's entries least-served tenant first, not in order: the oldest waiting
     # entry is the oldest one no worker holds (every held one is pending; finished ones are deleted).
     pipe = redis.pipeline(transaction=False)
-    for tier, queued, pending in lanes:
+    for tier, _queued, pending in lanes:
         pipe.xrange(lane_key(model, tier), count=pending + 1)
         pipe.xpending_range(lane_key(model, tier), GROUP, min="-", max="+", count=max(pending, 1))
     oldest = await pipe.execute(raise_on_error=False)

@@ -2,13 +2,14 @@
 meet the engine; its Redis I/O is gateway/worker/lane_io.py.
 
 Each iteration: take every entry the engine has room for (a dead worker's left pending, then waiting
-ones, highest tier first, the least-served tenant of a lane first) in one script call, read their cancel marks in one round trip, hand them
-all to the engine, run one engine step, then publish every new token of every request, the results
-of requests dropped or refused, ACK finished entries and read cancel marks, all in one MULTI/EXEC
-round trip (cancelled requests' aborts go out in one more). With an SLO-aware
-policy the same round trip refreshes, every ~50 ms, the engine's load in ``load:{model}`` for the
-gateways' door check, and a request the engine refuses for its TTFT target (on arrival or at a
-step start) is published as an error result with code ``slo_unattainable`` and its retry-after.
+ones, highest tier first, the least-served tenant of a lane first) in one script call, read their
+cancel marks in one round trip, hand them all to the engine, run one engine step, then publish
+every new token of every request, the results of requests dropped or refused, ACK finished entries
+and read cancel marks, all in one MULTI/EXEC round trip (cancelled requests' aborts go out in one
+more). With an SLO-aware policy the same round trip refreshes, every ~50 ms, the engine's load in
+``load:{model}`` for the gateways' door check, and a request the engine refuses for its TTFT target
+(on arrival or at a step start) is published as an error result with code ``slo_unattainable`` and
+its retry-after.
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@
 --       virtual time, the counter of the tenant served last).
 -- ARGV: group, consumer, claim (1: first a dead worker's entries idle for min_idle_ms, by XAUTOCLAIM),
 --       min_idle_ms, free, tiers (1: the engine orders by priority), scan, w_in, w_out, then per lane:
---       displacing.
--- free and displacing are the engine's Room (engine/scheduler/room.py), in requests; a lane yields as
--- many entries as Room.count allows after every entry taken before it in this call. New entries
+--       displacing, fresh, active (tenant ids, one a line).
+-- free, displacing, fresh and active are the engine's Room (engine/scheduler/room.py), in requests; a
+-- lane yields as many entries as Room.count allows after every entry taken before it in this call,
+-- then one entry more of each tenant outside active (least-served first) while Room.fresh_count
+-- allows: the engine starts it by displacing a tenant that holds more than its share. New entries
 -- (up to scan a lane per call) enter the lane's backlog by an XREADGROUP with NOACK: read, yet in no
 -- worker's pending list; a tenant with nothing waiting enters at the least counter of those waiting
 -- (the lane's virtual time if none wait), so idling banks no credit. A take serves the tenant of the
@@ -27,7 +29,7 @@ for i = 1, lanes do
   taken[i], out[i] = 0, { {}, {} }
 end
 
-local function room(i) -- Room.count of lane i, its priority below every earlier lane's
+local function room(i, fresh) -- Room.count (fresh: fresh_count) of lane i, below every earlier lane
   local all, ahead = 0, 0
   for j = 1, lanes do
     all = all + taken[j]
@@ -35,7 +37,9 @@ local function room(i) -- Room.count of lane i, its priority below every earlier
       ahead = ahead + taken[j]
     end
   end
-  return math.max(free - all, tonumber(ARGV[LANE_ARGS + i]) - ahead)
+  local base = LANE_ARGS + 3 * (i - 1)
+  local n = math.max(free - all, tonumber(ARGV[base + 1]) - ahead)
+  return fresh and math.max(n, tonumber(ARGV[base + 2]) - ahead) or n
 end
 
 local function cost(fields) -- an entry's tenant and cost; an unreadable one costs nothing (the worker drops it)
@@ -77,29 +81,42 @@ local function enqueue(lane, backlog, counters) -- new entries of the lane into 
   end
 end
 
-local function serve(backlog, counters, n) -- up to n entry ids, least-served tenant first, charged
-  local ids = {}
-  while #ids < n do
-    local tenant, counter = least(backlog)
-    if not tenant then
-      break
-    end
-    local queue = backlog .. ":" .. tenant
-    local head = redis.call("LPOP", queue)
-    if head then
-      local id, charge = string.match(head, "^(%S+) (%S+)$")
-      ids[#ids + 1] = id
-      redis.call("HSET", counters, "", counter)
-      counter = counter + tonumber(charge)
-      redis.call("HSET", counters, tenant, counter)
-    end
-    if redis.call("LLEN", queue) == 0 then
-      redis.call("ZREM", backlog, tenant)
-    else
-      redis.call("ZADD", backlog, counter, tenant)
-    end
+local function pop(backlog, counters, tenant, counter) -- the tenant's oldest entry id, charged
+  local queue = backlog .. ":" .. tenant
+  local head, id = redis.call("LPOP", queue), nil
+  if head then
+    local charge
+    id, charge = string.match(head, "^(%S+) (%S+)$")
+    redis.call("HSET", counters, "", counter)
+    counter = counter + tonumber(charge)
+    redis.call("HSET", counters, tenant, counter)
   end
-  return ids
+  if redis.call("LLEN", queue) == 0 then
+    redis.call("ZREM", backlog, tenant)
+  else
+    redis.call("ZADD", backlog, counter, tenant)
+  end
+  return id
+end
+
+local function hand(lane, ids, entries) -- the ids, which no worker holds, to this worker; how many
+  -- FORCE adds each to this worker's pending list (an id deleted meanwhile, by a test or an
+  -- operator, is skipped)
+  if #ids == 0 then
+    return 0
+  end
+  local args = { "XCLAIM", lane, group, consumer, 0 }
+  for _, id in ipairs(ids) do
+    args[#args + 1] = id
+  end
+  for _, word in ipairs({ "RETRYCOUNT", "1", "FORCE" }) do
+    args[#args + 1] = word
+  end
+  local claimed = redis.call(unpack(args))
+  for _, entry in ipairs(claimed) do
+    entries[#entries + 1] = entry
+  end
+  return #claimed
 end
 
 if claim then
@@ -119,30 +136,42 @@ if claim then
 end
 for i = 1, lanes do
   local lane, backlog, counters = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local n = room(i)
-  if n > 0 then
+  local active = {}
+  for tenant in string.gmatch(ARGV[LANE_ARGS + 3 * i], "[^\n]+") do
+    active[tenant] = true
+  end
+  if room(i, true) > 0 then
     enqueue(lane, backlog, counters)
-    local entries = out[i][2]
-    while n > 0 do
-      local ids = serve(backlog, counters, n)
+    local entries, n = out[i][2], room(i)
+    while n > 0 do -- the least-served tenants' entries, as many as the room
+      local ids = {}
+      while #ids < n do
+        local tenant, counter = least(backlog)
+        if not tenant then
+          break
+        end
+        active[tenant] = true
+        ids[#ids + 1] = pop(backlog, counters, tenant, counter)
+      end
       if #ids == 0 then
         break
       end
-      -- only ids of the backlog, which no worker holds: FORCE adds each to this worker's pending
-      -- list (an id deleted meanwhile, by a test or an operator, is skipped)
-      local args = { "XCLAIM", lane, group, consumer, 0 }
-      for _, id in ipairs(ids) do
-        args[#args + 1] = id
-      end
-      for _, word in ipairs({ "RETRYCOUNT", "1", "FORCE" }) do
-        args[#args + 1] = word
-      end
-      local claimed = redis.call(unpack(args))
-      for _, entry in ipairs(claimed) do
-        entries[#entries + 1] = entry
-      end
-      taken[i] = taken[i] + #claimed
+      taken[i] = taken[i] + hand(lane, ids, entries)
       n = room(i)
+    end
+    while room(i, true) > 0 do -- then one of each tenant new to the engine's tier, while it displaces
+      local waiting, tenant, counter = redis.call("ZRANGE", backlog, 0, -1, "WITHSCORES"), nil, nil
+      for k = 1, #waiting, 2 do
+        if not active[waiting[k]] then
+          tenant, counter = waiting[k], tonumber(waiting[k + 1])
+          break
+        end
+      end
+      if not tenant then
+        break
+      end
+      active[tenant] = true
+      taken[i] = taken[i] + hand(lane, { pop(backlog, counters, tenant, counter) }, entries)
     end
   end
 end

@@ -82,3 +82,18 @@ def test_the_room_after_some_were_taken_counts_the_same():
     room = s.room(queued, PRIORITIES)
     for taken in ([], [3], [3, 2, 2], [1, 1, 3]):
         assert [room.after(taken).count(p) for p in PRIORITIES] == [room.count(p, taken) for p in PRIORITIES]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "vtc", "priority+vtc", "priority+vtc+slo"])
+def test_fresh_counts_what_has_room_for_admits_for_a_tenant_new_to_the_tier(policy):
+    """One tenant holds every slot: under VTC a tenant holding nothing would start by displacing
+    what the first holds beyond its share (one by one, each a new tenant); without VTC, nothing."""
+    s, _ = state(policy, running=8, running_priority=1, waiting=[], max_num_seqs=8)
+    room = s.room([], PRIORITIES)
+    assert room.active[1] == {"default"} and room.active[3] == (set() if s.policy.tiers else {"default"})
+    waiting, fresh = [], 0
+    while s.has_room_for(waiting, priority=1, tenant=f"new{fresh}") and fresh < 100:
+        waiting.append(seq(f"n{fresh}", 1, priority=1, tenant=f"new{fresh}"))
+        fresh += 1
+    assert room.fresh_count(1) == fresh
+    assert (fresh > room.count(1)) == ("vtc" in policy)

@@ -38,12 +38,12 @@ def counted(redis_url):
     client.close()
 
 
-def _request(model, tier, *, max_tokens=1, prompt=(5, 6, 7, 8)) -> LaneRequest:
+def _request(model, tier, *, max_tokens=1, prompt=(5, 6, 7, 8), tenant="acme") -> LaneRequest:
     return LaneRequest(
         request_id=f"req-{uuid.uuid4().hex[:12]}",
         model=model,
         tier=tier,
-        tenant="acme",
+        tenant=tenant,
         prompt_token_ids=tuple(prompt),
         sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
@@ -167,6 +167,21 @@ def test_an_urgent_burst_displaces_as_many_as_the_engine_would(tiny_engine_facto
     assert len(set(worker.inflight) & set(urgent)) == 2 and _pending(redis, model_name, "priority") == 2
     _run_until_done(worker, redis, bulk + urgent)
     _cleanup(redis, bulk + urgent)
+
+
+def test_a_light_tenant_is_taken_while_a_heavy_one_holds_every_slot(tiny_engine_factory, redis, model_name):
+    """Under VTC the light tenant's entry is taken at the next step, beside the heavy tenant's
+    backlog, and the engine starts it by displacing what the heavy tenant holds beyond its share."""
+    worker = _worker(tiny_engine_factory(max_num_seqs=4, policy="vtc"), redis, model_name)
+    heavy = _submit(redis, model_name, n=10, max_tokens=40, tenant="heavy")
+    worker.run_once()
+    assert set(worker.inflight) < set(heavy) and worker.engine.num_running == 4
+    light = _submit(redis, model_name, n=1, max_tokens=2, tenant="light")
+    worker.run_once()
+    assert light[0] in worker.inflight and len(set(worker.inflight) & set(heavy)) == 4
+    assert _results(redis, light[0])  # its first token came in that step
+    _run_until_done(worker, redis, heavy + light)
+    _cleanup(redis, heavy + light)
 
 
 def test_cancelled_entries_of_a_burst_are_dropped_in_the_same_read(tiny_engine_factory, redis, model_name):

@@ -63,7 +63,8 @@ def test_a_light_tenant_is_taken_before_a_heavy_backlog_ahead_of_it(redis, model
     # the rest is the heavy tenant's, oldest first, for any worker
     rest = _io(redis, model_name, "w2").take(_room(100))
     assert len(rest) == 48 and set(_tenants(rest)) == {"heavy"}
-    assert [e.entry_id for e in rest] == sorted((e.entry_id for e in rest), key=lambda i: tuple(map(int, i.split("-"))))
+    ids = [e.entry_id for e in rest]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
     assert redis.zcard(lane_backlog_key(model_name, "standard")) == 0
 
 
@@ -132,3 +133,20 @@ def test_an_entry_deleted_while_it_waits_is_skipped_and_an_unreadable_one_taken(
     redis.xdel(lane_key(model_name, "standard"), a[1])  # an operator removed it
     taken = io.take(_room(3))
     assert {e.entry_id for e in taken} == {a[2], garbage}  # the worker drops what it cannot read
+
+
+def test_with_no_room_a_tenant_new_to_the_engine_is_taken_while_it_displaces(redis, model_name):
+    _submit(redis, model_name, "heavy", 5)
+    light = _submit(redis, model_name, "light", 2) + _submit(redis, model_name, "other", 1)
+    io = _io(redis, model_name)  # standard is priority 2; the engine holds heavy's work only
+    room = Room(
+        free=0, displacing={3: 0, 2: 0, 1: 0}, tiers=True, fresh={2: 2}, active={2: frozenset({"heavy"})}
+    )
+    taken = io.take(room)
+    assert {e.entry_id for e in taken} == {light[0], light[2]}  # one a new tenant, as long as it displaces
+    assert (
+        io.take(
+            Room(free=0, displacing={}, tiers=True, fresh={2: 1}, active={2: frozenset({"light", "heavy"})})
+        )
+        == []
+    )
