@@ -20,27 +20,31 @@ class Room:
     """``free``: requests that start without displacing anyone (the sequence cap, the KV blocks).
     ``displacing[p]``: requests of priority ``p`` that start by pushing out running work the policy
     lets them displace, beyond those waiting at ``p`` or above (every waiting one when the policy
-    has no tiers). ``tiers``: the policy orders by priority. ``fresh[p]``: the same for a request of
-    a tenant that holds no sequence of ``p``'s tier (in ``active[p]``, the tenants that do): under
-    VTC it also displaces what more-served tenants hold beyond their shares, so a worker takes a
-    light tenant's entry while a heavy one holds every slot."""
+    has no tiers). ``tiers``: the policy orders by priority. ``tenants[p][t]``: the same for a
+    request of tenant ``t``, one of those holding sequences of ``p``'s tier, and ``fresh[p]`` for
+    any other tenant: under VTC a tenant below its share also displaces what more-served tenants
+    hold beyond theirs, so a worker takes a light tenant's entry while a heavy one holds every slot."""
 
     free: int
     displacing: Mapping[int, int]
     tiers: bool
     fresh: Mapping[int, int] = field(default_factory=dict)
-    active: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    tenants: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
-    def count(self, priority: int, taken: Iterable[int] = ()) -> int:
-        """How many more of ``priority`` would start once requests of the priorities ``taken`` were
-        added (each of them fills a slot, and waits ahead of ``priority`` if at or above it)."""
+    def count(self, priority: int, taken: Iterable[int] = (), tenant: str | None = None) -> int:
+        """How many more of ``priority`` (of ``tenant``, if given) would start once requests of the
+        priorities ``taken`` were added (each of them fills a slot, and waits ahead of ``priority``
+        if at or above it)."""
         room = self.after(taken)
-        return max(0, room.free, room.displacing.get(priority, 0))
+        n = max(0, room.free, room.displacing.get(priority, 0))
+        if tenant is None:
+            return n
+        return max(n, room.tenants.get(priority, {}).get(tenant, room.fresh.get(priority, 0)))
 
-    def fresh_count(self, priority: int, taken: Iterable[int] = ()) -> int:
-        """``count`` for a request of a tenant outside ``active[priority]``."""
-        room = self.after(taken)
-        return max(0, room.free, room.displacing.get(priority, 0), room.fresh.get(priority, 0))
+    def most(self, priority: int) -> int:
+        """The largest ``count`` of ``priority`` over every tenant: whether a lane is worth reading."""
+        by_tenant = [self.fresh.get(priority, 0), *self.tenants.get(priority, {}).values()]
+        return max(self.count(priority), *by_tenant)
 
     def after(self, taken: Iterable[int]) -> Room:
         """The room left once requests of the priorities ``taken`` were added."""
@@ -49,4 +53,8 @@ class Room:
         def less(counts: Mapping[int, int]) -> dict[int, int]:
             return {p: d - sum(1 for t in taken if t >= p or not self.tiers) for p, d in counts.items()}
 
-        return Room(self.free - len(taken), less(self.displacing), self.tiers, less(self.fresh), self.active)
+        tenants = {
+            p: {t: d - sum(1 for x in taken if x >= p or not self.tiers) for t, d in counts.items()}
+            for p, counts in self.tenants.items()
+        }
+        return Room(self.free - len(taken), less(self.displacing), self.tiers, less(self.fresh), tenants)

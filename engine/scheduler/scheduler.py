@@ -95,15 +95,14 @@ class Scheduler:
         spare = self.block_manager.num_free_blocks - need - self._reserve - len(self.running)
         smallest = self.block_manager.blocks_needed(2)  # a one-token prompt and its first output
         free = max(0, min(slots, -(-spare // smallest)))  # has_room holds while spare stays above 0
-        displacing, fresh, active = {}, {}, {}
+        displacing, fresh, tenants = {}, {}, {}
         for p in priorities:
             ahead = sum(1 for s in waiting if s.priority >= p or not self.policy.tiers)
             displacing[p] = self.policy.displaceable(p, None, self.running) - ahead
             fresh[p] = self.policy.displaceable(p, FRESH_TENANT, self.running) - ahead
-            active[p] = frozenset(
-                s.tenant for s in (*self.running, *waiting) if s.priority == p or not self.policy.tiers
-            )
-        return Room(free, displacing, bool(self.policy.tiers), fresh, active)
+            held = {s.tenant for s in (*self.running, *waiting) if s.priority == p or not self.policy.tiers}
+            tenants[p] = {t: self.policy.displaceable(p, t, self.running) - ahead for t in held}
+        return Room(free, displacing, bool(self.policy.tiers), fresh, tenants)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING

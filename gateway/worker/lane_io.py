@@ -123,10 +123,10 @@ class LaneIO:
         entries taken before it, the least-served tenant's first. An urgent lane is still read
         while bulk work holds every slot or block (the engine starts its entries by displacing
         that work), and so is a lane where a tenant new to the engine's tier waits while more-served
-        tenants hold more than their shares (``Room.fresh``: the engine starts its entry by
-        displacing one of theirs)."""
+        tenants hold more than their shares (``Room.tenants``, ``Room.fresh``: the engine starts
+        its entry by displacing one of theirs)."""
         claim = self._claim_due()
-        if not any(room.fresh_count(p) for p in self.priorities):
+        if not any(room.most(p) for p in self.priorities):
             return []
         return self._entries(self._take(keys=self.keys, args=self._take_args(room, claim)))
 
@@ -134,8 +134,8 @@ class LaneIO:
         args: list[str | int | float] = [GROUP, self.worker_id, int(claim), self.claim_idle_ms, room.free]
         args += [int(room.tiers), SCAN, self.w_in, self.w_out]
         for p in self.priorities:
-            active = "\n".join(sorted(room.active.get(p, ())))
-            args += [room.displacing.get(p, 0), room.fresh.get(p, 0), active]
+            held = "".join(f"{t}\n{n}\n" for t, n in sorted(room.tenants.get(p, {}).items()))
+            args += [room.displacing.get(p, 0), room.fresh.get(p, 0), held]
         return args
 
     def _entries(self, reply: Any) -> list[LaneEntry]:
@@ -178,7 +178,7 @@ class LaneIO:
         the tokens its dead worker published, where this worker resumes it from; with ``take``, the
         new entries that room holds (as ``take``, without claims). One round trip."""
         claimed = [request_id for request_id, was_claimed in requests if was_claimed]
-        taking = take is not None and any(take.fresh_count(p) for p in self.priorities)
+        taking = take is not None and any(take.most(p) for p in self.priorities)
         for attempt in range(2):
             pipe = self.redis.pipeline(transaction=False)
             for request_id in claimed:

@@ -6,11 +6,11 @@
 --       virtual time, the counter of the tenant served last).
 -- ARGV: group, consumer, claim (1: first a dead worker's entries idle for min_idle_ms, by XAUTOCLAIM),
 --       min_idle_ms, free, tiers (1: the engine orders by priority), scan, w_in, w_out, then per lane:
---       displacing, fresh, active (tenant ids, one a line).
--- free, displacing, fresh and active are the engine's Room (engine/scheduler/room.py), in requests; a
--- lane yields as many entries as Room.count allows after every entry taken before it in this call,
--- then one entry more of each tenant outside active (least-served first) while Room.fresh_count
--- allows: the engine starts it by displacing a tenant that holds more than its share. New entries
+--       displacing, fresh, tenants (a line of tenant id, a line of its count, for each).
+-- free, displacing, fresh and tenants are the engine's Room (engine/scheduler/room.py), in requests;
+-- a lane yields as many entries as Room.count allows after every entry taken before it in this call,
+-- then one entry more of each tenant (least-served first) whose own Room.count allows it: the engine
+-- starts it by displacing a tenant that holds more than its share. New entries
 -- (up to scan a lane per call) enter the lane's backlog by an XREADGROUP with NOACK: read, yet in no
 -- worker's pending list; a tenant with nothing waiting enters at the least counter of those waiting
 -- (the lane's virtual time if none wait), so idling banks no credit. A take serves the tenant of the
@@ -29,7 +29,8 @@ for i = 1, lanes do
   taken[i], out[i] = 0, { {}, {} }
 end
 
-local function room(i, fresh) -- Room.count (fresh: fresh_count) of lane i, below every earlier lane
+local function room(i, by_tenant) -- Room.count of lane i, below every earlier lane (of a tenant
+  -- whose own count, before this call, is by_tenant)
   local all, ahead = 0, 0
   for j = 1, lanes do
     all = all + taken[j]
@@ -37,9 +38,8 @@ local function room(i, fresh) -- Room.count (fresh: fresh_count) of lane i, belo
       ahead = ahead + taken[j]
     end
   end
-  local base = LANE_ARGS + 3 * (i - 1)
-  local n = math.max(free - all, tonumber(ARGV[base + 1]) - ahead)
-  return fresh and math.max(n, tonumber(ARGV[base + 2]) - ahead) or n
+  local n = math.max(free - all, tonumber(ARGV[LANE_ARGS + 3 * i - 2]) - ahead)
+  return by_tenant and math.max(n, by_tenant - ahead) or n
 end
 
 local function cost(fields) -- an entry's tenant and cost; an unreadable one costs nothing (the worker drops it)
@@ -136,11 +136,16 @@ if claim then
 end
 for i = 1, lanes do
   local lane, backlog, counters = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local active = {}
-  for tenant in string.gmatch(ARGV[LANE_ARGS + 3 * i], "[^\n]+") do
-    active[tenant] = true
+  local fresh, held, most, done = tonumber(ARGV[LANE_ARGS + 3 * i - 1]), {}, 0, {}
+  local lines = {}
+  for line in string.gmatch(ARGV[LANE_ARGS + 3 * i], "[^\n]+") do
+    lines[#lines + 1] = line
   end
-  if room(i, true) > 0 then
+  for k = 1, #lines - 1, 2 do
+    held[lines[k]] = tonumber(lines[k + 1])
+    most = math.max(most, held[lines[k]])
+  end
+  if room(i, math.max(fresh, most)) > 0 then
     enqueue(lane, backlog, counters)
     local entries, n = out[i][2], room(i)
     while n > 0 do -- the least-served tenants' entries, as many as the room
@@ -150,7 +155,7 @@ for i = 1, lanes do
         if not tenant then
           break
         end
-        active[tenant] = true
+        done[tenant] = true
         ids[#ids + 1] = pop(backlog, counters, tenant, counter)
       end
       if #ids == 0 then
@@ -159,18 +164,20 @@ for i = 1, lanes do
       taken[i] = taken[i] + hand(lane, ids, entries)
       n = room(i)
     end
-    while room(i, true) > 0 do -- then one of each tenant new to the engine's tier, while it displaces
+    -- then one entry of each other tenant, least-served first, that starts by displacing
+    while room(i, math.max(fresh, most)) > 0 do
       local waiting, tenant, counter = redis.call("ZRANGE", backlog, 0, -1, "WITHSCORES"), nil, nil
       for k = 1, #waiting, 2 do
-        if not active[waiting[k]] then
-          tenant, counter = waiting[k], tonumber(waiting[k + 1])
+        local t = waiting[k]
+        if not done[t] and room(i, held[t] or fresh) > 0 then
+          tenant, counter = t, tonumber(waiting[k + 1])
           break
         end
       end
       if not tenant then
         break
       end
-      active[tenant] = true
+      done[tenant] = true
       taken[i] = taken[i] + hand(lane, { pop(backlog, counters, tenant, counter) }, entries)
     end
   end

@@ -85,15 +85,22 @@ def test_the_room_after_some_were_taken_counts_the_same():
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority", "vtc", "priority+vtc", "priority+vtc+slo"])
-def test_fresh_counts_what_has_room_for_admits_for_a_tenant_new_to_the_tier(policy):
-    """One tenant holds every slot: under VTC a tenant holding nothing would start by displacing
-    what the first holds beyond its share (one by one, each a new tenant); without VTC, nothing."""
-    s, _ = state(policy, running=8, running_priority=1, waiting=[], max_num_seqs=8)
+@pytest.mark.parametrize("tenant", ["light", "heavy", "new"])
+def test_a_tenants_count_is_what_has_room_for_admits_for_it_one_at_a_time(policy, tenant):
+    """Every slot is held, 7 by one tenant: under VTC a tenant below its share would start by
+    displacing what the heavy one holds beyond its share; without VTC, nothing would start."""
+    s = make(policy, max_num_seqs=8, num_blocks=64)
+    for i in range(8):
+        s.add(seq(f"r{i}", 4, priority=1, max_tokens=64, tenant="light" if i == 0 else "heavy"))
+    run_step(s)
     room = s.room([], PRIORITIES)
-    assert room.active[1] == {"default"} and room.active[3] == (set() if s.policy.tiers else {"default"})
-    waiting, fresh = [], 0
-    while s.has_room_for(waiting, priority=1, tenant=f"new{fresh}") and fresh < 100:
-        waiting.append(seq(f"n{fresh}", 1, priority=1, tenant=f"new{fresh}"))
-        fresh += 1
-    assert room.fresh_count(1) == fresh
-    assert (fresh > room.count(1)) == ("vtc" in policy)
+    assert set(room.tenants[1]) == {"light", "heavy"} and room.tenants[3] == (
+        {} if s.policy.tiers else room.tenants[1]
+    )
+    waiting, n = [], 0
+    while s.has_room_for(waiting, priority=1, tenant=tenant) and n < 100:
+        waiting.append(seq(f"n{n}", 1, priority=1, tenant=tenant))
+        n += 1
+    assert room.count(1, tenant=tenant) == n and room.count(1) == 0
+    assert (n > 0) == ("vtc" in policy and tenant != "heavy")
+    assert room.most(1) == max(room.count(1, tenant=t) for t in ("light", "heavy", "new"))

@@ -135,18 +135,14 @@ def test_an_entry_deleted_while_it_waits_is_skipped_and_an_unreadable_one_taken(
     assert {e.entry_id for e in taken} == {a[2], garbage}  # the worker drops what it cannot read
 
 
-def test_with_no_room_a_tenant_new_to_the_engine_is_taken_while_it_displaces(redis, model_name):
+def test_with_no_room_a_tenant_below_its_share_is_taken_while_it_displaces(redis, model_name):
     _submit(redis, model_name, "heavy", 5)
-    light = _submit(redis, model_name, "light", 2) + _submit(redis, model_name, "other", 1)
+    fresh = _submit(redis, model_name, "light", 2) + _submit(redis, model_name, "other", 1)
     io = _io(redis, model_name)  # standard is priority 2; the engine holds heavy's work only
-    room = Room(
-        free=0, displacing={3: 0, 2: 0, 1: 0}, tiers=True, fresh={2: 2}, active={2: frozenset({"heavy"})}
-    )
-    taken = io.take(room)
-    assert {e.entry_id for e in taken} == {light[0], light[2]}  # one a new tenant, as long as it displaces
-    assert (
-        io.take(
-            Room(free=0, displacing={}, tiers=True, fresh={2: 1}, active={2: frozenset({"light", "heavy"})})
-        )
-        == []
-    )
+    full = {3: 0, 2: 0, 1: 0}
+    taken = io.take(Room(free=0, displacing=full, tiers=True, fresh={2: 2}, tenants={2: {"heavy": 0}}))
+    assert {e.entry_id for e in taken} == {fresh[0], fresh[2]}  # one a tenant, as long as it displaces
+    # light holds one sequence now, still below its share: its own count lets one more in
+    room = Room(free=0, displacing=full, tiers=True, fresh={2: 0}, tenants={2: {"heavy": 0, "light": 1}})
+    assert [e.entry_id for e in io.take(room)] == [fresh[1]]
+    assert io.take(Room(free=0, displacing=full, tiers=True, fresh={2: 1}, tenants={2: {"heavy": 0}})) == []
