@@ -87,9 +87,11 @@ class LaneIO:
         block_ms: int = BLOCK_MS,
         w_in: float = 1.0,
         w_out: float = 2.0,
+        fair: bool = True,
     ) -> None:
         """``w_in``, ``w_out``: the engine's VTC weights (EngineConfig.vtc_input_weight, _output_):
-        a take charges a tenant w_in a prompt token and w_out a token of max_tokens."""
+        a take charges a tenant w_in a prompt token and w_out a token of max_tokens. ``fair``: the
+        engine's policy is fair between tenants (VTC); else a lane is taken in order."""
         self.redis, self.worker_id = redis, worker_id
         self.lanes = [lane_key(model, tier) for tier in tiers]  # highest tier first
         self.keys = [  # take.lua's: per lane, the stream, its backlog and its counters
@@ -97,7 +99,7 @@ class LaneIO:
             for tier in tiers
             for key in (lane_key(model, tier), lane_backlog_key(model, tier), lane_counters_key(model, tier))
         ]
-        self.w_in, self.w_out = w_in, w_out
+        self.w_in, self.w_out, self.fair = w_in, w_out, fair
         self.priorities = [tier_priorities(tiers)[tier] for tier in tiers]  # the engine's, per lane
         self.load_key = load_key(model)
         self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
@@ -132,7 +134,7 @@ class LaneIO:
 
     def _take_args(self, room: Room, claim: bool) -> list[str | int | float]:
         args: list[str | int | float] = [GROUP, self.worker_id, int(claim), self.claim_idle_ms, room.free]
-        args += [int(room.tiers), SCAN, self.w_in, self.w_out]
+        args += [int(room.tiers), SCAN, self.w_in, self.w_out, int(self.fair)]
         for p in self.priorities:
             held = "".join(f"{t}\n{n}\n" for t, n in sorted(room.tenants.get(p, {}).items()))
             args += [room.displacing.get(p, 0), room.fresh.get(p, 0), held]

@@ -25,7 +25,7 @@ import redis as redislib
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from engine import Engine, EngineError, ErrorCode, LoRARequest, RequestOutput
+from engine import Engine, EngineError, ErrorCode, LoRARequest, RequestOutput, parse_policy
 from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
@@ -90,6 +90,7 @@ class Worker:
             block_ms=block_ms,
             w_in=engine.config.vtc_input_weight,
             w_out=engine.config.vtc_output_weight,
+            fair="vtc" in parse_policy(engine.config.policy),
         )
         self.priorities = dict(zip(self.lane_io.lanes, self.lane_io.priorities))
         self._outbox: list[LaneResult] = []  # results of requests dropped, refused or aborted ...

@@ -5,14 +5,15 @@
 --       <backlog>:<tenant> as "id cost") and its counters (hash tenant -> counter; field "": the lane's
 --       virtual time, the counter of the tenant served last).
 -- ARGV: group, consumer, claim (1: first a dead worker's entries idle for min_idle_ms, by XAUTOCLAIM),
---       min_idle_ms, free, tiers (1: the engine orders by priority), scan, w_in, w_out, then per lane:
+--       min_idle_ms, free, tiers (1: the engine orders by priority), scan, w_in, w_out, fair (0: the
+--       engine's policy is not fair between tenants: one queue, first come first served), then per lane:
 --       displacing, fresh, tenants (a line of tenant id, a line of its count, for each).
 -- free, displacing, fresh and tenants are the engine's Room (engine/scheduler/room.py), in requests;
 -- a lane yields as many entries as Room.count allows after every entry taken before it in this call,
 -- then one entry more of each tenant (least-served first) whose own Room.count allows it: the engine
--- starts it by displacing a tenant that holds more than its share. New entries
--- (up to scan a lane per call) enter the lane's backlog by an XREADGROUP with NOACK: read, yet in no
--- worker's pending list; a tenant with nothing waiting enters at the least counter of those waiting
+-- starts it by displacing a tenant that holds more than its share.
+-- New entries (up to scan a lane per call) enter the lane's backlog by an XREADGROUP with NOACK: read,
+-- yet in no worker's pending list; a tenant with nothing waiting enters at the least counter of those waiting
 -- (the lane's virtual time if none wait), so idling banks no credit. A take serves the tenant of the
 -- least counter first and adds the entry's cost, (w_in * prompt + w_out * max_tokens * n) / weight
 -- (what the engine's VTC charges, its output at the most), then hands the entry to this worker with
@@ -22,7 +23,8 @@ local group, consumer = ARGV[1], ARGV[2]
 local claim, min_idle = ARGV[3] == "1", ARGV[4]
 local free, tiers = tonumber(ARGV[5]), ARGV[6] == "1"
 local scan, w_in, w_out = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local LANE_ARGS = 9
+local fair = ARGV[10] == "1"
+local LANE_ARGS = 10
 local lanes = #KEYS / 3
 local taken, out = {}, {}
 for i = 1, lanes do
@@ -52,11 +54,11 @@ local function cost(fields) -- an entry's tenant and cost; an unreadable one cos
         local prompt = type(body.prompt_token_ids) == "table" and #body.prompt_token_ids or 0
         local output = (tonumber(s.max_tokens) or 16) * (tonumber(s.n) or 1)
         local tenant = (type(body.tenant) == "string" or type(body.tenant) == "number") and body.tenant or "?"
-        return tostring(tenant), (w_in * prompt + w_out * output) / (weight > 0 and weight or 1)
+        return fair and tostring(tenant) or "*", (w_in * prompt + w_out * output) / (weight > 0 and weight or 1)
       end
     end
   end
-  return "?", 0
+  return fair and "?" or "*", 0
 end
 
 local function least(backlog) -- the tenant waiting with the least counter, and the counter

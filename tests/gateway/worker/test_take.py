@@ -68,6 +68,13 @@ def test_a_light_tenant_is_taken_before_a_heavy_backlog_ahead_of_it(redis, model
     assert redis.zcard(lane_backlog_key(model_name, "standard")) == 0
 
 
+def test_without_a_fair_policy_a_lane_is_taken_in_order(redis, model_name):
+    heavy = _submit(redis, model_name, "heavy", 50)
+    _submit(redis, model_name, "light", 2)
+    taken = _io(redis, model_name, fair=False).take(_room(4))
+    assert [e.entry_id for e in taken] == heavy[:4]
+
+
 def test_a_tenant_weighs_its_share(redis, model_name):
     _submit(redis, model_name, "one", 12)
     _submit(redis, model_name, "two", 12, weight=2.0)
