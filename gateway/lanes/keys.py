@@ -6,8 +6,9 @@
   from then on; XLEN minus the group's pending count is what waits.
 - ``lanes:{model}:{tier}:backlog``: sorted set of the tenants with entries waiting in the lane that
   a worker has read, scored by their virtual counter; ``lanes:{model}:{tier}:backlog:{tenant}``: a
-  list of that tenant's waiting entries ("id cost"), oldest first. Workers take the least-served
-  tenant's entry first, so a light tenant never waits behind a heavy tenant's backlog.
+  list of that tenant's waiting entries ("id cost"), oldest first. Under VTC workers take the
+  least-served tenant's entry first, so a light tenant never waits behind a heavy tenant's backlog
+  (other policies: one list, tenant ``*``, in order).
 - ``lanes:{model}:{tier}:vtc``: hash tenant → virtual counter of the lane (the service taken, the
   engine's VTC cost); field ``""``: the counter of the tenant served last, where a tenant that
   idled enters again.
