@@ -9,8 +9,8 @@
   list of that tenant's waiting entries ("id cost"), oldest first. Under VTC workers take the
   least-served tenant's entry first, so a light tenant never waits behind a heavy tenant's backlog
   (other policies: one list, tenant ``*``, in order).
-- ``lanes:{model}:{tier}:vtc``: hash tenant → virtual counter of the lane (the service taken, the
-  engine's VTC cost); field ``""``: the counter of the tenant served last, where a tenant that
+- ``lanes:{model}:{tier}:vtc``: hash tenant → virtual counter of the lane (the service given, as
+  the engine's VTC counts it: the prompt when taken, each output token as published); field ``""``: the counter of the tenant served last, where a tenant that
   idled enters again.
 - ``out:{request_id}``: the request's results, written by the worker each step; it expires
   ``result_ttl_s`` after its last write and the gateway deletes it once relayed. A replica reads

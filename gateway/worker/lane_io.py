@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -86,12 +86,11 @@ class LaneIO:
         claim_idle_ms: int = 3000,
         block_ms: int = BLOCK_MS,
         w_in: float = 1.0,
-        w_out: float = 2.0,
         fair: bool = True,
     ) -> None:
-        """``w_in``, ``w_out``: the engine's VTC weights (EngineConfig.vtc_input_weight, _output_):
-        a take charges a tenant w_in a prompt token and w_out a token of max_tokens. ``fair``: the
-        engine's policy is fair between tenants (VTC); else a lane is taken in order."""
+        """``w_in``: the engine's VTC weight of a prompt token (EngineConfig.vtc_input_weight), which
+        a take charges the tenant; ``publish`` charges its output. ``fair``: the engine's policy is
+        fair between tenants (VTC); else a lane is taken in order."""
         self.redis, self.worker_id = redis, worker_id
         self.lanes = [lane_key(model, tier) for tier in tiers]  # highest tier first
         self.keys = [  # take.lua's: per lane, the stream, its backlog and its counters
@@ -99,7 +98,11 @@ class LaneIO:
             for tier in tiers
             for key in (lane_key(model, tier), lane_backlog_key(model, tier), lane_counters_key(model, tier))
         ]
-        self.w_in, self.w_out, self.fair = w_in, w_out, fair
+        self.w_in, self.fair = w_in, fair
+        self.fair_keys = {  # lane -> its backlog and its counters
+            lane_key(model, tier): (lane_backlog_key(model, tier), lane_counters_key(model, tier))
+            for tier in tiers
+        }
         self.priorities = [tier_priorities(tiers)[tier] for tier in tiers]  # the engine's, per lane
         self.load_key = load_key(model)
         self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
@@ -134,7 +137,7 @@ class LaneIO:
 
     def _take_args(self, room: Room, claim: bool) -> list[str | int | float]:
         args: list[str | int | float] = [GROUP, self.worker_id, int(claim), self.claim_idle_ms, room.free]
-        args += [int(room.tiers), SCAN, self.w_in, self.w_out, int(self.fair)]
+        args += [int(room.tiers), SCAN, self.w_in, int(self.fair)]
         for p in self.priorities:
             held = "".join(f"{t}\n{n}\n" for t, n in sorted(room.tenants.get(p, {}).items()))
             args += [room.displacing.get(p, 0), room.fresh.get(p, 0), held]
@@ -219,10 +222,13 @@ class LaneIO:
         done: Sequence[tuple[str, str | None]] = (),
         load: str | None = None,
         watch: Sequence[str] = (),
+        served: Mapping[tuple[str, str], float] | None = None,
     ) -> list[bool]:
         """One MULTI/EXEC: each result appended to its request's result stream (expiry renewed),
         each ``done`` (lane, entry id) ACKed and deleted (None: Redis lost it, nothing to ACK), the
-        encoded load; returns whether each request of ``watch`` has a cancel mark."""
+        encoded load, each ``served`` (lane, tenant): output service added to the tenant's virtual
+        counter of the lane (fair takes only: take.lua charged the prompt); returns whether each
+        request of ``watch`` has a cancel mark."""
         pipe = self.redis.pipeline(transaction=True)
         for result in results:
             key = out_key(result.request_id)
@@ -234,6 +240,11 @@ class LaneIO:
                 pipe.xdel(lane, entry_id)
         if load is not None:
             pipe.hset(self.load_key, self.worker_id, load)
+        for (lane, tenant), service in (served or {}).items() if self.fair else ():
+            if service and lane in self.fair_keys:
+                backlog, counters = self.fair_keys[lane]
+                pipe.hincrbyfloat(counters, tenant, service)
+                pipe.zadd(backlog, {tenant: service}, xx=True, incr=True)  # while it waits there
         if watch:
             pipe.mget([cancel_key(request_id) for request_id in watch])
         if not len(pipe):

@@ -52,6 +52,8 @@ class InFlight:
     offset: int  # output tokens published so far, resumed ones included
     trace: RequestTrace | None = None  # its spans on this worker (None while tracing is off)
     choice_offsets: dict[int, int] = field(default_factory=dict)  # the same for choices 1.. (n > 1)
+    tenant: str = ""  # whose service its tokens are (the lane's virtual counters)
+    weight: float = 1.0
 
     def offset_of(self, index: int) -> int:
         return self.offset if index == 0 else self.choice_offsets.get(index, 0)
@@ -89,7 +91,6 @@ class Worker:
             claim_idle_ms=claim_idle_ms,
             block_ms=block_ms,
             w_in=engine.config.vtc_input_weight,
-            w_out=engine.config.vtc_output_weight,
             fair="vtc" in parse_policy(engine.config.policy),
         )
         self.priorities = dict(zip(self.lane_io.lanes, self.lane_io.priorities))
@@ -268,7 +269,12 @@ class Worker:
             return 0
         with self.lock:
             self.inflight[request.request_id] = InFlight(
-                entry.lane, entry.entry_id, offset=resumed, trace=trace
+                entry.lane,
+                entry.entry_id,
+                offset=resumed,
+                trace=trace,
+                tenant=request.tenant,
+                weight=request.weight,
             )
         return 1
 
@@ -328,6 +334,8 @@ class Worker:
         was cancelled: one MULTI/EXEC, and one more for the aborts when there are any."""
         results, done = self._outbox, self._outbox_done
         self._outbox, self._outbox_done = [], []
+        served: dict[tuple[str, str], float] = {}  # (lane, tenant) -> output service, VTC-weighted
+        w_out = self.engine.config.vtc_output_weight
         with self.lock:
             for out in outputs:
                 running = self.inflight.get(out.request_id)
@@ -341,11 +349,13 @@ class Worker:
                         )
                 results.append(self._result(out, running))
                 running.advance(out.index, len(out.new_token_ids))
+                key = (running.lane, running.tenant)
+                served[key] = served.get(key, 0.0) + w_out * len(out.new_token_ids) / running.weight
                 if out.done:
                     done.append((running.lane, running.entry_id))
                     del self.inflight[out.request_id]
             watched = list(self.inflight)
-        cancelled = self.lane_io.publish(results, done=done, load=self._load(), watch=watched)
+        cancelled = self.lane_io.publish(results, done=done, load=self._load(), watch=watched, served=served)
         for request_id, flagged in zip(watched, cancelled):
             if flagged:
                 self._cancel(request_id)

@@ -5,7 +5,7 @@
 --       <backlog>:<tenant> as "id cost") and its counters (hash tenant -> counter; field "": the lane's
 --       virtual time, the counter of the tenant served last).
 -- ARGV: group, consumer, claim (1: first a dead worker's entries idle for min_idle_ms, by XAUTOCLAIM),
---       min_idle_ms, free, tiers (1: the engine orders by priority), scan, w_in, w_out, fair (0: the
+--       min_idle_ms, free, tiers (1: the engine orders by priority), scan, w_in, fair (0: the
 --       engine's policy is not fair between tenants: one queue, first come first served), then per lane:
 --       displacing, fresh, tenants (a line of tenant id, a line of its count, for each).
 -- free, displacing, fresh and tenants are the engine's Room (engine/scheduler/room.py), in requests;
@@ -15,16 +15,17 @@
 -- New entries (up to scan a lane per call) enter the lane's backlog by an XREADGROUP with NOACK: read,
 -- yet in no worker's pending list; a tenant with nothing waiting enters at the least counter of those waiting
 -- (the lane's virtual time if none wait), so idling banks no credit. A take serves the tenant of the
--- least counter first and adds the entry's cost, (w_in * prompt + w_out * max_tokens * n) / weight
--- (what the engine's VTC charges, its output at the most), then hands the entry to this worker with
--- XCLAIM FORCE: from then on it is pending, reclaimed from a dead worker like any other.
+-- least counter first and adds the entry's prompt, w_in * prompt / weight (as the engine's VTC books an
+-- admission; the worker adds its output as it publishes it, w_out a token / weight), then hands the
+-- entry to this worker with XCLAIM FORCE: from then on it is pending, reclaimed from a dead worker like
+-- any other.
 -- Returns per lane {claimed entries, new entries}, each entry {id, {field, value, ...}}.
 local group, consumer = ARGV[1], ARGV[2]
 local claim, min_idle = ARGV[3] == "1", ARGV[4]
 local free, tiers = tonumber(ARGV[5]), ARGV[6] == "1"
-local scan, w_in, w_out = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local fair = ARGV[10] == "1"
-local LANE_ARGS = 10
+local scan, w_in = tonumber(ARGV[7]), tonumber(ARGV[8])
+local fair = ARGV[9] == "1"
+local LANE_ARGS = 9
 local lanes = #KEYS / 3
 local taken, out = {}, {}
 for i = 1, lanes do
@@ -49,12 +50,10 @@ local function cost(fields) -- an entry's tenant and cost; an unreadable one cos
     if fields[k] == "body" then
       local ok, body = pcall(cjson.decode, fields[k + 1])
       if ok and type(body) == "table" and type(body.sampling) == "table" then
-        local s = body.sampling
         local weight = tonumber(body.weight) or 1
         local prompt = type(body.prompt_token_ids) == "table" and #body.prompt_token_ids or 0
-        local output = (tonumber(s.max_tokens) or 16) * (tonumber(s.n) or 1)
         local tenant = (type(body.tenant) == "string" or type(body.tenant) == "number") and body.tenant or "?"
-        return fair and tostring(tenant) or "*", (w_in * prompt + w_out * output) / (weight > 0 and weight or 1)
+        return fair and tostring(tenant) or "*", w_in * prompt / (weight > 0 and weight or 1)
       end
     end
   end

@@ -13,7 +13,7 @@ from gateway.lanes.messages import LaneRequest
 from gateway.worker.lane_io import LaneEntry, LaneIO
 
 TIERS = ["priority", "standard", "batch"]
-COST = 1.0 * 4 + 2.0 * 1  # w_in a prompt token, w_out a token of max_tokens: 4 prompt tokens, max_tokens 1
+COST = 1.0 * 4  # w_in a prompt token, charged when taken (publish charges the output)
 
 
 def _submit(redis, model, tenant, n, tier="standard", weight=1.0) -> list[str]:
@@ -73,6 +73,19 @@ def test_without_a_fair_policy_a_lane_is_taken_in_order(redis, model_name):
     _submit(redis, model_name, "light", 2)
     taken = _io(redis, model_name, fair=False).take(_room(4))
     assert [e.entry_id for e in taken] == heavy[:4]
+
+
+def test_published_output_is_charged_to_the_tenants_counter(redis, model_name):
+    io = _io(redis, model_name)
+    _submit(redis, model_name, "a", 3)
+    _submit(redis, model_name, "b", 3)
+    taken = io.take(_room(2))  # one each: 4 apiece
+    lane = lane_key(model_name, "standard")
+    io.publish(served={(lane, "a"): 30.0, (lane, "b"): 2.0})
+    assert _counter(redis, model_name, "a") == 34 and _counter(redis, model_name, "b") == 6
+    assert redis.zscore(lane_backlog_key(model_name, "standard"), "a") == 34  # it waits: ordered by it too
+    assert _tenants(io.take(_room(2))) == ["b", "b"]  # b is 6, a 34
+    assert len(taken) == 2
 
 
 def test_a_tenant_weighs_its_share(redis, model_name):
