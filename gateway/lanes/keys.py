@@ -10,8 +10,8 @@
   least-served tenant's entry first, so a light tenant never waits behind a heavy tenant's backlog
   (other policies: one list, tenant ``*``, in order).
 - ``lanes:{model}:{tier}:vtc``: hash tenant → virtual counter of the lane (the service given, as
-  the engine's VTC counts it: the prompt when taken, each output token as published); field ``""``: the counter of the tenant served last, where a tenant that
-  idled enters again.
+  the engine's VTC counts it: the prompt when taken, each output token as published); field ``""``:
+  the counter of the tenant served last, where a tenant that idled enters again.
 - ``out:{request_id}``: the request's results, written by the worker each step; it expires
   ``result_ttl_s`` after its last write and the gateway deletes it once relayed. A replica reads
   the streams of all its requests in flight with one blocking XREAD (gateway/lanes/result_reader.py).
