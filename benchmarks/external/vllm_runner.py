@@ -3,11 +3,16 @@ dependency of fairlane). benchmarks.throughput and benchmarks.decode_latency sta
 
     VLLM_PYTHON benchmarks/external/vllm_runner.py JOB.json
 
-JOB.json: {"model": HF folder, "dtype", "threads", "mode": "throughput" | "latency",
+JOB.json: {"model": HF folder, "dtype", "threads", "mode": "throughput" | "latency" | "steps",
 "prompts": [[token ids], ...], "max_tokens": [n, ...], "ignore_eos": bool}. It prints one "RESULT "
 line of JSON: throughput {"seconds", "output_tokens"}; latency {"ms_per_token", "tokens"} (one request,
-the time after its first token over the tokens after the first). Only the standard library and
-vLLM are imported here.
+the time after its first token over the tokens after the first).
+
+"steps" serves measurements while its caller measures other systems in turn (benchmarks/moe.py):
+it prints RESULT {"ready": true} once loaded, then answers each stdin line {"batch": B, "steps": N}
+with RESULT {"ms_per_step": ...}: the first B prompts run to 1 token and then to N + 1 tokens, and
+the difference over N is the time of one decode step of the batch (prefix caching off, so both runs
+prefill alike). Only the standard library and vLLM are imported here.
 """
 
 from __future__ import annotations
@@ -28,13 +33,19 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=job["model"], dtype=job["dtype"], max_model_len=job.get("max_model_len", 2048), seed=0)
+    extra = {"enable_prefix_caching": False} if job["mode"] == "steps" else {}
+    llm = LLM(
+        model=job["model"], dtype=job["dtype"], max_model_len=job.get("max_model_len", 2048), seed=0, **extra
+    )
     prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(max_tokens=n, temperature=0, ignore_eos=job["ignore_eos"])
 
     llm.generate(prompts[:1], params(4), use_tqdm=False)  # warm-up: compiled graphs, caches
+    if job["mode"] == "steps":
+        serve_steps(llm, prompts, params)
+        return
     if job["mode"] == "latency":
         # Time to 1 token, then to n tokens: the difference over n - 1 is the per-token decode time.
         n = job["max_tokens"][0]
@@ -57,6 +68,24 @@ def main() -> None:
         RESULT,
         json.dumps({"seconds": seconds, "output_tokens": sum(len(o.outputs[0].token_ids) for o in out)}),
     )
+
+
+def serve_steps(llm, prompts, params) -> None:
+    """Per stdin line {"batch", "steps"}: the ms of one decode step of that batch (module docstring)."""
+    print(RESULT, json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        ask = json.loads(line)
+        batch, n = prompts[: ask["batch"]], ask["steps"]
+        t = time.perf_counter()
+        llm.generate(batch, params(1), use_tqdm=False)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        out = llm.generate(batch, params(n + 1), use_tqdm=False)
+        total = time.perf_counter() - t
+        assert all(len(o.outputs[0].token_ids) == n + 1 for o in out)
+        print(RESULT, json.dumps({"ms_per_step": 1000 * (total - first) / n}), flush=True)
 
 
 if __name__ == "__main__":
