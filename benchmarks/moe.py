@@ -42,6 +42,7 @@ import torch
 
 from benchmarks.bandwidth import read_bandwidth
 from benchmarks.common import add_common_args, done, machine, out_dir
+from benchmarks.fma_rate import fma_rate
 from engine import LLM, SamplingParams
 
 # OLMoE-1B-7B's layer (hidden 2048, 16 q and kv heads, experts of 1024, top-8), 2 of its 16 layers,
@@ -102,6 +103,17 @@ def moe_folder(shape: dict, root: Path) -> Path:
     save_file(sd, str(tmp / "model.safetensors"))
     tmp.rename(folder)
     return folder
+
+
+def gflop_per_step(shape: dict, batch: int) -> float:
+    """The step's multiply-adds x 2 over the weights (attention projections, router, the top-k experts'
+    gated MLPs, lm_head), attention over the short context left out: at batch 32 a compute floor."""
+    H, heads, kv = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    hd = H // heads
+    layer = 2 * H * heads * hd + 2 * H * kv * hd + shape["num_experts"] * H
+    layer += shape["num_experts_per_tok"] * 3 * H * shape["intermediate_size"]
+    macs = shape["num_hidden_layers"] * layer + shape["vocab_size"] * H
+    return 2 * batch * macs / 1e9
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:
@@ -259,18 +271,24 @@ def main() -> None:
     systems += [vllm_name(d) for d in args.vllm_dtypes.split(",")] if args.vllm_python else []
     runs = run_systems(systems, folder, args, shape["vocab_size"])
     bandwidth = read_bandwidth(args.threads, gib=0.25 if args.smoke else 1.0)
+    flops = fma_rate(args.threads) or float("inf")  # FLOP/s of the cores' FMA units
     for name in systems[: 1 + args.torch_ops]:
         for b, row in runs[name].items():
             row["bound_ms"] = 1000 * row["weight_bytes_per_step"] / bandwidth
             row["fraction_of_bound"] = row["bound_ms"] / row["ms_per_step"]
+            row["gflop_per_step"] = gflop_per_step(shape, b)
+            row["flop_floor_ms"] = 1e12 * row["gflop_per_step"] / flops
+            # the higher of the two floors: the step's bytes or its multiply-adds
+            row["fraction_of_floor"] = max(row["bound_ms"], row["flop_floor_ms"]) / row["ms_per_step"]
             row["speedup_vs"] = {
                 n: runs[n][b]["ms_per_step"] / row["ms_per_step"] for n in systems if n != name
             }
     for name in systems:
         if not name.startswith("fairlane"):
             for b, row in runs[name].items():
-                # no system steps faster than the bound: the most any can gain on this one
-                row["speedup_cap"] = row["ms_per_step"] / runs["fairlane"][b]["bound_ms"]
+                # no system steps faster than either floor: the most any can gain on this one
+                own = runs["fairlane"][b]
+                row["speedup_cap"] = row["ms_per_step"] / max(own["bound_ms"], own["flop_floor_ms"])
     report = {
         "shape": shape,
         "smoke": args.smoke,
@@ -278,30 +296,43 @@ def main() -> None:
         "dtype": "float32 (vLLM: --vllm-dtypes)",
         "prompt_len": PROMPT_LEN,
         "read_bandwidth_gb_s": bandwidth / 1e9,
+        "fma_gflop_s": flops / 1e9,
         "machine": machine(),
         "torch": torch.__version__,
         "runs": runs,
     }
     (out / "moe.json").write_text(json.dumps(report, indent=2))
     print("\n".join(table(runs, args.batches)))
-    print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py)")
+    print(
+        f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py); "
+        f"fp32 FMA rate: {flops / 1e9:.0f} GFLOP/s (benchmarks/fma_rate.py)"
+    )
     plot(runs, args.batches, out / "moe.png", shape)
     done(out)
 
 
 def table(runs: dict, batches: list[int]) -> list[str]:
-    """Markdown: ms per step of every system, fairlane's fraction of the bound and speed-ups, and
-    the cap on any speed-up over transformers (its ms over the bound)."""
+    """Markdown: ms per step of every system, fairlane's fraction of the bound (bytes) and of the
+    higher of the bound and the FLOP floor (GFLOP/step over the cores' FMA rate: at batch 32 the
+    higher one on this shape), its speed-ups, and the cap on any speed-up over transformers."""
     others = [n for n in runs if n != "fairlane"]
-    head = ["batch", "experts/step", "bound ms", *(f"{n} ms" for n in runs), "fairlane / bound"]
+    head = ["batch", "experts/step", "GFLOP/step", "FLOP floor ms", "bound ms", *(f"{n} ms" for n in runs)]
+    head += ["fairlane / bound", "fairlane / higher floor"]
     head += [f"fairlane vs {n}" for n in others]
     head += ["cap vs transformers"] if "transformers" in runs else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for b in batches:
         own = runs["fairlane"][b]
-        cells = [str(b), f"{own['experts_per_step']:.1f}", f"{own['bound_ms']:.2f}"]
+        cells = [
+            str(b),
+            f"{own['experts_per_step']:.1f}",
+            f"{own['gflop_per_step']:.2f}",
+            f"{own['flop_floor_ms']:.2f}",
+            f"{own['bound_ms']:.2f}",
+        ]
         cells += [f"{runs[n][b]['ms_per_step']:.2f}" for n in runs]
-        cells += [f"{own['fraction_of_bound']:.2f}"] + [f"{own['speedup_vs'][n]:.2f}x" for n in others]
+        cells += [f"{own['fraction_of_bound']:.2f}", f"{own['fraction_of_floor']:.2f}"]
+        cells += [f"{own['speedup_vs'][n]:.2f}x" for n in others]
         cells += [f"{runs['transformers'][b]['speedup_cap']:.2f}x"] if "transformers" in runs else []
         lines.append("| " + " | ".join(cells) + " |")
     return lines
