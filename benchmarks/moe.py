@@ -206,8 +206,9 @@ def run_systems(names: list[str], folder: Path, args, vocab: int) -> dict:
         return fairlane_steps(models[name], batch, args.steps, vocab)
 
     try:
-        for name in names:
-            measure(name, batches[0])  # warm-up
+        for name in names:  # warm-up; vLLM at every batch size (a new shape may compile)
+            for b in batches if name.startswith("vllm") else batches[:1]:
+                measure(name, b)
         for _ in range(args.rounds):
             for b in batches:
                 for name in names:
