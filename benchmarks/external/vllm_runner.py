@@ -10,9 +10,10 @@ the time after its first token over the tokens after the first).
 
 "steps" serves measurements while its caller measures other systems in turn (benchmarks/moe.py):
 it prints RESULT {"ready": true} once loaded, then answers each stdin line {"batch": B, "steps": N}
-with RESULT {"ms_per_step": ...}: the first B prompts run to 1 token and then to N + 1 tokens, and
-the difference over N is the time of one decode step of the batch (prefix caching off, so both runs
-prefill alike). Only the standard library and vLLM are imported here.
+with RESULT {"ms_per_step": ...}: the first B prompts run to N + 1 tokens, and the engine core's
+own clock from a request's first token to its last, over N, is one decode step of the batch
+(vLLM's per-request stats: neither the prefill nor the caller's side of `generate` counts). Only
+the standard library and vLLM are imported here.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    extra = {"enable_prefix_caching": False} if job["mode"] == "steps" else {}
+    # steps: per-request stats on (their engine-core token timestamps time the decode steps)
+    extra = {"disable_log_stats": False} if job["mode"] == "steps" else {}
     llm = LLM(
         model=job["model"], dtype=job["dtype"], max_model_len=job.get("max_model_len", 2048), seed=0, **extra
     )
@@ -78,14 +80,11 @@ def serve_steps(llm, prompts, params) -> None:
             break
         ask = json.loads(line)
         batch, n = prompts[: ask["batch"]], ask["steps"]
-        t = time.perf_counter()
-        llm.generate(batch, params(1), use_tqdm=False)
-        first = time.perf_counter() - t
-        t = time.perf_counter()
         out = llm.generate(batch, params(n + 1), use_tqdm=False)
-        total = time.perf_counter() - t
-        assert all(len(o.outputs[0].token_ids) == n + 1 for o in out)
-        print(RESULT, json.dumps({"ms_per_step": 1000 * (total - first) / n}), flush=True)
+        stats = [o.metrics for o in out]
+        assert all(s is not None and s.num_generation_tokens == n + 1 for s in stats), stats
+        ms = [1000 * (s.last_token_ts - s.first_token_ts) / n for s in stats]
+        print(RESULT, json.dumps({"ms_per_step": sum(ms) / len(ms)}), flush=True)
 
 
 if __name__ == "__main__":
