@@ -234,6 +234,7 @@ def run_systems(names: list[str], folder: Path, args, vocab: int) -> dict:
         out[name] = {}
         for b, r in per_batch.items():
             row = {"ms_per_step": statistics.median(r["ms"]), "samples": len(r["ms"]), "impl": impl[name]}
+            row["ms_range"] = [min(r["ms"]), max(r["ms"])]  # the spread a loaded host leaves
             if "bytes" in r:
                 row["experts_per_step"] = statistics.mean(r["experts"])
                 row["weight_bytes_per_step"] = statistics.mean(r["bytes"])
