@@ -23,8 +23,8 @@ Writes moe.json and moe.png under --out (benchmarks/results).
 
 The systems take turns (`--steps` decode steps each, per batch size, round after round), so a
 noisy machine slows them alike; the reported time of a step is the median. vLLM stays loaded in
-its own process (benchmarks/vllm_steps.py) and takes its turn as one timed run of `--steps` steps
-(its time after the first token over the steps), so its samples are per-run means.
+its own process (benchmarks/vllm_steps.py) and takes its turn as one run of `--steps` steps, timed
+by its engine core's first and last token of each request, so its samples are per-run means.
 """
 
 from __future__ import annotations
