@@ -11,9 +11,11 @@ tokens were routed to, once: EngineStats.last_step_weight_bytes) over the machin
 bound caps any speed-up over it: on an idle Zen 5 at one thread transformers 5.24 (`grouped_mm`,
 which also reads each active expert once a step) took 29.3 ms at batch 1 against a bound of 14.7,
 0.50 of it, so nothing reaches more than 2.0x transformers there (fairlane: 16.9 ms, 1.74x); at
-batch 8 and 32 the cap is 97.7 / 24.6 = 4.0x and 161.7 / 24.6 = 6.6x, where 32 tokens' 6.4 GFLOP
-of expert products are also a compute floor. The run prints that cap per batch size
-("cap vs transformers") beside fairlane's speed-up over every other system.
+batch 8 and 32 the cap is 97.7 / 24.6 = 4.0x and at most 161.7 / 24.6 = 6.6x. At batch 32 the
+step's 9.7 GFLOP (6.4 in the experts) over the cores' fp32 FMA rate (benchmarks/fma_rate.py) is a
+second floor, the higher one where a core has one 512-bit FMA unit (83 ms at a Zen 4's 117
+GFLOP/s). The run prints both floors and the cap ("cap vs transformers": its ms over the higher
+floor) per batch size, beside fairlane's speed-up over every other system.
 Writes moe.json and moe.png under --out (benchmarks/results).
 
     python -m benchmarks.moe --threads 1   # 2 layers, 16 experts (default: 2 threads)
