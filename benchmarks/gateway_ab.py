@@ -3,7 +3,7 @@ each process spends per request and the Redis commands per request.
 
     git archive <commit> | tar -x -C /tmp/base        # the version to compare against
     python -m benchmarks.gateway_ab --baseline /tmp/base
-    python -m benchmarks.gateway_ab --baseline /tmp/base --smoke
+    python -m benchmarks.gateway_ab --smoke       # this tree against itself, a few requests
 
 ``fairlane serve`` (embedded Redis-compatible server, SQLite, one worker, the tiny model of
 benchmarks.gateway_overhead) runs from the baseline tree and from this one in turn, ``--rounds``
@@ -187,7 +187,12 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--baseline", type=Path, required=True, help="source tree of the version to compare")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=REPO,
+        help="source tree of the version to compare (default: this one, an A/A run that shows the noise)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="serve runs of each version, alternating")
     parser.add_argument("--requests", type=int, default=200, help="requests at concurrency 1, per round")
     parser.add_argument("--requests-c", type=int, default=640, help="requests at --concurrency, per round")
