@@ -144,6 +144,12 @@ class Generation:
         return all(relay.done for relay in self.relays)
 
     @property
+    def in_hand(self) -> bool:
+        """Every prompt's first result was its last (e.g. ``max_tokens`` 1): the whole output is
+        here before the relay starts, and there is nothing to wait for."""
+        return all(relay.first is not None and relay.first.done for relay in self.relays)
+
+    @property
     def prompt_tokens(self) -> int:
         return sum(relay.prompt_tokens for relay in self.relays)
 
