@@ -6,9 +6,10 @@ each process spends per request and the Redis commands per request.
     python -m benchmarks.gateway_ab --smoke       # this tree against itself, a few requests
 
 ``fairlane serve`` (embedded Redis-compatible server, SQLite, one worker, the tiny model of
-benchmarks.gateway_overhead) runs from the baseline tree and from this one in turn, ``--rounds``
-times each (A B A B ...: a machine whose load drifts hits both alike). Each serves one chat request
-with ``max_tokens=1`` in closed loops at concurrency 1 and ``--concurrency``, sent by the lean
+benchmarks.gateway_overhead) runs from the baseline tree and from this one at the same time, and
+each of ``--rounds`` rounds sends both their loops in turn (the first alternating: a machine whose
+load drifts hits both alike). Each serves one chat request with ``max_tokens=1`` in closed loops at
+concurrency 1 and ``--concurrency``, sent by the lean
 client of benchmarks.round_trip (it costs the shared cores almost nothing), and the same requests
 run in process on an engine are the floor. Per request it reports, beside the latencies, the CPU
 time of the gateway, the worker and Redis (from /proc, Linux) and the Redis commands executed
@@ -88,18 +89,37 @@ def measure(served: Served, body: dict, requests: int, concurrency: int) -> dict
     }
 
 
-def one_side(repo: Path, args, model: str, workdir: Path) -> dict[str, dict]:
+def start(repo: Path, model: str, workdir: Path) -> Served:
     env = {f"FAIRLANE_ENGINE__{k.upper()}": str(v) for k, v in ENGINE.items()}
-    served = serve(model, workdir, env=env, repo=repo)
+    return serve(model, workdir, env=env, repo=repo)
+
+
+def loops(args) -> list[tuple[int, int]]:
+    """(concurrency, requests) of each round's closed loops."""
+    return [(1, args.requests), (args.concurrency, args.requests_c)]
+
+
+def side_by_side(trees: dict[str, Path], args, model: str, workdir: Path) -> dict[str, list[dict]]:
+    """Both versions served at once; every round runs each one's loops in turn, the first of them
+    alternating, so that both see the same moments of a machine whose load drifts."""
+    served: dict[str, Served] = {}
     body = {"model": Path(model).name, "messages": CHAT, "max_tokens": 1}
+    runs: dict[str, list[dict]] = {side: [] for side in trees}
     try:
-        runs = {}
-        for concurrency, n in ((1, args.requests), (args.concurrency, args.requests_c)):
-            measure(served, body, max(20, 2 * concurrency), concurrency)  # warm-up
-            runs[f"c{concurrency}"] = measure(served, body, n, concurrency)
-        return runs
+        for side, repo in trees.items():
+            (workdir / side).mkdir()
+            served[side] = start(repo, model, workdir / side)
+        for side in trees:  # warm-up: caches, scripts, connections
+            for concurrency, _n in loops(args):
+                measure(served[side], body, max(20, 2 * concurrency), concurrency)
+        for i in range(args.rounds):
+            order = list(trees) if i % 2 == 0 else list(reversed(trees))
+            for side in order:
+                runs[side].append({f"c{c}": measure(served[side], body, n, c) for c, n in loops(args)})
     finally:
-        served.stop()
+        for one in served.values():
+            one.stop()
+    return runs
 
 
 def in_process(args, model: str) -> dict[str, list[float]]:
@@ -107,7 +127,8 @@ def in_process(args, model: str) -> dict[str, list[float]]:
 
     llm = LLM(model=model, incremental_text=True, **ENGINE)
     params, runs = SamplingParams(max_tokens=1), {}
-    for concurrency, n in ((1, args.requests), (args.concurrency, args.requests_c)):
+    for concurrency, n in loops(args):
+        n *= args.rounds
         engine_closed_loop(llm, CHAT, params, requests=2 * concurrency, concurrency=concurrency)
         runs[f"c{concurrency}"] = engine_closed_loop(llm, CHAT, params, requests=n, concurrency=concurrency)
     return runs
@@ -193,9 +214,9 @@ def main() -> int:
         default=REPO,
         help="source tree of the version to compare (default: this one, an A/A run that shows the noise)",
     )
-    parser.add_argument("--rounds", type=int, default=2, help="serve runs of each version, alternating")
-    parser.add_argument("--requests", type=int, default=200, help="requests at concurrency 1, per round")
-    parser.add_argument("--requests-c", type=int, default=640, help="requests at --concurrency, per round")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds; each runs both versions' loops")
+    parser.add_argument("--requests", type=int, default=30, help="requests at concurrency 1, per round")
+    parser.add_argument("--requests-c", type=int, default=96, help="requests at --concurrency, per round")
     parser.add_argument("--concurrency", type=int, default=32)
     add_common_args(parser)
     args = parser.parse_args()
@@ -203,13 +224,9 @@ def main() -> int:
         args.rounds, args.requests, args.requests_c, args.concurrency = 1, 10, 16, 4
     out = out_dir(args, "gateway_ab")
     model, load_start = tiny_model(), os.getloadavg()
-    sides: dict[str, list[dict]] = {"baseline": [], "this": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.rounds):
-            for side, repo in (("baseline", args.baseline.resolve()), ("this", REPO)):
-                workdir = Path(tmp) / f"{side}{i}"
-                workdir.mkdir()
-                sides[side].append(one_side(repo, args, model, workdir))
+        trees = {"baseline": args.baseline.resolve(), "this": REPO}
+        sides = side_by_side(trees, args, model, Path(tmp))
     floor = in_process(args, model)
     result = {
         "baseline_tree": str(args.baseline),
