@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.lanes.keys import WORKER_ALIVE_S, as_text, cancel_key, lane_key, out_key, workers_key
-from gateway.lanes.messages import LaneRequest, LaneResult, MessageError
+from gateway.lanes.messages import LaneRequest, LaneResult
 from gateway.lanes.result_reader import ResultReader
 
 WORKER_SEEN_S = 1.0  # a replica trusts a live worker it saw this long without asking Redis again
@@ -46,14 +46,6 @@ class QueueUnavailable(Exception):
     """Redis did not answer while a request's results were relayed (after the client's retries)."""
 
 
-def _is_last(fields: Any) -> bool:
-    """Whether a result stream's entry is its request's last result (an unreadable one is not)."""
-    try:
-        return LaneResult.decode(fields).done
-    except MessageError:
-        return False
-
-
 class LaneClient:
     """Submit requests to lanes, relay their results, cancel them (async, one per gateway)."""
 
@@ -69,7 +61,7 @@ class LaneClient:
         self._discards: set[str] = set()  # result streams to drop with the next UNLINK
         self._discarder: asyncio.Task | None = None
         # every relay's XREAD
-        self.reader = ResultReader(redis, batch=RELAY_BATCH, block_ms=poll_ms, is_last=_is_last)
+        self.reader = ResultReader(redis, batch=RELAY_BATCH, block_ms=poll_ms, is_last=LaneResult.is_last)
 
     async def epoch(self) -> str:
         """The Redis data's epoch (set here if missing: first use, or a Redis restarted empty)."""
