@@ -65,6 +65,7 @@ from quotas import (
     QuotaLimits,
     QuotaNotConfigured,
     Reservation,
+    SettleOutcome,
     connect,
     rate_limit_headers,
     retry_headers,
@@ -72,6 +73,10 @@ from quotas import (
 from tenancy import get_quota
 
 log = logging.getLogger(__name__)
+# A settlement Redis did not answer (an outage, or a pool without a free connection under overload)
+# is tried again this often, for this long: until then the request's concurrency slot stays taken
+# and its whole reservation charged, which would otherwise last until the lease expires (lease_ttl).
+SETTLE_RETRY_S, SETTLE_RETRY_FOR_S = 1.0, 120.0
 
 
 @dataclass
@@ -139,6 +144,7 @@ class QuotaService:
         self.queues_lanes = queues_lanes and limiter is not None
         self._open: dict[str, Admission] = {}  # request id → admission not yet settled
         self._renewer: asyncio.Task | None = None
+        self._retries: set[asyncio.Task] = set()  # settlements Redis did not take yet
 
     @classmethod
     def open(cls, settings: ApiSettings, session_factory: sessionmaker[Session]) -> QuotaService:
@@ -224,15 +230,42 @@ class QuotaService:
         reservation = admission.reservation
         if reservation is None or self.limiter is None:
             return
-        if outcome.ran:
-            result = await self.limiter.settle(reservation, outcome.charged_tokens)
-        else:
-            result = await self.limiter.refund(reservation)
-        if result not in ("settled", "not_charged"):
+        result = await self._settle_once(reservation, outcome)
+        if result == "unavailable":
+            task = asyncio.ensure_future(self._settle_later(admission.request_id, reservation, outcome))
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+        elif result not in ("settled", "not_charged"):
             log.warning("quota settlement of %s: %s", admission.request_id, result)
 
+    async def _settle_once(self, reservation: Reservation, outcome: RequestOutcome) -> SettleOutcome:
+        assert self.limiter is not None
+        if outcome.ran:
+            return await self.limiter.settle(reservation, outcome.charged_tokens)
+        return await self.limiter.refund(reservation)
+
+    async def _settle_later(self, request_id: str, reservation: Reservation, outcome: RequestOutcome) -> None:
+        """Settle again every SETTLE_RETRY_S until Redis answers, for SETTLE_RETRY_FOR_S at most (a
+        settlement applied whose answer was lost comes back ``unknown``: nothing is charged twice)."""
+        deadline = time.monotonic() + SETTLE_RETRY_FOR_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(SETTLE_RETRY_S)
+            result = await self._settle_once(reservation, outcome)
+            if result != "unavailable":
+                log.info("quota settlement of %s taken on a later try: %s", request_id, result)
+                return
+        log.warning(
+            "quota settlement of %s abandoned after %.0f s: its slot is held until its lease expires",
+            request_id,
+            SETTLE_RETRY_FOR_S,
+        )
+
     async def aclose(self) -> None:
-        """Stop renewing leases and wait for the limiter's background refunds (at shutdown)."""
+        """Stop renewing leases and retrying settlements, and wait for the limiter's background
+        refunds (at shutdown)."""
+        for task in list(self._retries):
+            task.cancel()
+        await asyncio.gather(*self._retries, return_exceptions=True)
         if self._renewer is not None:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 import anyio
@@ -34,8 +33,6 @@ from gateway.api.state import GatewayState
 from gateway.lanes.client import QueueUnavailable, ResultTimeout
 from gateway.lanes.messages import LaneResult
 from gateway.telemetry import metrics
-
-log = logging.getLogger(__name__)
 
 
 def lane_error(result: LaneResult, prompt_param: str = "messages") -> GatewayError:
@@ -142,6 +139,12 @@ class Generation:
     @property
     def done(self) -> bool:
         return all(relay.done for relay in self.relays)
+
+    @property
+    def in_hand(self) -> bool:
+        """Every prompt's first result was its last (e.g. ``max_tokens`` 1): the whole output is
+        here before the relay starts, and there is nothing to wait for."""
+        return all(relay.first is not None and relay.first.done for relay in self.relays)
 
     @property
     def prompt_tokens(self) -> int:
@@ -276,21 +279,12 @@ class Generation:
             await self.finish()
 
     async def finish(self) -> None:
-        """What ``close`` left: drop the result streams, write the usage record; once."""
+        """What ``close`` left: the result streams to the lanes' next discard, the usage record; once."""
         if self.finished:
             return
         self.finished = True
         with anyio.CancelScope(shield=True):
             for relay in self.relays:
-                await _quietly(self.state.lanes.discard(relay.request_id))
+                self.state.lanes.discard_soon(relay.request_id)
             if self.usage_write is not None:
                 await self.usage_write()
-
-
-async def _quietly(call: Awaitable[object]) -> None:
-    """A Redis call that may fail during an outage without failing the request's bookkeeping
-    (a cancel mark or a result stream left behind expires after result_ttl_s)."""
-    try:
-        await call
-    except Exception as exc:
-        log.warning("redis call skipped during an outage: %s", exc)

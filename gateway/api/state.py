@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from gateway.lanes.keys import model_info_key
 from gateway.settings import ApiSettings
 from tenancy import make_engine, make_session_factory
 
+log = logging.getLogger(__name__)
 MODEL_INFO_TTL_S = 5.0  # a replica re-reads the context its workers announce this often
 
 
@@ -66,9 +68,16 @@ class GatewayState:
         )
 
     async def close(self) -> None:
-        await self.lanes.aclose()
-        await self.quota_service.aclose()
-        await self.redis.aclose()
+        """Close every part, each one even when another fails: a Redis client whose server stalls
+        with a command half sent raises from its close (redis-py's "Timed out closing connection
+        after 0.5", the quota client's connect timeout), which must neither leave the other
+        connections open nor fail the shutdown."""
+        parts = {"lanes": self.lanes.aclose, "quotas": self.quota_service.aclose, "redis": self.redis.aclose}
+        for name, close in parts.items():
+            try:
+                await close()
+            except Exception as exc:
+                log.warning("closing the gateway's %s client: %s", name, exc)
         self.db_engine.dispose()
 
     async def max_model_len(self) -> int | None:

@@ -31,6 +31,10 @@ RELAY_BATCH = 256  # result entries read per XREAD (a request's whole output, us
 POLL_MS = 1000  # one blocking XREAD waits this long before the timeout is checked again
 EPOCH_KEY = "lanes:epoch"  # a random value; a Redis restarted empty lacks it (or has a newer one)
 CANCEL_RETRY_S, CANCEL_RETRY_FOR_S = 1.0, 60.0  # a cancel Redis refused is retried this often, this long
+# Relayed requests' result streams are dropped together, one UNLINK at most this often: one command
+# for every request that ended meanwhile instead of one each (a stream outlives its relay by this
+# much at most; one that a failed UNLINK leaves behind expires after result_ttl_s).
+DISCARD_EVERY_S = 0.05
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +58,10 @@ class LaneClient:
         self._epoch_read: asyncio.Future[str] | None = None
         self._epoch_check: asyncio.Future[Any] | None = None  # the in-flight GET of the epoch
         self._cancels: set[asyncio.Task] = set()
-        self.reader = ResultReader(redis, batch=RELAY_BATCH, block_ms=poll_ms)  # every relay's XREAD
+        self._discards: set[str] = set()  # result streams to drop with the next UNLINK
+        self._discarder: asyncio.Task | None = None
+        # every relay's XREAD
+        self.reader = ResultReader(redis, batch=RELAY_BATCH, block_ms=poll_ms, is_last=LaneResult.is_last)
 
     async def epoch(self) -> str:
         """The Redis data's epoch (set here if missing: first use, or a Redis restarted empty)."""
@@ -192,15 +199,39 @@ class LaneClient:
                 await asyncio.sleep(CANCEL_RETRY_S)
 
     async def aclose(self) -> None:
-        """Wait for the background cancels and stop the result reader (at shutdown)."""
+        """Wait for the background cancels, drop the result streams still to discard and stop the
+        result reader (at shutdown)."""
         for task in list(self._cancels):
             task.cancel()
         await asyncio.gather(*self._cancels, return_exceptions=True)
+        if self._discarder is not None:
+            self._discarder.cancel()
+            await asyncio.gather(self._discarder, return_exceptions=True)
+        await self._flush_discards()
         await self.reader.aclose()
 
     async def discard(self, request_id: str) -> None:
-        """Drop a relayed request's result stream."""
+        """Drop a relayed request's result stream now."""
         await self.redis.delete(out_key(request_id))
+
+    def discard_soon(self, request_id: str) -> None:
+        """Drop a relayed request's result stream with the others of the next DISCARD_EVERY_S."""
+        self._discards.add(out_key(request_id))
+        if self._discarder is None or self._discarder.done():
+            self._discarder = asyncio.ensure_future(self._discard_later())
+
+    async def _discard_later(self) -> None:
+        await asyncio.sleep(DISCARD_EVERY_S)
+        await self._flush_discards()
+
+    async def _flush_discards(self) -> None:
+        keys, self._discards = self._discards, set()
+        if not keys:
+            return
+        try:
+            await self.redis.unlink(*keys)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("%d result streams left to expire (redis unavailable: %s)", len(keys), exc)
 
     async def has_worker(self, model: str, *, fresh: bool = False) -> bool:
         """Whether a worker serving ``model`` beat within WORKER_ALIVE_S (by Redis's clock).

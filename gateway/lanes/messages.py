@@ -153,6 +153,15 @@ class LaneResult:
 
     encode = _encode
 
+    @staticmethod
+    def is_last(fields: dict[Any, Any]) -> bool:
+        """Whether an encoded result is its request's last (``done``), from its body's JSON alone
+        (no result built); an unreadable entry is not."""
+        try:
+            return _decode_fields(fields).get("done") is True
+        except MessageError:
+            return False
+
     @classmethod
     def decode(cls, fields: dict[Any, Any]) -> LaneResult:
         body = _decode_fields(fields)

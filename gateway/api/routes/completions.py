@@ -179,7 +179,7 @@ async def _respond(
     reasons: dict[int, str | None] = {}
     failure: list[BaseException] = []
 
-    async def collect(scope: anyio.CancelScope) -> None:
+    async def collect(scope: anyio.CancelScope | None) -> None:
         try:
             async for result in generation:
                 if result is not None:  # None: a keep-alive
@@ -189,7 +189,8 @@ async def _respond(
                         reasons[result.index] = result.finish_reason
         except Exception as exc:  # re-raised below, outside the task group (no ExceptionGroup)
             failure.append(exc)
-        scope.cancel()
+        if scope is not None:
+            scope.cancel()
 
     async def watch_disconnect(scope: anyio.CancelScope) -> None:
         while not await request.is_disconnected():
@@ -197,9 +198,12 @@ async def _respond(
         scope.cancel()  # the client left: stop relaying; close() cancels the request
 
     try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(collect, tasks.cancel_scope)
-            tasks.start_soon(watch_disconnect, tasks.cancel_scope)
+        if generation.in_hand:  # the output came whole with the first results: no wait to watch
+            await collect(None)
+        else:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(collect, tasks.cancel_scope)
+                tasks.start_soon(watch_disconnect, tasks.cancel_scope)
     finally:
         await generation.close(after_response=True)  # the quota is settled before the response
     try:

@@ -77,6 +77,13 @@ def test_malformed_entries_raise_message_error(fields):
         LaneRequest.decode(fields)
 
 
+def test_a_results_last_flag_is_read_from_its_encoding_alone():
+    assert LaneResult.is_last(LaneResult(request_id="r", token_ids=(1,), done=True).encode())
+    assert not LaneResult.is_last(LaneResult(request_id="r", token_ids=(1,)).encode())
+    assert not LaneResult.is_last({"v": "2", "body": "{not json"})  # unreadable: not a last result
+    assert not LaneResult.is_last({})
+
+
 def test_unknown_result_kind_is_refused():
     fields = LaneResult(request_id="r").encode()
     body = json.loads(fields["body"])

@@ -1,6 +1,7 @@
 """The replica's one reader of result streams (ResultReader, behind LaneClient.results) on the real
 Redis: 200 requests in flight relayed over one blocking read at a time, a request that starts
-while the read blocks woken at once (not after the poll), and a Redis error ending every read."""
+while the read blocks woken at once (not after the poll), a finished stream leaving the read before
+its relay is closed, and a Redis error ending every read."""
 
 from __future__ import annotations
 
@@ -72,6 +73,41 @@ async def test_a_request_starting_while_the_reader_blocks_is_not_left_for_the_po
     assert tokens == [7] and ended - began < POLL_MS / 1000 / 2
     first.cancel()
     await asyncio.gather(first, return_exceptions=True)
+
+
+async def test_a_finished_stream_leaves_the_read_before_its_relay_is_closed(lanes):
+    """As the gateway's relay does: read up to the last result and leave the generator open. The
+    reader stops at once (no unfinished stream left), so the next request starts a read of its
+    own: none of them has to wake a read that waits on finished streams."""
+    open_relays = []
+    for i in range(3):
+        rid = uuid.uuid4().hex
+        await _finish(lanes, rid, (i,))
+        relay = lanes.results(rid, timeout_s=10)
+        result = await asyncio.wait_for(anext(relay), 5)
+        assert result is not None and result.done and result.token_ids == (i,)
+        open_relays.append(relay)  # not closed: its stream is still registered with the reader
+        await asyncio.sleep(0.05)
+        assert lanes.reader._task is not None and lanes.reader._task.done()
+    assert await lanes.redis.exists(lanes.reader.wake_key) == 0  # no wake was needed
+    for relay in open_relays:
+        await relay.aclose()
+    assert lanes.reader._streams == {}
+
+
+async def test_a_stream_asked_past_its_last_result_is_read_again(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    reader = ResultReader(client, batch=16, block_ms=POLL_MS, is_last=lambda fields: b"last" in fields)
+    key = f"out:{uuid.uuid4().hex}"
+    try:
+        first = await client.xadd(key, {b"last": b"1"})
+        assert (await asyncio.wait_for(reader.read(key, "0-0", POLL_MS), 5))[0][1][0][0] == first
+        more = await client.xadd(key, {b"more": b"1"})
+        assert (await asyncio.wait_for(reader.read(key, first, POLL_MS), 5))[0][1][0][0] == more
+    finally:
+        await reader.aclose()
+        await client.delete(key)
+        await client.aclose()
 
 
 async def test_a_redis_error_ends_the_read_of_every_waiting_request(redis_url):

@@ -1,0 +1,71 @@
+"""LaneClient's discard of relayed requests' result streams on the real Redis: the streams of
+requests that end together go in one command, what is still to drop is dropped at shutdown, and an
+unreachable Redis leaves the streams to expire without failing anyone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import redis.asyncio as aioredis
+
+from gateway.lanes.client import DISCARD_EVERY_S, LaneClient
+from gateway.lanes.connect import async_client
+from gateway.lanes.keys import out_key
+
+
+class CountingConnection(aioredis.Connection):
+    """A connection that counts what it sends: one packet is one command (or one pipeline)."""
+
+    sent = 0
+
+    async def send_packed_command(self, command, check_health=True):
+        CountingConnection.sent += 1
+        await super().send_packed_command(command, check_health)
+
+
+async def _streams(client, n: int) -> list[str]:
+    ids = [uuid.uuid4().hex for _ in range(n)]
+    for rid in ids:
+        await client.xadd(out_key(rid), {"v": "1"})
+    return ids
+
+
+async def test_streams_of_requests_ending_together_go_in_one_command(redis_url):
+    pool = aioredis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    client = aioredis.Redis(connection_pool=pool)
+    lanes = LaneClient(client)
+    try:
+        ids = await _streams(client, 20)
+        before = CountingConnection.sent
+        for rid in ids:
+            lanes.discard_soon(rid)
+        await asyncio.sleep(4 * DISCARD_EVERY_S)
+        assert CountingConnection.sent - before == 1
+        assert await client.exists(*(out_key(rid) for rid in ids)) == 0
+    finally:
+        await lanes.aclose()
+        await client.aclose()
+
+
+async def test_streams_still_to_discard_are_dropped_at_shutdown(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    lanes = LaneClient(client)
+    ids = await _streams(client, 3)
+    for rid in ids:
+        lanes.discard_soon(rid)
+    await lanes.aclose()  # before the discard was due
+    assert await client.exists(*(out_key(rid) for rid in ids)) == 0
+    await client.aclose()
+
+
+async def test_an_unreachable_redis_leaves_the_streams_to_expire(free_tcp_port, caplog):
+    client = async_client(f"redis://127.0.0.1:{free_tcp_port}/0")  # the gateway's, with its retries
+    lanes = LaneClient(client)
+    with caplog.at_level(logging.WARNING, logger="gateway.lanes.client"):
+        lanes.discard_soon(uuid.uuid4().hex)
+        await asyncio.wait_for(lanes._discarder, 10)
+        await lanes.aclose()
+    assert any("left to expire" in r.getMessage() for r in caplog.records)
+    await client.aclose()
