@@ -152,7 +152,8 @@ class BlockManager:
             return []  # prompt logprobs need every prompt position computed
         if self.sliding_window and self.is_swapped(seq):
             return []  # everything it holds comes back from its host blocks
-        bs, found, prev = self.block_size, [], None
+        bs, prev = self.block_size, None
+        found: list[int | None] = []
         end = seq.num_tokens - 1 - (bs - 1)  # full blocks before the last token
         if self.is_swapped(seq):  # only blocks of tokens it had computed (the rest come from host)
             end = min(end, seq.num_computed_tokens - bs + 1)
@@ -167,12 +168,11 @@ class BlockManager:
                     break
                 block_id = None
             found.append(block_id)
-        if not self.sliding_window:
-            return found
         for h in range(len(found), 0, -1):  # the longest hit whose window blocks are all cached
-            first = self._first_in_window(h * bs)
-            if all(b is not None for b in found[first:h]):
-                return [OUT_OF_WINDOW] * first + [b for b in found[first:h] if b is not None]
+            first = self._first_in_window(h * bs) if self.sliding_window else 0
+            hit = [b for b in found[first:h] if b is not None]
+            if len(hit) == h - first:
+                return [OUT_OF_WINDOW] * first + hit
         return []
 
     def _first_in_window(self, position: int) -> int:
@@ -183,6 +183,8 @@ class BlockManager:
         """Can seq start with `hits` shared and `num_new_tokens` computed now, keeping `reserve` free?"""
         cached = self.num_restored_tokens(seq, hits)
         fresh = self.blocks_needed(cached + num_new_tokens) - len(hits)
+        host = self._swapped.get(seq.request_id, ())
+        fresh -= sum(1 for h in host[len(hits) :] if h is None)  # released out of the window: none
         # cached but on the free list
         revived = sum(1 for b in hits if b != OUT_OF_WINDOW and self.blocks[b].ref_count == 0)
         return fresh + revived + reserve <= self.num_free_blocks
@@ -297,9 +299,9 @@ class BlockManager:
         """Preempt seq by swap: map the blocks of its computed tokens to host blocks and free its
         device blocks; it keeps num_computed_tokens. Returns the (device block, host block) pairs
         to copy before this step's forward. Check can_swap_out first."""
+        assert self.can_swap_out(seq), f"no host room to swap out {seq.request_id}"
         computed = seq.num_computed_tokens
         n = self.blocks_needed(computed)
-        assert 0 < n <= len(self.free_host_ids), f"no host room to swap out {seq.request_id}"
         host = [
             None if b == OUT_OF_WINDOW else heapq.heappop(self.free_host_ids) for b in self.table(seq)[:n]
         ]

@@ -25,6 +25,8 @@ from engine.kv_groups import (
 from engine.models.spec import ModelSpec
 from engine.swap_space import SwapSpace
 
+Pairs = list[tuple[int, int]]  # (source block, destination block) copies
+
 
 @dataclass
 class KVCache:
@@ -51,7 +53,7 @@ class KVCache:
         if sliding and self.sliding_swap is not None:
             self.sliding_swap.swap_in(sliding)
 
-    def _split(self, pairs: list[tuple[int, int]], swap_in: bool):
+    def _split(self, pairs: Pairs, swap_in: bool) -> tuple[Pairs, Pairs]:
         if self.sliding_swap is None:
             return pairs, []
         return split_pairs(pairs, self.num_blocks, self.swap_space.num_blocks, swap_in)

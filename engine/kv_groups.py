@@ -187,3 +187,6 @@ def split_pairs(
         else:
             sliding.append((a - num_blocks, b - num_host_blocks))
     return full, sliding
+
+
+Blocks = BlockManager | HybridBlockManager  # what the scheduler allocates KV blocks from
