@@ -96,7 +96,7 @@ def test_one_pool_gives_the_same_tokens_and_holds_every_block(family):
         peak["used"] = max(peak["used"], eng.block_manager.num_used_blocks)
 
     assert run(eng, check) == reference
-    assert peak["used"] > 90  # every layer's blocks of all four sequences at once
+    assert peak["used"] > 60  # every block of every running sequence, for all layers
 
 
 def test_abort_and_a_later_prefix_hit_give_every_block_back(family):
@@ -112,18 +112,23 @@ def test_abort_and_a_later_prefix_hit_give_every_block_back(family):
         eng.abort(str(i))
     eng.step()
     assert all_back(bm)
-    # the longest prompt again: its prefix comes from the cache (full pool: every block; sliding
-    # pool: the window before the hit's end, released blocks still cached on the free list)
+    # a prompt computed, then again: its prefix comes from the cache (full pool: every block;
+    # sliding pool: the blocks in the window before the hit's end, released but still cached)
+    assert generate(eng, "first", PROMPTS[3], 2) == reference[3][:2]
     hit_before = eng.stats.prefix_hit_tokens
-    params = SamplingParams(max_tokens=MAX_TOKENS[3], temperature=0, ignore_eos=True)
-    eng.add_request("again", PROMPTS[3], params)
+    assert generate(eng, "again", PROMPTS[3], MAX_TOKENS[3]) == reference[3]
+    assert eng.stats.prefix_hit_tokens - hit_before == 24  # six blocks: the last token is computed
+    eng.step()
+    assert all_back(bm)
+
+
+def generate(eng: Engine, request_id: str, prompt: list[int], max_tokens: int) -> list[int]:
+    eng.add_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
     out = []
     while eng.has_unfinished():
         for o in eng.step():
             out += o.new_token_ids
-    assert out == reference[3] and eng.stats.prefix_hit_tokens - hit_before == 24
-    eng.step()
-    assert all_back(bm)
+    return out
 
 
 def test_pool_sizes_split_the_budget_by_what_the_sliding_layers_can_use():
