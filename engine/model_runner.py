@@ -314,15 +314,14 @@ class ModelRunner:
         def move(t: torch.Tensor) -> torch.Tensor:
             return host_to_device(t, dev)
 
-        if meta.sliding is not None:
-            self._to_device(ids, pos, meta.sliding)
-        meta.slot_mapping = move(meta.slot_mapping)
-        if meta.decode_block_tables is not None:
-            meta.decode_block_tables = move(meta.decode_block_tables)
-        if meta.decode_context_lens is not None:
-            meta.decode_context_lens = move(meta.decode_context_lens)
-        for chunk in meta.prefills:
-            chunk.block_ids = move(chunk.block_ids)
+        for m in (meta, meta.sliding) if meta.sliding is not None else (meta,):
+            m.slot_mapping = move(m.slot_mapping)
+            if m.decode_block_tables is not None:
+                m.decode_block_tables = move(m.decode_block_tables)
+            if m.decode_context_lens is not None:
+                m.decode_context_lens = move(m.decode_context_lens)
+            for chunk in m.prefills:
+                chunk.block_ids = move(chunk.block_ids)
         return move(ids), move(pos), meta
 
 
