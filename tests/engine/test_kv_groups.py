@@ -2,7 +2,8 @@
 KV blocks live in a pool of their own, released out of the window, so a decoding sequence holds at
 most ceil(window / block) + 1 of them while its full-layer blocks grow with it; tokens stay equal
 to transformers' and to the one-pool engine's, through prefix caching and preemptions by swap and
-by recompute; every block of both pools comes back after finish, abort and preemption."""
+by recompute (on the CPU C kernel and on the torch reference); every block of both pools comes back
+after finish, abort and preemption."""
 
 from __future__ import annotations
 
@@ -61,10 +62,10 @@ def all_back(bm: HybridBlockManager) -> bool:
     )
 
 
-@pytest.mark.parametrize("mode", ["swap", "recompute"])
-def test_sliding_blocks_stay_bounded_and_tokens_equal_transformers(family, mode):
+@pytest.mark.parametrize("mode,backend", [("swap", "cpu"), ("recompute", "torch")])
+def test_sliding_blocks_stay_bounded_and_tokens_equal_transformers(family, mode, backend):
     folder, reference = family
-    eng = engine(folder, preemption_mode=mode)
+    eng = engine(folder, preemption_mode=mode, attention_backend=backend)
     bm = eng.block_manager
     assert isinstance(bm, HybridBlockManager) and bm.sliding.num_blocks == 16 and bm.full.num_blocks == 40
     seen = {"held": 0, "released": 0, "full": 0}
