@@ -8,12 +8,14 @@ after finish, abort and preemption."""
 from __future__ import annotations
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, Gemma2Config
 
 from engine import Engine, SamplingParams
 from engine.block_manager import OUT_OF_WINDOW
 from engine.kv_groups import HybridBlockManager, sliding_pool_blocks, split_budget, split_pairs
 from tests.engine.hf_reference import hf_greedy
-from tests.engine.models.families import WINDOW, load_hf, save_family
+from tests.engine.models.families import BASE, WINDOW, load_hf, save_family
 
 BLOCK = 4
 BOUND = -(-WINDOW // BLOCK) + 1  # sliding blocks a decoding sequence holds at most
@@ -143,3 +145,47 @@ def test_pool_sizes_split_the_budget_by_what_the_sliding_layers_can_use():
     out = [(1, 0), (41, 2), (45, 3)]  # (device, host); 40 full device blocks, 2 full host blocks
     assert split_pairs(out, 40, 2, swap_in=False) == ([(1, 0)], [(1, 0), (5, 1)])
     assert split_pairs([(3, 44)], 40, 2, swap_in=True) == ([], [(1, 4)])
+
+
+def test_a_2000_token_conversation_holds_a_window_of_sliding_blocks(tmp_path):
+    """Gemma 2, window 32, 16-token blocks: a conversation decoded to 2,000 tokens beside a second
+    one that shares its prefix (a prefix hit in both pools) and is swapped out on the way, because
+    the full pool (130 blocks) cannot hold both; tokens equal transformers'."""
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        **{**BASE, "max_position_embeddings": 2048},
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=32,
+        attn_logit_softcapping=1.5,
+        final_logit_softcapping=3.0,
+    )
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    hf.save_pretrained(tmp_path)
+    prompts = [[(7 * i + 3) % 250 + 2 for i in range(64)]]
+    prompts.append(prompts[0][:48] + [(5 * i + 1) % 250 + 2 for i in range(16)])
+    max_tokens = [1936, 1200]  # both grow until the full pool cannot hold them: b is swapped out
+    reference = hf_greedy(load_hf(tmp_path), prompts, max_tokens)
+    eng = engine(tmp_path, block_size=16, num_kv_blocks=130, max_num_seqs=2, preemption_mode="swap")
+    bm = eng.block_manager
+    assert isinstance(bm, HybridBlockManager)
+    out: dict[str, list[int]] = {"a": [], "b": []}
+    eng.add_request("a", prompts[0], SamplingParams(max_tokens=max_tokens[0], temperature=0, ignore_eos=True))
+    held = 0
+    while eng.has_unfinished():
+        for o in eng.step():
+            out[o.request_id] += o.new_token_ids
+        if eng.stats.steps == 1:  # after a's prompt is computed: b's prefix is in the cache
+            params = SamplingParams(max_tokens=max_tokens[1], temperature=0, ignore_eos=True)
+            eng.add_request("b", prompts[1], params)
+        for seq in eng.scheduler.running:
+            if seq.num_computed_tokens >= seq.num_prompt_tokens:
+                held = max(held, bm.sliding.num_held_blocks(seq))
+    assert [out["a"], out["b"]] == reference
+    assert held == 3 and eng.stats.swaps > 0 and eng.stats.prefix_hit_tokens == 48
+    eng.step()
+    assert all_back(bm)
