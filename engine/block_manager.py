@@ -15,11 +15,13 @@ step's forward, swap-outs first (a block freed by a swap-out may be refilled in 
 Host blocks read by a swap-in return to the pool only at the next `begin_step`, so that a swap-out
 later in the same step cannot overwrite them before they are read.
 
-Sliding windows (`sliding_window` > 0: every layer of the model slides): once a block's tokens all
-fall out of the window of the sequence's next token, `commit` releases it and its table entry
-becomes `OUT_OF_WINDOW` (the attention never reads it; the model runner passes block 0 there). A
-sequence then holds at most ceil(window / block_size) + 1 blocks. A swapped-out sequence keeps
-its released entries released.
+Sliding windows (`sliding_window` > 0: every layer of this manager's pool slides): once a block's
+tokens all fall out of the window of the sequence's next token, `commit` releases it and its table
+entry becomes `OUT_OF_WINDOW` (the attention never reads it; the model runner passes block 0
+there). A sequence then holds at most ceil(window / block_size) + 1 blocks. A swapped-out sequence
+keeps its released entries released; a prefix hit needs only the blocks its end's window reaches.
+A model that mixes sliding and full layers has one manager per layer type (engine/kv_groups.py),
+each over its own `Sequence` table (`table`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         num_host_blocks: int = 0,
         sliding_window: int = 0,
+        table: str = "block_table",
     ):
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
@@ -81,13 +84,15 @@ class BlockManager:
             raise ValueError("num_host_blocks must be non-negative")
         self.block_size = block_size
         self.sliding_window = sliding_window
+        self.table_name = table  # the Sequence field holding this manager's block ids
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = _Blocks(num_blocks)
         self.hash_to_block: dict[int, int] = {}
         # Free blocks in the order they were freed: the oldest is handed out first.
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        # Per sequence: number of its leading blocks already registered under a hash.
-        self._hashed: dict[str, int] = {}
+        # Per sequence: (leading blocks already hashed, the last one's chain hash). The hash is kept
+        # here, not read from a block, because that block may have been released out of the window.
+        self._hashed: dict[str, tuple[int, int | None]] = {}
         self.num_prefix_hit_tokens = 0
         self.num_host_blocks = num_host_blocks
         self.free_host_ids: list[int] = list(range(num_host_blocks))  # a heap: low ids first, long runs
@@ -96,6 +101,11 @@ class BlockManager:
         self._host_in_flight: list[int] = []  # host blocks read by this step's swap-ins
 
     # ---- queries -------------------------------------------------------------------------
+    def table(self, seq: Sequence) -> list[int]:
+        """seq's block table in this manager's pool."""
+        table: list[int] = getattr(seq, self.table_name)
+        return table
+
     @property
     def num_blocks(self) -> int:
         return self.blocks.num_blocks
@@ -114,7 +124,7 @@ class BlockManager:
 
     def num_held_blocks(self, seq: Sequence) -> int:
         """Device blocks seq holds (blocks released out of its sliding window not counted)."""
-        return sum(1 for b in seq.block_table if b != OUT_OF_WINDOW)
+        return sum(1 for b in self.table(seq) if b != OUT_OF_WINDOW)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -133,51 +143,81 @@ class BlockManager:
         swapped-out sequence everything it had computed."""
         return seq.num_computed_tokens if self.is_swapped(seq) else len(hits) * self.block_size
 
-    def prefix_hits(self, seq: Sequence) -> list[int]:
-        """Ids of cached blocks holding seq's leading full blocks. At least one token is always
-        left to compute, because the step must produce the last position's logits."""
+    def prefix_hits(self, seq: Sequence, limit: int | None = None) -> list[int]:
+        """Ids of cached blocks holding seq's leading full blocks (at most `limit` of them). At least
+        one token is always left to compute, because the step must produce the last position's
+        logits. With a sliding window a hit of h blocks needs only the blocks the window of token
+        h * block_size reaches: the earlier ones are OUT_OF_WINDOW entries, cached or not."""
         if not self.enable_prefix_caching or seq.needs_prompt_logits and not self.is_swapped(seq):
             return []  # prompt logprobs need every prompt position computed
-        bs, hits, prev = self.block_size, [], None
-        for start in range(0, seq.num_tokens - 1 - (bs - 1), bs):  # full blocks before the last token
+        if self.sliding_window and self.is_swapped(seq):
+            return []  # everything it holds comes back from its host blocks
+        bs, prev = self.block_size, None
+        found: list[int | None] = []
+        end = seq.num_tokens - 1 - (bs - 1)  # full blocks before the last token
+        if self.is_swapped(seq):  # only blocks of tokens it had computed (the rest come from host)
+            end = min(end, seq.num_computed_tokens - bs + 1)
+        if limit is not None:
+            end = min(end, limit * bs - bs + 1)
+        for start in range(0, max(end, 0), bs):
             tokens = tuple(seq.token_ids[start : start + bs])
             prev = chain_hash(prev, tokens, seq.lora)
             block_id = self.hash_to_block.get(prev)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break
-            hits.append(block_id)
-        if self.is_swapped(seq):  # only blocks of tokens it had computed (the rest come from host)
-            del hits[seq.num_computed_tokens // bs :]
-        return hits
+                if not self.sliding_window:
+                    break
+                block_id = None
+            found.append(block_id)
+        for h in range(len(found), 0, -1):  # the longest hit whose window blocks are all cached
+            first = self._first_in_window(h * bs) if self.sliding_window else 0
+            hit = [b for b in found[first:h] if b is not None]
+            if len(hit) == h - first:
+                return [OUT_OF_WINDOW] * first + hit
+        return []
+
+    def _first_in_window(self, position: int) -> int:
+        """The first block the sliding window of the token at `position` reaches."""
+        return max(0, position - self.sliding_window + 1) // self.block_size
 
     def can_allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int, reserve: int = 0) -> bool:
         """Can seq start with `hits` shared and `num_new_tokens` computed now, keeping `reserve` free?"""
         cached = self.num_restored_tokens(seq, hits)
         fresh = self.blocks_needed(cached + num_new_tokens) - len(hits)
-        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # cached but on the free list
+        host = self._swapped.get(seq.request_id, ())
+        fresh -= sum(1 for h in host[len(hits) :] if h is None)  # released out of the window: none
+        # cached but on the free list
+        revived = sum(1 for b in hits if b != OUT_OF_WINDOW and self.blocks[b].ref_count == 0)
         return fresh + revived + reserve <= self.num_free_blocks
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(self.table(seq))
         return need <= self.num_free_blocks
 
     def can_swap_out(self, seq: Sequence) -> bool:
         """Is there host room for the blocks of seq's computed tokens (and anything to keep)?"""
-        return 0 < self.blocks_needed(seq.num_computed_tokens) <= len(self.free_host_ids)
+        n = self.blocks_needed(seq.num_computed_tokens)
+        held = sum(1 for b in self.table(seq)[:n] if b != OUT_OF_WINDOW)
+        return 0 < n and held <= len(self.free_host_ids)
 
     # ---- mutations -----------------------------------------------------------------------
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> list[tuple[int, int]]:
         """Give a waiting sequence its shared prefix blocks plus fresh ones for its first chunk.
         A swapped-out sequence gets fresh blocks for what `hits` do not cover, to be filled from
         its host blocks: returns those (host block, device block) pairs (empty for any other)."""
-        assert not seq.block_table, f"{seq.request_id} already holds blocks"
+        assert not self.table(seq), f"{seq.request_id} already holds blocks"
         for block_id in hits:
+            if block_id == OUT_OF_WINDOW:  # out of the window of the hit's end: not needed
+                self.table(seq).append(block_id)
+                continue
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self.free_ids[block_id]
             block.ref_count += 1
-            seq.block_table.append(block_id)
-        self._hashed[seq.request_id] = len(hits)
+            self.table(seq).append(block_id)
+        prev = None  # the hits' chain hash, computed from their tokens (an entry may be released)
+        for start in range(0, len(hits) * self.block_size, self.block_size):
+            prev = chain_hash(prev, tuple(seq.token_ids[start : start + self.block_size]), seq.lora)
+        self._hashed[seq.request_id] = (len(hits), prev)
         host = self._swapped.pop(seq.request_id, None)
         swap_in: list[tuple[int, int]] = []
         if host is None:
@@ -187,10 +227,10 @@ class BlockManager:
             self._host_in_flight += [h for h in host if h is not None]
             for host_id in host[len(hits) :]:
                 if host_id is None:  # released out of the window before the swap-out
-                    seq.block_table.append(OUT_OF_WINDOW)
+                    self.table(seq).append(OUT_OF_WINDOW)
                     continue
                 block_id = self._take_free()
-                seq.block_table.append(block_id)
+                self.table(seq).append(block_id)
                 swap_in.append((host_id, block_id))
         seq.num_cached_tokens = seq.num_computed_tokens
         self.append(seq, num_new_tokens)
@@ -198,16 +238,16 @@ class BlockManager:
 
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
         """Make room for seq's next `num_new_tokens` KV entries."""
-        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(self.table(seq))
         for _ in range(need):
-            seq.block_table.append(self._take_free())
+            self.table(seq).append(self._take_free())
 
     def trim(self, seq: Sequence) -> None:
         """Give back seq's blocks past its computed tokens (slots of rejected speculative drafts:
         fresh, unshared, unregistered); they are handed out first again."""
         keep = self.blocks_needed(seq.num_computed_tokens)
-        while len(seq.block_table) > keep:
-            block_id = seq.block_table.pop()
+        while len(self.table(seq)) > keep:
+            block_id = self.table(seq).pop()
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count == 0 and block.hash is None, f"block {block_id} is not a fresh tail"
@@ -223,13 +263,12 @@ class BlockManager:
 
     def _release_out_of_window(self, seq: Sequence) -> None:
         # the next token, at position num_computed_tokens, sees keys from num_computed - window + 1
-        first_seen = seq.num_computed_tokens - self.sliding_window + 1
-        for i in range(max(0, first_seen) // self.block_size):
-            block_id = seq.block_table[i]
+        for i in range(self._first_in_window(seq.num_computed_tokens)):
+            block_id = self.table(seq)[i]
             if block_id == OUT_OF_WINDOW:
                 continue
             self._release(block_id)
-            seq.block_table[i] = OUT_OF_WINDOW
+            self.table(seq)[i] = OUT_OF_WINDOW
 
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -241,36 +280,32 @@ class BlockManager:
     def _commit(self, seq: Sequence) -> None:
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        done = self._hashed.get(seq.request_id, 0)
+        bs, table = self.block_size, self.table(seq)
+        done, prev = self._hashed.get(seq.request_id, (0, None))
         full = seq.num_computed_tokens // bs
-        if full <= done:
-            return
-        if done and seq.block_table[done - 1] == OUT_OF_WINDOW:  # the hash chain is gone
-            return
-        prev = self.blocks[seq.block_table[done - 1]].hash if done else None
         for i in range(done, full):
-            if seq.block_table[i] == OUT_OF_WINDOW:  # released before it was registered: stop here
-                return
-            block = self.blocks[seq.block_table[i]]
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             prev = chain_hash(prev, tokens, seq.lora)
+            if table[i] == OUT_OF_WINDOW:  # released (swapped out) before it was registered
+                continue
+            block = self.blocks[table[i]]
             if block.hash is None:  # a shared block is already registered
                 block.hash, block.token_ids = prev, tokens
                 self.hash_to_block.setdefault(prev, block.block_id)
-        self._hashed[seq.request_id] = full
+        if full > done:
+            self._hashed[seq.request_id] = (full, prev)
 
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
         """Preempt seq by swap: map the blocks of its computed tokens to host blocks and free its
         device blocks; it keeps num_computed_tokens. Returns the (device block, host block) pairs
         to copy before this step's forward. Check can_swap_out first."""
+        assert self.can_swap_out(seq), f"no host room to swap out {seq.request_id}"
         computed = seq.num_computed_tokens
         n = self.blocks_needed(computed)
-        assert 0 < n <= len(self.free_host_ids), f"no host room to swap out {seq.request_id}"
         host = [
-            None if b == OUT_OF_WINDOW else heapq.heappop(self.free_host_ids) for b in seq.block_table[:n]
+            None if b == OUT_OF_WINDOW else heapq.heappop(self.free_host_ids) for b in self.table(seq)[:n]
         ]
-        pairs = [(b, h) for b, h in zip(seq.block_table[:n], host) if h is not None]
+        pairs = [(b, h) for b, h in zip(self.table(seq)[:n], host) if h is not None]
         self.free(seq)
         seq.num_computed_tokens = computed
         self._swapped[seq.request_id] = host
@@ -288,10 +323,10 @@ class BlockManager:
         for host_id in self._swapped.pop(seq.request_id, ()):
             if host_id is not None:
                 heapq.heappush(self.free_host_ids, host_id)
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(self.table(seq)):
             if block_id != OUT_OF_WINDOW:
                 self._release(block_id)
-        seq.block_table.clear()
+        self.table(seq).clear()
         seq.num_computed_tokens = 0
         self._hashed.pop(seq.request_id, None)
 
@@ -308,7 +343,7 @@ class BlockManager:
         """Real tokens / allocated slots over the given sequences' blocks (shared blocks once)."""
         blocks: dict[int, int] = {}
         for seq in seqs:
-            for i, block_id in enumerate(seq.block_table):
+            for i, block_id in enumerate(self.table(seq)):
                 if block_id == OUT_OF_WINDOW:
                     continue
                 filled = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))

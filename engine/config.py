@@ -27,6 +27,9 @@ class CacheConfig:
     # Host memory for KV blocks of swapped-out sequences (swap preemption, docs/scheduling.md).
     swap_space_gib: float = 1.0
     num_swap_blocks: int | None = None  # None: as many as swap_space_gib holds
+    # A model mixing sliding and full layers: its sliding layers' KV in a pool of their own, whose
+    # blocks out of the window are released (engine/kv_groups.py). False: one pool, all blocks kept.
+    sliding_pool: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.block_manager import BlockManager
 from engine.choices import Choices, later_choices
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.device import resolve_device, resolve_dtype
 from engine.engine_request import EngineRequest
 from engine.errors import DuplicateRequestError, InvalidRequestError, SLOUnattainableError
+from engine.kv_cache import make_block_manager
 from engine.loader import load_model
 from engine.lora.request import LoRARequest, acquire_adapter
 from engine.model_runner import ModelRunner
@@ -64,19 +64,18 @@ class Engine:
         max_pos = loaded.config.max_position_embeddings
         max_len = min(config.max_model_len or max_pos, max_pos)
         self.runner = ModelRunner(loaded, replace(config, max_model_len=max_len), max_len)
-        # A sequence must fit the whole cache on its own, or it could never finish.
-        # (with a sliding window every layer only needs its window's blocks: then the context alone caps it)
+        # A sequence must fit the whole cache on its own, or it could never finish (where every
+        # layer slides, each only needs its window's blocks: then the context alone caps it).
         window = self.runner.model.spec.releasable_window
         self.max_model_len = max_len if window else min(max_len, self.runner.num_blocks * config.block_size)
         self.config = replace(config, max_model_len=self.max_model_len)
         swap = self.runner.swap_space
-        self.block_manager = BlockManager(
-            self.runner.num_blocks,
+        self.block_manager = make_block_manager(
+            self.runner.kv_cache,
             config.block_size,
             # longrope: a cached token's rotation depends on its sequence's length, not on its prefix
             enable_prefix_caching=config.enable_prefix_caching and not self.runner.model.spec.long_rope_after,
-            num_host_blocks=swap.num_blocks,
-            sliding_window=window,
+            window=window,
         )
         # Measured once here: what preemption_mode "auto" weighs against recomputation.
         self.swap_cost = swap.measure() if swap.num_blocks else None

@@ -7,14 +7,16 @@ waiting (docs/gpu.md); the only sync of a step is reading the sampled token ids 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.attention import AttentionBackend, AttentionMetadata, PrefillChunk, make_backend
+from engine.attention import AttentionMetadata, PrefillChunk, make_backend
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.device import host_to_device, resolve_device, resolve_dtype, select_device
+from engine.kv_cache import allocate_kv_cache
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
 from engine.models import LlamaModel, resolve
@@ -24,7 +26,6 @@ from engine.request import Sequence, TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
 from engine.speculative.verify import split_drafted, verify
-from engine.swap_space import SwapSpace
 
 if TYPE_CHECKING:
     from engine.lora.manager import LoRAManager
@@ -64,20 +65,12 @@ class ModelRunner:
         self.model.decode = DecodeForward.make(self.model) if one_call else None
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = frozenset(loaded.eos_token_ids)  # masked for rows below their min_tokens
-        self.num_blocks = config.num_kv_blocks or self._blocks_for(config.kv_cache_gib, cfg.num_hidden_layers)
-        slots = self.num_blocks * self.block_size
-        self.kv_caches = [
-            backend.allocate_cache(slots, self.dtype, self.device) for _ in range(cfg.num_hidden_layers)
-        ]
-        if config.preemption_mode == "recompute":
-            num_host_blocks = 0
-        elif config.num_swap_blocks is not None:
-            num_host_blocks = config.num_swap_blocks
-        else:
-            num_host_blocks = self._blocks_for(config.swap_space_gib, cfg.num_hidden_layers, at_least=0)
-        if config.preemption_mode == "auto" and type(backend).block_view is AttentionBackend.block_view:
-            num_host_blocks = 0  # this backend's cache layout cannot be swapped: recompute only
-        self.swap_space = SwapSpace(backend, self.kv_caches, self.block_size, num_host_blocks)
+        cache = allocate_kv_cache(config, self.model.spec, backend, self.dtype, self.device)
+        self.kv_cache = cache
+        self.kv_caches = cache.kv_caches
+        self.num_blocks = cache.num_blocks
+        self.swap_space = cache.swap_space
+        self.sliding_window = cache.sliding_window  # > 0: the sliding layers' blocks in their own pool
         if self.device.type == "cuda":
             from engine.kernels.warmup import warm_up  # imports triton
 
@@ -88,6 +81,7 @@ class ModelRunner:
             and self.device.type == "cuda"
             and backend.supports_cuda_graphs
             and self.model.graph_safe
+            and not self.sliding_window  # the graphs capture one block table per row
         ):
             self.graphs = DecodeGraphs(
                 self.model,
@@ -98,10 +92,6 @@ class ModelRunner:
                 device=self.device,
             )
         self.lora = _lora_manager(config, cfg, self.model.embed.device)
-
-    def _blocks_for(self, gib: float, num_layers: int, at_least: int = 1) -> int:
-        per_block = num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
-        return max(at_least, int(gib * 2**30 // per_block))
 
     def stage(self, plan: StepPlan, running: list[Sequence]) -> float:
         """Before the plan's forward, even when it runs nothing: the adapters of every running
@@ -118,9 +108,9 @@ class ModelRunner:
         """The plan's block copies: swap-outs first (their device blocks may be handed out again in
         the same step), then swap-ins."""
         if plan.swap_out:
-            self.swap_space.swap_out(plan.swap_out)
+            self.kv_cache.swap_out(plan.swap_out)
         if plan.swap_in:
-            self.swap_space.swap_in(plan.swap_in)
+            self.kv_cache.swap_in(plan.swap_in)
 
     @torch.inference_mode()
     def run(
@@ -242,7 +232,6 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         """The step's host tensors. `as_decodes`: every item is a decode, a speculating one as one
         decode row per fed token (its new token, then each draft)."""
-        bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
         sample_rows: list[int] = []
@@ -268,26 +257,44 @@ class ModelRunner:
             lens = [length(seq) for seq, _ in rows]
             lens += [length(it.seq) for it in items[len(decodes) :] for _ in range(self._span(it)[1])]
             pos = rope_rows(pos, lens, spec.long_rope_after, self.model.max_positions)
+        chunks = [(it.seq, *self._span(it)) for it in items[len(decodes) :]]
+        meta = self._meta(rows, chunks, lambda seq: seq.block_table)
+        if self.sliding_window:
+            meta.sliding = self._meta(rows, chunks, lambda seq: seq.sliding_block_table)
+        row = len(rows)
+        for it in items[len(decodes) :]:
+            row += self._span(it)[1]
+            if it.samples:  # a speculating item samples after its token and after each draft
+                sample_rows += range(row - 1 - len(it.draft), row)
+        # sample_rows follow `items` order restricted to samplers: decodes first, then prefills.
+        return torch.tensor(ids), torch.tensor(pos), meta, torch.tensor(sample_rows, dtype=torch.long)
+
+    def _meta(
+        self,
+        rows: list[tuple[Sequence, int]],
+        chunks: list[tuple[Sequence, int, int]],
+        table_of: Callable[[Sequence], list[int]],
+    ) -> AttentionMetadata:
+        """The attention metadata of the decode rows (sequence, position) and prefill chunks
+        (sequence, first position, tokens) over the block tables `table_of` gives."""
+        bs = self.block_size
         arange_bs = torch.arange(bs)
         slot_parts: list[torch.Tensor] = []
         tables = ctx = None
         if rows:
             ctx = torch.tensor([q + 1 for _, q in rows])
             nb = -(-int(ctx.max()) // bs)
-            tables = torch.tensor([_pad(seq.block_table, nb) for seq, _ in rows])  # [B, nb]
+            tables = torch.tensor([_pad(table_of(seq), nb) for seq, _ in rows])  # [B, nb]
             last = ctx - 1
             slot_parts.append(tables.gather(1, (last // bs)[:, None]).view(-1) * bs + last % bs)
         prefills: list[PrefillChunk] = []
         row = len(rows)
-        for it in items[len(decodes) :]:
-            start, n = self._span(it)
-            table = torch.tensor(_pad(it.seq.block_table, -(-(start + n) // bs)))
+        for seq, start, n in chunks:
+            table = torch.tensor(_pad(table_of(seq), -(-(start + n) // bs)))
             slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
             prefills.append(PrefillChunk(row, n, start + n, table))
             row += n
-            if it.samples:  # a speculating item samples after its token and after each draft
-                sample_rows += range(row - 1 - len(it.draft), row)
-        meta = AttentionMetadata(
+        return AttentionMetadata(
             slot_mapping=torch.cat(slot_parts),
             block_size=bs,
             num_decodes=len(rows),
@@ -295,8 +302,6 @@ class ModelRunner:
             decode_context_lens=ctx,
             prefills=prefills,
         )
-        # sample_rows follow `items` order restricted to samplers: decodes first, then prefills.
-        return torch.tensor(ids), torch.tensor(pos), meta, torch.tensor(sample_rows, dtype=torch.long)
 
     def _to_device(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
@@ -309,13 +314,14 @@ class ModelRunner:
         def move(t: torch.Tensor) -> torch.Tensor:
             return host_to_device(t, dev)
 
-        meta.slot_mapping = move(meta.slot_mapping)
-        if meta.decode_block_tables is not None:
-            meta.decode_block_tables = move(meta.decode_block_tables)
-        if meta.decode_context_lens is not None:
-            meta.decode_context_lens = move(meta.decode_context_lens)
-        for chunk in meta.prefills:
-            chunk.block_ids = move(chunk.block_ids)
+        for m in (meta, meta.sliding) if meta.sliding is not None else (meta,):
+            m.slot_mapping = move(m.slot_mapping)
+            if m.decode_block_tables is not None:
+                m.decode_block_tables = move(m.decode_block_tables)
+            if m.decode_context_lens is not None:
+                m.decode_context_lens = move(m.decode_context_lens)
+            for chunk in m.prefills:
+                chunk.block_ids = move(chunk.block_ids)
         return move(ids), move(pos), meta
 
 

@@ -238,6 +238,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # the sliding layers' blocks where a model mixes sliding and full layers (engine/kv_groups.py)
+    sliding_block_table: list[int] = field(default_factory=list)
     num_resumed_tokens: int = 0  # output tokens given at add time (a dead worker's), not generated here
     first_token_time: float | None = None
     finish_reason: FinishReason | None = None

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.block_manager import BlockManager
+    from engine.kv_groups import Blocks
     from engine.lora.manager import LoRAManager
     from engine.output import Sampled
     from engine.scheduler import Scheduler, StepPlan
@@ -103,7 +103,7 @@ class EngineStats:
         *,
         swap_seconds: float,
         scheduler: Scheduler,
-        block_manager: BlockManager,
+        block_manager: Blocks,
         lora: LoRAManager | None,
     ) -> None:
         """Count one step, after the scheduler advanced what it ran. `ran`: None when the plan ran

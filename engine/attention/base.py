@@ -36,6 +36,8 @@ class AttentionMetadata:
     packed_prefills: object | None = None
     # The cpu backend's int32 decode block tables and context lengths, built once a step (first layer).
     decode_int32: tuple[torch.Tensor, torch.Tensor] | None = None
+    # The sliding layers' own metadata where they have a pool of their own (engine/kv_groups.py).
+    sliding: AttentionMetadata | None = None
 
     def decode_tables_int32(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(block tables, context lengths) of the decodes as contiguous int32, built once a step."""

@@ -228,9 +228,9 @@ class LlamaModel:
             self.experts.reset()
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             x, h = self._pre_norm(x, delta, layer.input_norm)
-            delta = self._out(
-                self._attention(i, layer, h, positions, meta, kv_cache, lora), layer.attn_out_norm
-            )
+            # a sliding layer with a pool of its own reads its own block tables (engine/kv_groups.py)
+            m = meta.sliding if meta.sliding is not None and self.spec.layer_window(i) else meta
+            delta = self._out(self._attention(i, layer, h, positions, m, kv_cache, lora), layer.attn_out_norm)
             x, h = self._pre_norm(x, delta, layer.post_norm)
             delta = self._out(self._mlp(i, layer, h, lora), layer.mlp_out_norm)
         return ops.add_rms_norm(x, delta, self.norm, eps)[1]

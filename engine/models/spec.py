@@ -137,6 +137,14 @@ class ModelSpec:
         return self.window if every_layer and self.window and not self.long_rope_recompute else 0
 
     @property
+    def split_window(self) -> int:
+        """The window of a model that mixes sliding and full layers (0: it does not): its sliding
+        layers' KV may live in a pool of their own, released out of the window (engine/kv_groups.py).
+        Not where a step recomputes a whole sequence (Phi-3's longrope)."""
+        mixed = SLIDING in self.layer_types and FULL in self.layer_types
+        return self.window if mixed and self.window and not self.long_rope_recompute else 0
+
+    @property
     def supports_one_call_decode(self) -> bool:
         """Whether the one-call C decode (engine/models/decode.py) implements every switch that is on:
         it runs the plain Llama block (pre-norms, SwiGLU, full rotary, full attention) only."""

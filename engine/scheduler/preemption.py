@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.kv_groups import Blocks
 from engine.request import Sequence
 from engine.scheduler.cost_model import StepCostModel, split
 
@@ -46,7 +46,7 @@ class PreemptionChooser:
             else None
         )
 
-    def estimate(self, seq: Sequence, block_manager: BlockManager) -> tuple[float, float]:
+    def estimate(self, seq: Sequence, block_manager: Blocks) -> tuple[float, float]:
         """(recompute seconds, swap seconds) for preempting seq now; swap is inf when unmeasured."""
         per_token = 0.0
         if self.cost is not None:  # a fit of noisy steps can flatten to 0: no prefill is free, keep the prior
@@ -58,7 +58,7 @@ class PreemptionChooser:
             seq.num_computed_tokens
         ) * self.swap_cost.block_s
 
-    def use_swap(self, seq: Sequence, block_manager: BlockManager) -> bool:
+    def use_swap(self, seq: Sequence, block_manager: Blocks) -> bool:
         """Preempt seq by swap (else by recompute)?"""
         if self.mode == "recompute" or not block_manager.can_swap_out(seq):
             return False

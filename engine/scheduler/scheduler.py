@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.kv_groups import Blocks
 from engine.request import Sequence, SequenceStatus
 from engine.scheduler.load import SLOLoad
 from engine.scheduler.plan import ScheduledSeq, StepPlan
@@ -37,7 +37,7 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        block_manager: BlockManager,
+        block_manager: Blocks,
         policy: SchedulingPolicy | None = None,
         clock: Callable[[], float] | None = None,
         swap_cost: SwapCost | None = None,

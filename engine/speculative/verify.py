@@ -27,7 +27,7 @@ from engine.request import TokenLogprob
 from engine.sampler import _top_k_top_p
 
 if TYPE_CHECKING:
-    from engine.block_manager import BlockManager
+    from engine.kv_groups import Blocks
     from engine.output import Sampled
     from engine.request import Sequence as Seq
     from engine.scheduler import ScheduledSeq, StepPlan
@@ -135,7 +135,7 @@ def tally(plan: StepPlan, sampled: Sequence[Sampled], stats: EngineStats) -> lis
     return verified
 
 
-def settle(verified: list[tuple[Seq, int]], block_manager: BlockManager) -> None:
+def settle(verified: list[tuple[Seq, int]], block_manager: Blocks) -> None:
     """After the output processor appended the kept tokens: each live speculating sequence's kept
     drafts become computed tokens (and registered for prefix sharing); the blocks past its
     computed tokens (rejected drafts' slots) return to the free list."""

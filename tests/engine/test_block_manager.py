@@ -1,6 +1,6 @@
 import pytest
 
-from engine.block_manager import BlockManager
+from engine.block_manager import OUT_OF_WINDOW, BlockManager
 from engine.request import SamplingParams, Sequence
 
 
@@ -107,3 +107,61 @@ def test_utilization_counts_real_tokens_over_allocated_slots():
     bm.allocate(a, [], 6)
     a.num_computed_tokens = 6
     assert bm.utilization([a]) == 6 / 8
+
+
+def test_a_sliding_prefix_hit_needs_only_the_blocks_its_window_reaches():
+    bm = BlockManager(16, 4, sliding_window=8)
+    a = seq("a", range(100, 125))  # 25 tokens: six full blocks, then one token
+    bm.allocate(a, [], a.num_tokens)
+    a.num_computed_tokens = a.num_tokens
+    bm.commit(a)  # registers six blocks, then releases the four out of the window of token 25
+    assert a.block_table[:4] == [OUT_OF_WINDOW] * 4 and bm.num_held_blocks(a) == 3
+    bm.free(a)
+    b = seq("b", list(range(100, 124)) + [7])
+    hits = bm.prefix_hits(b)  # a hit of 6 blocks: token 24's window starts at 17, in block 4
+    assert hits[:4] == [OUT_OF_WINDOW] * 4 and len(hits) == 6 and OUT_OF_WINDOW not in hits[4:]
+    assert bm.can_allocate(b, hits, 1)
+    bm.allocate(b, hits, 1)
+    assert b.num_computed_tokens == 24 and b.block_table[:4] == [OUT_OF_WINDOW] * 4
+    assert bm.num_held_blocks(b) == 3  # two shared blocks and a fresh one for token 24
+    b.token_ids += [8, 9, 10]
+    b.num_computed_tokens = 28
+    bm.append(b, 0)
+    bm.commit(b)  # the hash chain goes on through the released entries: block 6 is registered
+    c = seq("c", list(range(100, 124)) + [7, 8, 9, 10, 11])
+    assert bm.prefix_hits(c)[-1] == b.block_table[6]
+    bm.free(b)
+    assert bm.num_free_blocks == 16
+
+
+def test_a_sliding_prefix_hit_shrinks_to_where_its_window_is_cached():
+    bm = BlockManager(16, 4, sliding_window=8)
+    a = seq("a", range(100, 125))
+    bm.allocate(a, [], a.num_tokens)
+    a.num_computed_tokens = a.num_tokens
+    bm.commit(a)
+    last = a.block_table[5]
+    bm.free(a)
+    block = bm.blocks[last]
+    del bm.hash_to_block[block.hash]  # block 5 is gone from the cache: the hit can end at block 4
+    hits = bm.prefix_hits(seq("b", list(range(100, 124)) + [7]))
+    assert len(hits) == 5 and hits[:3] == [OUT_OF_WINDOW] * 3 and OUT_OF_WINDOW not in hits[3:]
+
+
+def test_a_sliding_swap_out_needs_host_room_only_for_the_blocks_held():
+    bm = BlockManager(16, 4, num_host_blocks=3, sliding_window=8)
+    a = seq("a", range(100, 125))
+    bm.allocate(a, [], a.num_tokens)
+    a.num_computed_tokens = a.num_tokens
+    bm.commit(a)
+    assert bm.can_swap_out(a)  # 7 blocks of computed tokens, 3 held
+    pairs = bm.swap_out(a)
+    assert len(pairs) == 3 and bm.num_free_blocks == 16
+    other = seq("other", range(48))
+    bm.allocate(other, [], 48)  # 12 blocks: 4 left, enough for a's 3 held blocks and its next token
+    assert bm.can_allocate(a, bm.prefix_hits(a), 1) and not bm.can_allocate(a, [], 9)
+    assert len(bm.allocate(a, bm.prefix_hits(a), 1)) == 3 and a.block_table[:4] == [OUT_OF_WINDOW] * 4
+    bm.begin_step()
+    bm.free(a)
+    bm.free(other)
+    assert bm.num_free_blocks == 16 and bm.num_free_host_blocks == 3

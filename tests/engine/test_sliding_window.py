@@ -41,7 +41,7 @@ def test_window_bounds_blocks_and_tokens_equal_transformers(model_dir, reference
         model=str(model_dir),
         dtype="float32",
         block_size=BLOCK,
-        num_kv_blocks=12,  # four prompts of 18-27 tokens need 22 blocks at once: preemptions
+        num_kv_blocks=10,  # four prompts of 18-27 tokens need 22 blocks at once: preemptions
         max_num_batched_tokens=16,
         preemption_mode=mode,
         num_threads=2,
