@@ -8,9 +8,10 @@ throughput with and without it.
     python -m benchmarks.speculative --dtypes bfloat16     # one dtype
     python -m benchmarks.speculative --smoke               # a tiny random model, in seconds
 
-Both engines of a dtype live in one process and take turns request by request, so load on a shared
-machine falls on both alike; the load average is recorded before and after. Prints a Markdown table
-and writes speculative.json and speculative.png under --out (benchmarks/results).
+Both engines of a dtype live in one process and take turns step by step on the same requests, so
+load on a shared machine falls on both alike; the load average is recorded before and after.
+Prints a Markdown table and writes speculative.json and speculative.png under --out
+(benchmarks/results).
 """
 
 from __future__ import annotations
@@ -75,21 +76,49 @@ def one_request(llm: LLM, rid: str, ids: list[int], tokens: int) -> tuple[float,
     return time.perf_counter() - (first or time.perf_counter()), max(0, len(out) - 1), out
 
 
+def race(llms: dict[str, LLM], requests: list[tuple[list[int], SamplingParams]]) -> dict[str, dict]:
+    """The same requests on every engine, the engines stepping in turn (one step each, round robin),
+    so a shared machine's load falls on all of them alike. Per engine: the seconds of its own steps
+    (all of them, and those after its first output token), its output tokens and each request's."""
+    runs = {name: {"seconds": 0.0, "after_first": 0.0, "tokens": 0, "outputs": {}} for name in llms}
+    for name, llm in llms.items():
+        for i, (ids, params) in enumerate(requests):
+            rid = f"{name}-{i}-{time.monotonic_ns()}"
+            llm.engine.add_request(rid, ids, params, priority=INTERACTIVE)
+            runs[name]["outputs"][rid] = []
+    while any(llm.engine.has_unfinished() for llm in llms.values()):
+        for name, llm in llms.items():
+            if not llm.engine.has_unfinished():
+                continue
+            run = runs[name]
+            started = run["tokens"] > 0
+            start = time.perf_counter()
+            outs = llm.engine.step()
+            took = time.perf_counter() - start
+            run["seconds"] += took
+            run["after_first"] += took if started else 0.0
+            for o in outs:
+                run["outputs"][o.request_id] += o.new_token_ids
+                run["tokens"] += len(o.new_token_ids)
+    return runs
+
+
 def batch_one(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, timer: DraftTimer) -> dict:
-    """Each prompt on the plain engine, then on the speculating one (turns per request)."""
+    """Each prompt alone on the plain and the speculating engine, raced step by step: milliseconds
+    per output token after the first."""
     stats = spec.engine.stats
     drafted, kept, drafting = stats.spec_draft_tokens, stats.spec_accepted_tokens, timer.seconds
     seconds = {"plain": 0.0, "ngram": 0.0}
     counted = {"plain": 0, "ngram": 0}
     equal = True
-    for i, ids in enumerate(prompts):
-        outs = []
-        for name, llm in (("plain", plain), ("ngram", spec)):
-            s, n, out = one_request(llm, f"{name}-{i}-{time.monotonic_ns()}", ids, tokens)
-            seconds[name] += s
-            counted[name] += n
-            outs.append(out)
-        equal &= outs[0] == outs[1]
+    for ids in prompts:
+        runs = race(
+            {"plain": plain, "ngram": spec}, [(ids, SamplingParams(max_tokens=tokens, temperature=0))]
+        )
+        for name, run in runs.items():
+            seconds[name] += run["after_first"]
+            counted[name] += max(0, run["tokens"] - 1)
+        equal &= list(runs["plain"]["outputs"].values()) == list(runs["ngram"]["outputs"].values())
     drafted = stats.spec_draft_tokens - drafted
     kept = stats.spec_accepted_tokens - kept
     ms = {name: 1000 * seconds[name] / max(1, counted[name]) for name in seconds}
@@ -107,22 +136,27 @@ def batch_one(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, time
 
 def batch_32(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, batch: int) -> dict:
     """`batch` concurrent interactive requests of staggered lengths (tokens/2 .. tokens), so the
-    batch drains and its tail falls under max_decoding_seqs; throughput in output tokens/s."""
-    result = {}
-    for name, llm in (("plain", plain), ("ngram", spec)):
-        engine, stats = llm.engine, llm.engine.stats
-        drafted = stats.spec_draft_tokens
-        for i in range(batch):
-            n = tokens // 2 + (tokens // 2) * i // max(1, batch - 1)
-            params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-            engine.add_request(f"b{name}{i}", prompts[i % len(prompts)], params, priority=INTERACTIVE)
-        out = 0
-        start = time.perf_counter()
-        while engine.has_unfinished():
-            out += sum(len(o.new_token_ids) for o in engine.step())
-        result[f"{name}_tokens_per_s"] = out / (time.perf_counter() - start)
-        result[f"{name}_drafted_tokens"] = stats.spec_draft_tokens - drafted
+    batch drains and its tail falls under max_decoding_seqs; raced step by step; throughput in
+    output tokens per second of each engine's own steps."""
+    drafted = spec.engine.stats.spec_draft_tokens
+    requests = [
+        (
+            prompts[i % len(prompts)],
+            SamplingParams(
+                max_tokens=tokens // 2 + (tokens // 2) * i // max(1, batch - 1),
+                temperature=0,
+                ignore_eos=True,
+            ),
+        )
+        for i in range(batch)
+    ]
+    runs = race({"plain": plain, "ngram": spec}, requests)
+    result = {f"{name}_tokens_per_s": run["tokens"] / run["seconds"] for name, run in runs.items()}
+    result["ngram_drafted_tokens"] = spec.engine.stats.spec_draft_tokens - drafted
     result["ratio"] = result["ngram_tokens_per_s"] / result["plain_tokens_per_s"]
+    result["greedy_outputs_equal"] = list(runs["plain"]["outputs"].values()) == list(
+        runs["ngram"]["outputs"].values()
+    )
     return result
 
 
@@ -163,14 +197,16 @@ def table(report: dict) -> str:
             )
     lines += [
         "",
-        "| dtype | batch | plain tokens/s | n-gram, tier policy on, tokens/s | ratio | drafted tokens |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| dtype | batch | plain tokens/s | n-gram, tier policy on, tokens/s | ratio | drafted tokens "
+        "| greedy equal |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for dtype, run in report["runs"].items():
         b = run["batch"]
         lines.append(
             f"| {dtype} | {b['size']} | {b['plain_tokens_per_s']:.1f} | {b['ngram_tokens_per_s']:.1f} | "
-            f"{b['ratio']:.3f}x | {b['ngram_drafted_tokens']} |"
+            f"{b['ratio']:.3f}x | {b['ngram_drafted_tokens']} | "
+            f"{'yes' if b['greedy_outputs_equal'] else 'no'} |"
         )
     return "\n".join(lines)
 
