@@ -1,17 +1,24 @@
-"""Speculative decoding with prompt-lookup (n-gram) drafts at batch 1: milliseconds per output
-token with and without it on a copy-heavy workload (prompts that ask to repeat or edit a given
-text), greedy, and the share of drafted tokens kept.
+"""Speculative decoding with prompt-lookup (n-gram) drafts: batch-1 milliseconds per output token
+with and without it, greedy, on a copy-heavy workload (prompts that repeat or edit a given text)
+and on free chat, in each dtype; the share of drafted tokens kept and the drafts' own cost; and at
+batch 32 with the tier policy on (interactive requests, the default `max_decoding_seqs`), the
+throughput with and without it.
 
-    python -m benchmarks.speculative                 # SmolLM2 fp32, 2 threads, 96 tokens a prompt
-    python -m benchmarks.speculative --smoke         # a tiny random model, in seconds
+    python -m benchmarks.speculative                       # SmolLM2, fp32 and bf16, 2 threads
+    python -m benchmarks.speculative --dtypes bfloat16     # one dtype
+    python -m benchmarks.speculative --smoke               # a tiny random model, in seconds
 
-Writes speculative.json and speculative.png under --out (benchmarks/results).
+Both engines of a dtype live in one process and take turns step by step on the same requests, so
+load on a shared machine falls on both alike; the load average is recorded before and after.
+Prints a Markdown table and writes speculative.json and speculative.png under --out
+(benchmarks/results).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
@@ -22,45 +29,186 @@ TEXT = (
     "    return result\n\ndef average(items):\n    if not items:\n        return 0\n"
     "    return total(items) / len(items)\n"
 )
-PROMPTS = [
-    f"Repeat this code exactly:\n{TEXT}",
-    f"Rename the function total to subtotal in this code and give the whole code back:\n{TEXT}",
-    f"Add a docstring to each function of this code and give the whole code back:\n{TEXT}",
-]
+WORKLOADS = {
+    "copy-heavy": [
+        f"Repeat this code exactly:\n{TEXT}",
+        f"Rename the function total to subtotal in this code and give the whole code back:\n{TEXT}",
+        f"Add a docstring to each function of this code and give the whole code back:\n{TEXT}",
+    ],
+    "free chat": [
+        "Tell me a short story about a lighthouse keeper who finds a message in a bottle.",
+        "What are three good habits for staying healthy while working from home?",
+        "Explain why the sky is blue to a ten-year-old.",
+    ],
+}
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+INTERACTIVE = 3  # the gateway's `priority` tier: speculates under the default policy (min_priority 2)
 
 
-def ms_per_token(llm: LLM, prompts: list[list[int]], tokens: int) -> dict:
-    """One request at a time; time after the first token over the tokens after it."""
+class DraftTimer:
+    """Wraps the scheduler's drafter: the seconds spent making drafts."""
+
+    def __init__(self, llm: LLM):
+        self.seconds = 0.0
+        drafter = llm.engine.scheduler.drafter
+        inner = drafter.drafts
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        drafter.drafts = timed
+
+
+def one_request(llm: LLM, rid: str, ids: list[int], tokens: int) -> tuple[float, int, list[int]]:
+    """(seconds after the first token, tokens after it, all tokens) of one greedy request alone."""
     engine = llm.engine
-    llm.generate([prompts[0]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
-    stats = engine.stats
-    drafted, kept = stats.spec_draft_tokens, stats.spec_accepted_tokens
-    per_prompt, total_s, total_tokens = [], 0.0, 0
-    for i, ids in enumerate(prompts):
-        engine.add_request(f"r{i}", ids, SamplingParams(max_tokens=tokens, temperature=0))
-        first = None
-        out_tokens = 0
-        start = time.perf_counter()
-        while engine.has_unfinished():
-            for out in engine.step():
-                out_tokens += len(out.new_token_ids)
-                if first is None and out.new_token_ids:
-                    first = time.perf_counter()
-        end = time.perf_counter()
-        ms = 1000 * (end - first) / max(1, out_tokens - 1)
-        per_prompt.append({"ms_per_token": ms, "tokens": out_tokens, "ttft_s": first - start})
-        total_s += end - first
-        total_tokens += out_tokens - 1
+    engine.add_request(rid, ids, SamplingParams(max_tokens=tokens, temperature=0), priority=INTERACTIVE)
+    first, out = None, []
+    while engine.has_unfinished():
+        for o in engine.step():
+            out += o.new_token_ids
+            if first is None and o.new_token_ids:
+                first = time.perf_counter()
+    return time.perf_counter() - (first or time.perf_counter()), max(0, len(out) - 1), out
+
+
+def race(llms: dict[str, LLM], requests: list[tuple[list[int], SamplingParams]]) -> dict[str, dict]:
+    """The same requests on every engine, the engines stepping in turn (one step each, round robin),
+    so a shared machine's load falls on all of them alike. Per engine: the seconds of its own steps
+    (all of them, and those after its first output token), its output tokens and each request's."""
+    runs = {name: {"seconds": 0.0, "after_first": 0.0, "tokens": 0, "outputs": {}} for name in llms}
+    for name, llm in llms.items():
+        for i, (ids, params) in enumerate(requests):
+            rid = f"{name}-{i}-{time.monotonic_ns()}"
+            llm.engine.add_request(rid, ids, params, priority=INTERACTIVE)
+            runs[name]["outputs"][rid] = []
+    while any(llm.engine.has_unfinished() for llm in llms.values()):
+        for name, llm in llms.items():
+            if not llm.engine.has_unfinished():
+                continue
+            run = runs[name]
+            started = run["tokens"] > 0
+            start = time.perf_counter()
+            outs = llm.engine.step()
+            took = time.perf_counter() - start
+            run["seconds"] += took
+            run["after_first"] += took if started else 0.0
+            for o in outs:
+                run["outputs"][o.request_id] += o.new_token_ids
+                run["tokens"] += len(o.new_token_ids)
+    return runs
+
+
+def batch_one(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, timer: DraftTimer) -> dict:
+    """Each prompt alone on the plain and the speculating engine, raced step by step: milliseconds
+    per output token after the first."""
+    stats = spec.engine.stats
+    drafted, kept, drafting = stats.spec_draft_tokens, stats.spec_accepted_tokens, timer.seconds
+    seconds = {"plain": 0.0, "ngram": 0.0}
+    counted = {"plain": 0, "ngram": 0}
+    equal = True
+    for ids in prompts:
+        runs = race(
+            {"plain": plain, "ngram": spec}, [(ids, SamplingParams(max_tokens=tokens, temperature=0))]
+        )
+        for name, run in runs.items():
+            seconds[name] += run["after_first"]
+            counted[name] += max(0, run["tokens"] - 1)
+        equal &= list(runs["plain"]["outputs"].values()) == list(runs["ngram"]["outputs"].values())
     drafted = stats.spec_draft_tokens - drafted
     kept = stats.spec_accepted_tokens - kept
+    ms = {name: 1000 * seconds[name] / max(1, counted[name]) for name in seconds}
     return {
-        "ms_per_token": 1000 * total_s / max(1, total_tokens),
-        "per_prompt": per_prompt,
+        "plain_ms_per_token": ms["plain"],
+        "ngram_ms_per_token": ms["ngram"],
+        "speedup": ms["plain"] / ms["ngram"],
         "drafted_tokens": drafted,
         "accepted_tokens": kept,
         "acceptance_rate": kept / drafted if drafted else 0.0,
+        "draft_ms_per_token": 1000 * (timer.seconds - drafting) / max(1, counted["ngram"]),
+        "greedy_outputs_equal": equal,
     }
+
+
+def batch_32(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, batch: int) -> dict:
+    """`batch` concurrent interactive requests of staggered lengths (tokens/2 .. tokens), so the
+    batch drains and its tail falls under max_decoding_seqs; raced step by step; throughput in
+    output tokens per second of each engine's own steps."""
+    drafted = spec.engine.stats.spec_draft_tokens
+    requests = [
+        (
+            prompts[i % len(prompts)],
+            SamplingParams(
+                max_tokens=tokens // 2 + (tokens // 2) * i // max(1, batch - 1),
+                temperature=0,
+                ignore_eos=True,
+            ),
+        )
+        for i in range(batch)
+    ]
+    runs = race({"plain": plain, "ngram": spec}, requests)
+    result = {f"{name}_tokens_per_s": run["tokens"] / run["seconds"] for name, run in runs.items()}
+    result["ngram_drafted_tokens"] = spec.engine.stats.spec_draft_tokens - drafted
+    result["ratio"] = result["ngram_tokens_per_s"] / result["plain_tokens_per_s"]
+    result["greedy_outputs_equal"] = list(runs["plain"]["outputs"].values()) == list(
+        runs["ngram"]["outputs"].values()
+    )
+    return result
+
+
+def run_dtype(model: str, dtype: str, args: argparse.Namespace, tokens: int, batch: int) -> dict:
+    common = dict(model=model, dtype=dtype, num_threads=args.threads)
+    plain = LLM(**common)
+    spec = LLM(**common, speculative_config={**SPEC, "num_speculative_tokens": args.k})
+    timer = DraftTimer(spec)
+    encoded = {
+        w: [plain.encode([{"role": "user", "content": p}]) for p in prompts]
+        for w, prompts in WORKLOADS.items()
+    }
+    for llm in (plain, spec):  # warm-up: kernels compiled, first steps paid
+        one_request(llm, "warm", encoded["copy-heavy"][0], 8)
+    result: dict = {
+        "one_call_decode": plain.engine.runner.model.decode is not None,
+        "workloads": {w: batch_one(plain, spec, ids, tokens, timer) for w, ids in encoded.items()},
+    }
+    all_prompts = [ids for prompts in encoded.values() for ids in prompts]
+    result["batch"] = {"size": batch, **batch_32(plain, spec, all_prompts, tokens, batch)}
+    return result
+
+
+def table(report: dict) -> str:
+    """The Markdown table of a run (what the README shows)."""
+    k = report["speculative_config"]["num_speculative_tokens"]
+    lines = [
+        f"| dtype | workload | plain ms/token | n-gram (k={k}) ms/token | speed-up | drafts kept "
+        "| draft ms/token | greedy equal |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for dtype, run in report["runs"].items():
+        for w, r in run["workloads"].items():
+            lines.append(
+                f"| {dtype} | {w} | {r['plain_ms_per_token']:.1f} | {r['ngram_ms_per_token']:.1f} | "
+                f"{r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | {r['draft_ms_per_token']:.3f} | "
+                f"{'yes' if r['greedy_outputs_equal'] else 'no'} |"
+            )
+    lines += [
+        "",
+        "| dtype | batch | plain tokens/s | n-gram, tier policy on, tokens/s | ratio | drafted tokens "
+        "| greedy equal |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for dtype, run in report["runs"].items():
+        b = run["batch"]
+        lines.append(
+            f"| {dtype} | {b['size']} | {b['plain_tokens_per_s']:.1f} | {b['ngram_tokens_per_s']:.1f} | "
+            f"{b['ratio']:.3f}x | {b['ngram_drafted_tokens']} | "
+            f"{'yes' if b['greedy_outputs_equal'] else 'no'} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -69,39 +217,30 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96, help="output tokens per prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes")
+    parser.add_argument("--batch", type=int, default=32, help="the throughput run's batch")
     args = parser.parse_args()
     out = out_dir(args, "speculative")
     model = tiny_model() if args.smoke else "smollm2"
     tokens = 8 if args.smoke else args.tokens
-    common = dict(model=model, dtype="float32", num_threads=args.threads)
-    spec = {**SPEC, "num_speculative_tokens": args.k, "min_priority": 0}
-    runs = {}
-    outputs = {}
-    for name, extra in (("plain", {}), ("ngram", {"speculative_config": spec})):
-        llm = LLM(**common, **extra)
-        prompts = [llm.encode([{"role": "user", "content": p}]) for p in PROMPTS]
-        runs[name] = ms_per_token(llm, prompts, tokens)
-        outputs[name] = [
-            c.token_ids for c in llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0))
-        ]
-        del llm
+    batch = 4 if args.smoke else args.batch
+    load_before = os.getloadavg()
+    runs = {dtype: run_dtype(model, dtype, args, tokens, batch) for dtype in args.dtypes.split(",")}
     report = {
         "model": model,
         "threads": args.threads,
         "tokens_per_prompt": tokens,
-        "speculative_config": spec,
+        "speculative_config": {**SPEC, "num_speculative_tokens": args.k},
+        "priority": INTERACTIVE,
         "runs": runs,
-        "speedup": runs["plain"]["ms_per_token"] / runs["ngram"]["ms_per_token"],
-        "greedy_outputs_equal": outputs["plain"] == outputs["ngram"],
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
         "machine": machine(),
     }
     (out / "speculative.json").write_text(json.dumps(report, indent=2))
-    plot(runs, out / "speculative.png", f"{model}, batch 1, {args.threads} threads, copy-heavy prompts")
-    print(
-        f"plain {runs['plain']['ms_per_token']:.1f} ms/token, ngram {runs['ngram']['ms_per_token']:.1f} "
-        f"ms/token ({report['speedup']:.2f}x), acceptance {runs['ngram']['acceptance_rate']:.0%}, "
-        f"greedy equal: {report['greedy_outputs_equal']}"
-    )
+    plot(runs, out / "speculative.png", f"{model}, batch 1, {args.threads} threads, greedy")
+    print(table(report))
+    print(f"load average before {load_before[0]:.1f}, after {report['load_average_after'][0]:.1f}")
     done(out)
 
 
@@ -111,16 +250,29 @@ def plot(runs: dict, path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    names = list(runs)
-    bars = ax.bar(names, [runs[n]["ms_per_token"] for n in names], color=["#888", "#2a7"])
-    for bar, n in zip(bars, names):
-        label = f"{runs[n]['ms_per_token']:.1f} ms"
-        if n != "plain":
-            label += f"\n{runs[n]['acceptance_rate']:.0%} kept"
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+    labels, plain, ngram, kept = [], [], [], []
+    for dtype, run in runs.items():
+        for w, r in run["workloads"].items():
+            labels.append(f"{dtype}\n{w}")
+            plain.append(r["plain_ms_per_token"])
+            ngram.append(r["ngram_ms_per_token"])
+            kept.append(r["acceptance_rate"])
+    fig, ax = plt.subplots(figsize=(1.6 * len(labels) + 2, 3.8))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], plain, 0.4, label="no speculation", color="#888")
+    bars = ax.bar([x + 0.2 for x in xs], ngram, 0.4, label="n-gram drafts", color="#2a7")
+    for bar, p, n, a in zip(bars, plain, ngram, kept):
+        ax.annotate(
+            f"{p / n:.2f}x\n{a:.0%} kept",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_ylabel("ms per output token")
     ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -6,9 +6,11 @@ costs about 10 microseconds of dispatch and ctypes (measured: `add_rms_norm` on 
 model's weight pointers to C once; each decode-only step then runs every layer there, with the
 same kernels in the same order as the per-operator path, so its outputs are bit-identical.
 
-It serves fp32 models on the CPU with the own kernels on (fp32 or int8 projections, the `cpu`
-attention backend) for steps with no prefill and no LoRA; every other step, model and device
-takes LlamaModel's per-operator forward. The ModelRunner chooses it (`make`) and dispatches to it,
+It serves models on the CPU with the own kernels on and the `cpu` attention backend, for steps
+with no prefill and no LoRA: fp32 models (fp32 or int8 projections), and bf16 models whose
+projections run the AVX512-BF16 kernel (`csrc/decode_forward_bf16.c`: the per-operator forward's
+torch ops in bf16, rounded at the same points). Every other step, model and device takes
+LlamaModel's per-operator forward. The ModelRunner chooses it (`make`) and dispatches to it,
 beside CUDA graphs; it reads the model and its linear layers through their public accessors
 (`rope_tables`, `kernel_weight`, `kernel_scale`, `kernel_bias`).
 """
@@ -31,10 +33,11 @@ if TYPE_CHECKING:
     from engine.models.llama import LlamaModel
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_forward.c"
+SOURCE_BF16 = Path(__file__).parent / "csrc" / "decode_forward_bf16.c"
 _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 
 
-_FIELDS: list[tuple[str, Any]] = (  # the C struct Model, in order
+_FIELDS: list[tuple[str, Any]] = (  # the C struct DecodeModel (csrc/decode_model.h), in order
     [(n, _I) for n in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate")]
     + [
         ("eps", _F),
@@ -71,10 +74,10 @@ class _Model(ctypes.Structure):
     _fields_ = _FIELDS
 
 
-def _library() -> ctypes.CDLL | None:
-    return native.library(
-        SOURCE, {"decode_forward": [ctypes.POINTER(_Model), _P, _P, _P, _P, _P, _P, _I, _I, _I]}
-    )
+def _library(bf16: bool) -> ctypes.CDLL | None:
+    name = "decode_forward_bf16" if bf16 else "decode_forward"
+    args = [ctypes.POINTER(_Model), _P, _P, _P, _P, _P, _P, _I, _I, _I]
+    return native.library(SOURCE_BF16 if bf16 else SOURCE, {name: args})
 
 
 def _ptrs(tensors: list[torch.Tensor | None]) -> ctypes.Array:
@@ -86,17 +89,21 @@ class DecodeForward:
 
     def __init__(self, model: LlamaModel, lib: ctypes.CDLL, int8: bool):
         self.model, self.lib, self.int8 = model, lib, int8
+        self.bf16 = model.dtype == torch.bfloat16  # projections in BF16Panels (csrc/bf16_linear.c)
+        self.forward = lib.decode_forward_bf16 if self.bf16 else lib.decode_forward
         layers = model.layers
         cfg = model.config
 
         def weights(name: str) -> ctypes.Array:
-            return _ptrs([getattr(layer, name).kernel_weight for layer in layers])
+            lins = [getattr(layer, name) for layer in layers]
+            return _ptrs([lin.bf16.panels if self.bf16 else lin.kernel_weight for lin in lins])
 
         def scales(name: str) -> ctypes.Array | None:
             return _ptrs([getattr(layer, name).kernel_scale for layer in layers]) if int8 else None
 
         def biases(name: str) -> ctypes.Array:
-            return _ptrs([getattr(layer, name).kernel_bias for layer in layers])
+            lins = [getattr(layer, name) for layer in layers]
+            return _ptrs([lin.bf16.bias if self.bf16 else lin.kernel_bias for lin in lins])
 
         # the ctypes arrays must outlive the struct that points into them
         cos, sin = model.rope_tables()
@@ -132,25 +139,26 @@ class DecodeForward:
         """The one-call decode forward for `model`, or None where it does not apply."""
         from engine.attention.cpu_paged import CPUPagedAttention
 
-        if (
-            model.dtype != torch.float32
-            or model.embed.device.type != "cpu"
-            or not isinstance(model.ops, CPUOps)
-        ):
-            return None
-        if not isinstance(model.attention, CPUPagedAttention):
+        if model.embed.device.type != "cpu" or not isinstance(model.attention, CPUPagedAttention):
             return None
         lins = [getattr(layer, n) for layer in model.layers for n in ("qkv", "o", "gate_up", "down")]
-        int8 = all(type(lin) is Int8Linear and lin.has_cpu_kernel for lin in lins)
-        dense = all(type(lin) is Linear and lin.has_cpu_kernel for lin in lins)
-        if not (int8 or dense):
+        if model.dtype == torch.float32:  # the fused C ops, fp32 or int8 projections in C
+            int8 = all(type(lin) is Int8Linear and lin.has_cpu_kernel for lin in lins)
+            dense = all(type(lin) is Linear and lin.has_cpu_kernel for lin in lins)
+            if not isinstance(model.ops, CPUOps) or not (int8 or dense):
+                return None
+        elif model.dtype == torch.bfloat16:  # every projection in the AVX512-BF16 kernel
+            int8 = False
+            if not all(type(lin) is Linear and lin.bf16 is not None for lin in lins):
+                return None
+        else:
             return None
         if any(getattr(layer, n).bias is not None for layer in model.layers for n in ("gate_up", "down")):
             return None
         norms = [model.norm] + [t for layer in model.layers for t in (layer.input_norm, layer.post_norm)]
         if not all(t is not None and t.is_contiguous() for t in norms):
             return None
-        lib = _library()
+        lib = _library(model.dtype == torch.bfloat16)
         return DecodeForward(model, lib, int8) if lib is not None else None
 
     def applies(self, meta: AttentionMetadata, kv_caches: list[torch.Tensor]) -> bool:
@@ -158,7 +166,7 @@ class DecodeForward:
         return (
             not meta.prefills
             and meta.num_decodes > 0
-            and cache.dtype == torch.float32
+            and cache.dtype == self.model.dtype
             and cache.device.type == "cpu"
             and cache.is_contiguous()
         )
@@ -184,7 +192,7 @@ class DecodeForward:
         tables, ctx = meta.decode_tables_int32()
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
-        self.lib.decode_forward(
+        self.forward(
             ctypes.byref(self.struct),
             x.data_ptr(),
             out.data_ptr(),

@@ -26,7 +26,7 @@ int bf16_panel_width(void) { return 32; }
 
 int bf16_linear_available(void) { return 1; }
 
-static inline float bf16_to_f32(uint16_t v) {
+static inline float bias_to_f32(uint16_t v) {
     uint32_t u = (uint32_t)v << 16;
     float f;
     memcpy(&f, &u, 4);
@@ -54,7 +54,7 @@ static inline __attribute__((always_inline)) void ukernel(const uint16_t *restri
     __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
     if (bias) {
         float bf[NR] = {0};
-        for (int j = 0; j < nvalid; j++) bf[j] = bf16_to_f32(bias[j]);
+        for (int j = 0; j < nvalid; j++) bf[j] = bias_to_f32(bias[j]);
         b0 = _mm512_loadu_ps(bf), b1 = _mm512_loadu_ps(bf + 16);
     }
     for (int i = 0; i < R; i++) {

@@ -21,23 +21,9 @@
 #include "int8_linear.c"
 #include "fused_ops.c"
 #include "../../attention/csrc/paged_decode.c"
+#include "decode_model.h"
 
 #include <string.h>
-
-typedef struct {
-    int layers, hidden, heads, kv_heads, head_dim, intermediate;
-    float eps, attn_scale;
-    int int8;          /* projections: 1 int8 rows + fp32 scales, 0 fp32 rows */
-    long cache_slots;  /* S of each layer's cache [2, KVH, S, D] */
-    int block_size;
-    const float *cos, *sin;  /* [P, D] RoPE tables, sin with its first half negated */
-    const float *final_norm;
-    const float *const *input_norm, *const *post_norm;           /* [layers] each */
-    const void *const *qkv, *const *o, *const *gate_up, *const *down;
-    const float *const *qkv_scale, *const *o_scale, *const *gate_up_scale, *const *down_scale;
-    const float *const *qkv_bias, *const *o_bias;                /* entries may be NULL */
-    float *const *kv;                                            /* [layers] caches */
-} DecodeModel;
 
 static void linear(const DecodeModel *m, const float *x, const void *w, const float *scale, const float *bias,
                    float *y, int M, int N, int K, int nt) {

@@ -1,10 +1,14 @@
 """The one-call decode forward (engine/models/decode.py) against the per-operator forward: the same
-kernels in the same order, so the hidden states and the KV cache it writes are bit-identical."""
+kernels in the same order (in bf16, the torch ops' rounding points), so the hidden states and the KV
+cache it writes are bit-identical."""
 
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.models.bf16_linear import bf16_library
+
+needs_bf16_kernel = pytest.mark.skipif(bf16_library() is None, reason="the CPU lacks AVX512-BF16")
 
 
 def _decode_plan(llm: LLM, prompts: list[list[int]]):
@@ -22,12 +26,16 @@ def _decode_plan(llm: LLM, prompts: list[list[int]]):
     return plan
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize(
+    "dtype, quantization",
+    [("float32", None), ("float32", "int8"), pytest.param("bfloat16", None, marks=needs_bf16_kernel)],
+)
 @pytest.mark.parametrize("batch", [1, 5])
-def test_one_call_equals_the_per_operator_forward(tiny_model_dir, quantization, batch):
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", num_threads=2, quantization=quantization)
+def test_one_call_equals_the_per_operator_forward(tiny_model_dir, dtype, quantization, batch):
+    llm = LLM(model=str(tiny_model_dir), dtype=dtype, num_threads=2, quantization=quantization)
     runner, model = llm.engine.runner, llm.engine.runner.model
     assert model.decode is not None and model.decode.int8 == (quantization == "int8")
+    assert model.decode.bf16 == (dtype == "bfloat16")
     plan = _decode_plan(llm, [list(range(3 + i, 20 + 7 * i)) for i in range(batch)])
     results = []
     for decode in (model.decode, None):
@@ -37,7 +45,7 @@ def test_one_call_equals_the_per_operator_forward(tiny_model_dir, quantization, 
         items, hidden, _ = runner.forward(plan)
         results.append((hidden.clone(), [c.clone() for c in runner.kv_caches]))
     (one_call, caches), (per_op, per_op_caches) = results
-    assert one_call.shape == (batch, model.config.hidden_size)
+    assert one_call.shape == (batch, model.config.hidden_size) and one_call.dtype == model.dtype
     assert torch.equal(one_call, per_op)
     assert all(torch.equal(a, b) for a, b in zip(caches, per_op_caches))
     assert any(c.abs().sum() > 0 for c in caches)
@@ -53,6 +61,14 @@ def test_where_it_applies(tiny_model_dir):
     meta = fp32.engine.runner._prepare(plan.scheduled)[2]
     assert meta.prefills and not decode.applies(meta, fp32.engine.runner.kv_caches)
     fp32.engine.abort("p")
-    for kw in ({"cpu_kernels": False}, {"dtype": "bfloat16"}, {"attention_backend": "torch"}):
+    for kw in (
+        {"cpu_kernels": False},
+        {"dtype": "bfloat16", "cpu_kernels": False},
+        {"attention_backend": "torch"},
+        {"dtype": "bfloat16", "attention_backend": "torch"},
+    ):
         llm = LLM(model=str(tiny_model_dir), num_threads=2, **{"dtype": "float32", **kw})
         assert llm.engine.runner.model.decode is None, kw
+    # bf16 takes it where its projections run the AVX512-BF16 kernel
+    bf16 = LLM(model=str(tiny_model_dir), dtype="bfloat16", num_threads=2).engine.runner.model
+    assert (bf16.decode is not None) == (bf16_library() is not None)

@@ -1,14 +1,16 @@
 """Speculative decoding at batch 32 on the real SmolLM2: with every sequence allowed to speculate,
 32 concurrent greedy requests give exactly the tokens of decoding without drafts in fp32 (and with
-INT8 weights) and every KV block comes back (with the C kernels the drafts verify as decode rows of
-the one-call decode forward, with plain torch operators as prefill chunks). In bf16 (what `dtype:
-auto` picks on a CPU with AVX512-BF16) the drafts' verification rows round differently from a
-one-token decode, so the two may part only at a near tie, which the plain engine's log-probabilities
-show."""
+INT8 weights), and in bf16 on a CPU with AVX512-BF16 (what `dtype: auto` picks there), and every KV
+block comes back. With the C kernels the drafts verify as decode rows of the one-call decode
+forward, whose rows do not depend on each other, so a draft's row is what decoding it alone gives;
+with plain torch operators they verify as prefill chunks. In bf16 through torch operators (and
+through oneDNN where the CPU lacks AVX512-BF16) a chunk's rows round differently from a one-token
+decode, so the two may part only at a near tie, which the plain engine's log-probabilities show."""
 
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.models.bf16_linear import bf16_library
 from tests.engine.paths import (
     BF16_C,
     BF16_TORCH,
@@ -21,6 +23,7 @@ from tests.engine.paths import (
 )
 
 pytestmark = pytest.mark.real_model
+BF16_KERNEL = bf16_library() is not None  # bf16 decodes (and drafts) in the one-call C forward
 
 BATCH = 32
 SPEC = {
@@ -74,7 +77,15 @@ def _run(llm: LLM, prompts, max_tokens: int, logprobs: int | None = None):
     return llm.generate(prompts, greedy)
 
 
-@pytest.mark.parametrize("path", params([FP32_C, FP32_TORCH, INT8]), ids=str)
+BF16_EXACT = pytest.param(
+    BF16_C, id=str(BF16_C), marks=pytest.mark.skipif(not BF16_KERNEL, reason="the CPU lacks AVX512-BF16")
+)
+BF16_NEAR = pytest.param(
+    BF16_C, id=str(BF16_C), marks=pytest.mark.skipif(BF16_KERNEL, reason="exact here: the test above")
+)
+
+
+@pytest.mark.parametrize("path", params([FP32_C, FP32_TORCH, INT8]) + [BF16_EXACT], ids=str)
 def test_batch_of_32_greedy_equals_no_speculation(path):
     plain = path.llm()
     spec = path.llm(speculative_config=SPEC)
@@ -102,12 +113,12 @@ def test_batch_of_32_greedy_equals_no_speculation(path):
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert widest > 16  # most of the batch verified drafts in one step
     # with the C kernels, a step of decodes and drafts is one C decode call (the drafts as rows)
-    assert (one_call > 0) == (path in (FP32_C, INT8))
+    assert (one_call > 0) == (path in (FP32_C, INT8, BF16_C))
     assert stats.spec_accepted_tokens > BATCH  # more than one accepted draft a sequence, on average
     assert eng.num_free_blocks == eng.num_total_blocks and not eng.seqs
 
 
-@pytest.mark.parametrize("path", params([BF16_C, BF16_TORCH]), ids=str)
+@pytest.mark.parametrize("path", [BF16_NEAR] + params([BF16_TORCH]), ids=str)
 def test_batch_of_32_bf16_parts_from_no_speculation_only_at_a_near_tie(path):
     plain = path.llm()
     spec = path.llm(speculative_config=SPEC)
