@@ -1,7 +1,8 @@
 """The forward's elementwise operators, one object per model: fused C kernels on the CPU in fp32
-and bf16 (`csrc/fused_ops.c`, one call instead of four to six torch ops each, the bf16 ones
-rounding where torch's ops round; docs/performance.md), torch ops elsewhere on the host (fp16, no
-C compiler, EngineConfig.cpu_kernels=False); Triton kernels on CUDA (engine/kernels/fused_ops.py)."""
+(`csrc/fused_ops.c`, one call instead of four to six torch ops each) and RMSNorm and RoPE in bf16
+(rounding where torch's ops round: bit for bit; docs/performance.md), torch ops elsewhere on the
+host (fp16, no C compiler, EngineConfig.cpu_kernels=False); Triton kernels on CUDA
+(engine/kernels/fused_ops.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,11 @@ _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 
 def _library() -> ctypes.CDLL | None:
-    signatures = {
-        "add_rms_norm": [_P] * 4 + [_I, _I, _F, _I],
-        "rope": [_P] * 4 + [_I] * 3 + [_L, _I],
-        "silu_mul": [_P] * 2 + [_I] * 3,
-    }
-    return native.library(SOURCE, signatures | {f"{name}_bf16": a for name, a in signatures.items()})
+    norm_rope = {"add_rms_norm": [_P] * 4 + [_I, _I, _F, _I], "rope": [_P] * 4 + [_I] * 3 + [_L, _I]}
+    return native.library(
+        SOURCE,
+        norm_rope | {f"{name}_bf16": a for name, a in norm_rope.items()} | {"silu_mul": [_P] * 2 + [_I] * 3},
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,7 +64,8 @@ class TorchOps:
 
 
 class CPUOps(TorchOps):
-    """The same operators in C, for contiguous fp32 and bf16 CPU tensors (others take the torch path)."""
+    """The same operators in C, for contiguous fp32 CPU tensors, and RMSNorm and RoPE for bf16 ones
+    (others take the torch path)."""
 
     SUFFIX = {torch.float32: "", torch.bfloat16: "_bf16"}  # the kernel of each dtype
 
@@ -130,10 +131,11 @@ class CPUOps(TorchOps):
         return qk  # rotated in place
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        kernel = self._kernel("silu_mul", gate_up.dtype)
-        if kernel is None or not gate_up.is_contiguous():
+        # fp32 only: in bf16 torch's own op (its expf is Sleef's; another one's last bits would move
+        # a bf16 result by an ulp now and then, and flip near-tied greedy tokens)
+        if gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
             return super().silu_mul(gate_up)
         T, I2 = gate_up.shape
-        out = torch.empty(T, I2 // 2, dtype=gate_up.dtype)
-        kernel(gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
+        out = torch.empty(T, I2 // 2)
+        self.lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
         return out

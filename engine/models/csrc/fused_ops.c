@@ -8,10 +8,12 @@
  *                 where cos, sin [P, D] hold the model's tables (sin with its first half negated)
  *   silu_mul      gate_up [T, 2I] -> out [T, I] = silu(gate) * up
  *
- * Each has a bf16 twin (`_bf16`, tensors as uint16 bit patterns) with torch's bf16 arithmetic step
- * by step: every torch op computes in fp32 and rounds its result to bf16 (to nearest even), so the
- * twins round where torch's ops would: the residual add, the normed row before the weight's product,
- * each of rope's two products and their sum, silu(gate) before the product with up.
+ * add_rms_norm and rope have bf16 twins (`_bf16`, tensors as uint16 bit patterns) with torch's bf16
+ * arithmetic step by step: every torch op computes in fp32 and rounds its result to bf16 (to nearest
+ * even), so the twins round where torch's ops would (the residual add, the normed row before the
+ * weight's product, each of rope's two products and their sum) and equal them bit for bit. SiLU·mul
+ * has none: an expf other than torch's (Sleef) moved 0.1% of its bf16 outputs by an ulp, enough to
+ * flip near-tied greedy tokens against transformers.
  *
  * Rows are split over the threads only when a call has enough work (prefill); a decode row is a
  * few hundred floats, cheaper than waking a second thread. */
@@ -106,19 +108,6 @@ void rope_bf16(uint16_t *restrict qk, const int64_t *restrict positions, const u
                 v[i] = to_bf(bf(to_bf(a * bf(c[i]))) + bf(to_bf(b * bf(s[i]))));
                 v[i + half] = to_bf(bf(to_bf(b * bf(c[i + half]))) + bf(to_bf(a * bf(s[i + half]))));
             }
-        }
-    }
-}
-
-void silu_mul_bf16(const uint16_t *restrict gate_up, uint16_t *restrict out, int T, int I, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads) if ((long)T * I >= PARALLEL_MIN)
-    for (int t = 0; t < T; t++) {
-        const uint16_t *g = gate_up + (long)t * 2 * I, *u = g + I;
-        uint16_t *o = out + (long)t * I;
-#pragma omp simd
-        for (int i = 0; i < I; i++) {
-            const float x = bf(g[i]);
-            o[i] = to_bf(bf(to_bf(x / (1.f + expf(-x)))) * bf(u[i]));
         }
     }
 }

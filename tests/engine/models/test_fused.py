@@ -61,8 +61,7 @@ def test_silu_mul(ops, T):
 
 @pytest.mark.parametrize("T", [1, 48, 300])  # 300 rows: the threads share them
 def test_bf16_operators_round_where_torch_rounds(ops, T):
-    """The bf16 twins against TorchOps in bf16: the residual add, RMSNorm and RoPE bit for bit;
-    silu(gate) * up within two bf16 ulps (expf's last bits differ from torch's)."""
+    """The bf16 twins against TorchOps in bf16: the residual add, RMSNorm and RoPE bit for bit."""
     torch.manual_seed(T)
     C, heads, D, P, ref = 576, 12, 64, 512, fused.TorchOps()
     x, w, delta = (torch.randn(T, C) * 3).bfloat16(), torch.randn(C).bfloat16(), torch.randn(T, C).bfloat16()
@@ -76,10 +75,8 @@ def test_bf16_operators_round_where_torch_rounds(ops, T):
     view = qkv[:, : heads * D].view(T, heads, D)
     expected = ref.rope(view.clone(), cos, sin, positions)
     assert torch.equal(ops.rope(view, cos, sin, positions), expected)
-    gate_up = (torch.randn(T, 2 * 1536) * 4).bfloat16()
-    got, want = ops.silu_mul(gate_up), ref.silu_mul(gate_up)
-    ulps = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
-    assert got.dtype == torch.bfloat16 and ulps.max() <= 2 and (ulps == 0).float().mean() > 0.99
+    gate_up = (torch.randn(T, 2 * 1536) * 4).bfloat16()  # SiLU·mul: torch's op itself in bf16
+    assert torch.equal(ops.silu_mul(gate_up), ref.silu_mul(gate_up))
 
 
 def test_forward_with_and_without_cpu_kernels(tiny_model_dir):
