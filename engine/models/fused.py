@@ -1,7 +1,8 @@
 """The forward's elementwise operators, one object per model: fused C kernels on the CPU in fp32
-(`csrc/fused_ops.c`, one call instead of four to six torch ops each; docs/performance.md), torch
-ops elsewhere on the host (bf16, no C compiler, EngineConfig.cpu_kernels=False); Triton kernels on
-CUDA (engine/kernels/fused_ops.py)."""
+(`csrc/fused_ops.c`, one call instead of four to six torch ops each) and RMSNorm and RoPE in bf16
+(rounding where torch's ops round: bit for bit; docs/performance.md), torch ops elsewhere on the
+host (fp16, no C compiler, EngineConfig.cpu_kernels=False); Triton kernels on CUDA
+(engine/kernels/fused_ops.py)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,10 @@ _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 
 def _library() -> ctypes.CDLL | None:
+    norm_rope = {"add_rms_norm": [_P] * 4 + [_I, _I, _F, _I], "rope": [_P] * 4 + [_I] * 3 + [_L, _I]}
     return native.library(
         SOURCE,
-        {
-            "add_rms_norm": [_P] * 4 + [_I, _I, _F, _I],
-            "rope": [_P] * 4 + [_I] * 3 + [_L, _I],
-            "silu_mul": [_P] * 2 + [_I] * 3,
-        },
+        norm_rope | {f"{name}_bf16": a for name, a in norm_rope.items()} | {"silu_mul": [_P] * 2 + [_I] * 3},
     )
 
 
@@ -66,23 +64,33 @@ class TorchOps:
 
 
 class CPUOps(TorchOps):
-    """The same operators in C, for contiguous fp32 CPU tensors (others take the torch path)."""
+    """The same operators in C, for contiguous fp32 CPU tensors, and RMSNorm and RoPE for bf16 ones
+    (others take the torch path)."""
+
+    SUFFIX = {torch.float32: "", torch.bfloat16: "_bf16"}  # the kernel of each dtype
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
 
+    def _kernel(self, name: str, dtype: torch.dtype):
+        suffix = self.SUFFIX.get(dtype)
+        return None if suffix is None else getattr(self.lib, name + suffix)
+
     def add_rms_norm(
         self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        kernel = self._kernel("add_rms_norm", x.dtype)
         if (
-            x.dtype != torch.float32
+            kernel is None
+            or weight.dtype != x.dtype
             or not x.is_contiguous()
-            or (delta is not None and not delta.is_contiguous())
+            or not weight.is_contiguous()
+            or (delta is not None and (not delta.is_contiguous() or delta.dtype != x.dtype))
         ):
             return super().add_rms_norm(x, delta, weight, eps)
         T, C = x.shape
         out = torch.empty_like(x)
-        self.lib.add_rms_norm(
+        kernel(
             x.data_ptr(),
             delta.data_ptr() if delta is not None else None,
             weight.data_ptr(),
@@ -98,14 +106,18 @@ class CPUOps(TorchOps):
         self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
         T, heads, D = qk.shape
+        kernel = self._kernel("rope", qk.dtype)
         if (
-            qk.dtype != torch.float32
+            kernel is None
+            or cos.dtype != qk.dtype
+            or sin.dtype != qk.dtype
+            or not (cos.is_contiguous() and sin.is_contiguous())
             or qk.stride(2) != 1
             or qk.stride(1) != D
             or positions.dtype != torch.int64
         ):
             return super().rope(qk, cos, sin, positions)
-        self.lib.rope(
+        kernel(
             qk.data_ptr(),
             positions.data_ptr(),
             cos.data_ptr(),
@@ -119,6 +131,8 @@ class CPUOps(TorchOps):
         return qk  # rotated in place
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        # fp32 only: in bf16 torch's own op (its expf is Sleef's; another one's last bits would move
+        # a bf16 result by an ulp now and then, and flip near-tied greedy tokens)
         if gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
             return super().silu_mul(gate_up)
         T, I2 = gate_up.shape

@@ -9,13 +9,13 @@ from engine.models.fused import CPUOps, TorchOps, _library
 
 
 def make_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool) -> TorchOps:
-    """TritonOps on CUDA (engine/kernels/fused_ops.py, one launch an operator); CPUOps for fp32 on
-    the CPU when allowed and a C compiler is there; else TorchOps."""
+    """TritonOps on CUDA (engine/kernels/fused_ops.py, one launch an operator); CPUOps for fp32 and
+    bf16 on the CPU when allowed and a C compiler is there; else TorchOps."""
     if device.type == "cuda":
         from engine.kernels.fused_ops import TritonOps  # imports triton
 
         return TritonOps()
-    if cpu_kernels and device.type == "cpu" and dtype == torch.float32:
+    if cpu_kernels and device.type == "cpu" and dtype in CPUOps.SUFFIX:
         lib = _library()
         if lib is not None:
             return CPUOps(lib)

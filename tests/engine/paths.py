@@ -70,7 +70,7 @@ class EnginePath:
 
 FP32_C = EnginePath("fp32-c")  # the fp32 C linears, fused ops, one-call decode, C paged attention
 FP32_TORCH = EnginePath("fp32-torch", cpu_kernels=False, attention_backend="torch")  # plain torch ops
-BF16_C = EnginePath("bf16-c", dtype="bfloat16")  # oneDNN bf16 linears, C bf16 paged decode
+BF16_C = EnginePath("bf16-c", dtype="bfloat16")  # bf16 C linears (else oneDNN), fused ops, paged decode
 BF16_TORCH = EnginePath("bf16-torch", dtype="bfloat16", cpu_kernels=False, attention_backend="torch")
 INT8 = EnginePath("int8", quantization="int8")  # the INT8 C kernel, fp32 elsewhere
 TRITON_FP32 = EnginePath("fp32-triton", cpu_kernels=False, attention_backend="triton")  # interpreter

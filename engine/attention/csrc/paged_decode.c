@@ -33,6 +33,14 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* token t's cache slot; block_size is a power of two (CacheConfig), so no division (an integer
+ * division a token cost as much as the rest of its scores) */
+static inline long slot_of(const int32_t *table, int t, int block_size) {
+    if (block_size & (block_size - 1)) return (long)table[t / block_size] * block_size + t % block_size;
+    const int shift = __builtin_ctz(block_size);
+    return ((long)table[t >> shift] << shift) | (t & (block_size - 1));
+}
+
 #define MAX_D 256
 #define MAX_G 16
 
@@ -57,7 +65,7 @@ static inline uint16_t f32_to_bf16(float f) {
                 }                                                                                    \
             const int32_t *table = tables + (long)b * max_blocks;                                    \
             for (int t = t0; t < L; t++) {                                                           \
-                long slot = (long)table[t / block_size] * block_size + t % block_size;               \
+                long slot = slot_of(table, t, block_size);                                          \
                 const T *k = K + ((long)h * S + slot) * D;                                           \
                 for (int g = 0; g < G; g++) {                                                        \
                     float s = 0.f;                                                                   \
@@ -76,7 +84,7 @@ static inline uint16_t f32_to_bf16(float f) {
                 for (int t = t0; t < L; t++) sg[t] /= sum;                                           \
             }                                                                                        \
             for (int t = t0; t < L; t++) {                                                           \
-                long slot = (long)table[t / block_size] * block_size + t % block_size;               \
+                long slot = slot_of(table, t, block_size);                                          \
                 const T *v = V + ((long)h * S + slot) * D;                                           \
                 for (int g = 0; g < G; g++) {                                                        \
                     float p = scores[(long)g * L + t];                                               \
@@ -93,7 +101,8 @@ static inline uint16_t f32_to_bf16(float f) {
 
 #define IDENT(x) (x)
 DEFINE_KERNEL(paged_decode_window_f32, float, IDENT, IDENT)
-DEFINE_KERNEL(paged_decode_window_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+DEFINE_KERNEL(paged_decode_window_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)
+#include "paged_decode_bf16.h"
 
 /* Full attention, no soft-capping, no sinks (what the one-call decode forward calls). */
 void paged_decode_f32(const float *q, const float *kv, const int32_t *tables, const int32_t *ctx_lens,

@@ -8,10 +8,18 @@
  *                 where cos, sin [P, D] hold the model's tables (sin with its first half negated)
  *   silu_mul      gate_up [T, 2I] -> out [T, I] = silu(gate) * up
  *
+ * add_rms_norm and rope have bf16 twins (`_bf16`, tensors as uint16 bit patterns) with torch's bf16
+ * arithmetic step by step: every torch op computes in fp32 and rounds its result to bf16 (to nearest
+ * even), so the twins round where torch's ops would (the residual add, the normed row before the
+ * weight's product, each of rope's two products and their sum) and equal them bit for bit. SiLU·mul
+ * has none: an expf other than torch's (Sleef) moved 0.1% of its bf16 outputs by an ulp, enough to
+ * flip near-tied greedy tokens against transformers.
+ *
  * Rows are split over the threads only when a call has enough work (prefill); a decode row is a
  * few hundred floats, cheaper than waking a second thread. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define PARALLEL_MIN 65536 /* floats per call from which the threads share the rows */
 
@@ -55,5 +63,51 @@ void silu_mul(const float *restrict gate_up, float *restrict out, int T, int I, 
         const float *g = gate_up + (long)t * 2 * I, *u = g + I;
         float *o = out + (long)t * I;
         for (int i = 0; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}
+
+static inline float bf(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t to_bf(float f) { /* round to nearest even, as torch's .to(torch.bfloat16) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+void add_rms_norm_bf16(uint16_t *restrict x, const uint16_t *restrict delta, const uint16_t *restrict weight,
+                       uint16_t *restrict out, int T, int C, float eps, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if ((long)T * C >= PARALLEL_MIN)
+    for (int t = 0; t < T; t++) {
+        uint16_t *xr = x + (long)t * C, *o = out + (long)t * C;
+        if (delta) {
+            const uint16_t *d = delta + (long)t * C;
+            for (int c = 0; c < C; c++) xr[c] = to_bf(bf(xr[c]) + bf(d[c]));
+        }
+        float ss = 0.f;
+        for (int c = 0; c < C; c++) ss += bf(xr[c]) * bf(xr[c]);
+        const float r = 1.f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++) o[c] = to_bf(bf(weight[c]) * bf(to_bf(bf(xr[c]) * r)));
+    }
+}
+
+void rope_bf16(uint16_t *restrict qk, const int64_t *restrict positions, const uint16_t *restrict cos_table,
+               const uint16_t *restrict sin_table, int T, int heads, int D, long row_stride, int num_threads) {
+    const int half = D / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if ((long)T * heads * D >= PARALLEL_MIN)
+    for (int t = 0; t < T; t++) {
+        const uint16_t *c = cos_table + positions[t] * D, *s = sin_table + positions[t] * D;
+        for (int h = 0; h < heads; h++) {
+            uint16_t *v = qk + t * row_stride + (long)h * D;
+            for (int i = 0; i < half; i++) {
+                const float a = bf(v[i]), b = bf(v[i + half]);
+                v[i] = to_bf(bf(to_bf(a * bf(c[i]))) + bf(to_bf(b * bf(s[i]))));
+                v[i + half] = to_bf(bf(to_bf(b * bf(c[i + half]))) + bf(to_bf(a * bf(s[i + half]))));
+            }
+        }
     }
 }

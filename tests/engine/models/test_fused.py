@@ -1,4 +1,4 @@
-"""The fused fp32 CPU operators (engine/models/csrc/fused_ops.c) against their torch definitions
+"""The fused fp32 and bf16 CPU operators (engine/models/csrc/fused_ops.c) against their torch definitions
 (engine/models/fused.py TorchOps), and the whole forward with cpu_kernels on and off."""
 
 import pytest
@@ -16,9 +16,10 @@ def ops():
     return ops
 
 
-def test_only_fp32_cpu_gets_the_kernels():
+def test_fp32_and_bf16_cpu_get_the_kernels():
     assert type(make_ops(torch.device("cpu"), torch.float32, cpu_kernels=False)) is fused.TorchOps
-    assert type(make_ops(torch.device("cpu"), torch.bfloat16, cpu_kernels=True)) is fused.TorchOps
+    assert type(make_ops(torch.device("cpu"), torch.float16, cpu_kernels=True)) is fused.TorchOps
+    assert type(make_ops(torch.device("cpu"), torch.bfloat16, cpu_kernels=True)) is fused.CPUOps
 
 
 @pytest.mark.parametrize("T", [1, 3, 200])  # 200 rows: the threads share them
@@ -56,6 +57,26 @@ def test_silu_mul(ops, T):
     torch.manual_seed(T)
     gate_up = torch.randn(T, 2 * 1536) * 4
     assert torch.allclose(ops.silu_mul(gate_up), fused.TorchOps().silu_mul(gate_up), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [1, 48, 300])  # 300 rows: the threads share them
+def test_bf16_operators_round_where_torch_rounds(ops, T):
+    """The bf16 twins against TorchOps in bf16: the residual add, RMSNorm and RoPE bit for bit."""
+    torch.manual_seed(T)
+    C, heads, D, P, ref = 576, 12, 64, 512, fused.TorchOps()
+    x, w, delta = (torch.randn(T, C) * 3).bfloat16(), torch.randn(C).bfloat16(), torch.randn(T, C).bfloat16()
+    for d in (None, delta):
+        ref_x, ref_h = ref.add_rms_norm(x.clone(), d, w, 1e-5)
+        got_x, got_h = ops.add_rms_norm(x.clone(), d, w, 1e-5)
+        assert got_h.dtype == torch.bfloat16 and torch.equal(got_x, ref_x) and torch.equal(got_h, ref_h)
+    qkv = torch.randn(T, (heads + 3) * D).bfloat16()
+    cos, sin = torch.randn(P, D).bfloat16(), torch.randn(P, D).bfloat16()
+    positions = torch.randint(0, P, (T,))
+    view = qkv[:, : heads * D].view(T, heads, D)
+    expected = ref.rope(view.clone(), cos, sin, positions)
+    assert torch.equal(ops.rope(view, cos, sin, positions), expected)
+    gate_up = (torch.randn(T, 2 * 1536) * 4).bfloat16()  # SiLU·mul: torch's op itself in bf16
+    assert torch.equal(ops.silu_mul(gate_up), ref.silu_mul(gate_up))
 
 
 def test_forward_with_and_without_cpu_kernels(tiny_model_dir):
