@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,10 @@ _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 
 
 def _library() -> ctypes.CDLL | None:
-    norm_rope = {"add_rms_norm": [_P] * 4 + [_I, _I, _F, _I], "rope": [_P] * 4 + [_I] * 3 + [_L, _I]}
+    norm_rope: dict[str, list[Any]] = {
+        "add_rms_norm": [_P] * 4 + [_I, _I, _F, _I],
+        "rope": [_P] * 4 + [_I] * 3 + [_L, _I],
+    }
     return native.library(
         SOURCE,
         norm_rope | {f"{name}_bf16": a for name, a in norm_rope.items()} | {"silu_mul": [_P] * 2 + [_I] * 3},
@@ -72,7 +76,7 @@ class CPUOps(TorchOps):
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
 
-    def _kernel(self, name: str, dtype: torch.dtype):
+    def _kernel(self, name: str, dtype: torch.dtype) -> Any:
         suffix = self.SUFFIX.get(dtype)
         return None if suffix is None else getattr(self.lib, name + suffix)
 
