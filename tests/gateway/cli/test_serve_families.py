@@ -1,5 +1,6 @@
 """`fairlane serve --model <folder>` on families other than Llama, as a user runs it: tiny random
-checkpoints (tests/engine/models/families.py, switches on) with a word-level tokenizer of their
+checkpoints of Qwen3, Phi-3 and Gemma 2 (tests/engine/models/families.py, switches on: q/k norms, fused
+projections, sliding windows and soft-caps) with a word-level tokenizer of their
 256 ids, served over HTTP and asked through the official openai client; greedy replies equal
 transformers' greedy generation of the same prompt. A checkpoint we cannot serve stops serve at
 start with a message that names why."""
@@ -60,7 +61,7 @@ def serve_env(tmp: Path, model: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "gemma2"])
 def served(request, tmp_path_factory):
     """(family, server, its folder's tokenizer, transformers' model of the folder)."""
     tmp = tmp_path_factory.mktemp(f"serve-{request.param}")
