@@ -38,6 +38,17 @@ DISCARD_EVERY_S = 0.05
 log = logging.getLogger(__name__)
 
 
+def _raise_if_cancelled() -> None:
+    """Raise CancelledError when this task was cancelled and something swallowed it: Python 3.11's
+    ``asyncio.wait_for`` returns the result instead when the awaited work ends as the cancel comes
+    (redis-py sends every command of a client with a socket timeout under ``wait_for``), and a relay
+    that missed its client's going would wait out its whole timeout, then be settled as timed out
+    or its worker lost instead of cancelled."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class ResultTimeout(Exception):
     """No result arrived for a request within the wait limit."""
 
@@ -140,6 +151,7 @@ class LaneClient:
         relayed: dict[int, int] = {}  # choice index -> output tokens relayed
         limit_s = timeout_s
         while True:
+            _raise_if_cancelled()
             try:
                 epoch = epoch or await self.epoch()
                 reply: Any = await self.reader.read(key, last_id, self.poll_ms)

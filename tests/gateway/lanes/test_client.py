@@ -69,3 +69,31 @@ async def test_an_unreachable_redis_leaves_the_streams_to_expire(free_tcp_port, 
         await lanes.aclose()
     assert any("left to expire" in r.getMessage() for r in caplog.records)
     await client.aclose()
+
+
+async def test_a_relay_whose_cancellation_was_swallowed_stops_as_cancelled(redis_url):
+    """Python 3.11's wait_for (redis-py's send under a socket timeout) can return instead of
+    raising when its task is cancelled as the awaited work ends: the relay that follows must still
+    end cancelled, not wait out its timeout (the request would be settled as timed out)."""
+    client = async_client(redis_url)
+    lanes = LaneClient(client, poll_ms=100)
+    asleep = asyncio.Event()
+
+    async def request() -> None:
+        try:
+            asleep.set()
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass  # what wait_for does when the awaited work is done as the cancel comes
+        async for _ in lanes.results(uuid.uuid4().hex, timeout_s=1):
+            pass
+
+    try:
+        task = asyncio.create_task(request())
+        await asleep.wait()
+        task.cancel()
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(outcome, asyncio.CancelledError), repr(outcome)
+    finally:
+        await lanes.aclose()
+        await client.aclose()
