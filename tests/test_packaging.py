@@ -148,7 +148,7 @@ for backend in ("cpu", "torch"):
                        for t in out.new_token_ids]
 print(json.dumps({"source": str(cpu_paged.SOURCE), "library": cpu_paged.load_library()._name,
                   "kernel_calls": len(kernel_calls), "one_call_steps": len(one_call_steps),
-                  "one_call_library": one_call._library()._name,
+                  "one_call_library": one_call._library(False)._name,
                   "config": str(gateway.settings.config_file()), "tokens": tokens}))
 """
 
