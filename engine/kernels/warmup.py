@@ -29,8 +29,11 @@ def warm_up(model: LlamaModel, kv_caches: list[torch.Tensor], block_size: int) -
     def on(values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
 
+    # slot -1 writes nothing where the backend honours padding rows (the triton one); the torch
+    # reference indexes the cache with it, so it gets slot 0 of block 0: no request holds a block yet
+    pad_slot = -1 if model.attention.supports_cuda_graphs else 0
     meta = AttentionMetadata(
-        slot_mapping=on([-1] * (decodes + chunk)),
+        slot_mapping=on([pad_slot] * (decodes + chunk)),
         block_size=block_size,
         num_decodes=decodes,
         decode_block_tables=on([[0] * width] * decodes),

@@ -49,7 +49,7 @@ def reference(model_dir):
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-@pytest.mark.parametrize("blocks, mode", [(None, "recompute"), (40, "recompute"), (40, "swap")])
+@pytest.mark.parametrize("blocks, mode", [(None, "recompute"), (24, "recompute"), (24, "swap")])
 def test_greedy_matches_hf_on_the_gpu(model_dir, reference, backend, blocks, mode):
     llm = LLM(
         model=str(model_dir),
@@ -64,7 +64,7 @@ def test_greedy_matches_hf_on_the_gpu(model_dir, reference, backend, blocks, mod
     )
     out = llm.generate(PROMPTS, [greedy(n) for n in MAX_TOKENS])
     assert [c.token_ids for c in out] == reference
-    if blocks:  # 640 slots for sequences of up to 293 tokens each: must preempt
+    if blocks:  # 384 slots for 643 tokens, sequences of up to 293: must preempt
         assert llm.engine.stats.preemptions > 0
         assert (llm.engine.stats.swaps > 0) == (mode == "swap")
     if backend == "triton":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton_device import forward
 
 from engine.attention import AttentionMetadata, PrefillChunk, make_backend
 
@@ -93,7 +94,7 @@ def test_backend_equals_transformers_formula(backend, decodes_only, dtype, tol, 
     q, k, v, cache, meta, tables, positions = _step(gen, dtype, decodes_only)
     sinks = _sinks(gen)
     want = transformers_reference(q, k, v, cache, meta, tables, positions, window, sinks)
-    got = make_backend(backend, H, KVH, D).forward(q, k, v, cache.clone(), meta, window=window, sinks=sinks)
+    got = forward(backend, H, KVH, D, q, k, v, cache.clone(), meta, window=window, sinks=sinks)
     assert got.dtype == dtype
     assert (got.double() - want).abs().max() < tol
     # the sinks bite: without them every row differs
@@ -117,14 +118,13 @@ def test_a_huge_sink_takes_every_row_and_a_tiny_one_none():
     gen = torch.Generator().manual_seed(2)
     for backend, decodes_only in [("torch", False), ("cpu", False), ("cpu", True), ("triton", False)]:
         q, k, v, cache, meta, *_ = _step(gen, torch.float32, decodes_only)
-        attn = make_backend(backend, H, KVH, D)
         meta.packed_prefills = meta.decode_int32 = None
-        high = attn.forward(q, k, v, cache.clone(), meta, sinks=torch.full((H,), 60.0))
+        high = forward(backend, H, KVH, D, q, k, v, cache.clone(), meta, sinks=torch.full((H,), 60.0))
         assert high.abs().max() < 1e-15
         meta.packed_prefills = meta.decode_int32 = None
-        low = attn.forward(q, k, v, cache.clone(), meta, sinks=torch.full((H,), -60.0))
+        low = forward(backend, H, KVH, D, q, k, v, cache.clone(), meta, sinks=torch.full((H,), -60.0))
         meta.packed_prefills = meta.decode_int32 = None
-        plain = attn.forward(q, k, v, cache.clone(), meta)
+        plain = forward(backend, H, KVH, D, q, k, v, cache.clone(), meta)
         assert (low - plain).abs().max() < 1e-6, backend
 
 

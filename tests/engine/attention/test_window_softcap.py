@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton_device import forward
 
 from engine.attention import AttentionMetadata, PrefillChunk, make_backend
 
@@ -55,9 +56,8 @@ def test_backend_equals_the_torch_reference(backend, window, softcap):
     q, k, v, cache, meta = _step(gen)
     ref_backend = make_backend("torch", H, KVH, D)
     want = ref_backend.forward(q, k, v, cache.clone(), meta, window=window, softcap=softcap)
-    got_backend = make_backend(backend, H, KVH, D)
     meta.packed_prefills = meta.decode_int32 = None
-    got = got_backend.forward(q, k, v, cache.clone(), meta, window=window, softcap=softcap)
+    got = forward(backend, H, KVH, D, q, k, v, cache.clone(), meta, window=window, softcap=softcap)
     assert (got - want).abs().max() < 1e-5
     # the switch bites: the same step without it differs
     meta.packed_prefills = meta.decode_int32 = None

@@ -121,7 +121,14 @@ def test_weights_read_in_place_through_transposed_views():
     )
     assert not w1_t.is_contiguous() and torch.equal(w1_t, w1)
     ids, weights = routing(T, E, k, gen)
-    kw = dict(b_gate_up=b1, b_down=b2, activation="swigluoai", swiglu_limit=7.0, interleaved_gate_up=True)
+    x, w1, w2, w1_t, w2_t, ids, weights = (t.to(DEVICE) for t in (x, w1, w2, w1_t, w2_t, ids, weights))
+    kw = dict(
+        b_gate_up=b1.to(DEVICE),
+        b_down=b2.to(DEVICE),
+        activation="swigluoai",
+        swiglu_limit=7.0,
+        interleaved_gate_up=True,
+    )
     got = fused_moe(x, w1_t, w2_t, ids, weights, **kw)
     assert (got - fused_moe(x, w1, w2, ids, weights, **kw)).abs().max() < 1e-6
 

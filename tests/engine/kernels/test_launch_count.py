@@ -5,6 +5,8 @@ so a 1B shape's decode step is a few hundred launches and a CUDA graph of it rep
 
 from __future__ import annotations
 
+from kernel_reference import DEVICE
+
 from engine import LLM, SamplingParams
 from engine.kernels.fused_ops import TritonOps
 from engine.kernels.variants import LaunchCounter
@@ -27,7 +29,7 @@ def decode_forward_launches(ops) -> LaunchCounter:
     llm = LLM(
         model="dummy",
         dummy_config=SHAPE,
-        device="cpu",
+        device=DEVICE.type,
         dtype="float32",
         attention_backend="triton",
         cpu_kernels=False,
@@ -47,6 +49,7 @@ def decode_forward_launches(ops) -> LaunchCounter:
     assert all(it.is_decode for it in plan.scheduled) and len(plan.scheduled) == 3
     items = sorted(plan.scheduled, key=lambda it: not it.is_decode)
     ids, pos, meta, _ = runner._prepare(items)
+    ids, pos, meta = runner._to_device(ids, pos, meta)
     with LaunchCounter() as counter:
         runner.model.forward(ids, pos, meta, runner.kv_caches)
     return counter

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import torch
+from kernel_reference import DEVICE
 
 from engine import LLM, SamplingParams
 from engine.attention import AttentionMetadata
@@ -54,7 +55,8 @@ def test_variant_count_after_warm_up_is_stable_over_200_steps():
     llm = LLM(
         model="dummy",
         dummy_config=SHAPE,
-        device="cpu",
+        device=DEVICE.type,
+        cuda_graphs=False,  # graph replays launch nothing from Python: every step counted
         dtype="float32",
         attention_backend="triton",
         cpu_kernels=False,
@@ -95,7 +97,8 @@ def test_warm_up_compiles_the_split_decode_with_sinks_where_layers_have_them():
     llm = LLM(
         model="dummy",
         dummy_config=SHAPE,
-        device="cpu",
+        device=DEVICE.type,
+        cuda_graphs=False,  # graph replays launch nothing from Python: every step counted
         dtype="float32",
         attention_backend="triton",
         cpu_kernels=False,
@@ -108,17 +111,18 @@ def test_warm_up_compiles_the_split_decode_with_sinks_where_layers_have_them():
     try:
         warm_up(runner.model, runner.kv_caches, runner.block_size)
         assert log.counts()["_reduce_kernel"] == 1  # no layer has sinks: no sink variant
-        q = torch.zeros(1, 4, 16)
-        kv = torch.zeros(1, 2, 16)
+        q = torch.zeros(1, 4, 16, device=DEVICE)
+        kv = torch.zeros(1, 2, 16, device=DEVICE)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor([-1]),
+            slot_mapping=torch.tensor([-1], device=DEVICE),
             block_size=16,
             num_decodes=1,
-            decode_block_tables=torch.zeros(1, 1, dtype=torch.int64),
-            decode_context_lens=torch.zeros(1, dtype=torch.int64),
+            decode_block_tables=torch.zeros(1, 1, dtype=torch.int64, device=DEVICE),
+            decode_context_lens=torch.zeros(1, dtype=torch.int64, device=DEVICE),
             prefills=[],
         )
-        attention.forward(q, kv, kv, runner.kv_caches[0], meta, sinks=torch.zeros(4))  # a layer with sinks
+        sinks = torch.zeros(4, device=DEVICE)
+        attention.forward(q, kv, kv, runner.kv_caches[0], meta, sinks=sinks)  # a layer with sinks
         warm_up(runner.model, runner.kv_caches, runner.block_size)
         assert log.counts()["_reduce_kernel"] == 2 and log.counts()["_decode_kernel"] == 2
     finally:
@@ -140,6 +144,7 @@ def test_warm_up_compiles_every_fused_moe_tile_config(tmp_path):
         block_size=16,
         max_num_batched_tokens=128,
         num_kv_blocks=64,
+        cuda_graphs=False,  # graph replays launch nothing from Python: every step counted
     )
     runner = llm.engine.runner
     log = VariantLog(execute=False)
@@ -158,3 +163,26 @@ def test_warm_up_compiles_every_fused_moe_tile_config(tmp_path):
         assert log.counts() == warmed
     finally:
         log.close()
+
+
+def test_warm_up_runs_over_the_torch_backend_and_leaves_no_request_wrong():
+    """The torch reference backend writes the cache with index_copy_, which refuses slot -1 (on
+    CUDA a device-side assert that poisons the process): its warm-up writes block 0 instead, before
+    any request holds it, and the engine's greedy tokens are those of an engine with no warm-up."""
+    outs = []
+    for warm in (True, False):
+        llm = LLM(
+            model="dummy",
+            dummy_config=SHAPE,
+            dtype="float32",
+            attention_backend="torch",
+            cpu_kernels=False,
+            block_size=16,
+            kv_cache_gib=0.01,
+        )
+        runner = llm.engine.runner
+        if warm:
+            warm_up(runner.model, runner.kv_caches, runner.block_size)
+        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        outs.append([c.token_ids for c in llm.generate([[2, 3, 4] * 7, [5] * 40], params)])
+    assert outs[0] == outs[1] and all(len(t) == 6 for t in outs[0])
