@@ -96,7 +96,12 @@ def profile(llm: LLM, batch: int, context: int, steps: int, vocab: int, trace: P
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
                 eng.step()
-        trace.write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+        table = prof.key_averages()
+        trace.write_text(
+            table.table(sort_by="self_cuda_time_total", row_limit=40)
+            + "\n"
+            + table.table(sort_by="self_cpu_time_total", row_limit=25)
+        )
     for seq_id in list(eng.seqs):
         eng.abort(seq_id)
     return row
