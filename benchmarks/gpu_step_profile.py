@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu import SHAPES, sizes
+from benchmarks.gpu import MAX_MODEL_LEN, SHAPES, sizes
 from engine import LLM, SamplingParams
 
 PARTS = {  # part -> (object path on the engine, method)
@@ -133,7 +133,7 @@ def main(argv=None) -> None:
             dtype="bfloat16" if cuda else "float32",
             kv_cache_gib=8 if cuda else 0.05,
             max_num_seqs=max(batches),
-            max_model_len=args.context + args.steps + 64,
+            max_model_len=MAX_MODEL_LEN if cuda else args.context + args.steps + 64,  # gpu.py's
         )
         for batch in batches:
             trace = out / f"gpu_step_profile_{name}_b{batch}.txt" if args.trace else None
