@@ -4,6 +4,8 @@ stays off the step's critical path (128 sequences x 4,096 tokens would cost ~13 
 
 from __future__ import annotations
 
+from test_events import TINY
+
 from engine import LLM, SamplingParams
 from engine.stats import UTILIZATION_BLOCKS
 
@@ -11,15 +13,7 @@ from engine.stats import UTILIZATION_BLOCKS
 def _llm(blocks: int) -> LLM:
     return LLM(
         model="dummy",
-        dummy_config=dict(
-            vocab_size=128,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=16,
-        ),
+        dummy_config=TINY,
         dtype="float32",
         block_size=4,
         num_kv_blocks=blocks,

@@ -31,6 +31,23 @@ SHAPE = dict(
 )
 
 
+def _llm(**kw) -> LLM:
+    """SHAPE on the Triton backend (the GPU where there is one, else the interpreter), eager steps:
+    graph replays launch nothing from Python, so every step's launches are seen."""
+    args = dict(
+        model="dummy",
+        dummy_config=SHAPE,
+        device=DEVICE.type,
+        cuda_graphs=False,
+        dtype="float32",
+        attention_backend="triton",
+        cpu_kernels=False,
+        block_size=16,
+        kv_cache_gib=0.01,
+    )
+    return LLM(**{**args, **kw})
+
+
 def test_per_step_ints_do_not_make_new_variants():
     # the block-table width and the split count change every step; neither may pick a variant
     k = paged_decode._decode_kernel
@@ -52,19 +69,7 @@ def test_per_step_ints_do_not_make_new_variants():
 
 
 def test_variant_count_after_warm_up_is_stable_over_200_steps():
-    llm = LLM(
-        model="dummy",
-        dummy_config=SHAPE,
-        device=DEVICE.type,
-        cuda_graphs=False,  # graph replays launch nothing from Python: every step counted
-        dtype="float32",
-        attention_backend="triton",
-        cpu_kernels=False,
-        block_size=16,
-        max_num_seqs=8,
-        max_num_batched_tokens=48,
-        kv_cache_gib=0.01,
-    )
+    llm = _llm(max_num_seqs=8, max_num_batched_tokens=48)
     runner = llm.engine.runner
     runner.model.ops = TritonOps()  # the CUDA operators, here in the interpreter
     log = VariantLog(execute=False)  # keys of the real arguments; 200 interpreted steps take minutes
@@ -94,17 +99,7 @@ def test_variant_count_after_warm_up_is_stable_over_200_steps():
 
 
 def test_warm_up_compiles_the_split_decode_with_sinks_where_layers_have_them():
-    llm = LLM(
-        model="dummy",
-        dummy_config=SHAPE,
-        device=DEVICE.type,
-        cuda_graphs=False,  # graph replays launch nothing from Python: every step counted
-        dtype="float32",
-        attention_backend="triton",
-        cpu_kernels=False,
-        block_size=16,
-        kv_cache_gib=0.01,
-    )
+    llm = _llm()
     runner = llm.engine.runner
     attention = runner.model.attention
     log = VariantLog(execute=False)
@@ -171,15 +166,7 @@ def test_warm_up_runs_over_the_torch_backend_and_leaves_no_request_wrong():
     any request holds it, and the engine's greedy tokens are those of an engine with no warm-up."""
     outs = []
     for warm in (True, False):
-        llm = LLM(
-            model="dummy",
-            dummy_config=SHAPE,
-            dtype="float32",
-            attention_backend="torch",
-            cpu_kernels=False,
-            block_size=16,
-            kv_cache_gib=0.01,
-        )
+        llm = _llm(attention_backend="torch")
         runner = llm.engine.runner
         if warm:
             warm_up(runner.model, runner.kv_caches, runner.block_size)
