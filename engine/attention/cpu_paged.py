@@ -40,8 +40,9 @@ def load_library() -> ctypes.CDLL:
                 + [ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
             )
         lib.paged_prefill_bf16.restype = None
+        prefill_args: list[type] = [ctypes.c_void_p] * 4
         lib.paged_prefill_bf16.argtypes = (
-            [ctypes.c_void_p] * 4
+            prefill_args
             + [ctypes.c_int, ctypes.c_void_p]
             + [ctypes.c_int] * 3
             + [ctypes.c_long]
