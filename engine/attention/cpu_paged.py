@@ -98,12 +98,19 @@ class CPUPagedAttention(TorchAttention):
         softcap: float = 0.0,
         sinks: torch.Tensor | None = None,
     ) -> None:
-        if not (self.prefill_kernel and q.dtype == torch.bfloat16 and q.device.type == "cpu"):
+        if not (
+            self.prefill_kernel
+            and q.dtype == kv_cache.dtype == torch.bfloat16
+            and q.device.type == "cpu"
+            and kv_cache.is_contiguous()
+        ):
             return super()._prefill(q, k, v, kv_cache, meta, out, window, softcap, sinks)
         if sinks is not None:  # [H] fp32, read in place by the kernel
+            if sinks.shape != (q.shape[1],):
+                raise ValueError(f"sinks must be [num_heads] = [{q.shape[1]}], got {list(sinks.shape)}")
             sinks = sinks.to(torch.float32).contiguous()
-        assert out.is_contiguous() and kv_cache.is_contiguous()
         q = q.contiguous()
+        dst = out if out.is_contiguous() else torch.empty_like(q)  # the kernel writes [T, H, D] rows
         chunks, tables = meta.prefill_tables_int32()
         self.lib.paged_prefill_bf16(
             q.data_ptr(),
@@ -111,7 +118,7 @@ class CPUPagedAttention(TorchAttention):
             chunks.data_ptr(),
             tables.data_ptr(),
             len(meta.prefills),
-            out.data_ptr(),
+            dst.data_ptr(),
             q.shape[1],
             self.num_kv_heads,
             self.head_dim,
@@ -124,6 +131,8 @@ class CPUPagedAttention(TorchAttention):
             None if sinks is None else sinks.data_ptr(),
             torch.get_num_threads(),
         )
+        if dst is not out:
+            out[meta.num_decodes :] = dst[meta.num_decodes :]
 
     def _decode(
         self,

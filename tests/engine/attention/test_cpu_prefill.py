@@ -118,3 +118,14 @@ def test_a_long_chunk_over_a_long_prefix():
         got = _forward("cpu", G, D, q, k, v, cache, meta, window=window)
         want = _fp32_reference(G, D, q, k, v, cache, meta, window=window)
         assert torch.allclose(got.float(), want, rtol=2**-7, atol=1e-4)
+
+
+def test_queries_in_another_memory_layout():
+    """q as [H, T, D] memory seen as [T, H, D] (the output then takes its strides too)."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v, cache, meta = _step(gen, 3, 64, 16)
+    strided = q.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not strided.is_contiguous()
+    want = _forward("cpu", 3, 64, q, k, v, cache, meta)
+    got = _forward("cpu", 3, 64, strided, k, v, cache, meta)
+    assert torch.equal(got, want)
