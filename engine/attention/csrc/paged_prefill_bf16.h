@@ -27,6 +27,26 @@
 
 int paged_prefill_bf16_supported(int D) { return D % 32 == 0 && D <= MAX_D; }
 
+/* e^x within 2 ulp of fp32 over the range that matters here (x <= 0; clamped to [-87, 88]): 2^n
+ * by vscalefps and e^r, |r| <= ln(2) / 2, by its Taylor polynomial to r^7 (inlined: a libm call
+ * per vector spills every register around it) */
+static inline __m512 pf_exp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x); /* ln 2 in two parts */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-6f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
 /* acc[j] (lane r) = q_r . k_j for the tile's keys; qp: [D / 2] vectors of query dim pairs */
 static inline __attribute__((always_inline)) void pf_scores(const __m512i *qp, const uint16_t *const krow[PF_K],
                                                            const int DP, __m512 acc[PF_K]) {
@@ -55,7 +75,7 @@ static inline __attribute__((always_inline)) void pf_values(float *restrict o, c
     }
 }
 
-/* one work item; scratch: 64-byte aligned, G * D * 16 * 2 + 16 * D + 4 * 16 * 16 floats */
+/* one work item; scratch: 64-byte aligned, G * D * 16 * 2 + 16 * D + 16 * 16 + 2 * G * 16 floats */
 static void pf_item(const uint16_t *restrict q, const uint16_t *restrict K, const uint16_t *restrict V,
                     const int32_t *restrict table, uint16_t *restrict out, int start, int n, int L, int qb,
                     int h, int H, int G, int D, int block_size, float scale, int window, float softcap,
@@ -66,7 +86,7 @@ static void pf_item(const uint16_t *restrict q, const uint16_t *restrict K, cons
     float *o = scratch + (long)G * DP * 16;             /* [G][D][16] */
     float *vf = o + (long)G * D * PF_Q;                 /* [16 keys][D] */
     float *s = vf + (long)PF_K * D;                     /* [16 keys][16 lanes] */
-    float *vis = s + PF_K * PF_Q, *m = vis + PF_K * PF_Q; /* m, l: [G][16] */
+    float *m = s + PF_K * PF_Q; /* m, l: [G][16] */
     float *l = m + (long)G * PF_Q;
     int qpos[PF_Q];
     for (int r = 0; r < PF_Q; r++) qpos[r] = p0 + (r < nq ? r : nq - 1); /* padding lanes repeat the last */
@@ -79,6 +99,8 @@ static void pf_item(const uint16_t *restrict q, const uint16_t *restrict K, cons
         for (int r = 0; r < PF_Q; r++) { m[g * PF_Q + r] = PF_NEG; l[g * PF_Q + r] = 0.f; }
     }
     memset(o, 0, sizeof(float) * (size_t)G * D * PF_Q);
+    const __m512i qposv = _mm512_loadu_si512(qpos), vwindow = _mm512_set1_epi32(window);
+    const __m512 vscale = _mm512_set1_ps(scale);
     const int k_begin = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0, k_end = plast + 1;
     for (int k0 = k_begin; k0 < k_end; k0 += PF_K) {
         const int kn = k_end - k0 < PF_K ? k_end - k0 : PF_K;
@@ -89,56 +111,41 @@ static void pf_item(const uint16_t *restrict q, const uint16_t *restrict K, cons
             const uint16_t *v = V + slot * D;
             for (int d = 0; d < D; d += 16) _mm512_storeu_ps(vf + j * D + d, bf16x16_to_f32(v + d));
         }
-        /* every lane sees every key of the tile: no mask */
+        /* vis[j]: the lanes (query positions) that see key k0 + j; all of them off the diagonal and
+         * the window's edge */
         const int full = kn == PF_K && k0 + PF_K - 1 <= p0 && (window <= 0 || k0 > plast - window);
-        if (!full)
-            for (int j = 0; j < PF_K; j++)
-                for (int r = 0; r < PF_Q; r++) {
-                    const int kp = k0 + j;
-                    vis[j * PF_Q + r] = j < kn && kp <= qpos[r] && (window <= 0 || kp > qpos[r] - window);
-                }
+        __mmask16 vis[PF_K];
+        for (int j = 0; j < PF_K; j++) {
+            const __m512i kp = _mm512_set1_epi32(k0 + j);
+            vis[j] = full ? 0xFFFF : j < kn ? _mm512_cmple_epi32_mask(kp, qposv) : 0;
+            if (!full && window > 0) vis[j] &= _mm512_cmpgt_epi32_mask(kp, _mm512_sub_epi32(qposv, vwindow));
+        }
         for (int g = 0; g < G; g++) {
             __m512 acc[PF_K];
             if (D == 64) pf_scores(qp + (long)g * DP, krow, 32, acc);
             else pf_scores(qp + (long)g * DP, krow, DP, acc);
-            const __m512 vscale = _mm512_set1_ps(scale);
-            for (int j = 0; j < PF_K; j++) _mm512_store_ps(s + j * PF_Q, _mm512_mul_ps(acc[j], vscale));
+            for (int j = 0; j < PF_K; j++) acc[j] = _mm512_mul_ps(acc[j], vscale);
             if (softcap > 0.f) {
+                for (int j = 0; j < PF_K; j++) _mm512_store_ps(s + j * PF_Q, acc[j]);
 #pragma omp simd
                 for (int i = 0; i < PF_K * PF_Q; i++) s[i] = softcap * tanhf(s[i] / softcap);
+                for (int j = 0; j < PF_K; j++) acc[j] = _mm512_load_ps(s + j * PF_Q);
             }
-            if (!full) {
-#pragma omp simd
-                for (int i = 0; i < PF_K * PF_Q; i++) s[i] = vis[i] != 0.f ? s[i] : PF_NEG;
+            float *mg = m + g * PF_Q, *lg = l + g * PF_Q, *og = o + (long)g * D * PF_Q;
+            const __m512 mold = _mm512_load_ps(mg);
+            __m512 mx = mold;
+            for (int j = 0; j < PF_K; j++) mx = _mm512_mask_max_ps(mx, vis[j], mx, acc[j]);
+            const __m512 alpha = pf_exp(_mm512_sub_ps(mold, mx));
+            __m512 sum = _mm512_mul_ps(_mm512_load_ps(lg), alpha);
+            for (int j = 0; j < PF_K; j++) { /* probabilities, 0 where masked */
+                const __m512 pj = _mm512_maskz_mov_ps(vis[j], pf_exp(_mm512_sub_ps(acc[j], mx)));
+                sum = _mm512_add_ps(sum, pj);
+                _mm512_store_ps(s + j * PF_Q, pj);
             }
-            float *mg = m + g * PF_Q, *lg = l + g * PF_Q, *og = o + (long)g * D * PF_Q, alpha[PF_Q];
-            int rescale = 0;
-#pragma omp simd reduction(| : rescale)
-            for (int r = 0; r < PF_Q; r++) {
-                float mx = mg[r];
-                for (int j = 0; j < PF_K; j++) mx = s[j * PF_Q + r] > mx ? s[j * PF_Q + r] : mx;
-                alpha[r] = expf(mg[r] - mx);
-                rescale |= mx > mg[r];
-                mg[r] = mx;
-            }
-            for (int j = 0; j < PF_K; j++) {
-#pragma omp simd
-                for (int r = 0; r < PF_Q; r++) s[j * PF_Q + r] = expf(s[j * PF_Q + r] - mg[r]);
-            }
-            if (!full) {
-#pragma omp simd
-                for (int i = 0; i < PF_K * PF_Q; i++) s[i] *= vis[i];
-            }
-#pragma omp simd
-            for (int r = 0; r < PF_Q; r++) {
-                float sum = lg[r] * alpha[r];
-                for (int j = 0; j < PF_K; j++) sum += s[j * PF_Q + r];
-                lg[r] = sum;
-            }
-            if (rescale) {
-                const __m512 a = _mm512_loadu_ps(alpha);
-                for (int d = 0; d < D; d++) _mm512_store_ps(og + d * PF_Q, _mm512_mul_ps(a, _mm512_load_ps(og + d * PF_Q)));
-            }
+            _mm512_store_ps(mg, mx);
+            _mm512_store_ps(lg, sum);
+            if (_mm512_cmp_ps_mask(mx, mold, _CMP_GT_OQ)) /* a lane's max rose: its sums so far scale down */
+                for (int d = 0; d < D; d++) _mm512_store_ps(og + d * PF_Q, _mm512_mul_ps(alpha, _mm512_load_ps(og + d * PF_Q)));
             if (D == 64) pf_values(og, s, vf, 64);
             else pf_values(og, s, vf, D);
         }
@@ -170,7 +177,7 @@ void paged_prefill_bf16(const uint16_t *restrict q, const uint16_t *restrict kv,
     long *first = malloc(sizeof(long) * (size_t)(C + 1)); /* first item of each chunk */
     first[0] = 0;
     for (int c = 0; c < C; c++) first[c + 1] = first[c] + (long)KVH * ((chunks[3 * c + 1] + PF_Q - 1) / PF_Q);
-    const size_t scratch_floats = (size_t)G * D * PF_Q * 2 + (size_t)PF_K * D + 4 * PF_K * PF_Q + 2 * G * PF_Q;
+    const size_t scratch_floats = (size_t)G * D * PF_Q * 2 + (size_t)PF_K * D + PF_K * PF_Q + 2 * G * PF_Q;
     const uint16_t *K = kv, *V = kv + (long)KVH * S * D;
 #pragma omp parallel num_threads(num_threads)
     {
