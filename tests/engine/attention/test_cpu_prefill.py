@@ -114,7 +114,7 @@ def test_a_long_chunk_over_a_long_prefix():
     meta = AttentionMetadata(slots, bs, 0, None, None, [PrefillChunk(0, n, p + n, table)])
     q, k, v = (torch.randn(n, h, D, generator=gen).bfloat16() for h in (G * KVH, KVH, KVH))
     cache = torch.randn(2, KVH, (len(table) + 3) * bs, D, generator=gen).bfloat16()
-    for window in (0, 40):
+    for window in (0, 1, 40, 10_000):
         got = _forward("cpu", G, D, q, k, v, cache, meta, window=window)
         want = _fp32_reference(G, D, q, k, v, cache, meta, window=window)
         assert torch.allclose(got.float(), want, rtol=2**-7, atol=1e-4)
