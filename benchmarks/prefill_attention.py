@@ -136,17 +136,20 @@ def plot(result: dict, path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of attention alone")
+    parser.add_argument("--ttft-rounds", type=int, default=3, help="rounds of the 2048-token prompt")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     if not _backend(True).prefill_kernel:
         raise SystemExit("this CPU has no AVX512-BF16: the bf16 prefill kernel does not run here")
-    model, tokens, rounds = ("smollm2", 2048, args.rounds) if not args.smoke else (tiny_model(), 64, 2)
+    model, tokens = ("smollm2", 2048) if not args.smoke else (tiny_model(), 64)
+    rounds, ttft_rounds = (args.rounds, args.ttft_rounds) if not args.smoke else (2, 2)
     result: dict = {"machine": machine(), "tokens": tokens, "model": "smollm2" if not args.smoke else "tiny"}
+    result["rounds"] = {"attention": rounds, "ttft": ttft_rounds}
     result["loadavg_before"] = os.getloadavg()
     for part, fn in (
         ("attention", lambda t: attention_alone(tokens, rounds)),
-        ("ttft", lambda t: time_to_first_token(model, t, tokens, rounds)),
+        ("ttft", lambda t: time_to_first_token(model, t, tokens, ttft_rounds)),
     ):
         result[part] = {}
         for threads in args.threads:
