@@ -36,6 +36,9 @@ class AttentionMetadata:
     packed_prefills: object | None = None
     # The cpu backend's int32 decode block tables and context lengths, built once a step (first layer).
     decode_int32: tuple[torch.Tensor, torch.Tensor] | None = None
+    # The cpu backend's int32 prefill chunks ([C, 3]: start, num_tokens, context_len) and their block
+    # tables ([C, max_blocks], padded with block 0), built once a step (first layer).
+    prefill_int32: tuple[torch.Tensor, torch.Tensor] | None = None
     # The sliding layers' own metadata where they have a pool of their own (engine/kv_groups.py).
     sliding: AttentionMetadata | None = None
 
@@ -49,6 +52,19 @@ class AttentionMetadata:
                 context_lens.to(torch.int32).contiguous(),
             )
         return self.decode_int32
+
+    def prefill_tables_int32(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chunks [C, 3], block tables [C, max_blocks]) of the prefill chunks as int32, built once a step."""
+        if self.prefill_int32 is None:
+            chunks = torch.tensor(
+                [(c.start, c.num_tokens, c.context_len) for c in self.prefills], dtype=torch.int32
+            )
+            width = max(len(c.block_ids) for c in self.prefills)
+            tables = torch.zeros(len(self.prefills), width, dtype=torch.int32)
+            for i, c in enumerate(self.prefills):
+                tables[i, : len(c.block_ids)] = c.block_ids
+            self.prefill_int32 = (chunks, tables)
+        return self.prefill_int32
 
 
 class AttentionBackend(ABC):

@@ -1,10 +1,12 @@
-"""CPU backend: decode attention in a small C kernel that reads the paged cache in place.
+"""CPU backend: attention in small C kernels that read the paged cache in place.
 
 The torch reference gathers every decode's K/V into a padded copy each step and layer; on CPU
 that copy costs more than the attention itself. This backend compiles `csrc/paged_decode.c` with
-the system C compiler on first use (engine/native.py) and calls it through ctypes. Prefill
-chunks use the reference path. Without a C compiler, `make_backend("cpu")` raises and the engine
-can fall back to "torch".
+the system C compiler on first use (engine/native.py) and calls it through ctypes. bf16 prefill
+chunks run a flash-style C kernel (`csrc/paged_prefill_bf16.h`) where the CPU has AVX512-BF16 and
+head_dim is a multiple of 32; other prefill chunks (fp32, other head sizes, other CPUs) use the
+reference path (SDPA). Without a C compiler, `make_backend("cpu")` raises and the engine can fall
+back to "torch".
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ def load_library() -> ctypes.CDLL:
                 + [ctypes.c_int] * 2
                 + [ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
             )
+        lib.paged_prefill_bf16.restype = None
+        prefill_args: list[type] = [ctypes.c_void_p] * 4
+        lib.paged_prefill_bf16.argtypes = (
+            prefill_args
+            + [ctypes.c_int, ctypes.c_void_p]
+            + [ctypes.c_int] * 3
+            + [ctypes.c_long]
+            + [ctypes.c_int] * 2
+            + [ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+        )
+        lib.paged_prefill_bf16_supported.restype = ctypes.c_int
+        lib.paged_prefill_bf16_supported.argtypes = [ctypes.c_int]
         _LIB = lib
     return _LIB
 
@@ -50,6 +64,8 @@ class CPUPagedAttention(TorchAttention):
         if head_dim > 256 or num_heads // num_kv_heads > 16:
             raise ValueError("the cpu kernel supports head_dim <= 256 and <= 16 query heads per KV head")
         self.lib = load_library()
+        # bf16 prefill chunks in C: AVX512-BF16 and head_dim a multiple of 32 (else SDPA)
+        self.prefill_kernel = bool(self.lib.paged_prefill_bf16_supported(head_dim))
 
     def forward(
         self,
@@ -63,11 +79,60 @@ class CPUPagedAttention(TorchAttention):
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if meta.prefills or self.KERNELS.get(q.dtype) is None or q.device.type != "cpu":
+            # the reference's forward: its K/V writes, then this backend's _decode and _prefill
             return super().forward(q, k, v, kv_cache, meta, window, softcap, sinks)
         # A decode-only step: the K/V writes and the kernel, its output written in place.
         kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         return self._decode(q, kv_cache, meta, window, softcap, sinks)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        out: torch.Tensor,
+        window: int = 0,
+        softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        if not (
+            self.prefill_kernel
+            and q.dtype == kv_cache.dtype == torch.bfloat16
+            and q.device.type == "cpu"
+            and kv_cache.is_contiguous()
+        ):
+            return super()._prefill(q, k, v, kv_cache, meta, out, window, softcap, sinks)
+        if sinks is not None:  # [H] fp32, read in place by the kernel
+            if sinks.shape != (q.shape[1],):
+                raise ValueError(f"sinks must be [num_heads] = [{q.shape[1]}], got {list(sinks.shape)}")
+            sinks = sinks.to(torch.float32).contiguous()
+        q = q.contiguous()
+        dst = out if out.is_contiguous() else torch.empty_like(q)  # the kernel writes [T, H, D] rows
+        chunks, tables = meta.prefill_tables_int32()
+        self.lib.paged_prefill_bf16(
+            q.data_ptr(),
+            kv_cache.data_ptr(),
+            chunks.data_ptr(),
+            tables.data_ptr(),
+            len(meta.prefills),
+            dst.data_ptr(),
+            q.shape[1],
+            self.num_kv_heads,
+            self.head_dim,
+            kv_cache.shape[2],
+            meta.block_size,
+            tables.shape[1],
+            self.scale,
+            window,
+            softcap,
+            None if sinks is None else sinks.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if dst is not out:
+            out[meta.num_decodes :] = dst[meta.num_decodes :]
 
     def _decode(
         self,

@@ -50,6 +50,22 @@ class TorchAttention(AttentionBackend):
         nd = meta.num_decodes
         if nd:
             out[:nd] = self._decode(q[:nd], kv_cache, meta, window, softcap, sinks)
+        self._prefill(q, k, v, kv_cache, meta, out, window, softcap, sinks)
+        return out
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        out: torch.Tensor,
+        window: int = 0,
+        softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        """Each prefill chunk's rows of `out`: its queries over its own k, v or the cache (K/V written)."""
         head_sinks = None if sinks is None else sinks.view(1, -1, 1, 1)  # [1, H, 1, 1] over [1, H, n, L]
         for chunk in meta.prefills:
             rows = slice(chunk.start, chunk.start + chunk.num_tokens)
@@ -64,7 +80,6 @@ class TorchAttention(AttentionBackend):
             qc = q[rows].transpose(0, 1)[None]  # [1, H, n, D]
             o = self._attend(qc, kc[None], vc[None], mask, softcap, head_sinks)
             out[rows] = o[0].transpose(0, 1)
-        return out
 
     def _attend(
         self,

@@ -103,6 +103,7 @@ static inline long slot_of(const int32_t *table, int t, int block_size) {
 DEFINE_KERNEL(paged_decode_window_f32, float, IDENT, IDENT)
 DEFINE_KERNEL(paged_decode_window_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)
 #include "paged_decode_bf16.h"
+#include "paged_prefill_bf16.h"
 
 /* Full attention, no soft-capping, no sinks (what the one-call decode forward calls). */
 void paged_decode_f32(const float *q, const float *kv, const int32_t *tables, const int32_t *ctx_lens,
