@@ -45,7 +45,7 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # backoff: doubles from the first wait u
 PRUNE_EVERY_S = 60.0  # how often dead consumers and stale loads are removed
 CONSUMER_IDLE_MS = 600_000  # a consumer with nothing pending, idle this long, belongs to a dead worker
 CLAIMS_PER_IDLE = 4  # look for a dead worker's entries this many times per claim_idle_ms
-BLOCK_MS = 100  # an idle worker waits on its lanes this long per take
+BLOCK_MS = 1000  # an idle worker's blocking read on its lanes lasts at most this long (below SOCKET_TIMEOUT_S)
 SCAN = 1024  # new entries a take moves into a lane's backlog at most (a larger burst: the next takes)
 
 
@@ -155,9 +155,13 @@ class LaneIO:
         return claimed + new
 
     def wait(self) -> list[LaneEntry]:
-        """Nothing came: wait up to block_ms on every lane at once for an entry (one a lane at most)."""
+        """Nothing came: block on every lane at once for an entry (one a lane at most), until the
+        next look for a dead worker's entries is due (block_ms at most). An entry added meanwhile
+        answers the read at once."""
+        left_ms = self.claim_every_s * 1000 - (time.monotonic() - self._last_claim) * 1000
+        block = max(1, min(self.block_ms, int(left_ms) + 1))  # 0 would block for ever
         reply: Any = self.redis.xreadgroup(
-            GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=self.block_ms
+            GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=block
         )
         return [
             LaneEntry(as_text(lane), as_text(entry_id), fields)
@@ -165,9 +169,17 @@ class LaneIO:
             for entry_id, fields in entries
         ]
 
+    @property
+    def claim_every_s(self) -> float:
+        return self.claim_idle_ms / 1000 / CLAIMS_PER_IDLE
+
+    def claim_due(self) -> bool:
+        """Whether the next take looks for a dead worker's entries (and prunes when that is due)."""
+        return time.monotonic() - self._last_claim >= self.claim_every_s
+
     def _claim_due(self) -> bool:
         now = time.monotonic()
-        if now - self._last_claim < self.claim_idle_ms / 1000 / CLAIMS_PER_IDLE:
+        if now - self._last_claim < self.claim_every_s:
             return False
         self._last_claim = now
         if now - self._last_prune > PRUNE_EVERY_S:
