@@ -45,7 +45,7 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # backoff: doubles from the first wait u
 PRUNE_EVERY_S = 60.0  # how often dead consumers and stale loads are removed
 CONSUMER_IDLE_MS = 600_000  # a consumer with nothing pending, idle this long, belongs to a dead worker
 CLAIMS_PER_IDLE = 4  # look for a dead worker's entries this many times per claim_idle_ms
-BLOCK_MS = 1000  # an idle worker's blocking read on its lanes lasts at most this long (below SOCKET_TIMEOUT_S)
+BLOCK_MS = 1000  # an idle worker's blocking read on its lanes lasts at most this long (< SOCKET_TIMEOUT_S)
 SCAN = 1024  # new entries a take moves into a lane's backlog at most (a larger burst: the next takes)
 
 
