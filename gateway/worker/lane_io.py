@@ -110,9 +110,13 @@ class LaneIO:
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
         self._take = redis.register_script(TAKE_LUA)  # EVALSHA, loaded again on NOSCRIPT
+        # Entries wait in a backlog, as this worker's last take left them (or it does not know): the
+        # blocking read on the lanes would not see them, so an idle worker takes before it blocks.
+        self.backlogged = True
 
     def setup(self) -> None:
         """Create the consumer group of every lane (idempotent)."""
+        self.backlogged = True
         for lane in self.lanes:
             try:
                 self.redis.xgroup_create(lane, GROUP, id="0", mkstream=True)
@@ -145,9 +149,10 @@ class LaneIO:
 
     def _entries(self, reply: Any) -> list[LaneEntry]:
         """take.lua's reply as lane entries: the claimed ones first, then the new ones."""
+        self.backlogged = bool(reply[len(self.lanes)])
         claimed: list[LaneEntry] = []
         new: list[LaneEntry] = []
-        for lane, (claims, entries) in zip(self.lanes, reply):
+        for lane, (claims, entries) in zip(self.lanes, reply[: len(self.lanes)]):
             for entry_id, flat in claims:
                 log.warning("worker %s claims %s from a dead worker", self.worker_id, as_text(entry_id))
                 claimed.append(LaneEntry(lane, as_text(entry_id), _fields(flat), claimed=True))

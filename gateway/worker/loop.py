@@ -6,9 +6,10 @@ ones, highest tier first, the least-served tenant of a lane first) in one script
 cancel marks in one round trip, hand them all to the engine, run one engine step, then publish
 every new token of every request, the results of requests dropped or refused, ACK finished entries
 and read cancel marks, all in one MULTI/EXEC round trip (cancelled requests' aborts go out in one
-more). An idle worker (empty engine, nothing taken) blocks on its lanes in one XREADGROUP and
-takes nothing else until an entry arrives or its next look for a dead worker's entries is due (every
-claim_idle_ms / 4, BLOCK_MS at most): one take and one blocking read per period, no polling. With
+more). A worker whose engine is empty and whose last take left no entry in the lanes' backlogs
+blocks on its lanes in one XREADGROUP, with no take before it, until an entry arrives or its next
+look for a dead worker's entries is due (every claim_idle_ms / 4, BLOCK_MS at most): idle, one take
+and one blocking read per period, no polling. With
 an SLO-aware policy the same round trip refreshes, every ~50 ms, the engine's load in
 ``load:{model}`` for the gateways' door check, and a request the engine refuses for its TTFT target
 (on arrival or at a step start) is published as an error result with code ``slo_unattainable`` and
@@ -105,13 +106,9 @@ class Worker:
         self.lock = threading.Lock()  # guards inflight against the heartbeat thread's reads
         self.metrics = EngineMetrics(engine, worker_id, tiers)
         self._lost: set[tuple[str, str]] = set()  # (lane, entry id) the heartbeat found gone from the group
-        # The last take and blocking read found nothing and the engine is empty: the next iteration
-        # blocks on the lanes without a take, until a dead worker's entries are due to be looked for.
-        self._idle = False
 
     def setup(self) -> None:
         self.lane_io.setup()
-        self._idle = False  # after an outage, take before blocking: entries may wait in a backlog
 
     def owned_entries(self) -> dict[str, list[str]]:
         """Lane → entry ids this worker is running (the heartbeat keeps them claimed)."""
@@ -164,16 +161,15 @@ class Worker:
         """One iteration: admit work, step the engine, publish."""
         if self._lost:
             self._forget_lost()
-        skip = self._idle and not self.lane_io.claim_due() and not self.engine.has_unfinished()
-        admitted = 0 if skip else self._admit(self._take())
-        self._idle = False
+        # An empty engine whose last take left no backlog blocks on the lanes at once: a take would
+        # find nothing the read does not (until a dead worker's entries are due to be looked for).
+        io, empty = self.lane_io, not self.engine.has_unfinished()
+        admitted = 0 if empty and not io.backlogged and not io.claim_due() else self._admit(self._take())
         if not self.engine.has_unfinished() and not admitted:
             self._flush()  # what the take dropped or refused goes out before the worker waits
             woke = self.lane_io.wait()
             if woke:  # the rest of a burst joins the entries that woke the worker, in the same step
                 self._admit(woke, then_take=True)
-            else:
-                self._idle = True
         if not self.engine.has_unfinished():
             self._flush()
             self.publish_load()  # idle: keep the load fresh for the gateways

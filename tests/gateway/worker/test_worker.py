@@ -221,7 +221,7 @@ def test_an_idle_worker_only_blocks_on_its_lanes_and_wakes_for_a_request(
 ):
     """Idle, a worker sends one blocking XREADGROUP an iteration and nothing else (no take) until
     its next look for a dead worker's entries; a request added while it blocks is admitted by that
-    same iteration."""
+    same iteration, and once it is done the worker blocks again without a take."""
     worker = _worker(tiny_engine_factory(), redis, model_name, claim_idle_ms=600_000)
     worker.run_once()  # the first take, with its look for a dead worker's entries, finds nothing
     commands = _commands_naming(redis, model_name, lambda: [worker.run_once() for _ in range(5)])
@@ -236,4 +236,8 @@ def test_an_idle_worker_only_blocks_on_its_lanes_and_wakes_for_a_request(
     arrival.join()
     assert rid in worker.inflight and _results(redis, rid)  # admitted and stepped in that iteration
     _run_until_done(worker, redis, [rid])
+    # its last take left nothing in a backlog: once the engine is empty the worker blocks at once
+    worker.lane_io.block_ms = 10
+    (command,) = _commands_naming(redis, model_name, worker.run_once)
+    assert command.startswith("XREADGROUP") and "BLOCK" in command
     redis.delete(out_key(rid))
