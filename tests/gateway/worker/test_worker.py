@@ -241,3 +241,22 @@ def test_an_idle_worker_only_blocks_on_its_lanes_and_wakes_for_a_request(
     (command,) = _commands_naming(redis, model_name, worker.run_once)
     assert command.startswith("XREADGROUP") and "BLOCK" in command
     redis.delete(out_key(rid))
+
+
+def test_entries_a_take_left_in_the_backlog_are_taken_before_the_worker_blocks(
+    tiny_engine_factory, redis, model_name
+):
+    """A take with room for one moves a burst of three into the lane's backlog; once the engine is
+    empty the worker takes again rather than block on a read that would not see them."""
+    from gateway.lanes.keys import lane_backlog_key
+
+    worker = _worker(tiny_engine_factory(max_num_seqs=1), redis, model_name, claim_idle_ms=600_000)
+    rids = [_submit(redis, model_name, max_tokens=2) for _ in range(3)]
+    worker.lane_io.block_ms = 2000  # a read the backlog cannot end
+    worker.run_once()
+    assert len(worker.inflight) == 1 and worker.lane_io.backlogged
+    assert redis.zcard(lane_backlog_key(model_name, "standard")) == 1  # the other two, one tenant's
+    _run_until_done(worker, redis, rids, max_iters=12)
+    assert worker.inflight == {} and not worker.lane_io.backlogged
+    for rid in rids:
+        redis.delete(out_key(rid))
