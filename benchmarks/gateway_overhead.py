@@ -9,7 +9,8 @@
    template, generate, detokenize). The model is a tiny random-weight Llama with SmolLM2's real
    tokenizer (vocabulary 49,152), so the engine costs almost nothing and the difference is the
    serving path: HTTP, auth, quotas, lanes, the worker and the relay. p50 and p99 at concurrency 1
-   and ``--concurrency`` (closed loop).
+   and ``--concurrency`` (closed loop), sent by the lean keep-alive client of
+   benchmarks.round_trip (raw HTTP/1.1 on asyncio streams: it leaves the shared cores to the server).
 2. Stages (the gateway's own path, in process): the route's steps in the order of
    ``gateway.api.admit.start``: auth (``KeyCache.lookup`` on a real SQLite database made by
    tenancy), checks (a worker serves the model, its context length: both cached per replica),
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
 from benchmarks.gateway_path import STAGES, pct, stages
-from benchmarks.round_trip import engine_closed_loop, http_closed_loop, serve
+from benchmarks.round_trip import engine_closed_loop, lean_closed_loop, serve
 
 CHAT = [{"role": "user", "content": "Say hello in French."}]
 KV_BLOCKS = 1024  # of 16 tokens
@@ -59,10 +60,10 @@ def round_trips(args, workdir: Path) -> dict:
         for concurrency in (1, args.concurrency):
             n = args.requests * (1 if concurrency == 1 else 2)
             asyncio.run(
-                http_closed_loop(served, body, requests=concurrency * 2, concurrency=concurrency)
+                lean_closed_loop(served, body, requests=concurrency * 2, concurrency=concurrency)
             )  # warm-up
             runs[f"http_c{concurrency}"] = asyncio.run(
-                http_closed_loop(served, body, requests=n, concurrency=concurrency)
+                lean_closed_loop(served, body, requests=n, concurrency=concurrency)
             )
     finally:
         served.stop()

@@ -94,37 +94,13 @@ def serve(
     raise TimeoutError(f"fairlane serve not ready in {timeout_s} s:\n{log_path.read_text()}")
 
 
-async def http_closed_loop(served: Served, body: dict, *, requests: int, concurrency: int) -> list[float]:
-    """`requests` POSTs of `body` to /v1/chat/completions from `concurrency` callers (keep-alive
-    connections, as an OpenAI client holds them); each one's seconds from send to parsed JSON."""
-    latencies: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    headers = {"Authorization": f"Bearer {served.api_key}"}
-    async with httpx.AsyncClient(
-        base_url=served.base_url, headers=headers, limits=limits, timeout=60
-    ) as client:
-        left = requests
-
-        async def caller() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                start = time.perf_counter()
-                response = await client.post("/v1/chat/completions", json=body)
-                response.json()
-                latencies.append(time.perf_counter() - start)
-                if response.status_code != 200:
-                    raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
-
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
-    return latencies
-
-
 async def lean_closed_loop(served: Served, body: dict, *, requests: int, concurrency: int) -> list[float]:
-    """As ``http_closed_loop``, with a client that costs the machine almost nothing: the request's
-    bytes written once per call on a keep-alive connection, the response's headers and JSON body
-    read back and parsed. httpx spends about 1.5 ms of CPU per request (3 ms at 32 callers) on
-    the cores the gateway uses, which a client on another host would not."""
+    """`requests` POSTs of `body` to /v1/chat/completions from `concurrency` callers, each on its
+    keep-alive connection (as an OpenAI client holds them); each one's seconds from send to parsed
+    JSON. The client costs the machine almost nothing: the request's bytes written once per call,
+    the response's headers and JSON body read back and parsed. httpx spends about 1.5 ms of CPU per
+    request (3 ms at 32 callers) on the cores the gateway uses, which a client on another host
+    would not."""
     host, port = served.base_url.removeprefix("http://").rsplit(":", 1)
     payload = json.dumps(body).encode()
     message = (

@@ -180,6 +180,11 @@ class ApiSettings(SharedSettings):
     # The replica's Redis connections: its one result reader's blocking XREAD, and one per command
     # in flight (admissions, settlements, cancels) at a time (Redis's own maxclients: 10,000).
     redis_max_connections: int = Field(4096, ge=8)
+    # Overload shedding (gateway/api/shedding.py): a generation request over either bound is refused
+    # at once with 503 and retry-after shed_retry_after_s, before its quota admission.
+    max_inflight_admissions: int = Field(1024, ge=1)  # admitted, waiting for their first results
+    redis_pool_shed_fraction: float = Field(0.9, gt=0, le=1)  # of redis_max_connections in use
+    shed_retry_after_s: int = Field(1, ge=1)
     request_timeout_s: float = Field(600.0, gt=0)  # the longest wait for a request's first result
     # Once a stream has started: a comment line every sse_keepalive_s while no token comes, and an
     # error event (then the end) when none came for stream_idle_timeout_s.

@@ -26,6 +26,7 @@ from gateway.api.auth import AuthContext
 from gateway.api.errors import GatewayError, SLOUnattainable, no_worker, refused_by_engine_checks
 from gateway.api.model_selection import adapter_model_name
 from gateway.api.outcome import RequestOutcome, Status
+from gateway.api.prompts import relay_ids, resolve_max_tokens
 from gateway.api.quota_service import QuotaService
 from gateway.api.relay import Generation, Relay, lane_error, refusal_status, relay_failure
 from gateway.api.request_telemetry import request_attributes, status_of
@@ -74,7 +75,14 @@ async def start(
     """Check, admit and queue a request, and wait for its first results (raising its error, if any).
 
     Everything that can refuse the request from what it asks runs before the quota admission:
-    such a refusal charges nothing and queues nothing."""
+    such a refusal charges nothing and queues nothing; so does the overload bound (shedding.py)."""
+    with state.admissions.held():
+        return await _start(state, quota, auth, ask)
+
+
+async def _start(
+    state: GatewayState, quota: QuotaService, auth: AuthContext, ask: GenerationRequest
+) -> Generation:
     model = state.settings.model_name
     shown = model if ask.adapter is None else adapter_model_name(model, ask.adapter.name)
     context = RequestContext(
@@ -87,6 +95,7 @@ async def start(
         span=trace.get_current_span() if tracing.enabled() else None,
     )
     try:
+        state.admissions.check()  # over the replica's bound: Overloaded (503), before anything else
         plan = await _plan(state, auth, ask)
         traceparent = _annotate(context, plan, ask) or ask.traceparent
         plan = _with_traceparent(plan, traceparent)
@@ -200,26 +209,6 @@ def slo_targets(auth: AuthContext, tier: str, settings: ApiSettings) -> tuple[fl
     """The request's (TTFT, TPOT) targets in seconds: the tenant's own, else its tier's; None: none."""
     tier_ttft, tier_tpot = settings.slo_targets(tier)
     return auth.ttft_target_s or tier_ttft, auth.tpot_target_s or tier_tpot
-
-
-def resolve_max_tokens(
-    requested: int | None, *, prompt_tokens: int, max_model_len: int | None, default: int, cap: int | None
-) -> int:
-    """The request's max_tokens: the client's, else the server default, lowered to the context left
-    and to the quota's per-request cap (a cap of 0 is left for the quota to refuse)."""
-    if requested is not None:
-        return requested
-    max_tokens = default
-    if max_model_len is not None:
-        max_tokens = min(max_tokens, max_model_len - prompt_tokens)
-    if cap is not None:
-        max_tokens = min(max_tokens, cap)
-    return max(1, max_tokens)
-
-
-def relay_ids(request_id: str, count: int) -> list[str]:
-    """The engine request ids of a request's prompts: its own id for one prompt, ``id-i`` for several."""
-    return [request_id] if count == 1 else [f"{request_id}-{i}" for i in range(count)]
 
 
 async def _plan(state: GatewayState, auth: AuthContext, ask: GenerationRequest) -> LanePlan:

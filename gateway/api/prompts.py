@@ -67,3 +67,23 @@ async def completion_prompt_ids(state: GatewayState, prompts: list[str | list[in
             raise refused_by_engine_checks(exc) from exc
         all_ids.append(ids)
     return all_ids
+
+
+def resolve_max_tokens(
+    requested: int | None, *, prompt_tokens: int, max_model_len: int | None, default: int, cap: int | None
+) -> int:
+    """The request's max_tokens: the client's, else the server default, lowered to the context left
+    and to the quota's per-request cap (a cap of 0 is left for the quota to refuse)."""
+    if requested is not None:
+        return requested
+    max_tokens = default
+    if max_model_len is not None:
+        max_tokens = min(max_tokens, max_model_len - prompt_tokens)
+    if cap is not None:
+        max_tokens = min(max_tokens, cap)
+    return max(1, max_tokens)
+
+
+def relay_ids(request_id: str, count: int) -> list[str]:
+    """The engine request ids of a request's prompts: its own id for one prompt, ``id-i`` for several."""
+    return [request_id] if count == 1 else [f"{request_id}-{i}" for i in range(count)]

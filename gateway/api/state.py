@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine import check_model
 from gateway.api.auth import KeyCache
 from gateway.api.quota_service import QuotaService
+from gateway.api.shedding import AdmissionBound
 from gateway.api.slo_gate import SLOGate
 from gateway.api.tokenization import PromptTokenizer, load_prompt_tokenizer
 from gateway.lanes.client import LaneClient
@@ -38,6 +39,7 @@ class GatewayState:
     quota_service: QuotaService
     slo_gate: SLOGate
     tokenize_limiter: anyio.CapacityLimiter  # threads tokenizing long prompts
+    admissions: AdmissionBound  # admissions in flight, and the bound that sheds requests over it
     _max_model_len: int | None = None
     _model_info_at: float = field(default=float("-inf"))
 
@@ -65,6 +67,12 @@ class GatewayState:
                 redis, model=settings.model_name, tiers=settings.tiers, cache_s=settings.slo_gate_cache_s
             ),
             tokenize_limiter=anyio.CapacityLimiter(settings.tokenize_threads),
+            admissions=AdmissionBound(
+                redis,
+                max_inflight=settings.max_inflight_admissions,
+                pool_fraction=settings.redis_pool_shed_fraction,
+                retry_after_s=settings.shed_retry_after_s,
+            ),
         )
 
     async def close(self) -> None:

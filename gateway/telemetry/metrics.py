@@ -72,6 +72,12 @@ QUOTA_STORE_ERRORS = Counter(
     "Admissions that could not reach the quota Redis (refused fail-closed, or admitted unchecked fail-open)",
     ("mode",),
 )
+SHED = Counter(
+    "fairlane_gateway_shed",
+    "Requests a replica refused at once, overloaded (503 + retry-after, nothing charged), by the bound "
+    "they met: admissions in flight, or the Redis connection pool",
+    ("reason",),
+)
 
 # ---- gateway: the replica's event loop (gateway/telemetry/loop_lag.py) -------------------------------
 LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)

@@ -45,7 +45,7 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # backoff: doubles from the first wait u
 PRUNE_EVERY_S = 60.0  # how often dead consumers and stale loads are removed
 CONSUMER_IDLE_MS = 600_000  # a consumer with nothing pending, idle this long, belongs to a dead worker
 CLAIMS_PER_IDLE = 4  # look for a dead worker's entries this many times per claim_idle_ms
-BLOCK_MS = 100  # an idle worker waits on its lanes this long per take
+BLOCK_MS = 1000  # an idle worker's blocking read on its lanes lasts at most this long (< SOCKET_TIMEOUT_S)
 SCAN = 1024  # new entries a take moves into a lane's backlog at most (a larger burst: the next takes)
 
 
@@ -110,9 +110,13 @@ class LaneIO:
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
         self._take = redis.register_script(TAKE_LUA)  # EVALSHA, loaded again on NOSCRIPT
+        # Entries wait in a backlog, as this worker's last take left them (or it does not know): the
+        # blocking read on the lanes would not see them, so an idle worker takes before it blocks.
+        self.backlogged = True
 
     def setup(self) -> None:
         """Create the consumer group of every lane (idempotent)."""
+        self.backlogged = True
         for lane in self.lanes:
             try:
                 self.redis.xgroup_create(lane, GROUP, id="0", mkstream=True)
@@ -145,9 +149,10 @@ class LaneIO:
 
     def _entries(self, reply: Any) -> list[LaneEntry]:
         """take.lua's reply as lane entries: the claimed ones first, then the new ones."""
+        self.backlogged = bool(reply[len(self.lanes)])
         claimed: list[LaneEntry] = []
         new: list[LaneEntry] = []
-        for lane, (claims, entries) in zip(self.lanes, reply):
+        for lane, (claims, entries) in zip(self.lanes, reply[: len(self.lanes)]):
             for entry_id, flat in claims:
                 log.warning("worker %s claims %s from a dead worker", self.worker_id, as_text(entry_id))
                 claimed.append(LaneEntry(lane, as_text(entry_id), _fields(flat), claimed=True))
@@ -155,9 +160,13 @@ class LaneIO:
         return claimed + new
 
     def wait(self) -> list[LaneEntry]:
-        """Nothing came: wait up to block_ms on every lane at once for an entry (one a lane at most)."""
+        """Nothing came: block on every lane at once for an entry (one a lane at most), until the
+        next look for a dead worker's entries is due (block_ms at most). An entry added meanwhile
+        answers the read at once."""
+        left_ms = self.claim_every_s * 1000 - (time.monotonic() - self._last_claim) * 1000
+        block = max(1, min(self.block_ms, int(left_ms) + 1))  # 0 would block for ever
         reply: Any = self.redis.xreadgroup(
-            GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=self.block_ms
+            GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=block
         )
         return [
             LaneEntry(as_text(lane), as_text(entry_id), fields)
@@ -165,9 +174,17 @@ class LaneIO:
             for entry_id, fields in entries
         ]
 
+    @property
+    def claim_every_s(self) -> float:
+        return self.claim_idle_ms / 1000 / CLAIMS_PER_IDLE
+
+    def claim_due(self) -> bool:
+        """Whether the next take looks for a dead worker's entries (and prunes when that is due)."""
+        return time.monotonic() - self._last_claim >= self.claim_every_s
+
     def _claim_due(self) -> bool:
         now = time.monotonic()
-        if now - self._last_claim < self.claim_idle_ms / 1000 / CLAIMS_PER_IDLE:
+        if now - self._last_claim < self.claim_every_s:
             return False
         self._last_claim = now
         if now - self._last_prune > PRUNE_EVERY_S:

@@ -6,7 +6,11 @@ ones, highest tier first, the least-served tenant of a lane first) in one script
 cancel marks in one round trip, hand them all to the engine, run one engine step, then publish
 every new token of every request, the results of requests dropped or refused, ACK finished entries
 and read cancel marks, all in one MULTI/EXEC round trip (cancelled requests' aborts go out in one
-more). With an SLO-aware policy the same round trip refreshes, every ~50 ms, the engine's load in
+more). A worker whose engine is empty and whose last take left no entry in the lanes' backlogs
+blocks on its lanes in one XREADGROUP, with no take before it, until an entry arrives or its next
+look for a dead worker's entries is due (every claim_idle_ms / 4, BLOCK_MS at most): idle, one take
+and one blocking read per period, no polling. With
+an SLO-aware policy the same round trip refreshes, every ~50 ms, the engine's load in
 ``load:{model}`` for the gateways' door check, and a request the engine refuses for its TTFT target
 (on arrival or at a step start) is published as an error result with code ``slo_unattainable`` and
 its retry-after.
@@ -157,7 +161,10 @@ class Worker:
         """One iteration: admit work, step the engine, publish."""
         if self._lost:
             self._forget_lost()
-        admitted = self._admit(self._take())
+        # An empty engine whose last take left no backlog blocks on the lanes at once: a take would
+        # find nothing the read does not (until a dead worker's entries are due to be looked for).
+        io, empty = self.lane_io, not self.engine.has_unfinished()
+        admitted = 0 if empty and not io.backlogged and not io.claim_due() else self._admit(self._take())
         if not self.engine.has_unfinished() and not admitted:
             self._flush()  # what the take dropped or refused goes out before the worker waits
             woke = self.lane_io.wait()

@@ -19,7 +19,8 @@
 -- admission; the worker adds its output as it publishes it, w_out a token / weight), then hands the
 -- entry to this worker with XCLAIM FORCE: from then on it is pending, reclaimed from a dead worker like
 -- any other.
--- Returns per lane {claimed entries, new entries}, each entry {id, {field, value, ...}}.
+-- Returns per lane {claimed entries, new entries}, each entry {id, {field, value, ...}}, then the number
+-- of lanes whose backlog still holds entries (0: a blocking read on the lanes sees every entry left).
 local group, consumer = ARGV[1], ARGV[2]
 local claim, min_idle = ARGV[3] == "1", ARGV[4]
 local free, tiers = tonumber(ARGV[5]), ARGV[6] == "1"
@@ -183,4 +184,9 @@ for i = 1, lanes do
     end
   end
 end
+local backlogs = {}
+for i = 1, lanes do
+  backlogs[i] = KEYS[3 * i - 1]
+end
+out[lanes + 1] = redis.call("EXISTS", unpack(backlogs)) -- an empty sorted set does not exist
 return out

@@ -80,8 +80,9 @@ def test_a_burst_of_32_costs_three_round_trips_and_one_step(tiny_engine_factory,
     rids = _submit(redis, model_name, n=32)
     before, steps = CountingConnection.sent, engine.stats.steps
     worker.run_once()
-    # take (one script call), the cancel marks (one pipeline), the step's publish (one MULTI/EXEC)
-    assert CountingConnection.sent - before == 3
+    # idle, the worker starts with its blocking read (one entry); then that entry's cancel mark with
+    # the take of the rest (one pipeline), their cancel marks (one pipeline), the step's publish
+    assert CountingConnection.sent - before == 4
     assert engine.stats.steps == steps + 1
     assert all(_results(redis, rid)[-1].done for rid in rids)  # max_tokens=1: done in that step
     assert redis.xlen(lane_key(model_name, "standard")) == 0 and worker.inflight == {}
@@ -123,9 +124,9 @@ def test_a_single_request_that_wakes_the_worker_costs_one_round_trip_before_the_
     before = CountingConnection.sent
     worker.run_once()
     timer.join()
-    # take (nothing yet), the blocking wait, the cancel mark with the rest of a burst (one pipeline),
-    # the step's publish
-    assert CountingConnection.sent - before == 4
+    # the blocking wait (no take first: the last one left no backlog), the cancel mark with the rest
+    # of a burst (one pipeline), the step's publish
+    assert CountingConnection.sent - before == 3
     assert worker.inflight == {} and worker.engine.stats.steps == 1
 
 
@@ -148,8 +149,8 @@ def test_one_read_takes_what_fits_highest_tier_first(tiny_engine_factory, counte
     batch = _submit(redis, model_name, "batch", n=3, max_tokens=4)
     urgent = _submit(redis, model_name, "priority", n=3, max_tokens=4)
     before = CountingConnection.sent
-    worker.run_once()
-    assert CountingConnection.sent - before == 3
+    worker.run_once()  # the blocking read (one entry a lane), the take of the rest, cancel marks, publish
+    assert CountingConnection.sent - before == 4
     assert set(worker.inflight) == {*urgent, batch[0]}  # room for 4: the 3 urgent, then the oldest batch
     assert _pending(redis, model_name, "batch") == 1  # the other two stay in the lane for any worker
     assert redis.xlen(lane_key(model_name, "batch")) == 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -199,3 +200,63 @@ def test_a_lane_deleted_under_a_blocked_worker_is_re_created(tiny_engine_factory
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+def _commands_naming(redis, model, action) -> list[str]:
+    """The commands naming ``model`` that clients (scripts' own calls left out) sent while ``action``
+    ran, as Redis's MONITOR saw them."""
+    marker = f"end-of-{model}"
+    with redis.monitor() as monitor:
+        action()
+        redis.echo(marker)
+        seen = []
+        while marker not in (command := monitor.next_command())["command"]:
+            if command["client_type"] != "lua" and model in command["command"]:
+                seen.append(command["command"])
+    return seen
+
+
+def test_an_idle_worker_only_blocks_on_its_lanes_and_wakes_for_a_request(
+    tiny_engine_factory, redis, model_name
+):
+    """Idle, a worker sends one blocking XREADGROUP an iteration and nothing else (no take) until
+    its next look for a dead worker's entries; a request added while it blocks is admitted by that
+    same iteration, and once it is done the worker blocks again without a take."""
+    worker = _worker(tiny_engine_factory(), redis, model_name, claim_idle_ms=600_000)
+    worker.run_once()  # the first take, with its look for a dead worker's entries, finds nothing
+    commands = _commands_naming(redis, model_name, lambda: [worker.run_once() for _ in range(5)])
+    assert len(commands) == 5
+    assert all(c.startswith("XREADGROUP") and "BLOCK" in c for c in commands), commands
+
+    worker.lane_io.block_ms = 60_000  # only the request ends this read
+    rid = f"req-{uuid.uuid4().hex[:12]}"
+    arrival = threading.Timer(0.2, _submit, args=(redis, model_name), kwargs=dict(request_id=rid))
+    arrival.start()
+    worker.run_once()
+    arrival.join()
+    assert rid in worker.inflight and _results(redis, rid)  # admitted and stepped in that iteration
+    _run_until_done(worker, redis, [rid])
+    # its last take left nothing in a backlog: once the engine is empty the worker blocks at once
+    worker.lane_io.block_ms = 10
+    (command,) = _commands_naming(redis, model_name, worker.run_once)
+    assert command.startswith("XREADGROUP") and "BLOCK" in command
+    redis.delete(out_key(rid))
+
+
+def test_entries_a_take_left_in_the_backlog_are_taken_before_the_worker_blocks(
+    tiny_engine_factory, redis, model_name
+):
+    """A take with room for one moves a burst of three into the lane's backlog; once the engine is
+    empty the worker takes again rather than block on a read that would not see them."""
+    from gateway.lanes.keys import lane_backlog_key
+
+    worker = _worker(tiny_engine_factory(max_num_seqs=1), redis, model_name, claim_idle_ms=600_000)
+    rids = [_submit(redis, model_name, max_tokens=2) for _ in range(3)]
+    worker.lane_io.block_ms = 2000  # a read the backlog cannot end
+    worker.run_once()
+    assert len(worker.inflight) == 1 and worker.lane_io.backlogged
+    assert redis.zcard(lane_backlog_key(model_name, "standard")) == 1  # the other two, one tenant's
+    _run_until_done(worker, redis, rids, max_iters=12)
+    assert worker.inflight == {} and not worker.lane_io.backlogged
+    for rid in rids:
+        redis.delete(out_key(rid))
