@@ -6,7 +6,8 @@ in admission order (or the policy's, see begin_step); when blocks run out the po
 preempted, waiting sequences are admitted while the token budget, the sequence cap and the KV
 blocks allow; a head that cannot start may displace a running sequence if the policy says so
 (priority tiers do, FCFS never). Requests the policy refuses (SLO-aware admission) are listed in
-plan.refused. Prefills and decodes go into one forward, after the plan's block copies (swap out,
+plan.refused. While urgent work is running or waiting, a step that prefills none of it is cut short
+(_shorten; docs/scheduling.md). Prefills and decodes go into one forward, after the plan's block copies (swap out,
 then swap in). docs/scheduling.md describes the policies.
 """
 
@@ -62,7 +63,9 @@ class Scheduler:
         self._batch_left = 0
         self._urgent_starts: set[int] = set()  # ids of sequences admitted in this step as urgent
         # measured steps' cost, for the short steps beside urgent work (_short_step_cap)
-        self.step_cost = StepCostModel(config.cost_step_s, config.cost_prefill_token_s, config.cost_decode_seq_s)
+        self.step_cost = StepCostModel(
+            config.cost_step_s, config.cost_prefill_token_s, config.cost_decode_seq_s
+        )
 
     @property
     def num_waiting(self) -> int:
@@ -278,8 +281,8 @@ class Scheduler:
     def _shorten(self, plan: StepPlan, cap: int) -> None:
         """Urgent work is running or waiting and this step prefills none of it: cut other prefill
         chunks (in policy.cut_order: lowest tier, most-served tenant first) until the step is at
-        most `cap` tokens (decodes always run). A cut chunk keeps its blocks and its place and goes on next step; so the step, and
-        the wait of an urgent request arriving during it, is shorter."""
+        most `cap` tokens (decodes always run). A cut chunk keeps its blocks and its place and goes
+        on next step; so the step, and the wait of an urgent request arriving during it, is shorter."""
         chunks = [it for it in plan.scheduled if not it.is_decode and not it.draft]
         if any(id(it.seq) in self._urgent_starts or self.policy.urgent(it.seq) for it in chunks):
             return  # its own step: isolation (_isolate_urgent) already keeps it to its prompt

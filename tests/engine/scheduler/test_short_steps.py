@@ -54,9 +54,11 @@ def test_decodes_always_run_in_a_short_step():
     run_step(s)  # the batch prompts (one tier: a full step)
     s.add(seq("hi", 4, priority=1))
     run_step(s)  # the high tier's prompt beside the decodes
+    s.add(seq("b6", 8, priority=0))
     plan = run_step(s)
     assert sorted(ids(plan.scheduled)) == sorted(["hi"] + [f"b{i}" for i in range(6)])
     assert all(it.num_tokens == 1 for it in plan.scheduled)  # 7 decodes > the cap of 4: all run
+    assert s.num_waiting == 1  # b6 does not start in a step already past the cap
 
 
 def test_an_urgent_arrival_prefills_whole_in_the_next_step_without_bulk_chunks():
@@ -73,6 +75,11 @@ def test_an_urgent_arrival_prefills_whole_in_the_next_step_without_bulk_chunks()
 
 
 def test_the_step_shrinks_while_a_light_tenant_is_below_its_share():
+    s = make("vtc", max_num_batched_tokens=64, **CPU)
+    s.add(seq("x0", 4, tenant="X")), s.add(seq("y0", 4, tenant="Y"))
+    settle(s)
+    s.add(seq("x1", 60, tenant="X"))
+    assert tokens(run_step(s))["x1"] == 60  # X and Y at their shares: a full step
     s = make("vtc", max_num_batched_tokens=64, **CPU)
     for i in range(3):
         s.add(seq(f"a{i}", 4, tenant="A"))
@@ -97,14 +104,6 @@ def test_the_more_served_tenants_chunk_is_cut_first():
     plan = run_step(s)
     # 7 decodes + D's 20 + A's 20 = 47 > 32: the most-served tenant's chunk gives up 15 tokens
     assert tokens(plan)["d2"] == 20 and tokens(plan)["a4"] == 5
-
-
-def test_balanced_tenants_keep_full_steps():
-    s = make("vtc", max_num_batched_tokens=64, **CPU)
-    s.add(seq("a0", 4, tenant="A")), s.add(seq("b0", 4, tenant="B"))
-    settle(s)
-    s.add(seq("a1", 60, tenant="A"))
-    assert tokens(run_step(s))["a1"] == 60
 
 
 def test_the_cap_follows_the_measured_step_cost():
