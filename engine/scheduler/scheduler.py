@@ -7,8 +7,8 @@ preempted, waiting sequences are admitted while the token budget, the sequence c
 blocks allow; a head that cannot start may displace a running sequence if the policy says so
 (priority tiers do, FCFS never). Requests the policy refuses (SLO-aware admission) are listed in
 plan.refused. While urgent work is running or waiting, a step that prefills none of it is cut short
-(_shorten; docs/scheduling.md). Prefills and decodes go into one forward, after the plan's block copies (swap out,
-then swap in). docs/scheduling.md describes the policies.
+(_shorten). Prefills and decodes go into one forward, after the plan's block copies (swap out, then
+swap in). docs/scheduling.md describes the policies.
 """
 
 from __future__ import annotations
