@@ -75,6 +75,12 @@ class SchedulerConfig(CacheConfig):
     isolate_urgent_prefill: bool = True
     # ... and lower tiers' decodes wait that step too: the step is its prompt and its tier's decodes.
     urgent_prefill_defers_decodes: bool = False
+    # While urgent work is running or waiting (a higher tier beside lower ones, a tenant below its
+    # share), a step without an urgent prefill is cut to the tokens at which the step's fixed cost
+    # is this share of its time (by the fitted step-cost model; at least a quarter of the budget;
+    # decodes always run): where a step's time grows with its tokens (a CPU) the next urgent
+    # arrival waits behind a shorter step, where it is mostly fixed (a GPU) nothing is cut. 0: off.
+    urgent_step_overhead: float = 0.25
     # SLO targets per tier (priority -> seconds); a request's own target wins. Empty: none.
     tier_ttft_targets: dict = field(default_factory=dict, hash=False)
     tier_tpot_targets: dict = field(default_factory=dict, hash=False)
@@ -105,6 +111,8 @@ class SchedulerConfig(CacheConfig):
         no_swap_space = self.num_swap_blocks == 0 or self.num_swap_blocks is None and self.swap_space_gib == 0
         if self.preemption_mode == "swap" and no_swap_space:
             raise ValueError("preemption_mode 'swap' needs swap space (swap_space_gib > 0)")
+        if not 0 <= self.urgent_step_overhead < 1:
+            raise ValueError(f"urgent_step_overhead must be in [0, 1), got {self.urgent_step_overhead}")
         if not 0 <= self.tier_min_share < 1:
             raise ValueError(f"tier_min_share must be in [0, 1), got {self.tier_min_share}")
         if self.vtc_input_weight < 0 or self.vtc_output_weight < 0:

@@ -118,6 +118,15 @@ class SchedulingPolicy(ABC):
         prefills it runs no other prefill beside it)? Called after admission, for prefilling seqs."""
         return False
 
+    def urgent_present(self, running: list[Sequence]) -> bool:
+        """Is work of the kind `urgent` names running or waiting (then, with
+        config.urgent_step_overhead, steps without an urgent prefill are kept short)?"""
+        return False
+
+    def cut_order(self, seq: Sequence) -> tuple:
+        """Sort key of the prefill chunks a short step cuts, first cut first: the newest."""
+        return (-seq.arrival_time,)
+
     # ---- accounting ------------------------------------------------------------------------
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
         """seq is computing num_tokens this step (service accounting for fairness policies);

@@ -163,6 +163,9 @@ class TieredPolicy(SchedulingPolicy):
         """Lowest tier first, then least progress lost."""
         return (self.tier(seq),) + progress_lost(seq)
 
+    def cut_order(self, seq: Sequence) -> tuple:
+        return self._victim_key(seq)
+
     def victim(self, running: list[Sequence]) -> Sequence:
         return min(running, key=self._victim_key)
 
@@ -205,6 +208,11 @@ class TieredPolicy(SchedulingPolicy):
             any(self.tier(s) < tier for s in self._running)
             or any(t < tier and any(q.values()) for t, q in self.queues.items())
         )
+
+    def urgent_present(self, running: list[Sequence]) -> bool:
+        """Two tiers have work (running or waiting): the higher one's prefills are urgent."""
+        tiers = {self.tier(s) for s in running} | {t for t, q in self.queues.items() if any(q.values())}
+        return self.tiers and len(tiers) > 1
 
 
 class PriorityPolicy(TieredPolicy):

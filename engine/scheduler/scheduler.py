@@ -6,8 +6,9 @@ in admission order (or the policy's, see begin_step); when blocks run out the po
 preempted, waiting sequences are admitted while the token budget, the sequence cap and the KV
 blocks allow; a head that cannot start may displace a running sequence if the policy says so
 (priority tiers do, FCFS never). Requests the policy refuses (SLO-aware admission) are listed in
-plan.refused. Prefills and decodes go into one forward, after the plan's block copies (swap out,
-then swap in). docs/scheduling.md describes the policies.
+plan.refused. While urgent work is running or waiting, a step that prefills none of it is cut short
+(_shorten). Prefills and decodes go into one forward, after the plan's block copies (swap out, then
+swap in). docs/scheduling.md describes the policies.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Protocol
 from engine.config import SchedulerConfig
 from engine.kv_groups import Blocks
 from engine.request import Sequence, SequenceStatus
+from engine.scheduler.cost_model import StepCostModel, split
 from engine.scheduler.load import SLOLoad
 from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import SchedulingPolicy
@@ -59,6 +61,11 @@ class Scheduler:
         self._clock = clock or time.monotonic
         # static/dynamic batching: members of the current batch not admitted yet (continuous: unused)
         self._batch_left = 0
+        self._urgent_starts: set[int] = set()  # ids of sequences admitted in this step as urgent
+        # measured steps' cost, for the short steps beside urgent work (_short_step_cap)
+        self.step_cost = StepCostModel(
+            config.cost_step_s, config.cost_prefill_token_s, config.cost_decode_seq_s
+        )
 
     @property
     def num_waiting(self) -> int:
@@ -136,10 +143,14 @@ class Scheduler:
                 plan.scheduled.append(item)
                 budget -= item.num_query_tokens
                 i += 1
+        cap = self._short_step_cap()
+        self._urgent_starts = set()
         if not plan.preempted or self._outranks(plan.preempted):
-            self._admit(plan, budget)
+            self._admit(plan, budget, cap)
         if self.config.isolate_urgent_prefill:
             self._isolate_urgent(plan)
+        if cap is not None:
+            self._shorten(plan, cap)
         for item in plan.scheduled:
             self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
@@ -170,13 +181,15 @@ class Scheduler:
             return 0
         return min(size, waiting)
 
-    def _admit(self, plan: StepPlan, budget: int) -> None:
+    def _admit(self, plan: StepPlan, budget: int, cap: int | None = None) -> None:
         while True:
             if self.config.batching != "continuous" and self._batch_left <= 0:
                 return  # static/dynamic: only the current batch's members start
             seq = self.policy.peek()
             if seq is None or seq in plan.preempted or not self.policy.may_admit(seq, self.running, plan):
                 return  # (one preempted by this admission loop does not come back in the same step)
+            if cap is not None and plan.num_tokens >= cap and not self.policy.urgent(seq):
+                return  # a short step (_shorten): no more bulk work starts in it
             if self.admit_check is not None and not self.admit_check(seq, self.running):
                 return
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
@@ -204,6 +217,8 @@ class Scheduler:
                     return
                 budget += regained
                 continue
+            if cap is not None and self.policy.urgent(seq):
+                self._urgent_starts.add(id(seq))
             self.policy.pop()
             swapped = self.block_manager.is_swapped(seq)
             self.num_admissions += 1
@@ -251,6 +266,36 @@ class Scheduler:
                 for it in plan.scheduled
                 if not it.is_decode or not any(self.policy.defers(u, it.seq) for u in seqs)
             ]
+
+    def _short_step_cap(self) -> int | None:
+        """The step's token cap while urgent work is running or waiting, or None (the full budget):
+        the tokens at which the fitted fixed cost of a step is config.urgent_step_overhead of its
+        time, at least a quarter of the budget."""
+        share, budget = self.config.urgent_step_overhead, self.config.max_num_batched_tokens
+        if not share or not self.policy.urgent_present(self.running):
+            return None
+        step_s, token_s = self.step_cost.theta[0], self.step_cost.theta[1] or self.step_cost.prior[1]
+        cap = max(budget // 4, int(step_s * (1 - share) / (share * token_s)))
+        return cap if cap < budget else None
+
+    def _shorten(self, plan: StepPlan, cap: int) -> None:
+        """Urgent work is running or waiting and this step prefills none of it: cut other prefill
+        chunks (in policy.cut_order: lowest tier, most-served tenant first) until the step is at
+        most `cap` tokens (decodes always run). A cut chunk keeps its blocks and its place and goes
+        on next step; so the step, and the wait of an urgent request arriving during it, is shorter."""
+        chunks = [it for it in plan.scheduled if not it.is_decode and not it.draft]
+        if any(id(it.seq) in self._urgent_starts or self.policy.urgent(it.seq) for it in chunks):
+            return  # its own step: isolation (_isolate_urgent) already keeps it to its prompt
+        excess = plan.num_tokens - cap
+        for it in sorted(chunks, key=lambda it: self.policy.cut_order(it.seq)):
+            if excess <= 0:
+                return
+            cut = min(excess, it.num_tokens)
+            excess -= cut
+            if cut == it.num_tokens:
+                plan.scheduled.remove(it)
+            else:
+                it.num_tokens -= cut
 
     def _make_room(self, seq: Sequence, plan: StepPlan, for_budget: bool) -> int:
         """Let the policy push a running sequence out for the waiting head `seq`. For the token
@@ -318,6 +363,7 @@ class Scheduler:
         """The engine measured the step of `plan` (feeds the policy's step-cost model)."""
         self.policy.observe(plan, seconds)
         self.preemption.observe(plan, seconds)
+        self.step_cost.observe(*split(plan), seconds)
 
     def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
         """Predicted seconds to the first token of a request arriving now, or None when the policy

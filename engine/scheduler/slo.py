@@ -160,6 +160,12 @@ class SLOPolicy(SchedulingPolicy):
     def urgent(self, seq: Sequence) -> bool:
         return self.inner.urgent(seq)
 
+    def urgent_present(self, running: list[Sequence]) -> bool:
+        return self.inner.urgent_present(running)
+
+    def cut_order(self, seq: Sequence) -> tuple:
+        return self.inner.cut_order(seq)
+
     def on_finished(self, seq: Sequence) -> None:
         self._best_effort.discard(seq.request_id)
         self.inner.on_finished(seq)

@@ -97,6 +97,21 @@ class FairTieredPolicy(TieredPolicy):
         its weighted share of its tier."""
         return super().urgent(seq) or self._excess(self.tier(seq), seq.tenant)(seq.tenant) <= -1
 
+    def urgent_present(self, running: list[Sequence]) -> bool:
+        """As in a tiered queue, or a tenant with work holds at least one running sequence less
+        than its weighted share of its tier."""
+        if super().urgent_present(running):
+            return True
+        tenants: dict[int, set[str]] = {}
+        for s in running:
+            tenants.setdefault(self.tier(s), set()).add(s.tenant)
+        for t, q in self.queues.items():
+            tenants.setdefault(t, set()).update(tenant for tenant, h in q.items() if h)
+        return any(
+            len(names) > 1 and any(self._excess(tier, n, running)(n) <= -1 for n in names)
+            for tier, names in tenants.items()
+        )
+
     def displaceable(self, priority: int, tenant: str | None, running: list[Sequence]) -> int:
         """Lower tiers' sequences, plus (for a `tenant` at least one sequence below its share of its
         tier) the whole sequences that no more served tenants hold beyond their shares."""
