@@ -30,7 +30,14 @@ from engine.scheduler.room import FRESH_TENANT, Room
 class Drafter(Protocol):
     method: str  # the speculative decoding method, e.g. "ngram"
 
-    def drafts(self, seq: Sequence, budget: int, num_running: int) -> list[int]: ...
+    def drafts(self, seq: Sequence, budget: int, num_running: int) -> list[int]:
+        """`seq`'s drafts for this step's decode ([]: a plain decode). A drafter that computes them
+        once their KV slots are allocated returns that many PENDING_DRAFT entries."""
+        ...
+
+    def complete(self, plan: StepPlan) -> None:
+        """After scheduling, before the forward: the plan's PENDING_DRAFT entries become tokens."""
+        ...
 
 
 class Scheduler:
