@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from engine.models.decode import DecodeForward
     from engine.scheduler import ScheduledSeq, StepPlan
 
-CATCH_UP_ROWS = 8  # a catch-up this short runs as decode rows (the one-call forward); longer: a chunk
+CATCH_UP_ROWS = 8  # catch-ups this short run as decode rows of the one-call forward; longer: chunks
 
 
 @dataclass
@@ -113,17 +113,21 @@ class DraftModelDrafter:
         chunks: list[tuple[Sequence, int, int]] = []
         chunk_ids: list[int] = []
         last: list[tuple[bool, int]] = []  # each item's sampling row: (in a chunk, index)
-        for it in items:
-            seq = it.seq
-            n = seq.num_tokens
-            known = min(self._known(seq), n - 1)
-            if n - known == 1 or (self.decode is not None and n - known <= CATCH_UP_ROWS):
-                rows += [(seq, q) for q in range(known, n)]
-                row_ids += seq.token_ids[known:n]
+        known = [min(self._known(it.seq), it.seq.num_tokens - 1) for it in items]
+        # several rows of one sequence only in the one-call decode forward (each row sees the rows
+        # before it there); where any catch-up needs a chunk, every catch-up longer than 1 is one
+        short = self.decode is not None and all(
+            it.seq.num_tokens - m <= CATCH_UP_ROWS for it, m in zip(items, known)
+        )
+        for it, m in zip(items, known):
+            seq, n = it.seq, it.seq.num_tokens
+            if n - m == 1 or short:
+                rows += [(seq, q) for q in range(m, n)]
+                row_ids += seq.token_ids[m:n]
                 last.append((False, len(rows) - 1))
             else:
-                chunks.append((seq, known, n - known))
-                chunk_ids += seq.token_ids[known:n]
+                chunks.append((seq, m, n - m))
+                chunk_ids += seq.token_ids[m:n]
                 last.append((True, len(chunk_ids) - 1))
         positions = [q for _, q in rows] + [q for _, s, m in chunks for q in range(s, s + m)]
         sample = [i + len(rows) if in_chunk else i for in_chunk, i in last]
