@@ -85,9 +85,7 @@ class Engine:
             self.block_manager,
             swap_cost=self.swap_cost,
             admit_check=self.lora.can_admit if self.lora else None,
-            drafter=make_drafter(
-                config.speculative_config, self.max_model_len, (self.config, loaded, self.runner)
-            ),
+            drafter=make_drafter(self.config, self.max_model_len, loaded, self.runner),
         )
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.requests = RequestTable()
@@ -297,8 +295,7 @@ class Engine:
     def _run(self, plan: StepPlan) -> StepRun:
         """The plan's forward and sampling; the scheduler then advances the sequences it ran."""
         start = time.perf_counter()
-        if self.scheduler.drafter is not None:
-            self.scheduler.drafter.complete(plan)  # a draft model drafts into its reserved slots
+        self.scheduler.complete_drafts(plan)  # a draft model drafts here (its time is the step's)
         if self._structured is not None:
             self._structured.prepare(plan)  # grammar bitmasks, on a thread, while the forward runs
         sampled = self.runner.run(plan, self.requests.generators, self._structured)

@@ -151,6 +151,11 @@ class Scheduler:
             self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
 
+    def complete_drafts(self, plan: StepPlan) -> None:
+        """Before the plan's forward: the drafts that waited for their KV slots (Drafter.complete)."""
+        if self.drafter is not None:
+            self.drafter.complete(plan)
+
     def _outranks(self, preempted: list[Sequence]) -> bool:
         """Is the waiting head of a higher tier than everything this step preempted for blocks? Then
         it is still admitted (and may displace): lower tiers' block pressure never holds it back."""

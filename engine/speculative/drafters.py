@@ -17,20 +17,22 @@ if TYPE_CHECKING:
 
 
 def make_drafter(
-    speculative_config: dict | SpeculativeConfig | None,
+    config: EngineConfig,
     max_model_len: int,
-    target: tuple[EngineConfig, LoadedModel, ModelRunner] | None = None,
+    target: LoadedModel | None = None,
+    runner: ModelRunner | None = None,
 ) -> NgramProposer | DraftModelDrafter | None:
-    """The scheduler's drafter (None: speculation off). `target`: the engine's config, loaded model
-    and runner, which a draft model needs (ValueError without them)."""
-    config = parse_speculative_config(speculative_config)
-    if config is None:
+    """The scheduler's drafter for config.speculative_config (None: speculation off), for sequences
+    of up to `max_model_len` tokens. A draft model needs the engine's loaded target and runner
+    (ValueError without them)."""
+    spec = parse_speculative_config(config.speculative_config)
+    if spec is None:
         return None
-    if config.method == "ngram":
-        return NgramProposer(config, max_model_len)
-    if target is None:
+    if spec.method == "ngram":
+        return NgramProposer(spec, max_model_len)
+    if target is None or runner is None:
         raise ValueError("speculative_config method 'draft_model' needs the engine's target model")
-    return build_draft_model(config, max_model_len, *target)
+    return build_draft_model(spec, max_model_len, config, target, runner)
 
 
 def build_draft_model(
