@@ -2,16 +2,18 @@
 with and without it, greedy, on a copy-heavy workload (prompts that repeat or edit a given text)
 and on free chat, in each dtype; the share of drafted tokens kept and the drafts' own cost; and at
 batch 32 with the tier policy on (interactive requests, the default `max_decoding_seqs`), the
-throughput with and without it.
+throughput with and without it. Then the `draft_model` method: the fp32 target alone and with its
+own INT8 copy drafting (k = --draft-k), batch 1, free chat, and the drafts' cost.
 
     python -m benchmarks.speculative                       # SmolLM2, fp32 and bf16, 2 threads
     python -m benchmarks.speculative --dtypes bfloat16     # one dtype
+    python -m benchmarks.speculative --methods draft_model # the INT8 self-draft only
     python -m benchmarks.speculative --smoke               # a tiny random model, in seconds
 
 Both engines of a dtype live in one process and take turns step by step on the same requests, so
 load on a shared machine falls on both alike; the load average is recorded before and after.
-Prints a Markdown table and writes speculative.json and speculative.png under --out
-(benchmarks/results).
+Prints Markdown tables and writes speculative.json and .png (n-gram) and
+speculative_draft_model.json and .png under --out (benchmarks/results).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
 from engine import LLM, SamplingParams
@@ -42,6 +45,7 @@ WORKLOADS = {
     ],
 }
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+DRAFT_SPEC = {"method": "draft_model", "model": "self", "quantization": "int8"}  # the INT8 self-draft
 INTERACTIVE = 3  # the gateway's `priority` tier: speculates under the default policy (min_priority 2)
 
 
@@ -103,33 +107,45 @@ def race(llms: dict[str, LLM], requests: list[tuple[list[int], SamplingParams]])
     return runs
 
 
-def batch_one(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, timer: DraftTimer) -> dict:
+def batch_one(
+    plain: LLM,
+    spec: LLM,
+    prompts: list[list[int]],
+    tokens: int,
+    drafting: Callable[[], float],
+    name: str = "ngram",
+) -> dict:
     """Each prompt alone on the plain and the speculating engine, raced step by step: milliseconds
-    per output token after the first."""
+    per output token after the first. `drafting`: the speculating engine's drafting seconds so far."""
     stats = spec.engine.stats
-    drafted, kept, drafting = stats.spec_draft_tokens, stats.spec_accepted_tokens, timer.seconds
-    seconds = {"plain": 0.0, "ngram": 0.0}
-    counted = {"plain": 0, "ngram": 0}
+    drafted, kept, verified, drafted_s = (
+        stats.spec_draft_tokens,
+        stats.spec_accepted_tokens,
+        stats.spec_verifications,
+        drafting(),
+    )
+    seconds = {"plain": 0.0, name: 0.0}
+    counted = {"plain": 0, name: 0}
     equal = True
     for ids in prompts:
-        runs = race(
-            {"plain": plain, "ngram": spec}, [(ids, SamplingParams(max_tokens=tokens, temperature=0))]
-        )
-        for name, run in runs.items():
-            seconds[name] += run["after_first"]
-            counted[name] += max(0, run["tokens"] - 1)
-        equal &= list(runs["plain"]["outputs"].values()) == list(runs["ngram"]["outputs"].values())
+        runs = race({"plain": plain, name: spec}, [(ids, SamplingParams(max_tokens=tokens, temperature=0))])
+        for engine, run in runs.items():
+            seconds[engine] += run["after_first"]
+            counted[engine] += max(0, run["tokens"] - 1)
+        equal &= list(runs["plain"]["outputs"].values()) == list(runs[name]["outputs"].values())
     drafted = stats.spec_draft_tokens - drafted
     kept = stats.spec_accepted_tokens - kept
-    ms = {name: 1000 * seconds[name] / max(1, counted[name]) for name in seconds}
+    verified = stats.spec_verifications - verified
+    ms = {engine: 1000 * seconds[engine] / max(1, counted[engine]) for engine in seconds}
     return {
         "plain_ms_per_token": ms["plain"],
-        "ngram_ms_per_token": ms["ngram"],
-        "speedup": ms["plain"] / ms["ngram"],
+        f"{name}_ms_per_token": ms[name],
+        "speedup": ms["plain"] / ms[name],
         "drafted_tokens": drafted,
         "accepted_tokens": kept,
         "acceptance_rate": kept / drafted if drafted else 0.0,
-        "draft_ms_per_token": 1000 * (timer.seconds - drafting) / max(1, counted["ngram"]),
+        "tokens_per_verification": (kept + verified) / verified if verified else 0.0,
+        "draft_ms_per_token": 1000 * (drafting() - drafted_s) / max(1, counted[name]),
         "greedy_outputs_equal": equal,
     }
 
@@ -173,11 +189,43 @@ def run_dtype(model: str, dtype: str, args: argparse.Namespace, tokens: int, bat
         one_request(llm, "warm", encoded["copy-heavy"][0], 8)
     result: dict = {
         "one_call_decode": plain.engine.runner.model.decode is not None,
-        "workloads": {w: batch_one(plain, spec, ids, tokens, timer) for w, ids in encoded.items()},
+        "workloads": {
+            w: batch_one(plain, spec, ids, tokens, lambda: timer.seconds) for w, ids in encoded.items()
+        },
     }
     all_prompts = [ids for prompts in encoded.values() for ids in prompts]
     result["batch"] = {"size": batch, **batch_32(plain, spec, all_prompts, tokens, batch)}
     return result
+
+
+def run_draft_model(model: str, args: argparse.Namespace, tokens: int) -> dict:
+    """The fp32 target alone and with its INT8 copy drafting (k = --draft-k), batch 1, free chat."""
+    common = dict(model=model, dtype="float32", num_threads=args.threads)
+    plain = LLM(**common)
+    spec = LLM(**common, speculative_config={**DRAFT_SPEC, "num_speculative_tokens": args.draft_k})
+    drafter = spec.engine.scheduler.drafter
+    prompts = [plain.encode([{"role": "user", "content": p}]) for p in WORKLOADS["free chat"]]
+    for llm in (plain, spec):  # warm-up
+        one_request(llm, "warm", prompts[0], 8)
+    forwards, seconds = drafter.forwards, drafter.seconds
+    row = batch_one(plain, spec, prompts, tokens, lambda: drafter.seconds, name="draft_model")
+    row["draft_forward_ms"] = 1000 * (drafter.seconds - seconds) / max(1, drafter.forwards - forwards)
+    return row
+
+
+def draft_table(report: dict) -> str:
+    r, k = report["free chat"], report["speculative_config"]["num_speculative_tokens"]
+    return "\n".join(
+        [
+            f"| target | draft | workload | plain ms/token | draft_model (k={k}) ms/token | speed-up "
+            "| drafts kept | tokens/verification | draft ms/token | draft forward ms | greedy equal |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            f"| fp32 | INT8 self | free chat | {r['plain_ms_per_token']:.1f} | "
+            f"{r['draft_model_ms_per_token']:.1f} | {r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | "
+            f"{r['tokens_per_verification']:.2f} | {r['draft_ms_per_token']:.1f} | "
+            f"{r['draft_forward_ms']:.1f} | {'yes' if r['greedy_outputs_equal'] else 'no'} |",
+        ]
+    )
 
 
 def table(report: dict) -> str:
@@ -219,32 +267,59 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes")
     parser.add_argument("--batch", type=int, default=32, help="the throughput run's batch")
+    parser.add_argument("--methods", default="ngram,draft_model", help="comma-separated methods")
+    parser.add_argument("--draft-k", type=int, default=5, help="draft_model's num_speculative_tokens")
     args = parser.parse_args()
     out = out_dir(args, "speculative")
     model = tiny_model() if args.smoke else "smollm2"
     tokens = 8 if args.smoke else args.tokens
     batch = 4 if args.smoke else args.batch
-    load_before = os.getloadavg()
-    runs = {dtype: run_dtype(model, dtype, args, tokens, batch) for dtype in args.dtypes.split(",")}
-    report = {
-        "model": model,
-        "threads": args.threads,
-        "tokens_per_prompt": tokens,
-        "speculative_config": {**SPEC, "num_speculative_tokens": args.k},
-        "priority": INTERACTIVE,
-        "runs": runs,
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
-        "machine": machine(),
-    }
-    (out / "speculative.json").write_text(json.dumps(report, indent=2))
-    plot(runs, out / "speculative.png", f"{model}, batch 1, {args.threads} threads, greedy")
-    print(table(report))
-    print(f"load average before {load_before[0]:.1f}, after {report['load_average_after'][0]:.1f}")
+    methods = args.methods.split(",")
+    if "ngram" in methods:
+        load_before = os.getloadavg()
+        runs = {dtype: run_dtype(model, dtype, args, tokens, batch) for dtype in args.dtypes.split(",")}
+        report = {
+            "model": model,
+            "threads": args.threads,
+            "tokens_per_prompt": tokens,
+            "speculative_config": {**SPEC, "num_speculative_tokens": args.k},
+            "priority": INTERACTIVE,
+            "runs": runs,
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+            "machine": machine(),
+        }
+        (out / "speculative.json").write_text(json.dumps(report, indent=2))
+        plot(runs, out / "speculative.png", f"{model}, batch 1, {args.threads} threads, greedy")
+        print(table(report))
+        print(f"load average before {load_before[0]:.1f}, after {report['load_average_after'][0]:.1f}")
+    if "draft_model" in methods:
+        load_before = os.getloadavg()
+        row = run_draft_model(model, args, tokens)
+        report = {
+            "model": model,
+            "threads": args.threads,
+            "tokens_per_prompt": tokens,
+            "speculative_config": {**DRAFT_SPEC, "num_speculative_tokens": args.draft_k},
+            "priority": INTERACTIVE,
+            "free chat": row,
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+            "machine": machine(),
+        }
+        (out / "speculative_draft_model.json").write_text(json.dumps(report, indent=2))
+        plot(
+            {"fp32, INT8 self-draft": {"workloads": {"free chat": row}}},
+            out / "speculative_draft_model.png",
+            f"{model}, batch 1, {args.threads} threads, greedy, k={args.draft_k}",
+            name="draft_model",
+        )
+        print(draft_table(report))
+        print(f"load average before {load_before[0]:.1f}, after {report['load_average_after'][0]:.1f}")
     done(out)
 
 
-def plot(runs: dict, path, title: str) -> None:
+def plot(runs: dict, path, title: str, name: str = "ngram") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -255,12 +330,12 @@ def plot(runs: dict, path, title: str) -> None:
         for w, r in run["workloads"].items():
             labels.append(f"{dtype}\n{w}")
             plain.append(r["plain_ms_per_token"])
-            ngram.append(r["ngram_ms_per_token"])
+            ngram.append(r[f"{name}_ms_per_token"])
             kept.append(r["acceptance_rate"])
     fig, ax = plt.subplots(figsize=(1.6 * len(labels) + 2, 3.8))
     xs = range(len(labels))
     ax.bar([x - 0.2 for x in xs], plain, 0.4, label="no speculation", color="#888")
-    bars = ax.bar([x + 0.2 for x in xs], ngram, 0.4, label="n-gram drafts", color="#2a7")
+    bars = ax.bar([x + 0.2 for x in xs], ngram, 0.4, label=f"{name} drafts", color="#2a7")
     for bar, p, n, a in zip(bars, plain, ngram, kept):
         ax.annotate(
             f"{p / n:.2f}x\n{a:.0%} kept",

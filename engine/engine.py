@@ -26,7 +26,7 @@ from engine.prompt_checks import check_context, check_prompt, check_token_ids
 from engine.request import FinishReason, RequestOutput, SamplingParams, SeqEvent, Sequence
 from engine.request_table import RequestTable
 from engine.scheduler import Scheduler, StepPlan
-from engine.speculative.ngram import make_drafter
+from engine.speculative.drafters import make_drafter
 from engine.speculative.verify import settle, tally
 from engine.stats import EngineStats, StepRun
 
@@ -85,7 +85,7 @@ class Engine:
             self.block_manager,
             swap_cost=self.swap_cost,
             admit_check=self.lora.can_admit if self.lora else None,
-            drafter=make_drafter(config.speculative_config, self.max_model_len),
+            drafter=make_drafter(self.config, self.max_model_len, loaded, self.runner),
         )
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.requests = RequestTable()
@@ -295,6 +295,7 @@ class Engine:
     def _run(self, plan: StepPlan) -> StepRun:
         """The plan's forward and sampling; the scheduler then advances the sequences it ran."""
         start = time.perf_counter()
+        self.scheduler.complete_drafts(plan)  # a draft model drafts here (its time is the step's)
         if self._structured is not None:
             self._structured.prepare(plan)  # grammar bitmasks, on a thread, while the forward runs
         sampled = self.runner.run(plan, self.requests.generators, self._structured)
@@ -356,7 +357,7 @@ class Engine:
 
     @property
     def speculative_method(self) -> str | None:
-        """The speculative decoding method in use ("ngram"), or None: speculation off."""
+        """The speculative decoding method in use ("ngram", "draft_model"), or None: speculation off."""
         return self.scheduler.drafter.method if self.scheduler.drafter is not None else None
 
     @property

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillChunk, make_backend
+from engine.attention import AttentionMetadata, make_backend
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.device import host_to_device, resolve_device, resolve_dtype, select_device
@@ -26,6 +26,7 @@ from engine.request import Sequence, TokenLogprob
 from engine.sampler import sample_ids
 from engine.scheduler import ScheduledSeq, StepPlan
 from engine.speculative.verify import split_drafted, verify
+from engine.step_meta import attention_meta, step_to_device
 
 if TYPE_CHECKING:
     from engine.lora.manager import LoRAManager
@@ -275,54 +276,12 @@ class ModelRunner:
         chunks: list[tuple[Sequence, int, int]],
         table_of: Callable[[Sequence], list[int]],
     ) -> AttentionMetadata:
-        """The attention metadata of the decode rows (sequence, position) and prefill chunks
-        (sequence, first position, tokens) over the block tables `table_of` gives."""
-        bs = self.block_size
-        arange_bs = torch.arange(bs)
-        slot_parts: list[torch.Tensor] = []
-        tables = ctx = None
-        if rows:
-            ctx = torch.tensor([q + 1 for _, q in rows])
-            nb = -(-int(ctx.max()) // bs)
-            tables = torch.tensor([_pad(table_of(seq), nb) for seq, _ in rows])  # [B, nb]
-            last = ctx - 1
-            slot_parts.append(tables.gather(1, (last // bs)[:, None]).view(-1) * bs + last % bs)
-        prefills: list[PrefillChunk] = []
-        row = len(rows)
-        for seq, start, n in chunks:
-            table = torch.tensor(_pad(table_of(seq), -(-(start + n) // bs)))
-            slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
-            prefills.append(PrefillChunk(row, n, start + n, table))
-            row += n
-        return AttentionMetadata(
-            slot_mapping=torch.cat(slot_parts),
-            block_size=bs,
-            num_decodes=len(rows),
-            decode_block_tables=tables,
-            decode_context_lens=ctx,
-            prefills=prefills,
-        )
+        return attention_meta(self.block_size, rows, chunks, table_of)
 
     def _to_device(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """The step's host tensors on the runner's device (asynchronous copies on CUDA)."""
-        if self.device.type == "cpu":
-            return ids, pos, meta
-        dev = self.device
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return host_to_device(t, dev)
-
-        for m in (meta, meta.sliding) if meta.sliding is not None else (meta,):
-            m.slot_mapping = move(m.slot_mapping)
-            if m.decode_block_tables is not None:
-                m.decode_block_tables = move(m.decode_block_tables)
-            if m.decode_context_lens is not None:
-                m.decode_context_lens = move(m.decode_context_lens)
-            for chunk in m.prefills:
-                chunk.block_ids = move(chunk.block_ids)
-        return move(ids), move(pos), meta
+        return step_to_device(self.device, ids, pos, meta)
 
 
 def _lora_manager(config: EngineConfig, model_config: Any, device: torch.device) -> LoRAManager | None:
@@ -342,13 +301,6 @@ def _lora_manager(config: EngineConfig, model_config: Any, device: torch.device)
         device=device,
         kernel=config.lora_kernel,
     )
-
-
-def _pad(table: list[int], n: int) -> list[int]:
-    """The first n entries of a block table, padded with block 0 (masked out by the caller); blocks
-    released out of a sliding window (OUT_OF_WINDOW) read as block 0 too (the attention skips them)."""
-    table = [max(b, 0) for b in table[:n]]
-    return table + [0] * (n - len(table))
 
 
 def _fp32(name: str) -> bool:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from engine.request import Sequence
 
+PENDING_DRAFT = -1  # a draft entry whose token the drafter computes after scheduling (Drafter.complete)
+
 
 @dataclass
 class ScheduledSeq:

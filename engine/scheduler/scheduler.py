@@ -32,7 +32,14 @@ from engine.scheduler.room import FRESH_TENANT, Room
 class Drafter(Protocol):
     method: str  # the speculative decoding method, e.g. "ngram"
 
-    def drafts(self, seq: Sequence, budget: int, num_running: int) -> list[int]: ...
+    def drafts(self, seq: Sequence, budget: int, num_running: int) -> list[int]:
+        """`seq`'s drafts for this step's decode ([]: a plain decode). A drafter that computes them
+        once their KV slots are allocated returns that many PENDING_DRAFT entries."""
+        ...
+
+    def complete(self, plan: StepPlan) -> None:
+        """After scheduling, before the forward: the plan's PENDING_DRAFT entries become tokens."""
+        ...
 
 
 class Scheduler:
@@ -154,6 +161,11 @@ class Scheduler:
         for item in plan.scheduled:
             self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
+
+    def complete_drafts(self, plan: StepPlan) -> None:
+        """Before the plan's forward: the drafts that waited for their KV slots (Drafter.complete)."""
+        if self.drafter is not None:
+            self.drafter.complete(plan)
 
     def _outranks(self, preempted: list[Sequence]) -> bool:
         """Is the waiting head of a higher tier than everything this step preempted for blocks? Then

@@ -6,15 +6,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
+SELF = "self"  # draft_model's `model`: the target's own weights (with `quantization`: their INT8 copy)
+NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
+DRAFT_MODEL_KEYS = ("model", "quantization")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     method: str = "ngram"
     num_speculative_tokens: int = 4  # k: drafted tokens verified per speculating sequence and step
-    prompt_lookup_min: int = 2  # shortest suffix n-gram looked up in the sequence's own tokens
-    prompt_lookup_max: int = 4  # longest (tried first)
+    prompt_lookup_min: int = 2  # ngram: shortest suffix n-gram looked up in the sequence's own tokens
+    prompt_lookup_max: int = 4  # ngram: longest (tried first)
+    # draft_model: the draft ("smollm2", a folder, or "self": the target's weights), sharing the
+    # target's vocabulary, and its weights' quantization (None: the engine's dtype, or "int8")
+    model: str | None = None
+    quantization: str | None = None
     # When to speculate: only sequences of priority >= min_priority (with the gateway's default tiers
     # priority=3, standard=2, batch=1: the interactive tiers; LLM requests have priority 0), and only
     # while at most max_decoding_seqs sequences run (a larger batch is compute-bound: no gain).
@@ -44,6 +51,7 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     mp = value.get("min_priority")
     if mp is not None and (not isinstance(mp, int) or isinstance(mp, bool)):
         raise ValueError(f"speculative_config.min_priority must be an integer, got {mp!r}")
+    _check_method_keys(method, value)
     config = SpeculativeConfig(**value)
     if config.prompt_lookup_min > config.prompt_lookup_max:
         raise ValueError(
@@ -51,3 +59,23 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
             f"prompt_lookup_max ({config.prompt_lookup_max})"
         )
     return config
+
+
+def _check_method_keys(method: str, value: dict) -> None:
+    """Each method's own keys, and none of the other's."""
+    other = DRAFT_MODEL_KEYS if method == "ngram" else NGRAM_KEYS
+    stray = [k for k in other if k in value]
+    if stray:
+        raise ValueError(f"speculative_config key(s) {stray} do not apply to method {method!r}")
+    if method != "draft_model":
+        return
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError(
+            "speculative_config.model must name the draft model (a model name, a folder, or "
+            f"{SELF!r}: the target's own weights) for method 'draft_model', got {model!r}"
+        )
+    if value.get("quantization") not in (None, "int8"):
+        raise ValueError(
+            f"speculative_config.quantization must be None or 'int8', got {value['quantization']!r}"
+        )

@@ -3,8 +3,14 @@ last n tokens (n from prompt_lookup_max down to prompt_lookup_min), in its own p
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.request import Sequence
-from engine.speculative.config import SpeculativeConfig, parse_speculative_config
+from engine.speculative.config import SpeculativeConfig
+from engine.speculative.policy import draft_room
+
+if TYPE_CHECKING:
+    from engine.scheduler import StepPlan
 
 
 def propose(token_ids: list[int], config: SpeculativeConfig, max_tokens: int) -> list[int]:
@@ -34,26 +40,9 @@ class NgramProposer:
 
     def drafts(self, seq: Sequence, budget: int, num_running: int) -> list[int]:
         """Draft tokens for `seq`'s decode this step (it has `budget` tokens beyond its one), or []
-        where it does not speculate: a batch above max_decoding_seqs, a priority below min_priority,
-        a grammar (drafts are not checked against it), penalties, logit_bias or min_tokens (they
-        change with every accepted token)."""
-        params = seq.params
-        if (
-            num_running > self.config.max_decoding_seqs
-            or seq.priority < self.config.min_priority
-            or params.structured is not None
-            or params.processes_logits
-        ):
-            return []
-        room = min(
-            budget,
-            params.max_tokens - seq.num_output_tokens - 1,  # the bonus token is the last one allowed
-            self.max_model_len - seq.num_tokens,  # the last draft's position stays inside the context
-        )
-        return propose(seq.token_ids, self.config, room)
+        where it does not speculate (policy.draft_room) or nothing matches."""
+        room = draft_room(seq, self.config, budget, num_running, self.max_model_len)
+        return propose(seq.token_ids, self.config, room) if room else []
 
-
-def make_drafter(speculative_config: dict | None, max_model_len: int) -> NgramProposer | None:
-    """The scheduler's drafter for EngineConfig.speculative_config (None: speculation off)."""
-    config = parse_speculative_config(speculative_config)
-    return NgramProposer(config, max_model_len) if config is not None else None
+    def complete(self, plan: StepPlan) -> None:
+        """Nothing: prompt-lookup drafts are whole when the scheduler takes them."""

@@ -5,11 +5,12 @@ query rows, causal over its paged KV, as a prefill chunk does), so the forward g
 logits after each of them. `verify` turns those rows into the tokens kept:
 - greedy: the longest prefix of drafts equal to the target's argmax, then the target's own token at
   the first mismatch (or after the last draft): token-identical to decoding without drafts;
-- sampled: a prompt-lookup draft is a point mass, so draft x at a position is kept with
-  probability p(x) (p: the target's distribution after temperature, top-k and top-p); on rejection
-  the token is drawn from p with x removed, renormalised, and verification stops there (Leviathan
-  et al.'s rule for a one-hot draft distribution: every token is distributed exactly as p). A
-  seeded sequence draws from its own generator.
+- sampled: a prompt-lookup draft is a point mass, and so is a draft model's argmax draft, so
+  draft x at a position is kept with probability p(x) (p: the target's distribution after
+  temperature, top-k and top-p); on rejection the token is drawn from p with x removed,
+  renormalised, and verification stops there (Leviathan et al.'s rule for a one-hot draft
+  distribution: every token is distributed exactly as p). A seeded sequence draws from its own
+  generator.
 `tally` counts each sequence's drafts and accepted drafts; `settle` then advances each speculating
 sequence over its kept drafts (their KV is written) and gives back the blocks of rejected ones, so
 num_computed_tokens and block tables stay consistent.

@@ -16,6 +16,11 @@ from engine.speculative.ngram import propose
         ({"lookahead": 2}, "unknown key(s) ['lookahead']"),
         ({"min_priority": "high"}, "min_priority must be an integer"),
         ("ngram", "must be a dict or None"),
+        ({"method": "draft_model"}, "model must name the draft model"),
+        ({"method": "draft_model", "model": ""}, "model must name the draft model"),
+        ({"method": "draft_model", "model": "self", "quantization": "fp4"}, "quantization must be None"),
+        ({"method": "draft_model", "model": "self", "prompt_lookup_max": 3}, "do not apply to method"),
+        ({"model": "self"}, "['model'] do not apply to method 'ngram'"),
     ],
 )
 def test_bad_configs_are_refused(value, message):
@@ -28,6 +33,15 @@ def test_defaults_and_off():
     assert EngineConfig().speculative_config is None and parse_speculative_config(None) is None
     config = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3})
     assert config == SpeculativeConfig(num_speculative_tokens=3)
+
+
+def test_draft_model_config():
+    value = {"method": "draft_model", "model": "self", "quantization": "int8", "num_speculative_tokens": 5}
+    config = parse_speculative_config(value)
+    assert config == SpeculativeConfig(
+        method="draft_model", model="self", quantization="int8", num_speculative_tokens=5
+    )
+    assert EngineConfig(speculative_config=value).speculative_config == value
 
 
 def test_prompt_lookup_takes_the_latest_longest_match():
