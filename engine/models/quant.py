@@ -45,7 +45,7 @@ def _library() -> ctypes.CDLL | None:
 
 
 def vnni_library() -> ctypes.CDLL | None:
-    """The batched AVX512-VNNI kernel (`csrc/int8_vnni.c`), or None where the CPU lacks AVX512-VNNI
+    """The AVX512-VNNI kernel (`csrc/int8_vnni.c`), or None where the CPU lacks AVX512-VNNI
     (the library is built for the machine's own instruction set: `engine/native.py`)."""
     lib = native.library(
         VNNI_SOURCE,
