@@ -5,9 +5,9 @@ the GPU time of the forward and of LM head + sampling by CUDA events (no extra s
 and a torch.profiler table of a few steps (`--trace`).
 
     python3 -m benchmarks.gpu_step_profile                  # 1B and 8B shapes, batch 1 and 64, context 512
-    python3 -m benchmarks.gpu_step_profile --device cpu --models tiny --batches 1,4   # the logic, on the CPU
+    python3 -m benchmarks.gpu_step_profile --smoke      # the logic on the CPU, a tiny model, seconds
 
-Writes gpu_step_profile.json (and the profiler tables) under --out.
+Writes gpu_step_profile.json and .png (and the profiler tables) under --out (benchmarks/results).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import add_common_args, done, out_dir
 from benchmarks.gpu import MAX_MODEL_LEN, SHAPES, sizes
 from engine import LLM, SamplingParams
 
@@ -114,11 +115,12 @@ def main(argv=None) -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--trace", action="store_true", help="a torch.profiler table per (model, batch)")
+    add_common_args(ap)
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        args.device, args.models, args.batches, args.steps = "cpu", "tiny", "1,4", 5
+    out = out_dir(args, "gpu_step_profile")
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     result: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu", "rows": []}
@@ -149,6 +151,32 @@ def main(argv=None) -> None:
         if cuda:
             torch.cuda.empty_cache()
     (out / "gpu_step_profile.json").write_text(json.dumps(result, indent=1))
+    plot(result, out / "gpu_step_profile.png")
+    done(out)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Per (model, batch): the step's wall time beside its host parts, stacked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = [f"{r['model']} b{r['batch']}" for r in rows]
+    bottom = [0.0] * len(rows)
+    for part in PARTS:
+        ms = [r["host_ms"].get(part, 0.0) for r in rows]
+        ax.bar(labels, ms, bottom=bottom, label=part)
+        bottom = [b + m for b, m in zip(bottom, ms, strict=True)]
+    ax.plot(labels, [r["step_ms"] for r in rows], "k_", markersize=30, label="step (wall)")
+    ax.set_ylabel("ms (host time per part, inclusive)")
+    ax.set_title(f"decode step parts, {result['device']}")
+    ax.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

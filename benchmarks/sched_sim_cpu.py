@@ -8,7 +8,7 @@ the load of a shared machine the way the real engine's wall-clock runs do.
 
 The default cost (10 ms a step + 0.6 ms per prefill token or decoding sequence) is near what
 SmolLM2 bf16 does on 2 Zen 4 cores (benchmarks.scheduling: ~15 requests/s, ~450 batch tokens/s).
-Writes sched_sim_cpu.json under --out (benchmarks/results) and prints a markdown table.
+Writes sched_sim_cpu.json and .png under --out (benchmarks/results) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -82,6 +82,36 @@ def table(r: dict) -> str:
     return "\n".join(rows)
 
 
+def plot(r: dict, path) -> None:
+    """The three ratios to solo per variant, beside the 1.5x target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["interactive p99 / solo", "batch tok/s / solo", "light tenant p99 / solo"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(VARIANTS)
+    for i, name in enumerate(VARIANTS):
+        v = r[name]
+        ratios = [
+            v["inter_p99"] / r["inter_solo_p99"],
+            v["batch_tps"] / r["batch_solo_tps"],
+            v["b_p99"] / r["b_solo_p99"],
+        ]
+        ax.bar([x + i * width for x in range(3)], ratios, width, label=name)
+    ax.axhline(1.5, color="grey", linestyle="--", linewidth=1, label="1.5x target")
+    ax.set_xticks([x + width * (len(VARIANTS) - 1) / 2 for x in range(3)], labels, fontsize=8)
+    cost = r["cost"]
+    ax.set_title(
+        f"simulator, {cost['step_s'] * 1e3:.0f} ms a step + {cost['prefill_token_s'] * 1e3:.1f} ms a token"
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step-s", type=float, default=0.010, help="fixed seconds per step")
@@ -96,6 +126,7 @@ def main() -> None:
     res = {"cost": vars(cost), "duration_s": args.duration, **measure(cost, args.duration, n_backlog)}
     out = out_dir(args, "sched_sim_cpu")
     (out / "sched_sim_cpu.json").write_text(json.dumps(res, indent=1))
+    plot(res, out / "sched_sim_cpu.png")
     print(table(res))
     done(out)
 
