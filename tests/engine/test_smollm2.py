@@ -91,13 +91,32 @@ def _params(logprobs=None):
     ]
 
 
-def _check_path(path, out, reference_of):
+# INT8 against fp32: the share of the reference's tokens INT8 ranks first when fed the reference's
+# own context (teacher-forced). Its greedy continuation forks at the first near-tie, wherever the
+# last bit of a runtime-quantized activation lands, so greedy-prefix agreement passes or fails by chance.
+AGREE_INT8_FORCED = 0.85
+
+
+def _check_int8(llm, prompts, ref) -> None:
+    forced = [p + r for p, r in zip(prompts, ref, strict=True)]
+    scored = llm.generate(forced, SamplingParams(max_tokens=0, prompt_logprobs=1))
+    hits = [
+        sum(c.prompt_logprobs[len(p) + i].top[0][0] == t for i, t in enumerate(r))
+        for p, r, c in zip(prompts, ref, scored, strict=True)
+    ]
+    assert sum(hits) / sum(map(len, ref)) >= AGREE_INT8_FORCED, hits
+
+
+def _check_path(path, out, reference_of, llm=None, prompts=None):
     """`out` (RequestOutputs of CHATS) as `path` is held to (tests/engine/paths.py)."""
     ours = [c.token_ids for c in out]
     if path.exact:
         assert ours == reference_of("float32")[0]
         return
     ref, ref_logprobs = reference_of(path.reference_dtype)
+    if path.quantization == "int8":
+        _check_int8(llm, prompts, ref)
+        return
     agree = [greedy_prefix(r, o) for r, o in zip(ref, ours)]
     assert sum(agree) / sum(map(len, ref)) >= AGREE_BF16, agree
     if path.dtype == "bfloat16" and out[0].logprobs is not None:
@@ -107,9 +126,10 @@ def _check_path(path, out, reference_of):
 
 
 @pytest.mark.parametrize("path", params(PATHS))
-def test_greedy_matches_hf_generate(path, engine_of, reference_of):
-    out = engine_of(path).generate(CHATS, _params(logprobs=0))
-    _check_path(path, out, reference_of)
+def test_greedy_matches_hf_generate(path, engine_of, reference_of, prompts):
+    llm = engine_of(path)
+    out = llm.generate(CHATS, _params(logprobs=0))
+    _check_path(path, out, reference_of, llm, prompts)
     assert "Paris" in out[0].text
 
 
@@ -119,7 +139,7 @@ def test_greedy_matches_hf_generate_under_preemption(path, reference_of, prompts
     blocks = -(-(len(prompts[3]) + MAX_TOKENS[3]) // 16) + 4
     llm = path.llm(num_kv_blocks=blocks, max_num_batched_tokens=64)
     out = llm.generate(CHATS, _params())
-    _check_path(path, out, reference_of)
+    _check_path(path, out, reference_of, llm, prompts)
     assert llm.engine.stats.preemptions > 0
     assert llm.engine.num_free_blocks == blocks
 
