@@ -7,7 +7,8 @@ model's weight pointers to C once; each decode-only step then runs every layer t
 same kernels in the same order as the per-operator path, so its outputs are bit-identical.
 
 It serves models on the CPU with the own kernels on and the `cpu` attention backend, for steps
-with no prefill and no LoRA: fp32 models (fp32 or int8 projections), and bf16 models whose
+with no prefill and no LoRA: fp32 models (fp32 or int8 projections, the latter in int8_vnni.c or
+int8_linear.c as Int8Linear runs them), and bf16 models whose
 projections run the AVX512-BF16 kernel (`csrc/decode_forward_bf16.c`: the per-operator forward's
 torch ops in bf16, rounded at the same points). Every other step, model and device takes
 LlamaModel's per-operator forward. The ModelRunner chooses it (`make`) and dispatches to it,
@@ -90,6 +91,9 @@ class DecodeForward:
     def __init__(self, model: LlamaModel, lib: ctypes.CDLL, int8: bool):
         self.model, self.lib, self.int8 = model, lib, int8
         self.bf16 = model.dtype == torch.bfloat16  # projections in BF16Panels (csrc/bf16_linear.c)
+        # int8 projections: 2 in int8_vnni.c's panels (Int8Linear.vnni), 1 in int8_linear.c's groups
+        vnni = int8 and model.layers[0].qkv.vnni is not None  # type: ignore[union-attr]
+        self.int8_kernel = (2 if vnni else 1) if int8 else 0
         self.forward = lib.decode_forward_bf16 if self.bf16 else lib.decode_forward
         layers = model.layers
         cfg = model.config
@@ -124,7 +128,7 @@ class DecodeForward:
             intermediate=cfg.intermediate_size,
             eps=model.eps,
             attn_scale=model.attention.scale,
-            int8=int(int8),
+            int8=self.int8_kernel,
             cache_slots=0,
             block_size=0,
             cos=cos.data_ptr(),

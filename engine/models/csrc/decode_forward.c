@@ -18,7 +18,7 @@
  * Only decode-only steps without LoRA on an fp32 model (weights fp32 or int8) take this path
  * (engine/models/decode.py). */
 #include "f32_linear.c"
-#include "int8_linear.c"
+#include "int8_vnni.c" /* and int8_linear.c */
 #include "fused_ops.c"
 #include "../../attention/csrc/paged_decode.c"
 #include "decode_model.h"
@@ -27,7 +27,8 @@
 
 static void linear(const DecodeModel *m, const float *x, const void *w, const float *scale, const float *bias,
                    float *y, int M, int N, int K, int nt) {
-    if (m->int8) int8_linear_f32(x, (const int8_t *)w, scale, bias, y, M, N, K, nt);
+    if (m->int8 == 2) int8_vnni_linear_f32(x, (const uint8_t *)w, scale, bias, y, M, N, K, nt);
+    else if (m->int8) int8_linear_f32(x, (const int8_t *)w, scale, bias, y, M, N, K, nt);
     else f32_linear(x, (const float *)w, bias, y, M, N, K, nt);
 }
 

@@ -8,7 +8,8 @@
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, intermediate;
     float eps, attn_scale;
-    int int8;          /* projections: 1 int8 rows + fp32 scales, 0 fp32 rows (or bf16 panels) */
+    int int8;          /* projections: 2 int8_vnni.c panels, 1 int8 rows (int8_linear.c), with fp32
+                        * scales; 0 fp32 rows (or bf16 panels) */
     long cache_slots;  /* S of each layer's cache [2, KVH, S, D] */
     int block_size;
     const void *cos, *sin;  /* [P, D] RoPE tables, sin with its first half negated */

@@ -57,10 +57,11 @@ def test_vnni_path_is_bit_identical_to_the_avx2_path(tmp_path):
     for M, N, K in [(1, 64, 576), (2, 20, 96), (5, 64, 576), (17, 36, 64), (32, 128, 1536)]:
         layer = quant.Int8Linear(torch.randn(N, K), torch.randn(N))
         x = torch.randn(M, K)
+        grouped = quant.pack(layer.rows)  # int8_linear.c's layout
         ys = []
         for lib in (vnni, avx2):
             y = torch.empty(M, N)
-            args = (x.data_ptr(), layer.qweight.data_ptr(), layer.scale.data_ptr(), layer._bias32.data_ptr())
+            args = (x.data_ptr(), grouped.data_ptr(), layer.scale.data_ptr(), layer._bias32.data_ptr())
             lib.int8_linear_f32(*args, y.data_ptr(), M, N, K, 2)
             ys.append(y)
         assert torch.equal(ys[0], ys[1]), (M, N, K)
