@@ -116,7 +116,7 @@ def main() -> None:
     report["loadavg_after"] = os.getloadavg()
     (out / "int8_linear.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "int8_linear.png")
-    done(out / "int8_linear.json")
+    done(out)
 
 
 if __name__ == "__main__":
