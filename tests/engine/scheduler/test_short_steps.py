@@ -9,6 +9,7 @@ from helpers import ids, make, run_step, seq
 from engine import Engine, SamplingParams
 from engine.config import SchedulerConfig
 from engine.scheduler.cost_model import StepCostModel
+from tests.engine.test_events import TINY
 
 # CPU-like: 4.1 ms a step + 0.375 ms a token; a quarter of the step fixed at 32 tokens
 CPU = dict(cost_step_s=0.0041, cost_prefill_token_s=0.000375)
@@ -124,18 +125,6 @@ def test_the_cap_follows_the_measured_step_cost():
 def test_the_share_is_checked():
     with pytest.raises(ValueError, match="urgent_step_overhead"):
         SchedulerConfig(urgent_step_overhead=1.0)
-
-
-TINY = dict(
-    vocab_size=256,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    max_position_embeddings=256,
-)
 
 
 class Fixed(StepCostModel):
