@@ -1,23 +1,26 @@
 """fairlane on a GPU against the memory-bandwidth bound and transformers, in one run on one device.
 
-    python3 -m benchmarks.gpu                      # 1B and 8B shapes, every part (tens of minutes)
-    python3 -m benchmarks.gpu --models 1b --parts bandwidth,decode --hf-requests 64
+    python3 -m benchmarks.gpu                      # 1B and 8B shapes, every part, within 10 minutes
+    python3 -m benchmarks.gpu --models 1b --parts workload --hf-requests 256 --budget-s 0
     python3 -m benchmarks.gpu --smoke              # CPU, tiny shape, seconds (--dry-run: the real grid)
 
 Needs only torch, triton, transformers and safetensors (no model files, no network): random
 weights at real shapes in bf16, token-id prompts. Parts: `bandwidth` (a device-to-device copy,
 bytes read + written), `decode` (fairlane's decode step at batch 1/8/32/64/128 x context
 512/4096, against (weights + KV bytes) / bandwidth), `workload` (256 requests, prompts 24-1000,
-outputs 16-768, ignore_eos: fairlane, HF static batches of 64, transformers' continuous batching)
-and `hf_decode` (HF batch-1 decode with a static cache). Writes gpu.json after every part (and
-gpu.png when matplotlib is there) under benchmarks/results/ or --out. docs/gpu.md reads them.
+outputs 16-768, ignore_eos: fairlane, HF static batches of 64 and transformers' continuous
+batching on the first --hf-requests) and `hf_decode` (HF batch-1 decode with a static cache).
+fairlane's parts run for every shape first, then the baselines; no part starts after --budget-s
+seconds (default 480, so the default run ends within 10 minutes; what it skipped is recorded as
+skipped). Writes gpu.json after every part (and gpu.png when matplotlib is there) under
+benchmarks/results/ or --out. docs/gpu.md reads them.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
+import math
 import platform
 import random
 import statistics
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_hf import build_hf, hf_continuous, hf_decode_batch1, hf_static, sync
+from benchmarks.gpu_hf import free, left, run_hf, sync
 from engine import LLM, SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -92,6 +95,7 @@ NAMES = {"135m": "SmolLM2-135M shape", "1b": "Llama-3.2-1B shape", "8b": "Llama-
 MAX_MODEL_LEN = 8192
 MAX_BATCHED_TOKENS = 8192  # the engine's prefill budget a step
 DRY_RUN_SCALE = 32  # --dry-run divides contexts and the prefill budget by this (every ratio kept)
+BUDGET_S = 480.0  # the default run's parts start within 8 minutes, so it ends within 10 on an H100
 
 
 def workload(n: int, vocab: int, seed: int = 0, prompts=(24, 1000), outputs=(16, 768)):
@@ -197,12 +201,6 @@ def fairlane_workload(llm: LLM, prompts, budgets) -> dict:
     }
 
 
-def free() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def run_model(
     key: str, args, device: torch.device, dtype: torch.dtype, bandwidth: float, res: dict, save
 ) -> None:
@@ -224,9 +222,6 @@ def run_model(
     )
     if args.parts & {"decode", "workload"}:
         run_fairlane(res, args, shape, device, dtype, bandwidth, prompts, budgets, save)
-    if args.parts & {"workload", "hf_decode"}:
-        run_hf(res, args, shape, device, dtype, bandwidth, prompts, budgets, save)
-        free()  # the HF model went with run_hf's frame
 
 
 def run_fairlane(
@@ -252,6 +247,8 @@ def run_fairlane(
                 )
                 if need > capacity:
                     row["skipped"] = f"KV for {need} tokens > cache of {capacity} on this device"
+                elif left(args.deadline) <= 0:
+                    row["skipped"] = "time budget spent (--budget-s)"
                 else:
                     ms = decode_step_ms(
                         llm, batch, context, args.steps, shape["vocab_size"], args.max_batched_tokens
@@ -266,52 +263,13 @@ def run_fairlane(
                 res["decode"].append(row)
                 save()
     if "workload" in args.parts:
-        res["workload"]["fairlane"] = fairlane_workload(llm, prompts, budgets)
+        if left(args.deadline) <= 0:
+            res["workload"]["fairlane"] = {"skipped": "time budget spent (--budget-s)"}
+        else:
+            res["workload"]["fairlane"] = fairlane_workload(llm, prompts, budgets)
         save()
     del llm
     free()
-
-
-def run_hf(res: dict, args, shape: dict, device, dtype, bandwidth: float, prompts, budgets, save) -> None:
-    """The HF baselines on a model of the same shape (random weights)."""
-    from transformers import LlamaConfig
-
-    hf = build_hf(LlamaConfig(**shape), dtype, device)
-    n = min(args.hf_requests, len(prompts))
-    if "workload" in args.parts:
-        baseline(
-            res["workload"], "hf_static", args, lambda: hf_static(hf, prompts[:n], budgets[:n], args.hf_batch)
-        )
-        save()
-        baseline(
-            res["workload"],
-            "hf_continuous",
-            args,
-            lambda: hf_continuous(hf, prompts[:n], budgets[:n], num_blocks=64 if args.smoke else None),
-        )
-        save()
-    if "hf_decode" in args.parts:
-        context = args.contexts[0]
-
-        def batch1() -> dict:
-            r = hf_decode_batch1(hf, context, args.hf_decode_tokens, shape["vocab_size"])
-            bound = (res["weight_bytes"] + context * res["kv_bytes_per_token"]) / bandwidth * 1e3
-            return {**r, "bound_ms": bound, "fraction_of_bound": bound / r["step_ms"]}
-
-        baseline(res, "hf_batch1_static_cache", args, batch1)
-        save()
-
-
-def baseline(into: dict, key: str, args, measure) -> None:
-    """A baseline's result, or on a GPU run the error that stopped it (the run goes on to the
-    next part; the smoke run, a test, fails)."""
-    try:
-        into[key] = measure()
-    except Exception as exc:  # noqa: BLE001 - recorded in the results, not hidden
-        if args.smoke:
-            raise
-        into[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-        free()
 
 
 def parse_args(argv=None):
@@ -326,13 +284,23 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--requests", type=int, default=256)
-    ap.add_argument("--hf-requests", type=int, default=256, help="HF baselines run the first N requests")
+    ap.add_argument("--hf-requests", type=int, default=64, help="HF baselines run the first N requests")
     ap.add_argument("--hf-batch", type=int, default=64)
     ap.add_argument("--hf-decode-tokens", type=int, default=256)
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--contexts", default="512,4096")
     ap.add_argument("--steps", type=int, default=32, help="decode steps timed per (batch, context)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help=f"no part starts after this many seconds, recorded as skipped (0: no limit; default "
+        f"{BUDGET_S:.0f}, none with --smoke or --dry-run)",
+    )
     args = ap.parse_args(argv)
+    if args.budget_s is None:
+        args.budget_s = 0.0 if args.smoke or args.dry_run else BUDGET_S
+    args.deadline = time.monotonic() + args.budget_s if args.budget_s > 0 else math.inf
     args.prompt_range, args.output_range = (24, 1000), (16, 768)
     args.max_batched_tokens = MAX_BATCHED_TOKENS
     real_grid = (args.batches, args.contexts, args.steps)
@@ -384,9 +352,17 @@ def main(argv=None) -> dict:
     nbytes = 2**30 if device.type == "cuda" else 2**26
     results["copy_bandwidth_Bps"] = copy_bandwidth(device, nbytes)
     save()
-    for key in args.models.split(","):
+    bandwidth, keys = results["copy_bandwidth_Bps"], args.models.split(",")
+    for key in keys:  # fairlane on every shape first, then the slower baselines
         results["models"][key] = {}
-        run_model(key, args, device, dtype, results["copy_bandwidth_Bps"], results["models"][key], save)
+        run_model(key, args, device, dtype, bandwidth, results["models"][key], save)
+    for key in keys if args.parts & {"workload", "hf_decode"} else ():
+        res, shape = results["models"][key], SHAPES[key]
+        prompts, budgets = workload(
+            args.requests, shape["vocab_size"], prompts=args.prompt_range, outputs=args.output_range
+        )
+        run_hf(res, args, shape, device, dtype, bandwidth, prompts, budgets, save)
+        free()  # the HF model went with run_hf's frame
     from benchmarks.gpu_report import plot, table
 
     print(table(results))

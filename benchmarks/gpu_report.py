@@ -30,16 +30,16 @@ def table(results: dict) -> str:
                     f"{r['fraction_of_bound']:9.2f} {r['tokens_per_s']:7.0f}"
                 )
         hf1 = m.get("hf_batch1_static_cache")
-        if hf1 and "error" in hf1:
-            lines.append(f"  HF batch-1 static cache: {hf1['error']}")
+        if hf1 and ("error" in hf1 or "skipped" in hf1):
+            lines.append(f"  HF batch-1 static cache: {hf1.get('error') or 'skipped: ' + hf1['skipped']}")
         elif hf1:
             lines.append(
                 f"  HF batch-1 static cache: {hf1['step_ms']:.3f} ms/token ({hf1['tokens_per_s']:.0f} tok/s, "
                 f"{hf1['fraction_of_bound']:.2f} of the bound)"
             )
         for system, w in m["workload"].items():
-            if "error" in w:
-                lines.append(f"  workload {system:14s} {w['error']}")
+            if "error" in w or "skipped" in w:
+                lines.append(f"  workload {system:14s} {w.get('error') or 'skipped: ' + w['skipped']}")
                 continue
             lines.append(
                 f"  workload {system:14s} {w['requests']:4d} requests {w['output_tokens']:7d} tokens "
