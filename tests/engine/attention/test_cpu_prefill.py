@@ -59,11 +59,15 @@ def _fp32_reference(G: int, D: int, q, k, v, cache, meta, **kw) -> torch.Tensor:
     return _forward("torch", G, D, q.float(), k.float(), v.float(), cache.float(), meta, **kw)
 
 
+KERNEL = bool(make_backend("cpu", 6, 2, 64).lib.paged_prefill_bf16_supported(64))
+NO_KERNEL = "this CPU has no AVX512-BF16: bf16 prefill chunks take the SDPA path"
+SDPA_TOL = 3e-2  # SDPA in bf16 rounds its probabilities to bf16 before the value sum
+
+
 def test_the_kernel_runs_for_bf16_head_sizes_that_are_multiples_of_32():
-    attn = make_backend("cpu", 6, 2, 64)
-    if not attn.lib.paged_prefill_bf16_supported(64):
-        pytest.skip("this CPU has no AVX512-BF16: bf16 prefill chunks take the SDPA path")
-    assert attn.prefill_kernel and make_backend("cpu", 6, 2, 128).prefill_kernel
+    if not KERNEL:
+        pytest.skip(NO_KERNEL)
+    assert make_backend("cpu", 6, 2, 64).prefill_kernel and make_backend("cpu", 6, 2, 128).prefill_kernel
     assert not make_backend("cpu", 6, 2, 48).prefill_kernel
 
 
@@ -85,8 +89,8 @@ def test_bf16_prefill_equals_the_fp32_reference_rounded(D, G, block_size, window
         # fp32 sums in another order, one rounding to bf16: within an ulp of bf16 (2^-8 relative)
         assert torch.allclose(got[rows].float(), want[rows], rtol=2**-7, atol=1e-4)
         assert (got[rows] == want[rows].bfloat16()).float().mean() > 0.99
-    else:  # SDPA in bf16 (its probabilities rounded to bf16 before the value sum)
-        assert (got[rows].float() - want[rows]).abs().max() < 3e-2
+    else:
+        assert (got[rows].float() - want[rows]).abs().max() < SDPA_TOL
     assert torch.allclose(got[: len(DECODES)].float(), want[: len(DECODES)], rtol=2**-7, atol=1e-4)
 
 
@@ -94,6 +98,8 @@ def test_bf16_prefill_equals_the_fp32_reference_rounded(D, G, block_size, window
 def test_bf16_prefill_is_closer_than_sdpa(G):
     """Against the fp32 reference, the kernel's error is smaller than the SDPA path's on the
     same bf16 step (SDPA rounds the probabilities to bf16 before the value sum)."""
+    if not KERNEL:
+        pytest.skip(NO_KERNEL)
     gen = torch.Generator().manual_seed(G)
     q, k, v, cache, meta = _step(gen, G, 64, 16)
     want = _fp32_reference(G, 64, q, k, v, cache, meta)
@@ -117,7 +123,10 @@ def test_a_long_chunk_over_a_long_prefix():
     for window in (0, 1, 40, 10_000):
         got = _forward("cpu", G, D, q, k, v, cache, meta, window=window)
         want = _fp32_reference(G, D, q, k, v, cache, meta, window=window)
-        assert torch.allclose(got.float(), want, rtol=2**-7, atol=1e-4)
+        if KERNEL:
+            assert torch.allclose(got.float(), want, rtol=2**-7, atol=1e-4)
+        else:
+            assert (got.float() - want).abs().max() < SDPA_TOL
 
 
 def test_queries_in_another_memory_layout():
