@@ -83,8 +83,12 @@ def one_request(llm: LLM, rid: str, ids: list[int], tokens: int) -> tuple[float,
 def race(llms: dict[str, LLM], requests: list[tuple[list[int], SamplingParams]]) -> dict[str, dict]:
     """The same requests on every engine, the engines stepping in turn (one step each, round robin),
     so a shared machine's load falls on all of them alike. Per engine: the seconds of its own steps
-    (all of them, and those after its first output token), its output tokens and each request's."""
-    runs = {name: {"seconds": 0.0, "after_first": 0.0, "tokens": 0, "outputs": {}} for name in llms}
+    (all of them, and those after its first output token), the process CPU seconds of its steps,
+    its steps, its output tokens and each request's."""
+    runs = {
+        name: {"seconds": 0.0, "cpu_seconds": 0.0, "after_first": 0.0, "tokens": 0, "steps": 0, "outputs": {}}
+        for name in llms
+    }
     for name, llm in llms.items():
         for i, (ids, params) in enumerate(requests):
             rid = f"{name}-{i}-{time.monotonic_ns()}"
@@ -96,10 +100,12 @@ def race(llms: dict[str, LLM], requests: list[tuple[list[int], SamplingParams]])
                 continue
             run = runs[name]
             started = run["tokens"] > 0
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             outs = llm.engine.step()
             took = time.perf_counter() - start
             run["seconds"] += took
+            run["cpu_seconds"] += time.process_time() - cpu  # the process's CPU: other load aside
+            run["steps"] += 1
             run["after_first"] += took if started else 0.0
             for o in outs:
                 run["outputs"][o.request_id] += o.new_token_ids
@@ -154,7 +160,7 @@ def batch_32(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, batch
     """`batch` concurrent interactive requests of staggered lengths (tokens/2 .. tokens), so the
     batch drains and its tail falls under max_decoding_seqs; raced step by step; throughput in
     output tokens per second of each engine's own steps."""
-    drafted = spec.engine.stats.spec_draft_tokens
+    drafted, verified = spec.engine.stats.spec_draft_tokens, spec.engine.stats.spec_verifications
     requests = [
         (
             prompts[i % len(prompts)],
@@ -168,8 +174,13 @@ def batch_32(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, batch
     ]
     runs = race({"plain": plain, "ngram": spec}, requests)
     result = {f"{name}_tokens_per_s": run["tokens"] / run["seconds"] for name, run in runs.items()}
+    for name, run in runs.items():  # where the time goes: steps, and tokens per CPU second
+        result[f"{name}_steps"] = run["steps"]
+        result[f"{name}_tokens_per_cpu_s"] = run["tokens"] / max(1e-9, run["cpu_seconds"])
     result["ngram_drafted_tokens"] = spec.engine.stats.spec_draft_tokens - drafted
+    result["ngram_verifications"] = spec.engine.stats.spec_verifications - verified
     result["ratio"] = result["ngram_tokens_per_s"] / result["plain_tokens_per_s"]
+    result["cpu_ratio"] = result["ngram_tokens_per_cpu_s"] / result["plain_tokens_per_cpu_s"]
     result["greedy_outputs_equal"] = list(runs["plain"]["outputs"].values()) == list(
         runs["ngram"]["outputs"].values()
     )
@@ -245,15 +256,16 @@ def table(report: dict) -> str:
             )
     lines += [
         "",
-        "| dtype | batch | plain tokens/s | n-gram, tier policy on, tokens/s | ratio | drafted tokens "
-        "| greedy equal |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| dtype | batch | plain tokens/s | n-gram, tier policy on, tokens/s | ratio | CPU-time ratio "
+        "| steps plain / n-gram | drafted tokens | greedy equal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for dtype, run in report["runs"].items():
         b = run["batch"]
         lines.append(
             f"| {dtype} | {b['size']} | {b['plain_tokens_per_s']:.1f} | {b['ngram_tokens_per_s']:.1f} | "
-            f"{b['ratio']:.3f}x | {b['ngram_drafted_tokens']} | "
+            f"{b['ratio']:.3f}x | {b['cpu_ratio']:.3f}x | {b['plain_steps']} / {b['ngram_steps']} | "
+            f"{b['ngram_drafted_tokens']} | "
             f"{'yes' if b['greedy_outputs_equal'] else 'no'} |"
         )
     return "\n".join(lines)

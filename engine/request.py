@@ -251,6 +251,11 @@ class Sequence:
     prompt_logprobs_sent: bool = False
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for it, and those accepted
     num_accepted_tokens: int = 0
+    # speculative decoding's policy (engine/speculative/policy.py): a running average of the share of
+    # its drafts kept (optimistic at first), and its decode steps without drafts since it fell
+    # below min_acceptance
+    draft_acceptance: float = 1.0
+    draft_skipped: int = 0
     events: list[SeqEvent] = field(default_factory=list)  # not yet handed out in a RequestOutput
 
     def record(self, name: str, **attrs: object) -> None:

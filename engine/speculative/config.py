@@ -27,6 +27,11 @@ class SpeculativeConfig:
     # while at most max_decoding_seqs sequences run (a larger batch is compute-bound: no gain).
     min_priority: int = 2
     max_decoding_seqs: int = 8
+    # and only while the sequence's drafts pay: a sequence whose running share of drafts kept falls
+    # below min_acceptance (0: never) drafts no more, but for one probe after each probe_interval
+    # decode steps without drafts (its output may start copying again)
+    min_acceptance: float = 0.2
+    probe_interval: int = 8
 
 
 def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
@@ -44,13 +49,17 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     method = value.get("method", "ngram")
     if method not in METHODS:
         raise ValueError(f"speculative_config.method must be one of {METHODS}, got {method!r}")
-    for key in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "max_decoding_seqs"):
+    keys = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "max_decoding_seqs")
+    for key in (*keys, "probe_interval"):
         v = value.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise ValueError(f"speculative_config.{key} must be a positive integer, got {v!r}")
     mp = value.get("min_priority")
     if mp is not None and (not isinstance(mp, int) or isinstance(mp, bool)):
         raise ValueError(f"speculative_config.min_priority must be an integer, got {mp!r}")
+    ma = value.get("min_acceptance")
+    if ma is not None and (not isinstance(ma, (int, float)) or isinstance(ma, bool) or not 0 <= ma < 1):
+        raise ValueError(f"speculative_config.min_acceptance must be a number in [0, 1), got {ma!r}")
     _check_method_keys(method, value)
     config = SpeculativeConfig(**value)
     if config.prompt_lookup_min > config.prompt_lookup_max:

@@ -1,10 +1,19 @@
 """Which running sequences speculate in a step, and how many drafts they may take: one rule for
-every drafting method."""
+every drafting method.
+
+Acceptance-aware, as vLLM's and SGLang's dynamic speculation: each verification moves the
+sequence's running share of drafts kept (Sequence.draft_acceptance, an exponential average of
+weight ACCEPTANCE_WEIGHT, starting at 1) toward that step's share. Below min_acceptance the drafts
+cost more verification rows than the tokens they save, so the sequence decodes without drafts;
+after probe_interval such steps it drafts again (a probe) until a verification updates the average:
+one that starts copying its prompt again speculates again."""
 
 from __future__ import annotations
 
 from engine.request import Sequence
 from engine.speculative.config import SpeculativeConfig
+
+ACCEPTANCE_WEIGHT = 0.3  # of the latest verification in the running share of drafts kept
 
 
 def draft_room(
@@ -13,7 +22,9 @@ def draft_room(
     """How many drafts `seq`'s decode may take this step (it has `budget` tokens beyond its one):
     0 where it does not speculate: a batch above max_decoding_seqs, a priority below min_priority,
     a grammar (drafts are not checked against it), penalties, logit_bias or min_tokens (they change
-    with every accepted token). Capped at k, and so that neither max_tokens nor the context is passed."""
+    with every accepted token), a share of drafts kept below min_acceptance (but for a probe every
+    probe_interval steps; counted here). Capped at k, and so that neither max_tokens nor the
+    context is passed."""
     params = seq.params
     if (
         num_running > config.max_decoding_seqs
@@ -22,6 +33,10 @@ def draft_room(
         or params.processes_logits
     ):
         return 0
+    if seq.draft_acceptance < config.min_acceptance:
+        seq.draft_skipped += 1
+        if seq.draft_skipped <= config.probe_interval:
+            return 0
     return max(
         0,
         min(
@@ -31,3 +46,10 @@ def draft_room(
             max_model_len - seq.num_tokens,  # the last draft's position stays inside the context
         ),
     )
+
+
+def observe(seq: Sequence, drafted: int, accepted: int) -> None:
+    """One verification of `seq`'s `drafted` drafts, `accepted` of them kept: its running share of
+    drafts kept moves toward accepted / drafted, and its count of steps without drafts restarts."""
+    seq.draft_acceptance += ACCEPTANCE_WEIGHT * (accepted / drafted - seq.draft_acceptance)
+    seq.draft_skipped = 0

@@ -11,9 +11,9 @@ logits after each of them. `verify` turns those rows into the tokens kept:
   renormalised, and verification stops there (Leviathan et al.'s rule for a one-hot draft
   distribution: every token is distributed exactly as p). A seeded sequence draws from its own
   generator.
-`tally` counts each sequence's drafts and accepted drafts; `settle` then advances each speculating
-sequence over its kept drafts (their KV is written) and gives back the blocks of rejected ones, so
-num_computed_tokens and block tables stay consistent.
+`tally` counts each sequence's drafts and accepted drafts (and tells the policy, policy.observe);
+`settle` then advances each speculating sequence over its kept drafts (their KV is written) and
+gives back the blocks of rejected ones, so num_computed_tokens and block tables stay consistent.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from engine.logits_processing import token_logprobs
 from engine.request import TokenLogprob
 from engine.sampler import _top_k_top_p
+from engine.speculative.policy import observe
 
 if TYPE_CHECKING:
     from engine.kv_groups import Blocks
@@ -132,6 +133,7 @@ def tally(plan: StepPlan, sampled: Sequence[Sampled], stats: EngineStats) -> lis
         stats.record_verification(seq.priority, len(item.draft), accepted)
         seq.num_draft_tokens += len(item.draft)
         seq.num_accepted_tokens += accepted
+        observe(seq, len(item.draft), accepted)
         verified.append((seq, accepted))
     return verified
 

@@ -15,6 +15,11 @@ from engine.speculative.ngram import propose
         ({"prompt_lookup_min": 5, "prompt_lookup_max": 3}, "prompt_lookup_min (5) must be <="),
         ({"lookahead": 2}, "unknown key(s) ['lookahead']"),
         ({"min_priority": "high"}, "min_priority must be an integer"),
+        ({"min_acceptance": 1.0}, "min_acceptance must be a number in [0, 1)"),
+        ({"min_acceptance": -0.1}, "min_acceptance must be a number in [0, 1)"),
+        ({"min_acceptance": "0.2"}, "min_acceptance must be a number in [0, 1)"),
+        ({"min_acceptance": True}, "min_acceptance must be a number in [0, 1)"),
+        ({"probe_interval": 0}, "probe_interval must be a positive integer"),
         ("ngram", "must be a dict or None"),
         ({"method": "draft_model"}, "model must name the draft model"),
         ({"method": "draft_model", "model": ""}, "model must name the draft model"),
@@ -33,6 +38,9 @@ def test_defaults_and_off():
     assert EngineConfig().speculative_config is None and parse_speculative_config(None) is None
     config = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3})
     assert config == SpeculativeConfig(num_speculative_tokens=3)
+    assert (config.min_acceptance, config.probe_interval) == (0.2, 8)
+    tuned = parse_speculative_config({"min_acceptance": 0, "probe_interval": 32})
+    assert tuned is not None and (tuned.min_acceptance, tuned.probe_interval) == (0, 32)
 
 
 def test_draft_model_config():

@@ -1,13 +1,16 @@
 """Speculative decoding with a draft model on the real SmolLM2 (fp32): its own INT8 copy ("self")
 drafts, the fp32 target verifies. Greedy output is token for token what decoding without drafts
 gives, in a batch where a prompt arrives mid-decode, KV blocks run out (preemption by recompute or
-by swap: the draft's shadow cache starts the sequence over) and a stop string cuts a request; most
-drafts are kept; a draft model of another vocabulary is refused."""
+by swap: the draft's shadow cache starts the sequence over) and a stop string cuts a request, and
+for n = 2, a JSON-schema request beside a drafting one, and a prompt that hits the prefix cache;
+most drafts are kept; a draft model of another vocabulary is refused."""
+
+import json
 
 import pytest
 
 from benchmarks.common import tiny_model
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, StructuredSpec
 from tests.engine.paths import FP32_C, FP32_TORCH
 
 pytestmark = pytest.mark.real_model
@@ -114,3 +117,99 @@ def test_a_draft_of_another_vocabulary_is_refused(tiny_model_dir):
             num_threads=1,
             speculative_config={"method": "draft_model", "model": str(tiny_model_dir)},
         )
+
+
+# ---- requests of every kind beside the self-draft: n = 2, a JSON schema, a prefix-cache hit ----
+SHARED = (
+    "You are a helpful assistant for a hardware shop. The shop sells hammers, saws, drills, screws, "
+    "nails, glue, paint, brushes and ladders. It opens at nine and closes at six, every day but "
+    "Sunday. Answer in short, friendly sentences and never invent products the shop does not sell."
+)
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def self_draft() -> LLM:
+    return FP32_C.llm(speculative_config=SELF_INT8)
+
+
+def _drive(llm: LLM, requests: list[tuple[int, str, list[int], SamplingParams]]) -> dict:
+    """Each (step, id, prompt, params) added at that step; per (id, choice): (tokens, last output)."""
+    engine, out, steps = llm.engine, {}, 0
+    pending = sorted(requests, key=lambda r: r[0])
+    while pending or engine.has_unfinished():
+        while pending and pending[0][0] <= steps:
+            _, rid, ids, params = pending.pop(0)
+            engine.add_request(rid, ids, params)
+        for o in engine.step():
+            tokens, _ = out.get((o.request_id, o.index), ([], None))
+            out[(o.request_id, o.index)] = (tokens + o.new_token_ids, o)
+        steps += 1
+    return out
+
+
+def _acceptance(stats, before: tuple[int, int]) -> float:
+    drafted, kept = stats.spec_draft_tokens - before[0], stats.spec_accepted_tokens - before[1]
+    assert drafted > 0
+    return kept / drafted
+
+
+def test_self_draft_n2_greedy_choices_equal_no_speculation(smollm2, self_draft):
+    """Greedy n = 2 (two identical choices: a seeded sampled pair would differ from decoding
+    without drafts by design, its draws being the rejection rule's): choice 1 joins on choice 0's
+    cached prompt blocks, and its draft catches up over them."""
+    prompt = self_draft.encode([{"role": "user", "content": ASKS[1]}])
+    params = SamplingParams(max_tokens=32, temperature=0, n=2, ignore_eos=True)
+    want = smollm2.generate([prompt], params)[0]
+    stats, hits = self_draft.engine.stats, self_draft.engine.block_manager.num_prefix_hit_tokens
+    before = (stats.spec_draft_tokens, stats.spec_accepted_tokens)
+    got = _drive(self_draft, [(0, "n2", prompt, params)])
+    assert [got[("n2", i)][0] for i in (0, 1)] == [c.token_ids for c in want.choices]
+    assert got[("n2", 1)][1].num_cached_tokens > 0  # choice 1 started from choice 0's blocks
+    assert self_draft.engine.block_manager.num_prefix_hit_tokens > hits
+    assert all(got[("n2", i)][1].num_draft_tokens > 0 for i in (0, 1))
+    assert _acceptance(stats, before) > 0.5
+
+
+def test_self_draft_json_schema_beside_a_drafting_request(smollm2, self_draft):
+    """A JSON-schema request is not drafted (its grammar does not check drafts) while a free one in
+    the same steps is; both give exactly the tokens of decoding without drafts."""
+    schema = SamplingParams(max_tokens=40, temperature=0, structured=StructuredSpec.json_schema(PERSON))
+    free = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    prompts = [
+        self_draft.encode([{"role": "user", "content": "Give me a JSON example about a person."}]),
+        self_draft.encode([{"role": "user", "content": ASKS[3]}]),
+    ]
+    want = smollm2.generate(prompts, [schema, free])
+    got = _drive(self_draft, [(0, "json", prompts[0], schema), (0, "free", prompts[1], free)])
+    assert [got[("json", 0)][0], got[("free", 0)][0]] == [c.token_ids for c in want]
+    assert want[0].finish_reason == "stop" and json.loads(want[0].text)["name"]
+    assert got[("json", 0)][1].num_draft_tokens == 0 and got[("free", 0)][1].num_draft_tokens > 0
+
+
+def test_self_draft_prefix_hit_equals_no_speculation_and_keeps_drafts(smollm2, self_draft):
+    """A second request shares a long prompt prefix with a first one still decoding: it starts on the
+    first's cached blocks (shared, live), its draft feeds the whole prompt into its shadow cache at
+    their slots, and its drafts are kept as often as the first's; the outputs are the plain ones."""
+    prompts = [
+        self_draft.encode([{"role": "system", "content": SHARED}, {"role": "user", "content": ask}])
+        for ask in ("Do you sell paint?", "When are you open on Saturday?")
+    ]
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    want = smollm2.generate(prompts, params)
+    stats = self_draft.engine.stats
+    before = (stats.spec_draft_tokens, stats.spec_accepted_tokens)
+    got = _drive(self_draft, [(0, "first", prompts[0], params), (3, "second", prompts[1], params)])
+    assert [got[("first", 0)][0], got[("second", 0)][0]] == [c.token_ids for c in want]
+    second = got[("second", 0)][1]
+    assert second.num_cached_tokens >= 48  # the shared system prompt's full blocks
+    assert second.num_draft_tokens > 0
+    assert second.num_accepted_tokens / second.num_draft_tokens > 0.5
+    assert _acceptance(stats, before) > 0.5
+    eng = self_draft.engine
+    assert eng.num_free_blocks == eng.num_total_blocks and not eng.seqs
