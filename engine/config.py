@@ -73,8 +73,10 @@ class SchedulerConfig(CacheConfig):
     # A step that prefills an urgent request (a higher tier's, or a tenant's below its share) runs
     # no other prefill: decodes only beside it, so its first token is not behind others' chunks.
     isolate_urgent_prefill: bool = True
-    # ... and lower tiers' decodes wait that step too: the step is its prompt and its tier's decodes.
-    urgent_prefill_defers_decodes: bool = False
+    # ... and while steps are kept short (urgent_step_overhead) and that step would pass the cap, the
+    # decodes it goes before (policy.defers: lower tiers', more-served tenants') wait that step too,
+    # never two steps in a row.
+    urgent_prefill_defers_decodes: bool = True
     # While urgent work is running or waiting (a higher tier beside lower ones, a tenant below its
     # share), a step without an urgent prefill is cut to the tokens at which the step's fixed cost
     # is this share of its time (by the fitted step-cost model; at least a quarter of the budget;

@@ -6,8 +6,9 @@ in admission order (or the policy's, see begin_step); when blocks run out the po
 preempted, waiting sequences are admitted while the token budget, the sequence cap and the KV
 blocks allow; a head that cannot start may displace a running sequence if the policy says so
 (priority tiers do, FCFS never). Requests the policy refuses (SLO-aware admission) are listed in
-plan.refused. While urgent work is running or waiting, a step that prefills none of it is cut short
-(_shorten). Prefills and decodes go into one forward, after the plan's block copies (swap out, then
+plan.refused. While urgent work is running or waiting, a step that prefills none of it is cut short,
+and one that prefills it runs no other prefill chunk and leaves out the decodes it goes before
+(urgent.py). Prefills and decodes go into one forward, after the plan's block copies (swap out, then
 swap in). docs/scheduling.md describes the policies.
 """
 
@@ -20,13 +21,14 @@ from typing import Protocol
 from engine.config import SchedulerConfig
 from engine.kv_groups import Blocks
 from engine.request import Sequence, SequenceStatus
-from engine.scheduler.cost_model import StepCostModel, split
+from engine.scheduler.cost_model import split
 from engine.scheduler.load import SLOLoad
 from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import SchedulingPolicy
 from engine.scheduler.preemption import PreemptionChooser, SwapCost
 from engine.scheduler.registry import make_policy
 from engine.scheduler.room import FRESH_TENANT, Room
+from engine.scheduler.urgent import UrgentSteps
 
 
 class Drafter(Protocol):
@@ -42,7 +44,7 @@ class Drafter(Protocol):
         ...
 
 
-class Scheduler:
+class Scheduler(UrgentSteps):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -68,11 +70,8 @@ class Scheduler:
         self._clock = clock or time.monotonic
         # static/dynamic batching: members of the current batch not admitted yet (continuous: unused)
         self._batch_left = 0
-        self._urgent_starts: set[int] = set()  # ids of sequences admitted in this step as urgent
-        # measured steps' cost, for the short steps beside urgent work (_short_step_cap)
-        self.step_cost = StepCostModel(
-            config.cost_step_s, config.cost_prefill_token_s, config.cost_decode_seq_s
-        )
+        self._starts: set[int] = set()  # ids of every sequence admitted in this step
+        UrgentSteps.__init__(self)
 
     @property
     def num_waiting(self) -> int:
@@ -151,11 +150,12 @@ class Scheduler:
                 budget -= item.num_query_tokens
                 i += 1
         cap = self._short_step_cap()
-        self._urgent_starts = set()
+        self._urgent_starts, self._deferring, self._starts = set(), [], set()
         if not plan.preempted or self._outranks(plan.preempted):
             self._admit(plan, budget, cap)
         if self.config.isolate_urgent_prefill:
-            self._isolate_urgent(plan)
+            self._isolate_urgent(plan, cap)
+        self._deferred = {id(s) for s in self._deferring}
         if cap is not None:
             self._shorten(plan, cap)
         for item in plan.scheduled:
@@ -213,7 +213,7 @@ class Scheduler:
             hits = self.block_manager.prefix_hits(seq)
             remaining = seq.num_tokens - self.block_manager.num_restored_tokens(seq, hits)
             if remaining > budget and self.config.isolate_urgent_prefill and self.policy.urgent(seq):
-                budget += self._clear_for_urgent(seq, plan)  # what isolation would defer anyway
+                budget += self._clear_for_urgent(seq, plan, cap)  # what isolation would defer anyway
             if remaining > budget:  # rather than split its prompt, the head may defer lower chunks
                 regained = self._make_room(seq, plan, for_budget=True)
                 if regained >= 0:
@@ -221,6 +221,8 @@ class Scheduler:
                     continue
             if remaining > budget and not self.config.chunked_prefill:
                 return
+            if remaining > budget and self._urgent_prefills(plan, cap) and self.policy.urgent(seq):
+                return  # starts whole next step; the tokens it cleared shorten this urgent step
             n = min(remaining, budget)
             reserve = self._reserve if self.running else 0  # an idle engine always starts the head
             if not self.block_manager.can_allocate(seq, hits, n, reserve=reserve):
@@ -231,6 +233,7 @@ class Scheduler:
                 continue
             if cap is not None and self.policy.urgent(seq):
                 self._urgent_starts.add(id(seq))
+            self._starts.add(id(seq))
             self.policy.pop()
             swapped = self.block_manager.is_swapped(seq)
             self.num_admissions += 1
@@ -247,76 +250,14 @@ class Scheduler:
             plan.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
 
-    def _clear_for_urgent(self, seq: Sequence, plan: StepPlan) -> int:
-        """The urgent head `seq` would have to split its prompt: take the step's tokens of the other
-        prefill chunks (and of the decodes it defers) now, not after its prompt was cut short."""
-        out = [
-            it
-            for it in plan.scheduled
-            if (not it.is_decode and not self.policy.urgent(it.seq))
-            or (
-                it.is_decode and self.config.urgent_prefill_defers_decodes and self.policy.defers(seq, it.seq)
-            )
-        ]
-        for it in out:
-            plan.scheduled.remove(it)
-        return sum(it.num_tokens for it in out)
-
-    def _isolate_urgent(self, plan: StepPlan) -> None:
-        """If an urgent request prefills in this step, other prefill chunks wait a step (they keep
-        their blocks): the step is its prompt plus the decodes, not a full budget of others' chunks."""
-        prefills = [it for it in plan.scheduled if not it.is_decode]
-        urgent = [it for it in prefills if self.policy.urgent(it.seq)]
-        if urgent and len(urgent) < len(prefills):
-            keep = {id(it) for it in urgent}
-            plan.scheduled = [it for it in plan.scheduled if id(it) in keep or it.is_decode]
-        if urgent and self.config.urgent_prefill_defers_decodes:
-            # the decodes that the policy says an urgent prompt goes before wait this step as well
-            seqs = [it.seq for it in urgent]
-            plan.scheduled = [
-                it
-                for it in plan.scheduled
-                if not it.is_decode or not any(self.policy.defers(u, it.seq) for u in seqs)
-            ]
-
-    def _short_step_cap(self) -> int | None:
-        """The step's token cap while urgent work is running or waiting, or None (the full budget):
-        the tokens at which the fitted fixed cost of a step is config.urgent_step_overhead of its
-        time, at least a quarter of the budget."""
-        share, budget = self.config.urgent_step_overhead, self.config.max_num_batched_tokens
-        if not share or not self.policy.urgent_present(self.running):
-            return None
-        step_s, token_s = self.step_cost.theta[0], self.step_cost.theta[1] or self.step_cost.prior[1]
-        cap = max(budget // 4, int(step_s * (1 - share) / (share * token_s)))
-        return cap if cap < budget else None
-
-    def _shorten(self, plan: StepPlan, cap: int) -> None:
-        """Urgent work is running or waiting and this step prefills none of it: cut other prefill
-        chunks (in policy.cut_order: lowest tier, most-served tenant first) until the step is at
-        most `cap` tokens (decodes always run). A cut chunk keeps its blocks and its place and goes
-        on next step; so the step, and the wait of an urgent request arriving during it, is shorter."""
-        chunks = [it for it in plan.scheduled if not it.is_decode and not it.draft]
-        if any(id(it.seq) in self._urgent_starts or self.policy.urgent(it.seq) for it in chunks):
-            return  # its own step: isolation (_isolate_urgent) already keeps it to its prompt
-        excess = plan.num_tokens - cap
-        for it in sorted(chunks, key=lambda it: self.policy.cut_order(it.seq)):
-            if excess <= 0:
-                return
-            cut = min(excess, it.num_tokens)
-            excess -= cut
-            if cut == it.num_tokens:
-                plan.scheduled.remove(it)
-            else:
-                it.num_tokens -= cut
-
     def _make_room(self, seq: Sequence, plan: StepPlan, for_budget: bool) -> int:
         """Let the policy push a running sequence out for the waiting head `seq`. For the token
         budget the victim's tokens of this step are deferred (it keeps its blocks and its place);
         for the sequence cap or KV blocks it is preempted.
         Returns the budget given back, or -1 when the policy chose nobody."""
         chunks = {id(it.seq): it for it in plan.scheduled}
-        if for_budget:
-            candidates = [q for q in self.running if id(q) in chunks]
+        if for_budget:  # not one admitted in this step either: two tenants never trade places
+            candidates = [q for q in self.running if id(q) in chunks and id(q) not in self._starts]
         else:  # not one admitted in this step: no thrashing
             admitted = {
                 id(it.seq) for it in plan.scheduled if it.seq.num_computed_tokens == it.seq.num_cached_tokens

@@ -92,6 +92,17 @@ class FairTieredPolicy(TieredPolicy):
         chunk = {id(item.seq): item.num_tokens for item in plan.scheduled} if plan is not None else {}
         return max(over, key=lambda c: (self.vtc.value(c.tenant), chunk.get(id(c), 0), -c.arrival_time))
 
+    def defers(self, seq: Sequence, other: Sequence) -> bool:
+        """A lower tier's decode, or in seq's tier one of a tenant more served than seq's even once
+        seq's remaining prompt is counted: the order `_displace_in_tier` keeps for the budget, so
+        the two tenants never trade places (VTC's 2U bound holds)."""
+        if super().defers(seq, other):
+            return True
+        if self.tier(other) != self.tier(seq) or other.tenant == seq.tenant:
+            return False
+        prompt = self.vtc.w_in * (seq.num_tokens - seq.num_computed_tokens) / seq.weight
+        return self.vtc.value(other.tenant) >= self.vtc.value(seq.tenant) + prompt
+
     def urgent(self, seq: Sequence) -> bool:
         """Urgent as in a tiered queue, or when seq's tenant holds at least one sequence less than
         its weighted share of its tier."""

@@ -131,11 +131,12 @@ def test_without_isolation_the_step_is_filled():
 
 
 def test_urgent_prefill_can_defer_lower_tier_decodes():
-    s = make("priority", max_num_batched_tokens=64, urgent_prefill_defers_decodes=True)
+    # CPU-like step costs: steps beside urgent work are kept to 32 tokens (test_urgent_steps.py)
+    s = make("priority", max_num_batched_tokens=64, cost_step_s=0.0041, cost_prefill_token_s=0.000375)
     s.add(seq("b0", 8, priority=0))
     s.add(seq("h0", 4, priority=1))
-    run_step(s)  # both decode from now on
-    s.add(seq("hi", 8, priority=1))
+    run_step(s), run_step(s)  # h0's prompt, then b0's: both decode from now on
+    s.add(seq("hi", 40, priority=1))
     plan = run_step(s)
     # the urgent prompt runs beside its own tier's decode only; b0's decode waits a step
     assert sorted(ids(plan.scheduled)) == ["h0", "hi"]

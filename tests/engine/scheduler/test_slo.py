@@ -107,7 +107,7 @@ def test_load_holds_what_predict_ttft_reads():
     s = make(
         "priority+slo",
         clock=clock,
-        max_num_batched_tokens=64,
+        max_num_batched_tokens=128,
         max_num_seqs=2,
         cost_step_s=0.01,
         cost_prefill_token_s=0.001,
@@ -118,7 +118,7 @@ def test_load_holds_what_predict_ttft_reads():
     load = s.policy.load([])
     assert load.waiting_tokens == {1: 40, 2: 80} and load.tiered and load.running == 0
     assert (load.step_s, load.prefill_token_s, load.decode_seq_s) == (0.01, 0.001, 0.002)
-    assert (load.max_num_batched_tokens, load.max_num_seqs, load.slot_wait_s) == (64, 2, 0.0)
+    assert (load.max_num_batched_tokens, load.max_num_seqs, load.slot_wait_s) == (128, 2, 0.0)
     run_step(s)  # two start (the sequence cap): the third waits for a slot
     load = s.slo_load()
     assert load.running == 2 and load.slot_wait_s > 0 and sum(load.waiting_tokens.values()) == 40

@@ -1,0 +1,112 @@
+"""Steps beside urgent work (SchedulerConfig.isolate_urgent_prefill, urgent_prefill_defers_decodes,
+urgent_step_overhead): the Scheduler's part that keeps an urgent request's first token from
+waiting behind bulk work. An urgent prefill's step runs no other prefill chunk (and, while steps
+are kept short, none of the decodes the policy says it goes before); a second urgent prompt that
+would be split starts next step instead; a step that prefills no urgent work is cut to a token cap
+from the fitted step-cost model. docs/scheduling.md ("Short steps beside urgent work").
+"""
+
+from __future__ import annotations
+
+from engine.config import SchedulerConfig
+from engine.request import Sequence
+from engine.scheduler.cost_model import StepCostModel
+from engine.scheduler.plan import ScheduledSeq, StepPlan
+from engine.scheduler.policy import SchedulingPolicy
+
+
+class UrgentSteps:
+    """Mixed into Scheduler: reads its config, policy and running list."""
+
+    config: SchedulerConfig
+    policy: SchedulingPolicy
+    running: list[Sequence]
+
+    def __init__(self) -> None:
+        self._urgent_starts: set[int] = set()  # ids of sequences admitted in this step as urgent
+        self._deferring: list[Sequence] = []  # decodes an urgent prefill keeps out of this step
+        self._deferred: set[int] = set()  # ids of those of the step before
+        # measured steps' cost, for the short steps beside urgent work (_short_step_cap)
+        self.step_cost = StepCostModel(
+            self.config.cost_step_s, self.config.cost_prefill_token_s, self.config.cost_decode_seq_s
+        )
+
+    def _urgent_prefills(self, plan: StepPlan, cap: int | None) -> bool:
+        """While steps are kept short (`cap`, with isolate_urgent_prefill): does the step so far
+        prefill an urgent request? Then a second urgent prompt that would be split starts whole in
+        the next step (its first token needs all of it), and its chunk does not hold back the first
+        one's. Where a step costs about the same whatever its tokens (no cap) splitting is cheaper
+        than waiting a step, and a light tenant's prompt waiting would widen VTC's gap."""
+        if cap is None or not self.config.isolate_urgent_prefill:
+            return False
+        return any(not it.is_decode and self.policy.urgent(it.seq) for it in plan.scheduled)
+
+    def _clear_for_urgent(self, seq: Sequence, plan: StepPlan, cap: int | None) -> int:
+        """The urgent head `seq` would have to split its prompt: take the step's tokens of the other
+        prefill chunks (and of the decodes it defers) now, not after its prompt was cut short."""
+        out = [it for it in plan.scheduled if not it.is_decode and not self.policy.urgent(it.seq)]
+        out += self._deferrable(seq, plan, cap, over=True)
+        for it in out:
+            plan.scheduled.remove(it)
+        return sum(it.num_tokens for it in out)
+
+    def _isolate_urgent(self, plan: StepPlan, cap: int | None) -> None:
+        """If an urgent request prefills in this step, other prefill chunks wait a step (they keep
+        their blocks): the step is its prompt plus the decodes, not a full budget of others' chunks."""
+        prefills = [it for it in plan.scheduled if not it.is_decode]
+        urgent = [it for it in prefills if self.policy.urgent(it.seq)]
+        if urgent and len(urgent) < len(prefills):
+            keep = {id(it) for it in urgent}
+            plan.scheduled = [it for it in plan.scheduled if id(it) in keep or it.is_decode]
+        if urgent:  # the decodes that the urgent prompts go before wait this step as well
+            out = {id(it) for u in urgent for it in self._deferrable(u.seq, plan, cap)}
+            plan.scheduled = [it for it in plan.scheduled if id(it) not in out]
+
+    def _deferrable(
+        self, seq: Sequence, plan: StepPlan, cap: int | None, over: bool = False
+    ) -> list[ScheduledSeq]:
+        """The decodes of `plan` that the urgent prefill of `seq` keeps out of its step
+        (config.urgent_prefill_defers_decodes, policy.defers): only while steps are kept short and
+        the step is over their `cap` (not where a step costs about the same whatever its tokens),
+        never one deferred in the step before (a decode loses at most one step in two)."""
+        if not self.config.urgent_prefill_defers_decodes or cap is None:
+            return []
+        if not over and plan.num_tokens <= cap:
+            return []
+        out = [
+            it
+            for it in plan.scheduled
+            if it.is_decode and id(it.seq) not in self._deferred and self.policy.defers(seq, it.seq)
+        ]
+        self._deferring += [it.seq for it in out]
+        return out
+
+    def _short_step_cap(self) -> int | None:
+        """The step's token cap while urgent work is running or waiting, or None (the full budget):
+        the tokens at which the fitted fixed cost of a step is config.urgent_step_overhead of its
+        time, at least a quarter of the budget."""
+        share, budget = self.config.urgent_step_overhead, self.config.max_num_batched_tokens
+        if not share or not self.policy.urgent_present(self.running):
+            return None
+        step_s, token_s = self.step_cost.theta[0], self.step_cost.theta[1] or self.step_cost.prior[1]
+        cap = max(budget // 4, int(step_s * (1 - share) / (share * token_s)))
+        return cap if cap < budget else None
+
+    def _shorten(self, plan: StepPlan, cap: int) -> None:
+        """Urgent work is running or waiting and this step prefills none of it: cut other prefill
+        chunks (in policy.cut_order: lowest tier, most-served tenant first) until the step is at
+        most `cap` tokens (decodes always run). A cut chunk keeps its blocks and its place and goes
+        on next step; so the step, and the wait of an urgent request arriving during it, is shorter."""
+        chunks = [it for it in plan.scheduled if not it.is_decode and not it.draft]
+        if any(id(it.seq) in self._urgent_starts or self.policy.urgent(it.seq) for it in chunks):
+            return  # its own step: isolation (_isolate_urgent) already keeps it to its prompt
+        excess = plan.num_tokens - cap
+        for it in sorted(chunks, key=lambda it: self.policy.cut_order(it.seq)):
+            if excess <= 0:
+                return
+            cut = min(excess, it.num_tokens)
+            excess -= cut
+            if cut == it.num_tokens:
+                plan.scheduled.remove(it)
+            else:
+                it.num_tokens -= cut
