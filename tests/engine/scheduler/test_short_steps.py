@@ -135,9 +135,9 @@ class Fixed(StepCostModel):
         pass
 
 
-def engine_run(share: float) -> tuple[dict[str, list[int]], list[tuple[int, bool]]]:
-    """A high-tier request decoding beside a batch backlog on a tiny random model: each request's
-    greedy tokens, and per step (tokens computed, whether a high-tier request was running)."""
+def tiny_priority_engine(**overrides) -> Engine:
+    """A tiny random model under the priority policy, 32 tokens a step, its step cost fixed so that
+    the short-step limit is 16 tokens."""
     eng = Engine(
         model="dummy",
         dummy_config=TINY,
@@ -145,9 +145,16 @@ def engine_run(share: float) -> tuple[dict[str, list[int]], list[tuple[int, bool
         num_threads=1,
         policy="priority",
         max_num_batched_tokens=32,
-        urgent_step_overhead=share,
+        **overrides,
     )
     eng.scheduler.step_cost = Fixed(0.0041, 0.00075, 0.00075)  # a quarter fixed at 16 tokens
+    return eng
+
+
+def engine_run(share: float) -> tuple[dict[str, list[int]], list[tuple[int, bool]]]:
+    """A high-tier request decoding beside a batch backlog on a tiny random model: each request's
+    greedy tokens, and per step (tokens computed, whether a high-tier request was running)."""
+    eng = tiny_priority_engine(urgent_step_overhead=share)
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     eng.add_request("hi", list(range(10, 18)), greedy, priority=1)
     eng.step()

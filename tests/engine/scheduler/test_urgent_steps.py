@@ -5,9 +5,8 @@ step is not pushed out of it for the budget. The costs here are the model's prio
 
 from helpers import ids, make, run_step, seq
 
-from engine import Engine, SamplingParams
-from tests.engine.scheduler.test_short_steps import CPU, GPU, Fixed, settle, tokens
-from tests.engine.test_events import TINY
+from engine import SamplingParams
+from tests.engine.scheduler.test_short_steps import CPU, GPU, settle, tiny_priority_engine, tokens
 
 
 def backlog(s, n: int = 4) -> None:
@@ -93,16 +92,7 @@ def test_a_sequence_admitted_in_a_step_is_not_pushed_out_of_it_for_the_budget():
 def engine_run(defer: bool) -> tuple[dict[str, list[int]], int]:
     """High-tier requests arriving beside decoding batch requests on a tiny random model: each
     request's greedy tokens, and how many steps left lower-tier decodes out."""
-    eng = Engine(
-        model="dummy",
-        dummy_config=TINY,
-        dtype="float32",
-        num_threads=1,
-        policy="priority",
-        max_num_batched_tokens=32,
-        urgent_prefill_defers_decodes=defer,
-    )
-    eng.scheduler.step_cost = Fixed(0.0041, 0.00075, 0.00075)  # a quarter fixed at 16 tokens
+    eng = tiny_priority_engine(urgent_prefill_defers_decodes=defer)
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     eng.add_request("h0", list(range(10, 14)), greedy, priority=1)
     for i in range(6):
