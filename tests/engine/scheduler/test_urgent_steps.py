@@ -3,6 +3,7 @@ tiers' decodes sit it out (SchedulerConfig.urgent_prefill_defers_decodes), never
 a second urgent prompt that would be split starts whole in the next step; a sequence admitted in a
 step is not pushed out of it for the budget. The costs here are the model's prior."""
 
+import pytest
 from helpers import ids, make, run_step, seq
 
 from engine import SamplingParams
@@ -59,23 +60,18 @@ def test_a_light_tenants_prompt_defers_only_a_more_served_tenants_decodes():
         assert plan == {"b0": 1, "b1": 40, **({} if deferred else a_decodes)}, heavier
 
 
-def test_a_second_urgent_prompt_starts_whole_in_the_next_step():
-    s = make("priority", max_num_batched_tokens=64, **CPU)
+@pytest.mark.parametrize("costs", ["cpu", "gpu"])
+def test_a_second_urgent_prompt_starts_whole_in_the_next_step_where_steps_are_kept_short(costs):
+    s = make("priority", max_num_batched_tokens=64, **(CPU if costs == "cpu" else GPU))
     s.add(seq("b0", 4, priority=0))
     settle(s)
     s.add(seq("hi1", 40, priority=1))
     s.add(seq("hi2", 40, priority=1))
+    if costs == "gpu":  # a step costs the same whatever its tokens: split (b0 gave hi2 its token)
+        assert tokens(run_step(s)) == {"hi1": 40, "hi2": 24}
+        return
     assert tokens(run_step(s)) == {"hi1": 40}  # not 23 tokens of hi2 beside it (b0 sits it out)
     assert tokens(run_step(s)) == {"b0": 1, "hi1": 1, "hi2": 40}
-
-
-def test_a_second_urgent_prompt_is_split_where_a_step_costs_about_the_same():
-    s = make("priority", max_num_batched_tokens=64, **GPU)
-    s.add(seq("b0", 4, priority=0))
-    settle(s)
-    s.add(seq("hi1", 40, priority=1))
-    s.add(seq("hi2", 40, priority=1))
-    assert tokens(run_step(s)) == {"hi1": 40, "hi2": 24}  # b0's decode gave hi2 its token
 
 
 def test_a_sequence_admitted_in_a_step_is_not_pushed_out_of_it_for_the_budget():
