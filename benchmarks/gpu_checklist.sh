@@ -26,8 +26,9 @@ nvidia-smi >"$WORK/nvidia-smi.txt" 2>&1
 python3 -c "import sys, torch, triton, transformers; print(sys.version, torch.__version__, triton.__version__, transformers.__version__)" \
   >"$WORK/versions.txt" 2>&1
 # CPU-only files (the C kernels, the offline sm_90a compile) run in the suite on any machine; not here
-part tests 150 env OMP_NUM_THREADS=2 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load --timeout 150 -rfE \
+part tests 210 env OMP_NUM_THREADS=2 python3 -m pytest -q -p no:cacheprovider -n 8 --dist load --timeout 200 -rfE \
   tests/engine/kernels tests/engine/attention tests/engine/test_device.py tests/engine/test_sampler.py \
+  tests/engine/speculative/test_spec_cuda.py tests/engine/lora/test_lora_triton.py \
   --ignore=tests/engine/kernels/test_offline_sm90.py --ignore=tests/engine/attention/test_cpu_paged.py \
   --ignore=tests/engine/attention/test_cpu_cache.py --ignore=tests/engine/attention/test_cpu_kernel_fp_env.py \
   --junitxml="$WORK/tests.xml"

@@ -1,13 +1,16 @@
-"""Run in a subprocess with TRITON_INTERPRET=1 (set before triton is imported): the Triton SGMV
-kernels against the torch segment kernel on small shapes, fp32 and bf16; then the whole engine
-with lora_kernel="triton" against PEFT on a tiny model. Exits non-zero on a mismatch."""
+"""The Triton SGMV kernels against the torch segment kernel on small shapes, fp32 and bf16; then the
+whole engine with lora_kernel="triton" against PEFT on a tiny model. Exits non-zero on a mismatch.
+On the CPU run it in a subprocess with TRITON_INTERPRET=1 (set before triton is imported); with
+`--device cuda` the kernels run compiled on the GPU and the engine runs there (triton attention,
+CUDA graphs on)."""
 
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+DEVICE = "cuda" if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cuda" else "cpu"
+assert DEVICE == "cuda" or os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
 
@@ -29,12 +32,15 @@ def check_kernels() -> None:
         b = torch.randn(S, R, M, OUT).to(wdtype)
         x = torch.randn(T, IN).to(dtype)
         y0 = torch.randn(T, OUT).to(dtype)
+        dev = torch.device(DEVICE)
         # rows 0-4 no adapter; ranks differ; one segment longer than a row block; rows 35-36 none
         segs = [Segment(5, 9, 2, 3), Segment(9, 30, 0, 8), Segment(30, 35, 1, 1)]
         want, got = y0.float(), y0.clone()  # reference: the torch kernel in fp32 on the same values
         make_kernel("torch", "cpu").apply(want, x.float(), a.float(), b.float(), segs)
         tri = make_kernel("triton", "cuda")
-        tri.apply(got, x, a, b, tri.prepare(segs, torch.device("cpu")))
+        out = got.to(dev)
+        tri.apply(out, x.to(dev), a.to(dev), b.to(dev), tri.prepare(segs, dev))
+        got = out.cpu()
         err = (want - got.float()).abs().max().item()
         assert err <= tol * want.abs().max().item(), (dtype, err)
         assert torch.equal(got[:5], y0[:5]) and torch.equal(got[35:], y0[35:]), "rows without adapter changed"
@@ -86,9 +92,10 @@ def check_engine(adapters_module_dir: str) -> None:
                 max_loras=2,
                 max_lora_rank=4,
                 lora_kernel=kernel,
-                attention_backend="torch",
+                device=DEVICE,
+                attention_backend="triton" if DEVICE == "cuda" else "torch",
             )
-            ours[kernel] = engine_prefill_logits(eng, requests)
+            ours[kernel] = {k: v.cpu() for k, v in engine_prefill_logits(eng, requests).items()}
         for i, (p, ad) in enumerate(zip(prompts, [paths[0], None, paths[1]])):
             tri = ours["triton"][f"r{i}"]
             if dtype == "float32":
@@ -103,3 +110,4 @@ def check_engine(adapters_module_dir: str) -> None:
 if __name__ == "__main__":
     check_kernels()
     check_engine(sys.argv[1])
+    print(f"device {DEVICE}")
