@@ -13,6 +13,7 @@ With capture=False the same static buffers and padding run eagerly (how tests ch
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,18 +54,33 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.replays = 0  # decode steps served by a graph
-        pool = None
-        for b in reversed(
-            self.sizes if capture else []
-        ):  # largest first: smaller graphs reuse its memory pool
-            ids, pos, meta = self._inputs(b)
-            model.forward(ids, pos, meta, kv_caches)  # compiles the kernels; writes nothing (all padding)
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[b] = model.forward(ids, pos, meta, kv_caches)
-            pool = graph.pool()
-            self.graphs[b] = graph
+        if capture:
+            self._capture_all(device)
+
+    def _capture_all(self, device: torch.device) -> None:
+        """Largest first: smaller graphs reuse its memory pool. The garbage collector stays off while
+        capturing: a collection inside a capture can free tensors of an earlier engine (pinned host
+        buffers whose release records an event on the capturing stream), which invalidates the
+        capture ("operation failed due to a previous error during capture"). A capture is also
+        private to this thread, so another thread's CUDA calls (an engine beside this one) cannot
+        break it."""
+        gc.collect()
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            pool = None
+            for b in reversed(self.sizes):
+                ids, pos, meta = self._inputs(b)
+                self.model.forward(ids, pos, meta, self.kv_caches)  # compiles; writes nothing (padding)
+                torch.cuda.synchronize(device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    self.outputs[b] = self.model.forward(ids, pos, meta, self.kv_caches)
+                pool = graph.pool()
+                self.graphs[b] = graph
+        finally:
+            if was_enabled:
+                gc.enable()
 
     def _inputs(self, b: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         v = self.vectors

@@ -65,7 +65,7 @@ def check_engine(adapters_module_dir: str) -> None:
     root = Path(tempfile.mkdtemp())
     cfg = LlamaConfig(
         vocab_size=128,
-        hidden_size=32,
+        hidden_size=64,  # head dim 16: the smallest the triton attention backend takes
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
