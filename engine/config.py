@@ -173,6 +173,10 @@ class EngineConfig(LoRAConfig):
     # The own C kernels of the CPU forward (engine/models/csrc: fp32 linears, fused RMSNorm, RoPE and
     # SiLU·mul, a decode-only step's layers in one call; docs/performance.md). False: torch ops only.
     cpu_kernels: bool = True
+    # bf16 with the C kernels on a CPU with AMX: linears of 3 rows or more (prefill chunks, batched
+    # decodes) run in oneDNN's AMX kernels from a second copy of the weight, the C kernel below.
+    # None: where the CPU has AMX; True: on any CPU (oneDNN without AMX there); False: never.
+    cpu_amx: bool | None = None
     # Speculative decoding (docs/speculative.md), off when None: e.g. {"method": "ngram",
     # "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     speculative_config: dict | None = field(default=None, hash=False)

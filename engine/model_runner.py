@@ -59,6 +59,7 @@ class ModelRunner:
             max_model_len,
             config.quantization,
             cpu_kernels=config.cpu_kernels,
+            cpu_amx=config.cpu_amx,
         )
         del weights
         # Fast paths, chosen here: the CPU one-call decode (below) and CUDA graphs (further down).

@@ -6,11 +6,18 @@ x[k] w[n, k] + x[k+1] w[n, k+1] into fp32 sums (one instruction per 16 channels 
 rounds each output to bf16 once, as torch's bf16 matmul does. The panels are the only copy of the
 weight. Where the CPU lacks AVX512-BF16 (AVX2 machines), without a C compiler, or when K is odd,
 `BF16Panels.make` answers None and the layer keeps torch's matmul.
+
+On CPUs with AMX (Intel Sapphire Rapids and later) oneDNN's AMX tile kernels outrun this kernel
+from a few rows on (measured on a 2-core Xeon with AMX, SmolLM2's shapes, oneDNN time over the C
+kernel's: 1.1-1.4 at 1 row, 0.7 at 4 rows, 0.25 at 16, 0.11-0.15 at 64), so there a layer keeps
+both copies and `ONEDNN_MIN_ROWS` picks: the C kernel below it (decode), oneDNN from it (prefill
+chunks, batched decodes). `EngineConfig.cpu_amx` forces either way.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -18,6 +25,25 @@ import torch
 from engine import native
 
 SOURCE = Path(__file__).parent / "csrc" / "bf16_linear.c"
+ONEDNN_MIN_ROWS = 3  # with AMX, bf16 linears of at least this many rows run in oneDNN
+
+
+@functools.cache
+def cpu_has_amx_bf16() -> bool:
+    """Does this CPU have AMX tiles for bf16 (Linux reports `amx_bf16` among the CPU flags)?"""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
+def onednn_rows(cpu_amx: bool | None) -> int | None:
+    """From how many rows a bf16 linear with the C kernel hands its rows to oneDNN instead: with
+    AMX (`cpu_amx` None: where the CPU has it; True: on any CPU, oneDNN then runs without AMX),
+    `ONEDNN_MIN_ROWS`; None (never) without."""
+    use = cpu_has_amx_bf16() if cpu_amx is None else cpu_amx
+    return ONEDNN_MIN_ROWS if use and torch.backends.mkldnn.is_available() else None
 
 
 def bf16_library() -> ctypes.CDLL | None:

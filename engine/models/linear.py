@@ -7,7 +7,8 @@ stream (a decode step reads each weight once), no horizontal sums, and a row's r
 depend on its batch. The panels are the only copy of the weight (`Linear.weight` unpacks one).
 Measurements in docs/performance.md.
 bf16 on CPU with AVX512-BF16 and the own kernels on: `csrc/bf16_linear.c` over panels packed
-once (engine/models/bf16_linear.py). Other bf16 on CPU: oneDNN's blocked weight layout lets its
+once (engine/models/bf16_linear.py); with AMX, calls of `ONEDNN_MIN_ROWS` rows or more go to a
+second, oneDNN-packed copy of the weight. Other bf16 on CPU: oneDNN's blocked weight layout lets its
 AMX / AVX-512 kernels skip the per-call reorder that `F.linear` pays; on the 2-core Xeon we
 measured 1.4x (batch 64) to 1.9x (LM head) faster matmuls with bit-identical results. Everywhere
 else (GPU, no oneDNN, no C compiler) it is plain `F.linear`.
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.models.bf16_linear import BF16Panels
+from engine.models.bf16_linear import BF16Panels, onednn_rows
 
 PACK_BATCH_HINT = 64  # oneDNN picks its blocking for about this many rows; any row count works
 SOURCE = Path(__file__).parent / "csrc" / "f32_linear.c"
@@ -63,11 +64,30 @@ def _can_pack(weight: torch.Tensor) -> bool:
     )
 
 
+def _onednn_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The weight in oneDNN's blocked layout, or None where oneDNN refuses it."""
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
+        probe = torch.zeros(1, weight.shape[1], dtype=weight.dtype)
+        torch.ops.mkldnn._linear_pointwise(probe, packed, bias, "none", [], "")
+        return packed
+    except RuntimeError:
+        return None
+
+
 class Linear:
     """y = x @ weight.T + bias. weight: [out, in]. `cpu_kernel`: allow the fp32 and bf16 C kernels
-    (CPU), which keep the weight only in their panels (`weight` then unpacks a copy)."""
+    (CPU), which keep the weight only in their panels (`weight` then unpacks a copy). `cpu_amx`
+    (bf16 with the C kernel): also keep a oneDNN copy for calls of many rows, see
+    `bf16_linear.onednn_rows` (None: where the CPU has AMX)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, cpu_kernel: bool = True):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        cpu_kernel: bool = True,
+        cpu_amx: bool | None = None,
+    ):
         self._weight: torch.Tensor | None = weight
         self.bias = bias
         self.packed = None
@@ -83,16 +103,14 @@ class Linear:
                 self.panels = pack(self.lib, weight.contiguous())
                 self._weight = None  # the panels are the only copy
                 self._bias = bias.contiguous() if bias is not None else None
+        # with the bf16 C kernel: from how many rows oneDNN's copy takes the call (None: never)
+        self.onednn_rows = onednn_rows(cpu_amx) if self.bf16 is not None else None
         if self.bf16 is not None:
-            self._weight = None  # the panels are the only copy
-        elif _can_pack(weight):
-            try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
-                probe = torch.zeros(1, weight.shape[1], dtype=weight.dtype)
-                torch.ops.mkldnn._linear_pointwise(probe, packed, bias, "none", [], "")
-                self.packed = packed
-            except RuntimeError:
-                self.packed = None
+            self._weight = None  # the panels are the only copy, but for oneDNN's below
+        if (self.bf16 is None or self.onednn_rows is not None) and _can_pack(weight):
+            self.packed = _onednn_pack(weight, bias)
+        if self.bf16 is not None and self.packed is None:
+            self.onednn_rows = None
 
     @property
     def has_cpu_kernel(self) -> bool:
@@ -135,7 +153,8 @@ class Linear:
             )
             return y
         if self.bf16 is not None and x.dim() == 2 and x.shape[0] > 0 and x.dtype == torch.bfloat16:
-            return self.bf16(x)
+            if self.onednn_rows is None or x.shape[0] < self.onednn_rows:
+                return self.bf16(x)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -120,13 +120,15 @@ class LlamaModel:
         max_positions: int,
         quantization: str | None = None,
         cpu_kernels: bool = True,
+        cpu_amx: bool | None = None,
     ) -> LlamaModel:
         """`quantization`: None (weights in `dtype`) or "int8" (every projection and the LM head
         int8, engine/models/quant.py; embeddings and norms stay in `dtype`).
         `cpu_kernels`: the own C kernels on CPU (fp32 linears, fused elementwise ops, decode-only steps
-        in one C call where the family's spec allows it)."""
+        in one C call where the family's spec allows it). `cpu_amx`: see `EngineConfig.cpu_amx`."""
         spec = resolve(config)
-        linear = Int8Linear if quantization == "int8" else partial(Linear, cpu_kernel=cpu_kernels)
+        dense = partial(Linear, cpu_kernel=cpu_kernels, cpu_amx=cpu_amx)
+        linear = Int8Linear if quantization == "int8" else dense
 
         def w(name: str) -> torch.Tensor:
             return sd[name].to(dtype).contiguous()

@@ -86,6 +86,7 @@ def build_draft_model(
         max_model_len,
         config.quantization,
         cpu_kernels=engine_config.cpu_kernels,
+        cpu_amx=engine_config.cpu_amx,
     )
     del weights
     one_call = engine_config.cpu_kernels and model.spec.supports_one_call_decode

@@ -1,6 +1,7 @@
 """The numeric paths of the engine that the suite runs, whatever `dtype: auto` and the attention
 backend's `auto` pick on the machine in front of it: fp32 with and without the C kernels, bf16
-(forced: emulated by oneDNN where the CPU lacks AVX512-BF16, slower but the same arithmetic), INT8,
+(forced: emulated by oneDNN where the CPU lacks AVX512-BF16, slower but the same arithmetic) with the
+C kernels alone and with oneDNN's (AMX) linears for many rows, INT8,
 and each attention backend (C, torch, Triton in its interpreter).
 
 Tests take a path with `@pytest.mark.parametrize("path", PATHS, ids=str)` (or a subset) and build
@@ -35,6 +36,7 @@ class EnginePath:
     cpu_kernels: bool = True
     attention_backend: str = "cpu"
     quantization: str | None = None
+    cpu_amx: bool | None = None  # EngineConfig.cpu_amx: None where the CPU has AMX
     marks: tuple = field(default=(), compare=False)
 
     def __str__(self) -> str:
@@ -57,6 +59,7 @@ class EnginePath:
             cpu_kernels=self.cpu_kernels,
             attention_backend=self.attention_backend,
             quantization=self.quantization,
+            cpu_amx=self.cpu_amx,
         )
 
     def llm(self, model: str = "smollm2", **overrides):
@@ -70,7 +73,11 @@ class EnginePath:
 
 FP32_C = EnginePath("fp32-c")  # the fp32 C linears, fused ops, one-call decode, C paged attention
 FP32_TORCH = EnginePath("fp32-torch", cpu_kernels=False, attention_backend="torch")  # plain torch ops
-BF16_C = EnginePath("bf16-c", dtype="bfloat16")  # bf16 C linears (else oneDNN), fused ops, paged decode
+# bf16 C linears for every row count (else oneDNN), fused ops, one-call decode, C paged attention
+BF16_C = EnginePath("bf16-c", dtype="bfloat16", cpu_amx=False)
+# as on a CPU with AMX (forced elsewhere): bf16 C linears below 3 rows, oneDNN from 3 (AMX where the
+# CPU has it), the one-call decode below 8 rows
+BF16_AMX = EnginePath("bf16-amx", dtype="bfloat16", cpu_amx=True)
 BF16_TORCH = EnginePath("bf16-torch", dtype="bfloat16", cpu_kernels=False, attention_backend="torch")
 INT8 = EnginePath("int8", quantization="int8")  # the INT8 C kernel, fp32 elsewhere
 TRITON_FP32 = EnginePath("fp32-triton", cpu_kernels=False, attention_backend="triton")  # interpreter
@@ -78,7 +85,7 @@ TRITON_BF16 = EnginePath("bf16-triton", dtype="bfloat16", cpu_kernels=False, att
 
 # Every path on the real model (SmolLM2-135M). Triton's interpreter runs the tiny model only
 # (tests/engine/attention/test_triton_engine.py): on SmolLM2 it would take minutes a token.
-PATHS = [FP32_C, FP32_TORCH, BF16_C, BF16_TORCH, INT8]
+PATHS = [FP32_C, FP32_TORCH, BF16_C, BF16_AMX, BF16_TORCH, INT8]
 TRITON_PATHS = [TRITON_FP32, TRITON_BF16]
 ALL = PATHS + TRITON_PATHS
 

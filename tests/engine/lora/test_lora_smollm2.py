@@ -9,7 +9,7 @@ another's adapter; 3x more adapters than slots all finish right; bad adapters ar
 import pytest
 import torch
 from lora_adapters import AdapterRecipe, PeftReference, engine_prefill_logits, make_adapter
-from paths import AGREE_BF16, BF16_C, BF16_TORCH, greedy_prefix, params
+from paths import AGREE_BF16, BF16_AMX, BF16_C, BF16_TORCH, greedy_prefix, params
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from engine import LLM, SamplingParams
@@ -212,7 +212,11 @@ def test_mixed_batch_logits_and_greedy_tokens_match_peft(dtype, llm_of, peft_of,
 # torch ops): the log-probability of PEFT fp32's top token, worst position / mean over positions,
 # ours 0.11-0.54 / 0.029-0.068 nats against PEFT bf16's own 0.15-0.53 / 0.028-0.059.
 BF16_WORST_MARGIN, BF16_MEAN_MARGIN = 0.2, 0.025  # nats over PEFT bf16's own error
-BF16_EFFECT_MARGIN = 0.1  # correlation with PEFT fp32's effect: ours 0.58-0.67, PEFT bf16 0.54-0.62
+# The weak adapter's effect, correlated with PEFT fp32's: ours 0.58-0.67 (own kernels, EPYC), PEFT
+# bf16 0.54-0.64; on a Xeon with AMX (2026-11-26) bf16-c 0.60-0.65, bf16-amx 0.53-0.56 (oneDNN's
+# linears beside the C attention), bf16-torch equal to PEFT bf16 (the same arithmetic). A lost delta
+# (bf16 serving the base) gives about 0.
+BF16_EFFECT_MARGIN = 0.15
 
 
 def _logprobs(x: torch.Tensor) -> torch.Tensor:
@@ -250,7 +254,7 @@ def bf16_references(peft_of, adapters, prompts):
 
 
 # Last in the module (see bf16_references).
-@pytest.mark.parametrize("path", params([BF16_C, BF16_TORCH]))
+@pytest.mark.parametrize("path", params([BF16_C, BF16_AMX, BF16_TORCH]))
 def test_bf16_adapters_within_peft_bf16_error_and_move_the_output_as_peft(path, bf16_references, prompts):
     """The base model and 4 adapters in one bf16 batch: against PEFT in fp32, each within PEFT bf16's
     own error (stated margins above); greedy tokens agree with PEFT bf16 before a near tie parts

@@ -1,6 +1,7 @@
 """bf16 linears on CPU (engine/models/bf16_linear.py): where the CPU has AVX512-BF16 the C kernel
 (`vdpbf16ps` over packed panels) agrees with torch's bf16 matmul within bf16 rounding, for any
-batch, ragged output widths and a bias; elsewhere the layer keeps torch's matmul."""
+batch, ragged output widths and a bias; elsewhere the layer keeps torch's matmul. With AMX
+(`cpu_amx`, forced here on any CPU) calls of 3 rows or more go to a oneDNN copy of the weight."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def test_kernel_matches_torch_within_bf16_rounding(M, N, K, bias):
     torch.manual_seed(M + N + K)
     w, x = torch.randn(N, K).bfloat16(), torch.randn(M, K).bfloat16()
     b = torch.randn(N).bfloat16() if bias else None
-    layer = Linear(w, b)
-    assert layer.bf16 is not None and layer._weight is None  # the panels are the only copy
+    layer = Linear(w, b, cpu_amx=False)
+    assert layer.bf16 is not None and layer._weight is None and layer.packed is None  # the only copy
     y = layer(x)
     assert y.dtype == torch.bfloat16 and y.shape == (M, N)
     exact = F.linear(x.double(), w.double(), b.double() if bias else None)
@@ -44,9 +45,31 @@ def test_kernel_matches_torch_within_bf16_rounding(M, N, K, bias):
 @needs_bf16
 def test_a_row_does_not_depend_on_its_batch():
     torch.manual_seed(0)
-    layer = Linear(torch.randn(96, 128).bfloat16())
+    layer = Linear(torch.randn(96, 128).bfloat16(), cpu_amx=False)
     x = torch.randn(17, 128).bfloat16()
     assert torch.equal(layer(x)[5:6], layer(x[5:6]))
+
+
+@needs_bf16
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+@pytest.mark.parametrize("bias", [False, True])
+def test_with_amx_few_rows_run_the_kernel_and_many_run_onednn(bias):
+    torch.manual_seed(1)
+    w, x = torch.randn(70, 96).bfloat16(), torch.randn(40, 96).bfloat16()
+    b = torch.randn(70).bfloat16() if bias else None
+    amx, kernel = Linear(w, b, cpu_amx=True), Linear(w, b, cpu_amx=False)
+    assert amx.onednn_rows == bf16_linear.ONEDNN_MIN_ROWS == 3 and amx.packed is not None
+    assert kernel.onednn_rows is None and kernel.packed is None
+    for m in (1, 2):  # below the threshold: the C kernel, bit for bit
+        assert torch.equal(amx(x[:m]), kernel(x[:m]))
+    exact = F.linear(x.double(), w.double(), b.double() if bias else None)
+    for m in (3, 8, 40):  # oneDNN's packed copy: torch's own bf16 matmul, within one bf16 step
+        y = amx(x[:m])
+        assert torch.equal(y, torch.ops.mkldnn._linear_pointwise(x[:m], amx.packed, b, "none", [], ""))
+        assert ((y.double() - exact[:m]).abs() <= exact[:m].abs() * 2**-8 + 1e-3 * 96**0.5).all()
+    assert torch.equal(amx.weight, w)
+    assert bf16_linear.onednn_rows(False) is None
+    assert bf16_linear.onednn_rows(None) == (3 if bf16_linear.cpu_has_amx_bf16() else None)
 
 
 def test_without_the_kernel_the_layer_is_torch():

@@ -32,7 +32,8 @@ def _decode_plan(llm: LLM, prompts: list[list[int]]):
 )
 @pytest.mark.parametrize("batch", [1, 5])
 def test_one_call_equals_the_per_operator_forward(tiny_model_dir, dtype, quantization, batch):
-    llm = LLM(model=str(tiny_model_dir), dtype=dtype, num_threads=2, quantization=quantization)
+    # cpu_amx off: the per-operator forward's bf16 linears all run the C kernel, as the one call's do
+    llm = LLM(model=str(tiny_model_dir), dtype=dtype, num_threads=2, quantization=quantization, cpu_amx=False)
     runner, model = llm.engine.runner, llm.engine.runner.model
     assert model.decode is not None and model.decode.int8 == (quantization == "int8")
     assert model.decode.bf16 == (dtype == "bfloat16")
@@ -72,3 +73,22 @@ def test_where_it_applies(tiny_model_dir):
     # bf16 takes it where its projections run the AVX512-BF16 kernel
     bf16 = LLM(model=str(tiny_model_dir), dtype="bfloat16", num_threads=2).engine.runner.model
     assert (bf16.decode is not None) == (bf16_library() is not None)
+
+
+@needs_bf16_kernel
+def test_with_amx_linears_the_one_call_takes_small_batches_only(tiny_model_dir):
+    """Where oneDNN's AMX linears take calls of many rows, a decode step of 8 rows or more runs the
+    per-operator forward (faster there), fewer rows the one call."""
+    llm = LLM(model=str(tiny_model_dir), dtype="bfloat16", num_threads=2, cpu_amx=True)
+    decode = llm.engine.runner.model.decode
+    assert decode is not None and decode.max_rows == 8
+    for batch, applies in ((7, True), (8, False)):
+        plan = _decode_plan(llm, [list(range(3 + i, 12 + i)) for i in range(batch)])
+        meta = llm.engine.runner._prepare(plan.scheduled)[2]
+        assert decode.applies(meta, llm.engine.runner.kv_caches) == applies
+        for i in range(batch):
+            llm.engine.abort(f"r{i}")
+    assert (
+        LLM(model=str(tiny_model_dir), dtype="bfloat16", cpu_amx=False).engine.runner.model.decode.max_rows
+        is None
+    )

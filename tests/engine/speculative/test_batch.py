@@ -12,6 +12,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.models.bf16_linear import bf16_library
 from tests.engine.paths import (
+    BF16_AMX,
     BF16_C,
     BF16_TORCH,
     FP32_C,
@@ -118,7 +119,8 @@ def test_batch_of_32_greedy_equals_no_speculation(path):
     assert eng.num_free_blocks == eng.num_total_blocks and not eng.seqs
 
 
-@pytest.mark.parametrize("path", [BF16_NEAR] + params([BF16_TORCH]), ids=str)
+# oneDNN's bf16 linears (AMX) at 32 decode rows and at 160 verification rows may round apart
+@pytest.mark.parametrize("path", [BF16_NEAR] + params([BF16_AMX, BF16_TORCH]), ids=str)
 def test_batch_of_32_bf16_parts_from_no_speculation_only_at_a_near_tie(path):
     plain = path.llm()
     spec = path.llm(speculative_config=SPEC)
