@@ -61,6 +61,7 @@ FAIRLANE_EXTRA = {
     "fairlane_torch_ops": {"cpu_kernels": False},
     "fairlane_fp32": {"dtype": "float32"},
     "fairlane_bf16": {"dtype": "bfloat16"},
+    "fairlane_no_amx": {"cpu_amx": False},  # bf16: the C kernel for every linear, AMX or not
 }
 # vLLM at --vllm-dtype (default: the dtype fairlane's --dtype resolves to), or at a named one.
 VLLM = {"vllm": None, "vllm_fp32": "float32", "vllm_bf16": "bfloat16"}
