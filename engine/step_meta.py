@@ -3,6 +3,7 @@ device: shared by the model runner and the draft model of speculative decoding."
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable
 
 import torch
@@ -25,9 +26,10 @@ def attention_meta(
     slot_parts: list[torch.Tensor] = []
     tables = ctx = None
     if rows:
-        ctx = torch.tensor([q + 1 for _, q in rows])
-        nb = -(-int(ctx.max()) // bs)
-        tables = torch.tensor([pad_table(table_of(seq), nb) for seq, _ in rows])  # [B, nb]
+        lens = [q + 1 for _, q in rows]
+        ctx = torch.tensor(lens)
+        nb = -(-max(lens) // bs)
+        tables = padded_tables([table_of(seq) for seq, _ in rows], nb)  # [B, nb]
         last = ctx - 1
         slot_parts.append(tables.gather(1, (last // bs)[:, None]).view(-1) * bs + last % bs)
     prefills: list[PrefillChunk] = []
@@ -66,6 +68,17 @@ def step_to_device(
         for chunk in m.prefills:
             chunk.block_ids = move(chunk.block_ids)
     return move(ids), move(pos), meta
+
+
+def padded_tables(tables: list[list[int]], n: int) -> torch.Tensor:
+    """[len(tables), n] int64: pad_table of each, built as one flat C array (torch.tensor of nested
+    lists, or a max() per entry, reads every entry in Python: most of a large batch's host time)."""
+    flat = array.array("q")
+    for table in tables:
+        flat.extend(table[:n])
+        if len(table) < n:
+            flat.extend([0] * (n - len(table)))
+    return torch.frombuffer(flat, dtype=torch.int64).view(len(tables), n).clamp_(min=0)
 
 
 def pad_table(table: list[int], n: int) -> list[int]:

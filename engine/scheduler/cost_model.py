@@ -5,7 +5,9 @@
 fitted by least squares over the recent steps (each observation's weight decays by DECAY per
 step, so the model follows load and thermal changes), with the configured prior held as three
 fixed pseudo-observations so that a model with few or uniform observations stays well posed.
-Plain Python: three unknowns, solved by Gaussian elimination.
+Plain Python: three unknowns, solved by Gaussian elimination when `theta` is read after new
+observations (an observation only updates the decayed sums: the engine observes every step, and
+most steps read nothing).
 """
 
 from __future__ import annotations
@@ -52,9 +54,16 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 class StepCostModel:
     def __init__(self, step_s: float = 0.005, prefill_token_s: float = 0.0002, decode_seq_s: float = 0.001):
         self.prior = (step_s, prefill_token_s, decode_seq_s)
-        self.theta = list(self.prior)
+        self._theta: list[float] | None = list(self.prior)  # None: observed since the last fit
         self._xtx = [[0.0] * 3 for _ in range(3)]
         self._xty = [0.0] * 3
+
+    @property
+    def theta(self) -> list[float]:
+        """[step_s, prefill_token_s, decode_seq_s] fitted on the observations so far."""
+        if self._theta is None:
+            self._theta = self._fit()
+        return self._theta
 
     def predict(self, prefill_tokens: int, decode_seqs: int) -> float:
         a, b, c = self.theta
@@ -66,9 +75,9 @@ class StepCostModel:
             self._xty[i] = self._xty[i] * DECAY + x[i] * seconds
             for j in range(3):
                 self._xtx[i][j] = self._xtx[i][j] * DECAY + x[i] * x[j]
-        self._fit()
+        self._theta = None
 
-    def _fit(self) -> None:
+    def _fit(self) -> list[float]:
         a, b = [row[:] for row in self._xtx], self._xty[:]
         s, p, d = self.prior
         for x in ((1.0, 0.0, 0.0), (1.0, PRIOR_PREFILL, 0.0), (1.0, 0.0, PRIOR_DECODES)):
@@ -77,4 +86,4 @@ class StepCostModel:
                 b[i] += PRIOR_WEIGHT * x[i] * y
                 for j in range(3):
                     a[i][j] += PRIOR_WEIGHT * x[i] * x[j]
-        self.theta = [max(0.0, v) for v in _solve(a, b)]
+        return [max(0.0, v) for v in _solve(a, b)]

@@ -16,15 +16,11 @@ Either way a victim that does not fit the free host blocks is recomputed. Plain 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from engine.config import SchedulerConfig
 from engine.kv_groups import Blocks
 from engine.request import Sequence
-from engine.scheduler.cost_model import StepCostModel, split
-
-if TYPE_CHECKING:
-    from engine.scheduler.plan import StepPlan
+from engine.scheduler.cost_model import StepCostModel
 
 
 @dataclass(frozen=True)
@@ -36,15 +32,14 @@ class SwapCost:
 
 
 class PreemptionChooser:
-    def __init__(self, config: SchedulerConfig, swap_cost: SwapCost | None = None):
+    def __init__(
+        self, config: SchedulerConfig, swap_cost: SwapCost | None = None, cost: StepCostModel | None = None
+    ):
+        """`cost`: the measured steps' cost model, fed by its owner (the Scheduler's, whatever the
+        policy); only "auto" with a measured copy weighs costs."""
         self.mode = config.preemption_mode
         self.swap_cost = swap_cost
-        # Only "auto" with a measured copy weighs costs; it keeps its own step-cost model whatever the policy.
-        self.cost = (
-            StepCostModel(config.cost_step_s, config.cost_prefill_token_s, config.cost_decode_seq_s)
-            if self.mode == "auto" and swap_cost
-            else None
-        )
+        self.cost = cost if self.mode == "auto" and swap_cost else None
 
     def estimate(self, seq: Sequence, block_manager: Blocks) -> tuple[float, float]:
         """(recompute seconds, swap seconds) for preempting seq now; swap is inf when unmeasured."""
@@ -66,7 +61,3 @@ class PreemptionChooser:
             return True
         recompute, swap = self.estimate(seq, block_manager)
         return swap < recompute
-
-    def observe(self, plan: StepPlan, seconds: float) -> None:
-        if self.cost is not None:
-            self.cost.observe(*split(plan), seconds)

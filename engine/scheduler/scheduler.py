@@ -62,7 +62,6 @@ class Scheduler(UrgentSteps):
         self.block_manager = block_manager
         self.drafter = drafter  # speculative decoding's draft tokens for decodes (None: off)
         self.policy = policy if policy is not None else make_policy(config.policy, config, clock=clock)
-        self.preemption = PreemptionChooser(config, swap_cost if block_manager.num_host_blocks else None)
         self.running: list[Sequence] = []
         self.num_swaps = 0  # preemptions by swap (the rest were by recompute)
         self.num_admissions = 0  # sequences moved from waiting to running, readmissions included
@@ -71,7 +70,10 @@ class Scheduler(UrgentSteps):
         # static/dynamic batching: members of the current batch not admitted yet (continuous: unused)
         self._batch_left = 0
         self._starts: set[int] = set()  # ids of every sequence admitted in this step
-        UrgentSteps.__init__(self)
+        UrgentSteps.__init__(self)  # self.step_cost: the measured steps' cost model, fed once a step
+        self.preemption = PreemptionChooser(
+            config, swap_cost if block_manager.num_host_blocks else None, cost=self.step_cost
+        )
 
     @property
     def num_waiting(self) -> int:
@@ -313,9 +315,9 @@ class Scheduler(UrgentSteps):
         seq.status = SequenceStatus.FINISHED
 
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
-        """The engine measured the step of `plan` (feeds the policy's step-cost model)."""
+        """The engine measured the step of `plan`: the policy's step-cost model (SLO) and the one the
+        preemption chooser and the short steps beside urgent work read."""
         self.policy.observe(plan, seconds)
-        self.preemption.observe(plan, seconds)
         self.step_cost.observe(*split(plan), seconds)
 
     def predict_ttft(self, num_prompt_tokens: int, priority: int = 0) -> float | None:
