@@ -57,6 +57,23 @@ def test_greedy_mixed_batch_equals_no_speculation(smollm2, spec_llm, prompts):
     assert _free(spec_llm)
 
 
+def test_a_copied_run_takes_drafts_longer_than_k(smollm2, spec_llm, prompts):
+    """While the reply copies its prompt the draft length doubles past k (max_num_speculative_tokens
+    unset: 4 k), and the output stays the plain engine's."""
+    params = SamplingParams(max_tokens=48, temperature=0)
+    want = smollm2.generate([prompts[0]], params)[0].token_ids
+    engine = spec_llm.engine
+    engine.add_request("copy", prompts[0], params)
+    got, longest = [], 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            got += out.new_token_ids
+        longest = max(longest, engine.stats.last_step_spec_draft_tokens)
+    assert got == want
+    assert SPEC["num_speculative_tokens"] < longest <= 4 * SPEC["num_speculative_tokens"]
+    assert _free(spec_llm)
+
+
 def test_stop_string_n2_and_prefix_hits_equal_no_speculation(smollm2, spec_llm, prompts):
     params = [
         SamplingParams(max_tokens=40, temperature=0, stop=["lazy dog again"]),
