@@ -7,6 +7,7 @@ own INT8 copy drafting (k = --draft-k), batch 1, free chat, and the drafts' cost
 
     python -m benchmarks.speculative                       # SmolLM2, fp32 and bf16, 2 threads
     python -m benchmarks.speculative --dtypes bfloat16     # one dtype
+    python -m benchmarks.speculative --max-k 4             # n-gram drafts of a fixed length k
     python -m benchmarks.speculative --methods draft_model # the INT8 self-draft only
     python -m benchmarks.speculative --smoke               # a tiny random model, in seconds
 
@@ -26,6 +27,7 @@ from collections.abc import Callable
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
 from engine import LLM, SamplingParams
+from engine.speculative import parse_speculative_config
 
 TEXT = (
     "def total(items):\n    result = 0\n    for item in items:\n        result += item.price * item.count\n"
@@ -187,10 +189,18 @@ def batch_32(plain: LLM, spec: LLM, prompts: list[list[int]], tokens: int, batch
     return result
 
 
+def ngram_config(args: argparse.Namespace) -> dict:
+    """SPEC with --k and --max-k (unset: the config's default)."""
+    config = {**SPEC, "num_speculative_tokens": args.k}
+    if args.max_k is not None:
+        config["max_num_speculative_tokens"] = args.max_k
+    return config
+
+
 def run_dtype(model: str, dtype: str, args: argparse.Namespace, tokens: int, batch: int) -> dict:
     common = dict(model=model, dtype=dtype, num_threads=args.threads)
     plain = LLM(**common)
-    spec = LLM(**common, speculative_config={**SPEC, "num_speculative_tokens": args.k})
+    spec = LLM(**common, speculative_config=ngram_config(args))
     timer = DraftTimer(spec)
     encoded = {
         w: [plain.encode([{"role": "user", "content": p}]) for p in prompts]
@@ -241,9 +251,11 @@ def draft_table(report: dict) -> str:
 
 def table(report: dict) -> str:
     """The Markdown table of a run (what the README shows)."""
-    k = report["speculative_config"]["num_speculative_tokens"]
+    spec = parse_speculative_config(report["speculative_config"])
+    assert spec is not None
+    k = f"k={spec.num_speculative_tokens}..{spec.max_draft_tokens}"
     lines = [
-        f"| dtype | workload | plain ms/token | n-gram (k={k}) ms/token | speed-up | drafts kept "
+        f"| dtype | workload | plain ms/token | n-gram ({k}) ms/token | speed-up | drafts kept "
         "| draft ms/token | greedy equal |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
@@ -277,6 +289,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96, help="output tokens per prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--max-k", type=int, help="max_num_speculative_tokens (default: the config's)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes")
     parser.add_argument("--batch", type=int, default=32, help="the throughput run's batch")
     parser.add_argument("--methods", default="ngram,draft_model", help="comma-separated methods")
@@ -294,7 +307,7 @@ def main() -> None:
             "model": model,
             "threads": args.threads,
             "tokens_per_prompt": tokens,
-            "speculative_config": {**SPEC, "num_speculative_tokens": args.k},
+            "speculative_config": ngram_config(args),
             "priority": INTERACTIVE,
             "runs": runs,
             "load_average_before": load_before,

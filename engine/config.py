@@ -178,7 +178,7 @@ class EngineConfig(LoRAConfig):
     # None: where the CPU has AMX; True: on any CPU (oneDNN without AMX there); False: never.
     cpu_amx: bool | None = None
     # Speculative decoding (docs/speculative.md), off when None: e.g. {"method": "ngram",
-    # "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    # "num_speculative_tokens": 4, "max_num_speculative_tokens": 16, "prompt_lookup_max": 4}
     speculative_config: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:

@@ -253,9 +253,10 @@ class Sequence:
     num_accepted_tokens: int = 0
     # speculative decoding's policy (engine/speculative/policy.py): a running average of the share of
     # its drafts kept (optimistic at first), and its decode steps without drafts since it fell
-    # below min_acceptance
+    # below min_acceptance; and how many drafts it may take next (0: num_speculative_tokens)
     draft_acceptance: float = 1.0
     draft_skipped: int = 0
+    draft_limit: int = 0
     events: list[SeqEvent] = field(default_factory=list)  # not yet handed out in a RequestOutput
 
     def record(self, name: str, **attrs: object) -> None:

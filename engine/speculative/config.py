@@ -8,7 +8,8 @@ from typing import Any
 
 METHODS = ("ngram", "draft_model")
 SELF = "self"  # draft_model's `model`: the target's own weights (with `quantization`: their INT8 copy)
-NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
+NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max", "max_num_speculative_tokens")
+GROWTH = 4  # ngram: max_num_speculative_tokens when unset, times num_speculative_tokens
 DRAFT_MODEL_KEYS = ("model", "quantization")
 
 
@@ -16,6 +17,9 @@ DRAFT_MODEL_KEYS = ("model", "quantization")
 class SpeculativeConfig:
     method: str = "ngram"
     num_speculative_tokens: int = 4  # k: drafted tokens verified per speculating sequence and step
+    # ngram: a sequence whose drafts were all kept may draft twice as many next step, up to this
+    # (None: GROWTH * k; k: a fixed draft length); after a rejection it drafts k again
+    max_num_speculative_tokens: int | None = None
     prompt_lookup_min: int = 2  # ngram: shortest suffix n-gram looked up in the sequence's own tokens
     prompt_lookup_max: int = 4  # ngram: longest (tried first)
     # draft_model: the draft ("smollm2", a folder, or "self": the target's weights), sharing the
@@ -32,6 +36,15 @@ class SpeculativeConfig:
     # decode steps without drafts (its output may start copying again)
     min_acceptance: float = 0.2
     probe_interval: int = 8
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The most drafts a sequence takes in a step: max_num_speculative_tokens (ngram; unset:
+        GROWTH * k), k for a draft model."""
+        k = self.num_speculative_tokens
+        if self.method != "ngram":
+            return k
+        return GROWTH * k if self.max_num_speculative_tokens is None else self.max_num_speculative_tokens
 
 
 def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
@@ -50,7 +63,7 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     if method not in METHODS:
         raise ValueError(f"speculative_config.method must be one of {METHODS}, got {method!r}")
     keys = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "max_decoding_seqs")
-    for key in (*keys, "probe_interval"):
+    for key in (*keys, "probe_interval", "max_num_speculative_tokens"):
         v = value.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise ValueError(f"speculative_config.{key} must be a positive integer, got {v!r}")
@@ -66,6 +79,12 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
         raise ValueError(
             f"speculative_config.prompt_lookup_min ({config.prompt_lookup_min}) must be <= "
             f"prompt_lookup_max ({config.prompt_lookup_max})"
+        )
+    top = config.max_num_speculative_tokens
+    if top is not None and top < config.num_speculative_tokens:
+        raise ValueError(
+            f"speculative_config.max_num_speculative_tokens ({top}) must be >= "
+            f"num_speculative_tokens ({config.num_speculative_tokens})"
         )
     return config
 

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 
 def propose(token_ids: list[int], config: SpeculativeConfig, max_tokens: int) -> list[int]:
-    """Up to `max_tokens` draft tokens to follow `token_ids` (empty: no match)."""
-    k = min(config.num_speculative_tokens, max_tokens)
+    """Up to `max_tokens` draft tokens to follow `token_ids` (empty: no match): as far as the
+    matched continuation goes."""
+    k = max_tokens
     total = len(token_ids)
     if k <= 0:
         return []

@@ -20,6 +20,16 @@ from engine.speculative.ngram import propose
         ({"min_acceptance": "0.2"}, "min_acceptance must be a number in [0, 1)"),
         ({"min_acceptance": True}, "min_acceptance must be a number in [0, 1)"),
         ({"probe_interval": 0}, "probe_interval must be a positive integer"),
+        ({"max_num_speculative_tokens": 0}, "max_num_speculative_tokens must be a positive integer"),
+        ({"max_num_speculative_tokens": 2.5}, "max_num_speculative_tokens must be a positive integer"),
+        (
+            {"num_speculative_tokens": 6, "max_num_speculative_tokens": 5},
+            "max_num_speculative_tokens (5) must be >= num_speculative_tokens (6)",
+        ),
+        (
+            {"method": "draft_model", "model": "self", "max_num_speculative_tokens": 8},
+            "['max_num_speculative_tokens'] do not apply to method 'draft_model'",
+        ),
         ("ngram", "must be a dict or None"),
         ({"method": "draft_model"}, "model must name the draft model"),
         ({"method": "draft_model", "model": ""}, "model must name the draft model"),
@@ -38,6 +48,9 @@ def test_defaults_and_off():
     assert EngineConfig().speculative_config is None and parse_speculative_config(None) is None
     config = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3})
     assert config == SpeculativeConfig(num_speculative_tokens=3)
+    assert config.max_num_speculative_tokens is None and config.max_draft_tokens == 12
+    fixed = parse_speculative_config({"num_speculative_tokens": 3, "max_num_speculative_tokens": 3})
+    assert fixed is not None and fixed.max_draft_tokens == 3
     assert (config.min_acceptance, config.probe_interval) == (0.2, 8)
     tuned = parse_speculative_config({"min_acceptance": 0, "probe_interval": 32})
     assert tuned is not None and (tuned.min_acceptance, tuned.probe_interval) == (0, 32)
@@ -60,3 +73,4 @@ def test_prompt_lookup_takes_the_latest_longest_match():
     assert propose(tokens, config, 1) == [9]
     assert propose([1, 2, 3, 4], config, 3) == []  # no earlier occurrence of any suffix
     assert propose(tokens, SpeculativeConfig(prompt_lookup_min=4, prompt_lookup_max=4), 3) == []
+    assert propose(tokens, config, 8) == [9, 4, 5, 6]  # a draft goes as far as the continuation

@@ -1,13 +1,21 @@
-"""The speculation policy (engine/speculative/policy.py), plain Python: who drafts, how many, and the
-acceptance-aware rule: a sequence whose drafts are rejected stops drafting, probes again every
-probe_interval steps, and drafts on once a probe's drafts are kept."""
+"""The speculation policy (engine/speculative/policy.py), plain Python: who drafts, how many, the
+acceptance-aware rule (a sequence whose drafts are rejected stops drafting, probes again every
+probe_interval steps, and drafts on once a probe's drafts are kept) and the draft length (doubled
+after a draft kept whole, up to max_num_speculative_tokens; what was kept, at least k, after a
+rejection)."""
 
 from engine.request import SamplingParams, Sequence
 from engine.speculative import SpeculativeConfig
 from engine.speculative.policy import draft_room, observe
 
 K = 4
-CONFIG = SpeculativeConfig(num_speculative_tokens=K, min_priority=0, min_acceptance=0.2, probe_interval=8)
+CONFIG = SpeculativeConfig(  # a fixed draft length
+    num_speculative_tokens=K,
+    max_num_speculative_tokens=K,
+    min_priority=0,
+    min_acceptance=0.2,
+    probe_interval=8,
+)
 
 
 def _seq(priority: int = 0, **params) -> Sequence:
@@ -56,3 +64,24 @@ def test_partly_kept_drafts_keep_drafting_and_zero_turns_the_rule_off():
     for _ in range(50):
         assert _room(seq, off) == K
         observe(seq, K, 0)
+
+
+def test_draft_length_doubles_while_kept_whole_and_falls_back_on_rejection():
+    config = SpeculativeConfig(num_speculative_tokens=K, max_num_speculative_tokens=12, min_priority=0)
+    seq = _seq()
+    lengths = []
+    for _ in range(4):  # every draft kept: 4, 8, then 12 (the cap) twice
+        lengths.append(_room(seq, config))
+        observe(seq, lengths[-1], lengths[-1])
+    assert lengths == [4, 8, 12, 12]
+    observe(seq, 12, 7)  # seven of twelve kept: the next draft is seven long
+    assert _room(seq, config) == 7
+    observe(seq, 7, 1)  # one kept: back to k, never below it
+    assert _room(seq, config) == K
+    observe(seq, K, K)
+    assert _room(seq, config) == 2 * K
+    seq.token_ids += [7] * 58  # 58 of 64 output tokens: the bonus token is the 64th
+    assert _room(seq, config) == 5  # the limit (8) gives way to max_tokens
+    draft_model = SpeculativeConfig(method="draft_model", model="self", num_speculative_tokens=K)
+    assert draft_model.max_draft_tokens == K  # a draft model drafts a fixed k
+    assert SpeculativeConfig(num_speculative_tokens=3).max_draft_tokens == 12  # unset: GROWTH * k

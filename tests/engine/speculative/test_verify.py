@@ -22,13 +22,14 @@ QUOTE = [{"role": "user", "content": f"Quote the first sentence of this text twi
 
 @pytest.fixture(scope="module")
 def spec_llm():
-    # a small KV cache (28 blocks of 16): the five sequences of the mixed batch must preempt
+    # a small KV cache (28 blocks of 16): the five sequences of the mixed batch must preempt (with
+    # drafts of k each: longer ones finish the short replies first, and nobody is preempted)
     return LLM(
         model="smollm2",
         dtype="float32",
         num_threads=2,
         num_kv_blocks=28,
-        speculative_config={**SPEC, "min_priority": 0},
+        speculative_config={**SPEC, "max_num_speculative_tokens": 4, "min_priority": 0},
     )
 
 
@@ -55,6 +56,24 @@ def test_greedy_mixed_batch_equals_no_speculation(smollm2, spec_llm, prompts):
         assert [lp.logprob for lp in g.logprobs] == pytest.approx([lp.logprob for lp in w.logprobs], abs=1e-3)
     assert stats.spec_accepted_tokens - before > 10  # the copy prompts do accept drafts
     assert _free(spec_llm)
+
+
+def test_a_copied_run_takes_drafts_longer_than_k(smollm2, prompts):
+    """While the reply copies its prompt the draft length doubles past k (max_num_speculative_tokens
+    unset: 4 k), and the output stays the plain engine's."""
+    params = SamplingParams(max_tokens=48, temperature=0)
+    want = smollm2.generate([prompts[0]], params)[0].token_ids
+    llm = LLM(model="smollm2", dtype="float32", num_threads=2, speculative_config={**SPEC, "min_priority": 0})
+    engine = llm.engine
+    engine.add_request("copy", prompts[0], params)
+    got, longest = [], 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            got += out.new_token_ids
+        longest = max(longest, engine.stats.last_step_spec_draft_tokens)
+    assert got == want
+    assert SPEC["num_speculative_tokens"] < longest <= 4 * SPEC["num_speculative_tokens"]
+    assert _free(llm)
 
 
 def test_stop_string_n2_and_prefix_hits_equal_no_speculation(smollm2, spec_llm, prompts):
