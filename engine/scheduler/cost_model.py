@@ -22,6 +22,9 @@ PRIOR_WEIGHT = 0.02  # weight of each prior pseudo-observation
 PRIOR_PREFILL, PRIOR_DECODES = 256, 8  # where the prior pseudo-observations sit
 
 
+FLOOR = 0.01  # the smallest fitted term, as a share of its prior
+
+
 def split(plan: StepPlan) -> tuple[int, int]:
     """(prefill tokens, decoding sequences) of a StepPlan (ScheduledSeq.is_decode).
 
@@ -86,4 +89,6 @@ class StepCostModel:
                 b[i] += PRIOR_WEIGHT * x[i] * y
                 for j in range(3):
                     a[i][j] += PRIOR_WEIGHT * x[i] * x[j]
-        return [max(0.0, v) for v in _solve(a, b)]
+        # a step never costs nothing: a fit that drives a term to or below zero (fast steps of
+        # one kind only) keeps FLOOR of the prior's value for it
+        return [max(FLOOR * prior, v) for v, prior in zip(_solve(a, b), self.prior)]

@@ -114,13 +114,22 @@ def test_int8_perplexity_stays_close_to_fp32(smollm2, int8):
 
 
 def test_int8_greedy_outputs_mostly_agree_with_fp32(smollm2, int8):
+    """Teacher-forced on fp32's greedy continuation: INT8 ranks fp32's token first at most positions.
+    How long two greedy runs agree is chance (one near tie forks them; 40-60% of tokens on different
+    CPUs), so the free-running agreement is only required to be exact for some prompt."""
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     ref = [c.token_ids for c in smollm2.generate(CHATS, params)]
+    prompts = [smollm2.encode(chat) for chat in CHATS]
+    scored = int8.generate(
+        [p + r for p, r in zip(prompts, ref)], SamplingParams(max_tokens=0, prompt_logprobs=1)
+    )
+    hits = [
+        sum(c.prompt_logprobs[len(p) + i].top[0][0] == t for i, t in enumerate(r))
+        for p, r, c in zip(prompts, ref, scored)
+    ]
+    assert sum(hits) / sum(map(len, ref)) >= 0.85, hits
     ours = [c.token_ids for c in int8.generate(CHATS, params)]
-    # the share of tokens produced before the first divergence, over all prompts
-    agree = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), len(r)) for r, o in zip(ref, ours)]
-    assert sum(agree) / sum(map(len, ref)) >= 0.5, agree
-    assert sum(a == len(r) for a, r in zip(agree, ref)) >= 2  # some outputs are identical throughout
+    assert any(o == r for o, r in zip(ours, ref))  # some outputs are identical throughout
 
 
 def test_dense_path_never_materialises_a_float32_weight():
