@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -43,6 +44,24 @@ MOE_SHAPES = (
     ("olmoe-1b-7b", 2048, 1024, 64, 8, False),
 )
 MOE_TOKENS = (1, 256)  # a decode step (16-row blocks) and a prefill-sized one (64-row blocks)
+LORA_SHAPES = ((4096, 3 * 4096, 3), (14336, 4096, 1))  # (in, out, m): an 8B's fused qkv and down
+MMA = re.compile(r"\b(wgmma\.mma_async\S*|mma\.sync\S*)")
+
+
+def launch_lora(dtype, in_f: int, out_f: int, m: int, rows: int = 3) -> None:
+    """The LoRA kernels as the engine launches them: fp32 adapters (rank 16) in every model dtype,
+    one segment of `rows` rows (run, or captured by a VariantLog)."""
+    import torch
+
+    from engine.lora.kernels.base import Segment
+    from engine.lora.kernels.triton_sgmv import TritonSGMV
+
+    lora = TritonSGMV()
+    a = torch.empty(2, 16, m, in_f, dtype=torch.float32)
+    b = torch.empty(2, 16, m, out_f // m, dtype=torch.float32)
+    meta = lora.prepare([Segment(0, rows, 0, 16)], torch.device("cpu"))
+    x, y = torch.empty(rows, in_f, dtype=dtype), torch.empty(rows, out_f // m * m, dtype=dtype)
+    lora.apply(y, x, a, b, meta)
 
 
 def capture():
@@ -52,8 +71,6 @@ def capture():
     from engine.kernels import fused_moe, kv_write, paged_decode, paged_prefill
     from engine.kernels.fused_ops import TritonOps
     from engine.kernels.variants import VariantLog
-    from engine.lora.kernels.base import Segment
-    from engine.lora.kernels.triton_sgmv import TritonSGMV
 
     log = VariantLog(execute=False)
     labels = {}
@@ -143,14 +160,8 @@ def capture():
             )
             ops.silu_mul(torch.empty(3, 2 * inter, dtype=dtype))
             mark(f"{dn} hidden {hidden}")
-        lora = TritonSGMV()
-        for in_f, out_f, m in [(4096, 3 * 4096, 3), (14336, 4096, 1)]:
-            a = torch.empty(2, 16, m, in_f, dtype=dtype)
-            b = torch.empty(2, 16, m, out_f // m, dtype=dtype)
-            meta = lora.prepare([Segment(0, 3, 0, 16)], torch.device("cpu"))
-            x, y = torch.empty(3, in_f, dtype=dtype), torch.empty(3, out_f // m * m, dtype=dtype)
-            with contextlib.suppress(AssertionError, RuntimeError):
-                lora.apply(y, x, a, b, meta)
+        for in_f, out_f, m in LORA_SHAPES:
+            launch_lora(dtype, in_f, out_f, m)
             mark(f"{dn} lora in {in_f}")
     log.close()
     return [
@@ -158,6 +169,23 @@ def capture():
         for name, examples in log.examples.items()
         for key, (args, kwargs) in examples.items()
     ]
+
+
+def capture_lora():
+    """capture() for the LoRA kernels alone: every model dtype at LORA_SHAPES."""
+    import torch
+
+    from engine.kernels.variants import VariantLog
+
+    log, labels = VariantLog(execute=False), {}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for in_f, out_f, m in LORA_SHAPES:
+            launch_lora(dtype, in_f, out_f, m)
+            for name, examples in log.examples.items():
+                for key in examples:
+                    labels.setdefault((name, key), f"{str(dtype).removeprefix('torch.')} lora in {in_f}")
+    log.close()
+    return [(n, *log.examples[n][key], label) for (n, key), label in labels.items()]
 
 
 def source(item):
@@ -184,7 +212,9 @@ def source(item):
     return name, label, src, options, hashlib.sha256(key.encode()).hexdigest()
 
 
-def compile_one(item) -> dict:
+def compile_one(item, ptx: bool = False) -> dict:
+    """Shared memory, registers and spills of a captured launch's sm_90a build; with `ptx`, also
+    the kinds of tensor-core instruction in its PTX ("mma")."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -201,7 +231,7 @@ def compile_one(item) -> dict:
     loads = re.search(r"(\d+) bytes spill loads", text)
     if regs is None:
         raise RuntimeError(f"{name} {label}: no ptxas report (a cached compile?)\n{text[-2000:]}")
-    return {
+    out = {
         "key": key,
         "kernel": name,
         "variant": label,
@@ -210,6 +240,9 @@ def compile_one(item) -> dict:
         "registers": int(regs.group(1)),
         "spill_bytes": int(stores.group(1)) + int(loads.group(1)),
     }
+    if ptx:
+        out["mma"] = sorted(set(MMA.findall(compiled.asm["ptx"])))
+    return out
 
 
 def _load(path: Path) -> dict:
@@ -223,10 +256,17 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--update", action="store_true", help=f"rewrite {REPORT.name} with this grid's results")
+    ap.add_argument("--lora", action="store_true", help="the LoRA kernels alone, with their PTX's MMAs, uncached")
     args = ap.parse_args(argv)
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm90-")  # a fresh cache: ptxas reports
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    if args.lora:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            lora = list(pool.map(functools.partial(compile_one, ptx=True), capture_lora()))
+        for r in lora:
+            print(json.dumps(r))
+        return lora
     items = capture()
     keys = [source(item)[4] for item in items]
     known = {**_load(REPORT), **_load(USER_CACHE)}
