@@ -70,6 +70,7 @@ class VariantLog:
         self.keys: dict[str, set[str]] = defaultdict(set)
         self.launches: Counter[str] = Counter()
         self.examples: dict[str, dict[str, tuple]] = defaultdict(dict)  # one launch's arguments a key
+        self.last: dict[str, tuple[Any, tuple, dict]] = {}  # the last launch a kernel: grid, args, kwargs
         self._patched: list[tuple[Any, Callable[..., Any]]] = []
         for name, kernel in kernels().items():
             original = kernel.run
@@ -84,6 +85,7 @@ class VariantLog:
                 **kwargs: Any,
             ) -> Any:
                 self.launches[_name] += 1
+                self.last[_name] = (grid, args, kwargs)
                 key = specialization_key(_kernel, *args, **kwargs)
                 self.keys[_name].add(key)
                 self.examples[_name].setdefault(key, (args, dict(kwargs)))

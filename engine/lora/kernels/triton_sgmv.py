@@ -40,8 +40,8 @@ BLOCK_M = 16  # rows of a program
 SHRINK_BLOCK_K = 64  # inputs per step of the shrink's reduction
 EXPAND_BLOCK_N = 64  # output columns of an expand program
 EXPAND_BLOCK_K = 16  # rank columns per step of the expand's reduction
-MIN_CHUNK = 256  # fewest inputs a shrink program reduces over
-MAX_SPLITS = 64
+MIN_CHUNK = 64  # fewest inputs a shrink program reduces over (one step)
+MAX_SPLITS = 256
 H100_SMS = 132  # where no GPU is queried (the interpreter, offline compiles)
 EMULATE = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -86,10 +86,7 @@ def _dot(p, q, acc, T: tl.constexpr, EMULATE: tl.constexpr):
     IEEE; bf16/fp16, MMAs in T, an fp32 operand split in three terms and the products down to
     1/S^2 taken (3 MMAs for one fp32 operand, 6 for two, 1 for none)."""
     zero = tl.zeros(acc.shape, tl.float32)
-    if T == tl.bfloat16:
-        S: tl.constexpr = 256.0  # 2^(mantissa bits + 1)
-    else:
-        S: tl.constexpr = 2048.0
+    S: tl.constexpr = 256.0 if T == tl.bfloat16 else 2048.0  # 2^(mantissa bits + 1)
     if T == tl.float32:
         acc = tl.dot(p.to(tl.float32), q.to(tl.float32), acc, input_precision="ieee")
     elif p.dtype == T and q.dtype == T:
@@ -114,7 +111,8 @@ def _dot(p, q, acc, T: tl.constexpr, EMULATE: tl.constexpr):
     return acc
 
 
-@triton.jit(do_not_specialize=["M", "NCB"])  # M: 1 for o/down, 2 or 3 fused; NCB: the step's rank
+# M: 1 for o/down, 2 or 3 fused; NCB: from the step's largest rank; stride_xs: rows x R*M
+@triton.jit(do_not_specialize=["M", "NCB", "stride_xs"])
 def _shrink(
     x_ptr,
     a_ptr,
@@ -238,9 +236,11 @@ class TritonSGMV(LoRAKernel):
     name = "triton"
 
     def prepare(self, segments: list[Segment], device: torch.device) -> SegmentTensors:
-        cols = host_to_device(
-            torch.tensor([list(s) for s in segments], dtype=torch.int32).T.contiguous(), device
-        )
+        # [4, G] padded to G a multiple of 4: each row starts 16-byte aligned, as Triton specialises
+        # pointers on (else the segment count would pick the compiled variant)
+        table = torch.zeros(4, triton.cdiv(len(segments), 4) * 4, dtype=torch.int32)
+        table[:, : len(segments)] = torch.tensor([list(s) for s in segments], dtype=torch.int32).T
+        cols = host_to_device(table, device)[:, : len(segments)]
         return SegmentTensors(
             cols[0],
             cols[1],
@@ -265,7 +265,9 @@ class TritonSGMV(LoRAKernel):
         ncb = triton.cdiv(K, block_n)
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else H100_SMS
         splits, chunk = shrink_plan(IN, G * row_blocks * ncb, sms)
-        part = torch.empty(splits, x.shape[0], K, dtype=torch.float32, device=x.device)  # rows of no segment unused
+        # [splits, T, R*M] (R*M: one row stride a projection, whatever the step's ranks); the rows of
+        # no segment and the columns past a segment's rank stay unwritten, and the expand masks them
+        part = torch.empty(splits, x.shape[0], R * M, dtype=torch.float32, device=x.device)
         _shrink[(splits * ncb, row_blocks, G)](
             x,
             a2,

@@ -256,7 +256,7 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--update", action="store_true", help=f"rewrite {REPORT.name} with this grid's results")
-    ap.add_argument("--lora", action="store_true", help="the LoRA kernels alone, with their PTX's MMAs, uncached")
+    ap.add_argument("--lora", action="store_true", help="LoRA kernels only, with MMA kinds")
     args = ap.parse_args(argv)
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm90-")  # a fresh cache: ptxas reports

@@ -17,41 +17,72 @@ import torch  # noqa: E402
 from engine.lora.kernels import Segment, make_kernel  # noqa: E402
 
 
+def compare(dtype, wdtype, tol, shape, segs) -> float:
+    """The Triton kernel against the torch kernel in fp32 on the same values (max abs error over
+    the max |reference| within `tol`); rows of no segment bit for bit unchanged; a bf16/fp16 model
+    with fp32 adapters within one step of its dtype of the torch kernel's (the sum rounded once)."""
+    S, R, M, IN, OUT, T = shape
+    a = torch.randn(S, R, M, IN).to(wdtype)
+    b = torch.randn(S, R, M, OUT).to(wdtype)
+    x = torch.randn(T, IN).to(dtype)
+    y0 = torch.randn(T, OUT).to(dtype)
+    dev = torch.device(DEVICE)
+    want, got = y0.float(), y0.clone()
+    make_kernel("torch", "cpu").apply(want, x.float(), a.float(), b.float(), segs)
+    tri = make_kernel("triton", "cuda")
+    out = got.to(dev)
+    tri.apply(out, x.to(dev), a.to(dev), b.to(dev), tri.prepare(segs, dev))
+    got = out.cpu()
+    err = (want - got.float()).abs().max().item()
+    assert err <= tol * want.abs().max().item(), (dtype, wdtype, shape, err)
+    touched = torch.zeros(T, dtype=torch.bool)
+    for s in segs:
+        touched[s.start : s.end] = True
+    assert torch.equal(got[~touched], y0[~touched]), "rows without adapter changed"
+    if wdtype == torch.float32 != dtype:
+        same = y0.clone()
+        make_kernel("torch", "cpu").apply(same, x, a, b, segs)
+        step = torch.finfo(dtype).eps * want.abs()
+        assert ((same.float() - got.float()).abs() <= step + 1e-6).all(), "triton and torch disagree"
+    return err
+
+
 def check_kernels() -> None:
     torch.manual_seed(0)
     # (activations and outputs, adapter weights, tolerance): the engine keeps adapters in fp32 for
-    # every model dtype; bf16 adapters are checked too (the kernels upcast whatever they load)
+    # every model dtype; bf16 adapters are checked too (a dot of the model's dtype on both sides)
     cases = (
-        (torch.float32, torch.float32, 1e-4),
+        (torch.float32, torch.float32, 1e-5),
         (torch.bfloat16, torch.float32, 1e-2),
+        (torch.float16, torch.float32, 1e-3),
         (torch.bfloat16, torch.bfloat16, 1e-2),
     )
+    # rows 0-4 no adapter; ranks differ; one segment longer than a row block; rows 35-36 none
+    segs = [Segment(5, 9, 2, 3), Segment(9, 30, 0, 8), Segment(30, 35, 1, 1)]
     for dtype, wdtype, tol in cases:
-        S, R, M, IN, OUT, T = 3, 8, 2, 40, 72, 37  # sizes off the block sizes on purpose
-        a = torch.randn(S, R, M, IN).to(wdtype)
-        b = torch.randn(S, R, M, OUT).to(wdtype)
-        x = torch.randn(T, IN).to(dtype)
-        y0 = torch.randn(T, OUT).to(dtype)
-        dev = torch.device(DEVICE)
-        # rows 0-4 no adapter; ranks differ; one segment longer than a row block; rows 35-36 none
-        segs = [Segment(5, 9, 2, 3), Segment(9, 30, 0, 8), Segment(30, 35, 1, 1)]
-        want, got = y0.float(), y0.clone()  # reference: the torch kernel in fp32 on the same values
-        make_kernel("torch", "cpu").apply(want, x.float(), a.float(), b.float(), segs)
-        tri = make_kernel("triton", "cuda")
-        out = got.to(dev)
-        tri.apply(out, x.to(dev), a.to(dev), b.to(dev), tri.prepare(segs, dev))
-        got = out.cpu()
-        err = (want - got.float()).abs().max().item()
-        assert err <= tol * want.abs().max().item(), (dtype, err)
-        assert torch.equal(got[:5], y0[:5]) and torch.equal(got[35:], y0[35:]), "rows without adapter changed"
-        if (
-            wdtype == torch.float32 != dtype
-        ):  # base + delta rounded once: within one step of y's dtype of the sum
-            same = y0.clone()
-            make_kernel("torch", "cpu").apply(same, x, a, b, segs)
-            step = torch.finfo(dtype).eps * want.abs()
-            assert ((same.float() - got.float()).abs() <= step + 1e-6).all(), "triton and torch disagree"
+        err = compare(dtype, wdtype, tol, (3, 8, 2, 40, 72, 37), segs)  # sizes off the block sizes
         print(f"kernels {dtype} (adapters {wdtype}): max abs err {err:.2e}")
+
+
+def check_split_k() -> None:
+    """Decode-sized steps, whose shrink splits K over several programs a tile: K off the block
+    size, several adapters and ranks, rows of no adapter before, between and after."""
+    from engine.kernels.variants import VariantLog
+    from engine.lora.kernels.triton_sgmv import _shrink
+
+    torch.manual_seed(1)
+    segs = [Segment(2, 3, 1, 16), Segment(3, 5, 0, 4), Segment(7, 8, 2, 8)]
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        for in_f in (200, 1000, 4100):
+            log = VariantLog()
+            try:
+                err = compare(dtype, torch.float32, tol, (3, 16, 3, in_f, 72, 10), segs)
+                grid, args, _ = log.last["_shrink"]
+            finally:
+                log.close()
+            splits = grid[0] // dict(zip(_shrink.arg_names, args))["NCB"]
+            assert splits > 1, grid
+            print(f"split-K {dtype} in {in_f}: {splits} chunks, max abs err {err:.2e}")
 
 
 def check_engine(adapters_module_dir: str) -> None:
@@ -109,5 +140,6 @@ def check_engine(adapters_module_dir: str) -> None:
 
 if __name__ == "__main__":
     check_kernels()
+    check_split_k()
     check_engine(sys.argv[1])
     print(f"device {DEVICE}")
