@@ -41,9 +41,10 @@ def test_decode_shrink_splits_k_over_several_programs_a_segment(in_f, m, adapter
         grid, arg = _launch(log, segments, in_f, 4096, m)
     finally:
         log.close()
-    splits = grid[0] // arg["NCB"]
-    assert grid[0] == splits * arg["NCB"] and grid[2] == adapters
+    tiles = adapters * -(-rows // arg["BLOCK_M"]) * -(-RANK * m // arg["BLOCK_N"])  # row x column tiles
+    splits = grid[0] * grid[1] * grid[2] // tiles  # programs a tile
     assert splits > 1, grid  # each row x column tile of a segment is reduced by several programs
+    assert grid == (splits * arg["NCB"], -(-rows // arg["BLOCK_M"]), adapters)
     assert (splits - 1) * arg["CHUNK"] < in_f <= splits * arg["CHUNK"]  # the chunks cover K once
     assert arg["CHUNK"] % arg["BLOCK_K"] == 0
     if in_f == 14336:  # an 8B's down projection: the decode shrink fills an H100

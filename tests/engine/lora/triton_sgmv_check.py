@@ -77,11 +77,12 @@ def check_split_k() -> None:
             log = VariantLog()
             try:
                 err = compare(dtype, torch.float32, tol, (3, 16, 3, in_f, 72, 10), segs)
-                grid, args, _ = log.last["_shrink"]
+                grid, args, kwargs = log.last["_shrink"]
             finally:
                 log.close()
-            splits = grid[0] // dict(zip(_shrink.arg_names, args))["NCB"]
-            assert splits > 1, grid
+            arg = {**dict(zip(_shrink.arg_names, args)), **kwargs}  # one adapter's rows a row block
+            splits = grid[0] * grid[1] * grid[2] // (len(segs) * -(-16 * 3 // arg["BLOCK_N"]))
+            assert splits > 1, grid  # programs a row x column tile
             print(f"split-K {dtype} in {in_f}: {splits} chunks, max abs err {err:.2e}")
 
 
