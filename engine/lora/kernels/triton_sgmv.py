@@ -16,16 +16,17 @@ plane and the planes are summed in a fixed order (a torch sum), so results are d
 Precision (`_dot`): a fp32 model's dots are IEEE fp32 (exact to fp32 rounding). A bf16 or fp16
 model's dots run on the tensor cores in that dtype with fp32 accumulation. The engine keeps
 adapters in fp32 (PEFT's arithmetic, docs/lora.md) and the rank-r intermediate is fp32: an fp32
-operand is split into two terms of the model's dtype (hi = round(v), lo = round(v - hi)) and the
-leading products are summed (x hi + x lo in the shrink; hi hi + hi lo + lo hi in the expand),
-which keeps about 16 bits of each fp32 operand, far below the one rounding of y + delta to the
-model's dtype on store. Adapters already in the model's dtype take one MMA. Triton's interpreter
-gets bf16 dots wrong, so there (EMULATE) the same bf16/fp16 operands are upcast for the dot: the
-products are exact either way and only the summation order differs from the GPU.
+operand is split into three terms of the model's dtype, v = hi + mid / S + lo / S^2 (S = 2^(its
+mantissa bits + 1)), and the products down to 1/S^2 are summed (3 MMAs a tile in the shrink, 6 in
+the expand), which keeps the fp32 operands to about 2^-24: the result is the fp32 dot's up to
+summation order, and y + delta is rounded to the model's dtype once on store. Adapters already in
+the model's dtype take one MMA. Triton's interpreter gets bf16 dots wrong, so there (EMULATE) the
+same bf16/fp16 operands are upcast for the dot: the products are exact either way.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -222,6 +223,13 @@ def shrink_plan(in_features: int, tiles: int, sms: int = H100_SMS) -> tuple[int,
     return triton.cdiv(in_features, chunk), chunk
 
 
+@functools.cache
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H100_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @dataclass
 class SegmentTensors:
     starts: torch.Tensor  # [G] int32, on the device
@@ -263,8 +271,7 @@ class TritonSGMV(LoRAKernel):
         # columns of a shrink program: the slots' R*M (fixed per projection: one variant), 16..64
         block_n = min(64, max(16, triton.next_power_of_2(R * M)))
         ncb = triton.cdiv(K, block_n)
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else H100_SMS
-        splits, chunk = shrink_plan(IN, G * row_blocks * ncb, sms)
+        splits, chunk = shrink_plan(IN, G * row_blocks * ncb, _sms(x.device))
         # [splits, T, R*M] (R*M: one row stride a projection, whatever the step's ranks); the rows of
         # no segment and the columns past a segment's rank stay unwritten, and the expand masks them
         part = torch.empty(splits, x.shape[0], R * M, dtype=torch.float32, device=x.device)
