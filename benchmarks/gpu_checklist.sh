@@ -2,9 +2,10 @@
 # The first run on a GPU machine, unattended, everything under one folder to bring back:
 #   bash benchmarks/gpu_checklist.sh [FOLDER] [lease|full]   (FOLDER default: $OUT, else benchmarks/results/checklist)
 # lease (default) fits one 10-minute command on an H100/H200: the CUDA tests in 8 processes, the sync check,
-# benchmarks.gpu bandwidth + decode for the 1B and 8B shapes. full adds the 1B workload against transformers
-# and HF batch-1 decode (about 30 minutes). Each part writes its log; a failing part does not stop the next;
-# the folder is also packed into checklist.tgz (the device tool brings back few files). Exit status: failed parts.
+# benchmarks.gpu bandwidth + decode for the 1B and 8B shapes, the LoRA kernels alone (benchmarks.lora_kernels).
+# full adds the 1B workload against transformers and HF batch-1 decode (about 30 minutes). Each part writes its
+# log; a failing part does not stop the next; the folder is also packed into checklist.tgz (the device tool
+# brings back few files). Exit status: failed parts.
 set -u
 DIR="${1:-${OUT:-benchmarks/results/checklist}}"
 MODE="${2:-lease}"
@@ -34,6 +35,7 @@ part tests 210 env OMP_NUM_THREADS=2 python3 -m pytest -q -p no:cacheprovider -n
   --junitxml="$WORK/tests.xml"
 part sync_debug 45 python3 -m benchmarks.gpu_sync_check
 part decode 270 python3 -m benchmarks.gpu --models 1b,8b --parts bandwidth,decode --out "$WORK/decode"
+part lora_kernels 90 python3 -m benchmarks.lora_kernels --out "$WORK/lora_kernels"
 if [ "$MODE" = full ]; then
   part workload_1b 600 python3 -m benchmarks.gpu --models 1b --parts workload --hf-requests 64 --out "$WORK/w1b"
   part hf_decode 600 python3 -m benchmarks.gpu --models 1b,8b --parts hf_decode --out "$WORK/hf1"
