@@ -3,7 +3,8 @@ urgent_step_overhead): the Scheduler's part that keeps an urgent request's first
 waiting behind bulk work. An urgent prefill's step runs no other prefill chunk (and, while steps
 are kept short, none of the decodes the policy says it goes before); a second urgent prompt that
 would be split starts next step instead; a step that prefills no urgent work is cut to a token cap
-from the fitted step-cost model. docs/scheduling.md ("Short steps beside urgent work").
+from the fitted step-cost model, also for urgent_horizon_s after urgent work was last present.
+docs/scheduling.md ("Short steps beside urgent work").
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ class UrgentSteps:
         return out
 
     def _short_step_cap(self) -> int | None:
-        """The step's token cap while urgent work is running or waiting, or None (the full budget):
-        the tokens at which the fitted fixed cost of a step is config.urgent_step_overhead of its
-        time, at least a quarter of the budget."""
+        """The step's token cap while urgent work is running or waiting, and for
+        config.urgent_horizon_s after it last was (so the first urgent arrival of a quiet spell
+        meets a short step too), or None (the full budget): the tokens at which the fitted fixed
+        cost of a step is config.urgent_step_overhead of its time, at least a quarter of the budget."""
         share, budget = self.config.urgent_step_overhead, self.config.max_num_batched_tokens
         if not share:
             return None
