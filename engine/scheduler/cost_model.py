@@ -10,6 +10,7 @@ the terms comes from a slower fit over the last ~1000 steps (SLOW_DECAY), which 
 other shapes measured. Each fit holds the split it starts from (the slow fit: the configured prior;
 the recent fit: the slow fit's) as three pseudo-observations of one free scale, a shape rather than
 a level, so a model with few or uniform observations stays well posed at the level it measured.
+A step counts for at most OUTLIER times its predicted cost, so a one-off stall does not hold the fit.
 Plain Python: four unknowns, solved by Gaussian elimination when `theta` is read after new
 observations (an observation only updates the decayed sums: the engine observes every step, and
 most steps read nothing).
@@ -30,6 +31,7 @@ SCALE_WEIGHT = 1e-6  # of the prior's scale held near 1: the steps measured set 
 
 
 FLOOR = 0.01  # the smallest fitted term, as a share of its prior
+OUTLIER = 4.0  # the most an observed step counts for, as a multiple of its predicted cost
 
 
 def split(plan: StepPlan) -> tuple[int, int]:
@@ -101,13 +103,14 @@ class StepCostModel:
     def __init__(self, step_s: float = 0.005, prefill_token_s: float = 0.0002, decode_seq_s: float = 0.001):
         self.prior = (step_s, prefill_token_s, decode_seq_s)
         self._theta: list[float] | None = list(self.prior)  # None: observed since the last fit
+        self._last = list(self.prior)  # the last fit
         self._recent, self._slow = _Sums(DECAY), _Sums(SLOW_DECAY)
 
     @property
     def theta(self) -> list[float]:
         """[step_s, prefill_token_s, decode_seq_s] fitted on the observations so far."""
         if self._theta is None:
-            self._theta = self._fit()
+            self._theta = self._last = self._fit()
         return self._theta
 
     def predict(self, prefill_tokens: int, decode_seqs: int) -> float:
@@ -115,6 +118,13 @@ class StepCostModel:
         return a + b * prefill_tokens + c * decode_seqs
 
     def observe(self, prefill_tokens: int, decode_seqs: int, seconds: float) -> None:
+        """One measured step. A step slower than OUTLIER times the model's prediction counts as that
+        many times the prediction: a one-off stall (an engine's first forward with its one-time
+        costs, a descheduled process) would otherwise hold the fit for hundreds of steps, while a
+        lasting slowdown still lifts the level by up to OUTLIER a step."""
+        a, b, c = self._last
+        if seconds > OUTLIER * (a + b * prefill_tokens + c * decode_seqs):
+            seconds = min(seconds, OUTLIER * self.predict(prefill_tokens, decode_seqs))
         x = (1.0, float(prefill_tokens), float(decode_seqs))
         self._recent.add(x, seconds)
         self._slow.add(x, seconds)

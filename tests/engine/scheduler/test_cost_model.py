@@ -54,3 +54,28 @@ def test_no_observation_is_the_prior_and_a_new_level_is_followed():
         m.observe(*shape, 2 * cpu(*shape))
     for shape in ((128, 0), (0, 32), (64, 16), (16, 0)):
         assert m.predict(*shape) == pytest.approx(2 * cpu(*shape), rel=0.05), shape
+
+
+def mixed(m: StepCostModel, rng: random.Random, n: int, level: float = 1.0) -> None:
+    """n steps as under a saturating backlog: full budgets, sometimes decodes alone."""
+    for _ in range(n):
+        p = rng.randrange(100)
+        shape = (0, rng.randrange(20, 33)) if rng.random() < 0.2 else (p, 128 - p)
+        m.observe(*shape, level * cpu(*shape))
+
+
+def test_a_one_off_stall_does_not_hold_the_fit():
+    m = StepCostModel()
+    m.observe(64, 0, 1.0)  # a first forward with its one-time costs: 1 s for a ~50 ms step
+    mixed(m, random.Random(0), 100)
+    assert m.predict(32, 0) == pytest.approx(cpu(32, 0), rel=0.1)
+    assert m.theta[0] == pytest.approx(0.010, rel=0.15)
+
+
+def test_a_lasting_slowdown_is_followed():
+    m = StepCostModel()
+    rng = random.Random(0)
+    mixed(m, rng, 100)
+    mixed(m, rng, 300, level=10.0)  # ten times slower from now on: about what the fit remembers
+    for shape in ((128, 0), (0, 32), (32, 0)):
+        assert m.predict(*shape) == pytest.approx(10 * cpu(*shape), rel=0.1), shape
