@@ -1,7 +1,8 @@
 """Scenarios 1-3 of benchmarks.scheduling (same engine limits, request shapes and traces) on the
 simulator with a CPU-like step cost, against the short steps beside urgent work
-(`urgent_step_overhead`) and with them off: deterministic, so the comparison does not depend on
-the load of a shared machine the way the real engine's wall-clock runs do.
+(`urgent_step_overhead`), with them off and without two of their parts: deterministic, so the
+comparison does not depend on the load of a shared machine the way the real engine's wall-clock
+runs do.
 
     python -m benchmarks.sched_sim_cpu                    # about a minute on one core
     python -m benchmarks.sched_sim_cpu --step-s 0.02      # a larger fixed cost per step
@@ -25,7 +26,12 @@ from engine.sim.simulator import Simulator, StepCost, backlog, poisson_trace
 SHAPE = dict(prompt_len=(32, 96), output_len=(16, 48))  # benchmarks.scheduling's
 ENGINE = SchedulerConfig(block_size=16, watermark=0.01, max_num_seqs=32, max_num_batched_tokens=128)
 NUM_BLOCKS = 4096
-VARIANTS = {"off": {"urgent_step_overhead": 0.0}, "short steps (default)": {}}
+VARIANTS = {
+    "off": {"urgent_step_overhead": 0.0},
+    "urgent_horizon_s=0": {"urgent_horizon_s": 0.0},
+    "urgent_prefill_defers_decodes=false": {"urgent_prefill_defers_decodes": False},
+    "short steps (default)": {},
+}
 
 
 def sim(cost: StepCost, policy: str, trace, until: float | None = None, **config):

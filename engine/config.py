@@ -83,6 +83,9 @@ class SchedulerConfig(CacheConfig):
     # decodes always run): where a step's time grows with its tokens (a CPU) the next urgent
     # arrival waits behind a shorter step, where it is mostly fixed (a GPU) nothing is cut. 0: off.
     urgent_step_overhead: float = 0.25
+    # ... and for this many seconds after urgent work was last present, so the first urgent arrival
+    # of a quiet spell does not wait behind a full step either.
+    urgent_horizon_s: float = 5.0
     # SLO targets per tier (priority -> seconds); a request's own target wins. Empty: none.
     tier_ttft_targets: dict = field(default_factory=dict, hash=False)
     tier_tpot_targets: dict = field(default_factory=dict, hash=False)
@@ -115,6 +118,8 @@ class SchedulerConfig(CacheConfig):
             raise ValueError("preemption_mode 'swap' needs swap space (swap_space_gib > 0)")
         if not 0 <= self.urgent_step_overhead < 1:
             raise ValueError(f"urgent_step_overhead must be in [0, 1), got {self.urgent_step_overhead}")
+        if self.urgent_horizon_s < 0:
+            raise ValueError(f"urgent_horizon_s must be non-negative, got {self.urgent_horizon_s}")
         if not 0 <= self.tier_min_share < 1:
             raise ValueError(f"tier_min_share must be in [0, 1), got {self.tier_min_share}")
         if self.vtc_input_weight < 0 or self.vtc_output_weight < 0:

@@ -3,10 +3,13 @@ urgent_step_overhead): the Scheduler's part that keeps an urgent request's first
 waiting behind bulk work. An urgent prefill's step runs no other prefill chunk (and, while steps
 are kept short, none of the decodes the policy says it goes before); a second urgent prompt that
 would be split starts next step instead; a step that prefills no urgent work is cut to a token cap
-from the fitted step-cost model. docs/scheduling.md ("Short steps beside urgent work").
+from the fitted step-cost model, also for urgent_horizon_s after urgent work was last present.
+docs/scheduling.md ("Short steps beside urgent work").
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from engine.config import SchedulerConfig
 from engine.request import Sequence
@@ -21,11 +24,13 @@ class UrgentSteps:
     config: SchedulerConfig
     policy: SchedulingPolicy
     running: list[Sequence]
+    _clock: Callable[[], float]
 
     def __init__(self) -> None:
         self._urgent_starts: set[int] = set()  # ids of sequences admitted in this step as urgent
         self._deferring: list[Sequence] = []  # decodes an urgent prefill keeps out of this step
         self._deferred: set[int] = set()  # ids of those of the step before
+        self._urgent_seen: float | None = None  # clock when urgent work was last present
         # measured steps' cost, for the short steps beside urgent work (_short_step_cap)
         self.step_cost = StepCostModel(
             self.config.cost_step_s, self.config.cost_prefill_token_s, self.config.cost_decode_seq_s
@@ -82,11 +87,17 @@ class UrgentSteps:
         return out
 
     def _short_step_cap(self) -> int | None:
-        """The step's token cap while urgent work is running or waiting, or None (the full budget):
-        the tokens at which the fitted fixed cost of a step is config.urgent_step_overhead of its
-        time, at least a quarter of the budget."""
+        """The step's token cap while urgent work is running or waiting, and for
+        config.urgent_horizon_s after it last was (so the first urgent arrival of a quiet spell
+        meets a short step too), or None (the full budget): the tokens at which the fitted fixed
+        cost of a step is config.urgent_step_overhead of its time, at least a quarter of the budget."""
         share, budget = self.config.urgent_step_overhead, self.config.max_num_batched_tokens
-        if not share or not self.policy.urgent_present(self.running):
+        if not share:
+            return None
+        now = self._clock()
+        if self.policy.urgent_present(self.running):
+            self._urgent_seen = now
+        elif self._urgent_seen is None or now - self._urgent_seen > self.config.urgent_horizon_s:
             return None
         step_s, token_s = self.step_cost.theta[0], self.step_cost.theta[1] or self.step_cost.prior[1]
         cap = max(budget // 4, int(step_s * (1 - share) / (share * token_s)))

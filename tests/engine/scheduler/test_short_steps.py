@@ -122,9 +122,37 @@ def test_the_cap_follows_the_measured_step_cost():
     assert 110 <= tokens_at["cpu"] <= 121 and tokens_at["gpu"] == 251
 
 
+class Clock:
+    t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_steps_stay_short_for_the_horizon_after_urgent_work_left():
+    clock = Clock()
+    s = make("priority", max_num_batched_tokens=64, clock=clock, urgent_horizon_s=5.0, **CPU)
+    hi = seq("hi", 8, priority=1)
+    s.add(hi), s.add(seq("b0", 4, priority=0))
+    settle(s)  # both tiers decode
+    s.finish(hi)  # the last urgent request finished: only the lower tier is left
+    clock.t += 4.0
+    s.add(seq("b1", 60, priority=0))
+    plan = run_step(s)
+    assert tokens(plan) == {"b0": 1, "b1": 31}  # 4 s later: still a short step for the next arrival
+    clock.t += 1.5  # 5.5 s since urgent work was last present
+    s.add(seq("b2", 60, priority=0))
+    assert tokens(run_step(s)) == {"b0": 1, "b1": 29, "b2": 34}  # a full step
+    s = make("priority", max_num_batched_tokens=64, clock=clock, **CPU)
+    s.add(seq("b0", 4, priority=0)), s.add(seq("b1", 60, priority=0))
+    assert run_step(s).num_tokens == 64  # never urgent work: full steps
+
+
 def test_the_share_is_checked():
     with pytest.raises(ValueError, match="urgent_step_overhead"):
         SchedulerConfig(urgent_step_overhead=1.0)
+    with pytest.raises(ValueError, match="urgent_horizon_s"):
+        SchedulerConfig(urgent_horizon_s=-1.0)
 
 
 class Fixed(StepCostModel):
