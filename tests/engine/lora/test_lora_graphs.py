@@ -5,12 +5,10 @@ PEFT; tests/engine/lora/triton_sgmv_check.py replays captured graphs on a GPU.""
 
 import pytest
 import torch
-from lora_adapters import AdapterRecipe, PeftReference, make_adapter
+from lora_adapters import AdapterRecipe, PeftReference, make_adapter, static_decode_graphs
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.cuda_graphs import DecodeGraphs
-from engine.lora.graph import StaticLoRA
 
 pytest.importorskip("triton")
 
@@ -55,16 +53,7 @@ def test_lora_decodes_through_the_graph_path_equal_eager_and_peft(tiny_model_dir
     llm = LLM(model=str(tiny_model_dir), device=device, **KW)
     runner = llm.engine.runner
     lora = runner.lora
-    runner.graphs = DecodeGraphs(
-        runner.model,
-        runner.kv_caches,
-        runner.block_size,
-        max_batch=4,
-        max_blocks=32,
-        device=runner.device,
-        capture=False,
-        lora=StaticLoRA(lora.slots, lora.kernel),
-    )
+    runner.graphs = static_decode_graphs(runner)
     slot_tensors = {p: t.data_ptr() for p, t in lora.slots.a.items()}
     peft = PeftReference(
         AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval(), adapters
@@ -86,9 +75,7 @@ def test_graphs_leave_lora_steps_eager_without_static_tables(tiny_model_dir, ada
     serve no step with LoRA rows; a step without any still replays."""
     llm = LLM(model=str(tiny_model_dir), **KW)
     runner = llm.engine.runner
-    runner.graphs = DecodeGraphs(
-        runner.model, runner.kv_caches, runner.block_size, 4, 32, runner.device, capture=False
-    )
+    runner.graphs = static_decode_graphs(runner, lora=False)
     _generate(llm, [adapters[0], adapters[1], adapters[0]])
     assert runner.graphs.replays == 0
     _generate(llm, [None, None, None])

@@ -146,7 +146,7 @@ def check_graph_decodes(root: Path, paths: list[Path]) -> None:
     padding; a third adapter swapped into a slot for the second run) against the engine without
     graphs and PEFT's greedy tokens. On the CPU (a try of this script's logic) the graph path
     runs its static buffers eagerly."""
-    from lora_adapters import AdapterRecipe, PeftReference, make_adapter
+    from lora_adapters import AdapterRecipe, PeftReference, make_adapter, static_decode_graphs
     from transformers import LlamaForCausalLM
 
     from engine import LLM, SamplingParams
@@ -169,11 +169,11 @@ def check_graph_decodes(root: Path, paths: list[Path]) -> None:
                 device=DEVICE,
                 attention_backend="triton",
                 cuda_graphs=graphs,
-                cuda_graph_max_batch=8,
+                cuda_graph_max_batch=4,
             )
             runner = llm.engine.runner
             if DEVICE == "cpu" and graphs:
-                runner.graphs = _eager_graphs(runner)
+                runner.graphs = static_decode_graphs(runner)
             assert (runner.graphs is not None and runner.graphs.lora is not None) == graphs
             outs[graphs] = []
             for loras in runs:
@@ -191,14 +191,6 @@ def check_graph_decodes(root: Path, paths: list[Path]) -> None:
                 if dtype == "float32":
                     assert tok == peft.greedy(loras[i], prompts[i], max_tokens[i]), (run, i)
     print("graph decodes with LoRA match the eager engine and PEFT")
-
-
-def _eager_graphs(runner):
-    from engine.cuda_graphs import DecodeGraphs
-    from engine.lora.graph import StaticLoRA
-
-    lora = StaticLoRA(runner.lora.slots, runner.lora.kernel)
-    return DecodeGraphs(runner.model, runner.kv_caches, runner.block_size, 8, 64, runner.device, False, lora)
 
 
 if __name__ == "__main__":
