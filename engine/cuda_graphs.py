@@ -8,6 +8,8 @@ and context lengths ([4, max_batch] int64, one copy per step) and the block tabl
 ([max_batch, max_blocks]). A step of n decodes runs the graph of the next captured size b >= n;
 rows n..b-1 are padding (slot -1: no KV write; context 0: zero attention) and are dropped.
 Needs an attention backend whose kernels honour that padding (`supports_cuda_graphs`).
+With `lora` (engine/lora/graph.py), each size has a second graph for steps with LoRA rows: the
+same forward with the LoRA launches over static segment tables; steps without keep the first.
 With capture=False the same static buffers and padding run eagerly (how tests check them on CPU).
 """
 
@@ -21,6 +23,8 @@ import torch
 from engine.attention import AttentionMetadata
 
 if TYPE_CHECKING:
+    from engine.lora.batch import LoRABatch
+    from engine.lora.graph import StaticLoRA
     from engine.models.llama import LlamaModel
 
 
@@ -40,8 +44,10 @@ class DecodeGraphs:
         max_blocks: int,
         device: torch.device,
         capture: bool = True,
+        lora: StaticLoRA | None = None,
     ):
         self.model = model
+        self.lora = lora
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.capture = capture
@@ -51,8 +57,8 @@ class DecodeGraphs:
         self.vectors = torch.zeros(4, m, dtype=torch.int64, device=device)  # ids, positions, slots, contexts
         self.vectors[2] = -1
         self.tables = torch.zeros(m, max_blocks, dtype=torch.int64, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (size, with LoRA) ->
+        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
         self.replays = 0  # decode steps served by a graph
         if capture:
             self._capture_all(device)
@@ -70,14 +76,16 @@ class DecodeGraphs:
         try:
             pool = None
             for b in reversed(self.sizes):
-                ids, pos, meta = self._inputs(b)
-                self.model.forward(ids, pos, meta, self.kv_caches)  # compiles; writes nothing (padding)
-                torch.cuda.synchronize(device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                    self.outputs[b] = self.model.forward(ids, pos, meta, self.kv_caches)
-                pool = graph.pool()
-                self.graphs[b] = graph
+                for key in [(b, False), (b, True)] if self.lora is not None else [(b, False)]:
+                    ids, pos, meta = self._inputs(b)
+                    lora = self._lora(*key)
+                    self.model.forward(ids, pos, meta, self.kv_caches, lora=lora)  # compiles; no writes
+                    torch.cuda.synchronize(device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                        self.outputs[key] = self.model.forward(ids, pos, meta, self.kv_caches, lora=lora)
+                    pool = graph.pool()
+                    self.graphs[key] = graph
         finally:
             if was_enabled:
                 gc.enable()
@@ -94,12 +102,25 @@ class DecodeGraphs:
         )
         return v[0, :b], v[1, :b], meta
 
-    def fits(self, num_decodes: int) -> bool:
+    def _lora(self, b: int, with_lora: bool) -> LoRABatch | None:
+        """The static LoRA inputs a graph of size b reads (all zero: no segment, until a step's)."""
+        return self.lora.batch(b) if with_lora and self.lora is not None else None
+
+    def fits(self, num_decodes: int, lora: LoRABatch | None = None) -> bool:
+        if lora is not None and (self.lora is None or not self.lora.fits(lora)):
+            return False
         return 0 < num_decodes <= self.sizes[-1]
 
-    def replay(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """ids, positions and meta of n decodes, on the host. Returns the hidden states [n, hidden]
-        (a view of the graph's output: read it before the next replay)."""
+    def replay(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        lora: LoRABatch | None = None,
+    ) -> torch.Tensor:
+        """ids, positions and meta of n decodes, on the host, and their LoRA rows (`fits` said yes).
+        Returns the hidden states [n, hidden] (a view of the graph's output: read it before the
+        next replay)."""
         n = ids.shape[0]
         b = next(s for s in self.sizes if s >= n)
         host = torch.zeros(4, b, dtype=torch.int64, pin_memory=self.pin)
@@ -112,9 +133,13 @@ class DecodeGraphs:
         self.tables[:n, : tables.shape[1]].copy_(
             tables.pin_memory() if self.pin else tables, non_blocking=True
         )
+        if lora is not None:
+            assert self.lora is not None
+            self.lora.load(lora)
         self.replays += 1
+        key = (b, lora is not None)
         if not self.capture:
             ids, pos, meta = self._inputs(b)
-            return self.model.forward(ids, pos, meta, self.kv_caches)[:n]
-        self.graphs[b].replay()
-        return self.outputs[b][:n]
+            return self.model.forward(ids, pos, meta, self.kv_caches, lora=self._lora(*key))[:n]
+        self.graphs[key].replay()
+        return self.outputs[key][:n]

@@ -29,6 +29,7 @@ from engine.speculative.verify import split_drafted, verify
 from engine.step_meta import attention_meta, step_to_device
 
 if TYPE_CHECKING:
+    from engine.lora.graph import StaticLoRA
     from engine.lora.manager import LoRAManager
     from engine.structured.manager import StructuredOutputs
 
@@ -77,6 +78,7 @@ class ModelRunner:
             from engine.kernels.warmup import warm_up  # imports triton
 
             warm_up(self.model, self.kv_caches, self.block_size)  # no compile stalls while serving
+        self.lora = _lora_manager(config, cfg, self.model.embed.device)
         self.graphs: DecodeGraphs | None = None
         if (
             config.cuda_graphs
@@ -92,8 +94,8 @@ class ModelRunner:
                 max_batch=config.cuda_graph_max_batch or config.max_num_seqs,
                 max_blocks=-(-max_model_len // self.block_size),
                 device=self.device,
+                lora=_static_lora(self.lora),
             )
-        self.lora = _lora_manager(config, cfg, self.model.embed.device)
 
     def stage(self, plan: StepPlan, running: list[Sequence]) -> float:
         """Before the plan's forward, even when it runs nothing: the adapters of every running
@@ -203,13 +205,8 @@ class ModelRunner:
             and all(self._is_decode(it) or it.draft for it in items)
         )
         input_ids, positions, meta, sample_rows = self._prepare(items, as_decodes)  # on the host
-        if (
-            lora is None
-            and self.graphs is not None
-            and not meta.prefills
-            and self.graphs.fits(meta.num_decodes)
-        ):
-            return items, self.graphs.replay(input_ids, positions, meta), sample_rows
+        if self.graphs is not None and not meta.prefills and self.graphs.fits(meta.num_decodes, lora):
+            return items, self.graphs.replay(input_ids, positions, meta, lora), sample_rows
         input_ids, positions, meta = self._to_device(input_ids, positions, meta)
         decode = self.model.decode
         if lora is None and decode is not None and decode.applies(meta, self.kv_caches):
@@ -302,6 +299,16 @@ def _lora_manager(config: EngineConfig, model_config: Any, device: torch.device)
         device=device,
         kernel=config.lora_kernel,
     )
+
+
+def _static_lora(manager: LoRAManager | None) -> StaticLoRA | None:
+    """The LoRA inputs of the decode graphs: with a kernel that launches from device tables alone
+    (triton); otherwise steps with LoRA rows run eagerly."""
+    if manager is None or not manager.kernel.supports_graphs:
+        return None
+    from engine.lora.graph import StaticLoRA
+
+    return StaticLoRA(manager.slots, manager.kernel)
 
 
 def _fp32(name: str) -> bool:

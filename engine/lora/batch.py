@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,13 +17,20 @@ class LoRABatch:
 
     slots: LoRASlots
     kernel: LoRAKernel
-    meta: dict[str, object]  # projection -> the kernel's prepared segments; absent: no row needs it
+    segments: dict[str, list[Segment]]  # projection -> its segments; absent: no row needs it
+    # projection -> the kernel's prepared segments: made on first use from `segments`, or given
+    # (a CUDA graph's static tables, engine/lora/graph.py)
+    meta: dict[str, object] = field(default_factory=dict)
 
     def apply(self, layer: int, projection: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """y: [T, out] (the base projection's output) += the deltas of x: [T, in], in place."""
         meta = self.meta.get(projection)
-        if meta is not None:
-            self.kernel.apply(y, x, self.slots.a[projection][layer], self.slots.b[projection][layer], meta)
+        if meta is None:
+            segs = self.segments.get(projection)
+            if not segs:
+                return
+            meta = self.meta[projection] = self.kernel.prepare(segs, self.slots.device)
+        self.kernel.apply(y, x, self.slots.a[projection][layer], self.slots.b[projection][layer], meta)
 
 
 def build_batch(rows: list[tuple[int, int]], slots: LoRASlots, kernel: LoRAKernel) -> LoRABatch | None:
@@ -42,9 +49,9 @@ def build_batch(rows: list[tuple[int, int]], slots: LoRASlots, kernel: LoRAKerne
         start += n
     if not segments:
         return None
-    meta = {}
+    by_proj = {}
     for proj in PROJECTIONS:
         segs = [s for s in segments if proj in slots.targets[s.slot]]
         if segs:
-            meta[proj] = kernel.prepare(segs, slots.device)
-    return LoRABatch(slots, kernel, meta)
+            by_proj[proj] = segs
+    return LoRABatch(slots, kernel, by_proj)

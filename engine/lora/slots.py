@@ -37,7 +37,11 @@ class LoRASlots:
         self.loads = 0
         self.evictions = 0
 
-    def _allocate(self) -> None:
+    def allocate(self) -> None:
+        """The slot tensors, once (a CUDA graph captured over them reads them by pointer: they are
+        never reallocated; loading an adapter copies into them)."""
+        if self.a:
+            return
         L, S, R = self.shape.num_layers, self.max_loras, self.max_rank
         for proj, modules in self.shape.projections.items():
             d_in, d_out = self.shape.projection_dims(proj)
@@ -66,8 +70,7 @@ class LoRASlots:
             self._load(self.free.pop(), fetch(uid))
 
     def _load(self, slot: int, w: LoRAWeights) -> None:
-        if not self.a:
-            self._allocate()
+        self.allocate()
         r = w.rank
         for proj in w.a:
             self.a[proj][:, slot, :r].copy_(w.a[proj], non_blocking=True)

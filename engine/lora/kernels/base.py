@@ -17,6 +17,9 @@ class Segment(NamedTuple):
 
 class LoRAKernel(ABC):
     name = "abstract"
+    # whether `apply` launches from the prepared tensors alone (no host value of the step's
+    # segments): then a CUDA graph can capture it over static segment tables (engine/lora/graph.py)
+    supports_graphs = False
 
     def prepare(self, segments: list[Segment], device: torch.device) -> Any:
         """Once per step and projection: whatever `apply` needs about the segments."""

@@ -242,6 +242,7 @@ class SegmentTensors:
 
 class TritonSGMV(LoRAKernel):
     name = "triton"
+    supports_graphs = True  # grid from max_rows, max_rank and the table's width (graph.py)
 
     def prepare(self, segments: list[Segment], device: torch.device) -> SegmentTensors:
         # [4, G] padded to G a multiple of 4: each row starts 16-byte aligned, as Triton specialises

@@ -104,3 +104,14 @@ def engine_prefill_logits(engine, requests: list[tuple[str, list[int], object]])
     for rid, _, _ in requests:
         engine.abort(rid)
     return out
+
+
+def static_decode_graphs(runner, lora: bool = True):
+    """Decode graphs of up to 4 rows over the runner's model running their static buffers eagerly
+    (capture=False: the CPU's way through the graph path); `lora`: with the LoRA static tables."""
+    from engine.cuda_graphs import DecodeGraphs
+    from engine.lora.graph import StaticLoRA
+
+    tables = StaticLoRA(runner.lora.slots, runner.lora.kernel) if lora else None
+    r = runner
+    return DecodeGraphs(r.model, r.kv_caches, r.block_size, 4, 64, r.device, capture=False, lora=tables)

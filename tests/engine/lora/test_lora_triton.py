@@ -38,3 +38,4 @@ def test_triton_sgmv_matches_torch_and_peft_in_interpreter():
 def test_triton_sgmv_matches_torch_and_peft_compiled_on_the_gpu():
     out = _check(False, "--device", "cuda")
     assert "engine with triton LoRA matches PEFT" in out and "device cuda" in out
+    assert "graph decodes with LoRA match the eager engine and PEFT" in out

@@ -137,6 +137,60 @@ def check_engine(adapters_module_dir: str) -> None:
                 err = (tri - ours["torch"][f"r{i}"]).abs().max().item()
                 assert err < 2e-2 * tri.abs().max().item(), (i, err)
     print("engine with triton LoRA matches PEFT")
+    if DEVICE == "cuda":
+        check_graph_decodes(root, paths)
+
+
+def check_graph_decodes(root: Path, paths: list[Path]) -> None:
+    """Decode steps with LoRA rows replaying captured CUDA graphs (batches of 3, 2 and 1 rows:
+    padding; a third adapter swapped into a slot for the second run) against the engine without
+    graphs and PEFT's greedy tokens. On the CPU (a try of this script's logic) the graph path
+    runs its static buffers eagerly."""
+    from lora_adapters import AdapterRecipe, PeftReference, make_adapter, static_decode_graphs
+    from transformers import LlamaForCausalLM
+
+    from engine import LLM, SamplingParams
+
+    base = LlamaForCausalLM.from_pretrained(root / "base", dtype=torch.float32).eval()
+    third = make_adapter(base, AdapterRecipe("c", 3, 3, ("k_proj", "down_proj"), 3, 0.3), root)
+    peft = PeftReference(base, [*paths, third])
+    prompts, max_tokens = [[3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14]], [7, 3, 5]
+    runs = [[paths[0], None, paths[1]], [third, paths[0], None]]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=0) for n in max_tokens]
+    for dtype in ("float32", "bfloat16"):
+        outs = {}
+        for graphs in (True, False):
+            llm = LLM(
+                model=str(root / "base"),
+                dtype=dtype,
+                max_loras=2,
+                max_lora_rank=4,
+                lora_kernel="triton",
+                device=DEVICE,
+                attention_backend="triton",
+                cuda_graphs=graphs,
+                cuda_graph_max_batch=4,
+            )
+            runner = llm.engine.runner
+            if DEVICE == "cpu" and graphs:
+                runner.graphs = static_decode_graphs(runner)
+            assert (runner.graphs is not None and runner.graphs.lora is not None) == graphs
+            outs[graphs] = []
+            for loras in runs:
+                before = runner.graphs.replays if runner.graphs is not None else 0
+                got = llm.generate(prompts, params, lora=[None if a is None else str(a) for a in loras])
+                outs[graphs].append([(c.token_ids, [lp.logprob for lp in c.logprobs]) for c in got])
+                if graphs:  # every step has LoRA rows: every decode step replays a graph
+                    assert runner.graphs.replays - before >= max(max_tokens) - 1, runner.graphs.replays
+            assert runner.lora.slots.evictions >= 1
+        tol = 1e-4 if dtype == "float32" else 2e-2
+        for run, loras in enumerate(runs):
+            for i, ((tok, lps), (ref_tok, ref_lps)) in enumerate(zip(outs[True][run], outs[False][run])):
+                assert tok == ref_tok, (dtype, run, i, tok, ref_tok)
+                assert max(abs(a - b) for a, b in zip(lps, ref_lps)) < tol, (dtype, run, i)
+                if dtype == "float32":
+                    assert tok == peft.greedy(loras[i], prompts[i], max_tokens[i]), (run, i)
+    print("graph decodes with LoRA match the eager engine and PEFT")
 
 
 if __name__ == "__main__":
