@@ -213,11 +213,22 @@ def special_tokens(tokenizer: Any) -> dict[str, int]:
     }
 
 
+_PATTERNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (its size, pattern)
+
+
 def _special_pattern(tokenizer: Any) -> re.Pattern | None:
+    """The regex of a tokenizer's special tokens' text (None: it has none); built once per
+    tokenizer and vocabulary size (a token added later builds it again)."""
+    size = len(tokenizer)
+    cached = _PATTERNS.get(tokenizer)
+    if cached is not None and cached[0] == size:
+        return cached[1]
     names = sorted(
         special_tokens(tokenizer), key=len, reverse=True
     )  # the longest first, as the tokenizer matches
-    return re.compile("|".join(re.escape(name) for name in names)) if names else None
+    pattern = re.compile("|".join(re.escape(name) for name in names)) if names else None
+    _PATTERNS[tokenizer] = (size, pattern)
+    return pattern
 
 
 def _text_tokenizer(tokenizer: Any) -> Any:
@@ -291,6 +302,13 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
 
 
 def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tokenize: bool) -> Any:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if tokenize and backend is not None and backend.truncation is None and backend.padding is None:
+        # What apply_chat_template's tokenize=True does for a fast tokenizer (the rendering through
+        # the tokenizer's __call__ with add_special_tokens=False), without the __call__'s
+        # BatchEncoding: the same ids, in half the time.
+        rendered = _apply_template(tokenizer, messages, tokenize=False)
+        return list(backend.encode(rendered, add_special_tokens=False).ids)
     out = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=tokenize, return_dict=False
     )
