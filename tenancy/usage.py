@@ -53,7 +53,9 @@ def record_usage(
     status: str,
     ttft_ms: float | None = None,
     latency_ms: float | None = None,
+    commit: bool = True,
 ) -> UsageRecord:
+    """``commit``: False leaves the transaction open (several records in one commit)."""
     record = UsageRecord(
         request_id=request_id,
         tenant_id=tenant_id,
@@ -80,7 +82,8 @@ def record_usage(
         errors=int(status == ERROR_STATUS),
         slo_refusals=int(status == SLO_STATUS),
     )
-    session.commit()
+    if commit:
+        session.commit()
     return record
 
 
