@@ -302,13 +302,6 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
 
 
 def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tokenize: bool) -> Any:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if tokenize and backend is not None and backend.truncation is None and backend.padding is None:
-        # What apply_chat_template's tokenize=True does for a fast tokenizer (the rendering through
-        # the tokenizer's __call__ with add_special_tokens=False), without the __call__'s
-        # BatchEncoding: the same ids, in half the time.
-        rendered = _apply_template(tokenizer, messages, tokenize=False)
-        return list(backend.encode(rendered, add_special_tokens=False).ids)
     out = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=tokenize, return_dict=False
     )

@@ -93,16 +93,6 @@ def test_content_without_control_tokens_is_tokenized_as_the_template_does(tok):
     assert assets.encode_prompt(tok, " plain <| text |>") == tok.encode(" plain <| text |>")
 
 
-def test_a_chat_is_tokenized_as_the_template_does_whatever_the_backend_is_set_to():
-    tok = assets.load_tokenizer("smollm2")  # its own copy: its backend's padding is set below
-    messages = [{"role": "user", "content": "Say hello in French."}]
-    plain = assets.encode_chat(tok, messages)
-    tok.backend_tokenizer.enable_padding(length=len(plain) + 7, pad_id=0)
-    assert assets.encode_chat(tok, messages) == tok.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-
-
 def test_a_special_token_added_later_is_kept_as_text_in_content():
     tok = assets.load_tokenizer("smollm2")  # its own copy: a special token is added below
     messages = [{"role": "user", "content": "a <|tool|> b"}]
