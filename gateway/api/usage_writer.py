@@ -4,11 +4,8 @@ record that arrived while the previous commit ran.
 A record is one transaction on its own (the insert, the roll-up's upsert, the commit: about 0.7 ms
 of CPU on SQLite, and a thread hand-off of 0.1 ms); at concurrency the requests that end during
 one commit share the next one. ``write`` returns once its record is committed, as a write of its
-own would, or after ``wait_s`` at most: a commit held up (a WAL checkpoint's fsync on a busy disk)
-must not hold every request of its batch, whose connections wait for it to take their next
-request; the record is still written, by the commit under way or the next. A batch that meets a
-record already written (IntegrityError: a request recorded twice) is written again one record a
-transaction, so that the others are kept.
+own would. A batch that meets a record already written (IntegrityError: a request recorded twice)
+is written again one record a transaction, so that the others are kept.
 """
 
 from __future__ import annotations
@@ -25,26 +22,21 @@ from tenancy import record_usage
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256  # records a transaction at most
-WAIT_S = 0.5  # how long a write waits for its commit at most
 
 
 class UsageWriter:
-    def __init__(self, session_factory: sessionmaker[Session], *, wait_s: float = WAIT_S) -> None:
-        self.session_factory, self.wait_s = session_factory, wait_s
+    def __init__(self, session_factory: sessionmaker[Session]) -> None:
+        self.session_factory = session_factory
         self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._drainer: asyncio.Task | None = None
 
     async def write(self, **record: Any) -> None:
-        """Record one request's usage (``record_usage``'s keyword arguments); returns once committed
-        (raising what the commit raised), or after ``wait_s`` (the commit goes on)."""
+        """Record one request's usage (``record_usage``'s keyword arguments); returns once committed."""
         done = asyncio.get_running_loop().create_future()
         self._pending.append((record, done))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.ensure_future(self._drain())
-        try:
-            await asyncio.wait_for(asyncio.shield(done), self.wait_s)
-        except TimeoutError:
-            done.add_done_callback(_log_failure)
+        await asyncio.shield(done)
 
     async def aclose(self) -> None:
         """Wait for the records handed in (at shutdown)."""
@@ -82,9 +74,3 @@ class UsageWriter:
                     record_usage(session, **record)
                 except IntegrityError:  # already recorded
                     session.rollback()
-
-
-def _log_failure(done: asyncio.Future[None]) -> None:
-    """A commit that failed after its writer stopped waiting for it: logged here."""
-    if not done.cancelled() and done.exception() is not None:
-        log.error("could not record usage: %s", done.exception())
