@@ -53,9 +53,7 @@ def record_usage(
     status: str,
     ttft_ms: float | None = None,
     latency_ms: float | None = None,
-    commit: bool = True,
 ) -> UsageRecord:
-    """``commit``: False leaves the transaction open (several records in one commit)."""
     record = UsageRecord(
         request_id=request_id,
         tenant_id=tenant_id,
@@ -82,8 +80,7 @@ def record_usage(
         errors=int(status == ERROR_STATUS),
         slo_refusals=int(status == SLO_STATUS),
     )
-    if commit:
-        session.commit()
+    session.commit()
     return record
 
 
