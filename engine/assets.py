@@ -213,11 +213,22 @@ def special_tokens(tokenizer: Any) -> dict[str, int]:
     }
 
 
+_PATTERNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (its size, pattern)
+
+
 def _special_pattern(tokenizer: Any) -> re.Pattern | None:
+    """The regex of a tokenizer's special tokens' text (None: it has none); built once per
+    tokenizer and vocabulary size (a token added later builds it again)."""
+    size = len(tokenizer)
+    cached = _PATTERNS.get(tokenizer)
+    if cached is not None and cached[0] == size:
+        return cached[1]
     names = sorted(
         special_tokens(tokenizer), key=len, reverse=True
     )  # the longest first, as the tokenizer matches
-    return re.compile("|".join(re.escape(name) for name in names)) if names else None
+    pattern = re.compile("|".join(re.escape(name) for name in names)) if names else None
+    _PATTERNS[tokenizer] = (size, pattern)
+    return pattern
 
 
 def _text_tokenizer(tokenizer: Any) -> Any:

@@ -19,7 +19,9 @@ _bearer = HTTPBearer(auto_error=False)
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    """``async``: FastAPI runs a plain ``def`` dependency in its thread pool (a thread hand-off and
+    back, on every request, for an attribute read)."""
     return request.app.state.gateway
 
 

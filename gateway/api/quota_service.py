@@ -296,7 +296,7 @@ class QuotaService:
                     log.warning("quota lease renewal of %s failed: %s", admission.request_id, result)
 
 
-def get_quota_service(request: Request) -> QuotaService:
+async def get_quota_service(request: Request) -> QuotaService:  # async: no thread pool hop
     return request.app.state.gateway.quota_service
 
 

@@ -93,6 +93,16 @@ def test_content_without_control_tokens_is_tokenized_as_the_template_does(tok):
     assert assets.encode_prompt(tok, " plain <| text |>") == tok.encode(" plain <| text |>")
 
 
+def test_a_special_token_added_later_is_kept_as_text_in_content():
+    tok = assets.load_tokenizer("smollm2")  # its own copy: a special token is added below
+    messages = [{"role": "user", "content": "a <|tool|> b"}]
+    before = assets.encode_chat(tok, messages)  # the special tokens' pattern, built for this size
+    tok.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    tool = assets.special_tokens(tok)["<|tool|>"]
+    after = assets.encode_chat(tok, messages)
+    assert tool not in after and tok.decode(after) == tok.decode(before)
+
+
 def test_a_text_prompt_keeps_the_tokenizers_bos():
     tok = assets.load_tokenizer("smollm2")  # its own copy: the post-processor is changed below
     tok.backend_tokenizer.post_processor = TemplateProcessing(
