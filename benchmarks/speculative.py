@@ -1,6 +1,7 @@
 """Speculative decoding with prompt-lookup (n-gram) drafts: batch-1 milliseconds per output token
 with and without it, greedy, on a copy-heavy workload (prompts that repeat or edit a given text)
-and on free chat, in each dtype; the share of drafted tokens kept and the drafts' own cost; and at
+and on free chat, in each dtype; the share of drafted tokens kept, the steps each engine took, the
+verifications by draft length and the drafts' own cost; and at
 batch 32 with the tier policy on (interactive requests, the default `max_decoding_seqs`), the
 throughput with and without it. Then the `draft_model` method: the fp32 target alone and with its
 own INT8 copy drafting (k = --draft-k), batch 1, free chat, and the drafts' cost.
@@ -132,14 +133,17 @@ def batch_one(
         stats.spec_verifications,
         drafting(),
     )
+    lengths = dict(stats.spec_draft_lengths)
     seconds = {"plain": 0.0, name: 0.0}
     counted = {"plain": 0, name: 0}
+    steps = {"plain": 0, name: 0}
     equal = True
     for ids in prompts:
         runs = race({"plain": plain, name: spec}, [(ids, SamplingParams(max_tokens=tokens, temperature=0))])
         for engine, run in runs.items():
             seconds[engine] += run["after_first"]
             counted[engine] += max(0, run["tokens"] - 1)
+            steps[engine] += run["steps"]
         equal &= list(runs["plain"]["outputs"].values()) == list(runs[name]["outputs"].values())
     drafted = stats.spec_draft_tokens - drafted
     kept = stats.spec_accepted_tokens - kept
@@ -154,6 +158,14 @@ def batch_one(
         "acceptance_rate": kept / drafted if drafted else 0.0,
         "tokens_per_verification": (kept + verified) / verified if verified else 0.0,
         "draft_ms_per_token": 1000 * (drafting() - drafted_s) / max(1, counted[name]),
+        "plain_steps": steps["plain"],
+        f"{name}_steps": steps[name],
+        # verifications by draft length: where the drafts' rows went
+        "draft_lengths": {
+            n: c - lengths.get(n, 0)
+            for n, c in sorted(stats.spec_draft_lengths.items())
+            if c > lengths.get(n, 0)
+        },
         "greedy_outputs_equal": equal,
     }
 
@@ -256,14 +268,16 @@ def table(report: dict) -> str:
     k = f"k={spec.num_speculative_tokens}..{spec.max_draft_tokens}"
     lines = [
         f"| dtype | workload | plain ms/token | n-gram ({k}) ms/token | speed-up | drafts kept "
-        "| draft ms/token | greedy equal |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| steps plain / n-gram | draft ms/token | greedy equal |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for dtype, run in report["runs"].items():
         for w, r in run["workloads"].items():
             lines.append(
                 f"| {dtype} | {w} | {r['plain_ms_per_token']:.1f} | {r['ngram_ms_per_token']:.1f} | "
-                f"{r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | {r['draft_ms_per_token']:.3f} | "
+                f"{r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | "
+                f"{r.get('plain_steps', '-')} / {r.get('ngram_steps', '-')} | "
+                f"{r['draft_ms_per_token']:.3f} | "
                 f"{'yes' if r['greedy_outputs_equal'] else 'no'} |"
             )
     lines += [

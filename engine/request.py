@@ -257,6 +257,8 @@ class Sequence:
     draft_acceptance: float = 1.0
     draft_skipped: int = 0
     draft_limit: int = 0
+    # a drafter's own record of the sequence (prompt lookup: its n-gram index), None until it drafts
+    draft_index: object = field(default=None, repr=False, compare=False)
     events: list[SeqEvent] = field(default_factory=list)  # not yet handed out in a RequestOutput
 
     def record(self, name: str, **attrs: object) -> None:

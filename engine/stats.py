@@ -58,6 +58,7 @@ class EngineStats:
     spec_draft_tokens_by_priority: dict[int, int] = field(default_factory=dict)
     spec_accepted_tokens_by_priority: dict[int, int] = field(default_factory=dict)
     spec_verifications_by_priority: dict[int, int] = field(default_factory=dict)
+    spec_draft_lengths: dict[int, int] = field(default_factory=dict)  # verifications by drafts verified
     last_step_spec_seqs: int = 0  # speculating sequences the last step verified
     last_step_spec_draft_tokens: int = 0
     last_step_spec_accepted_tokens: int = 0
@@ -87,6 +88,7 @@ class EngineStats:
         self.last_step_spec_seqs += 1
         self.last_step_spec_draft_tokens += drafted
         self.last_step_spec_accepted_tokens += accepted
+        self.spec_draft_lengths[drafted] = self.spec_draft_lengths.get(drafted, 0) + 1
         for counts, n in (
             (self.spec_draft_tokens_by_priority, drafted),
             (self.spec_accepted_tokens_by_priority, accepted),

@@ -10,9 +10,9 @@ one that starts copying its prompt again speculates again.
 
 Length-adaptive, as transformers' heuristic draft schedule: a sequence whose drafts were all kept
 is copying a run of its text, so its next draft may be twice as long (Sequence.draft_limit, up to
-max_num_speculative_tokens); one with a rejection drafts as many as it kept, at least k. A
-verification row costs a fraction of a step, so long drafts pay inside a copied run and short ones
-cost little where the run ends."""
+max_num_speculative_tokens); one with a rejection drafts k again: the copied run has ended, and
+the next match starts a new one. A verification row costs a fraction of a step, so long drafts pay
+inside a copied run and short ones cost little where the run ends."""
 
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def draft_room(
 def observe(seq: Sequence, drafted: int, accepted: int) -> None:
     """One verification of `seq`'s `drafted` drafts, `accepted` of them kept: its running share of
     drafts kept moves toward accepted / drafted, its count of steps without drafts restarts, and
-    its draft limit doubles where every draft was kept, else falls to the drafts kept (draft_room
-    keeps it within k .. max_num_speculative_tokens)."""
+    its draft limit doubles where every draft was kept, else falls back to k (draft_room keeps it
+    within k .. max_num_speculative_tokens)."""
     seq.draft_acceptance += ACCEPTANCE_WEIGHT * (accepted / drafted - seq.draft_acceptance)
     seq.draft_skipped = 0
-    seq.draft_limit = 2 * seq.draft_limit if accepted == drafted else accepted
+    seq.draft_limit = 2 * seq.draft_limit if accepted == drafted else 0

@@ -48,6 +48,8 @@ def split_drafted(
         n = len(it.draft) + 1 if it.draft else 1
         (drafted_rows if it.draft else plain_rows).extend(range(row, row + n))
         row += n
+    if not plain_rows:  # every sampling item drafted (batch 1): its rows as they are, no copy
+        return samplers, logits, [], logits[:0]
     index = torch.tensor(drafted_rows, device=logits.device)
     plain = torch.tensor(plain_rows, dtype=torch.long, device=logits.device)
     return (

@@ -1,8 +1,7 @@
 """The speculation policy (engine/speculative/policy.py), plain Python: who drafts, how many, the
 acceptance-aware rule (a sequence whose drafts are rejected stops drafting, probes again every
 probe_interval steps, and drafts on once a probe's drafts are kept) and the draft length (doubled
-after a draft kept whole, up to max_num_speculative_tokens; what was kept, at least k, after a
-rejection)."""
+after a draft kept whole, up to max_num_speculative_tokens; k after a rejection)."""
 
 from engine.request import SamplingParams, Sequence
 from engine.speculative import SpeculativeConfig
@@ -74,9 +73,11 @@ def test_draft_length_doubles_while_kept_whole_and_falls_back_on_rejection():
         lengths.append(_room(seq, config))
         observe(seq, lengths[-1], lengths[-1])
     assert lengths == [4, 8, 12, 12]
-    observe(seq, 12, 7)  # seven of twelve kept: the next draft is seven long
-    assert _room(seq, config) == 7
-    observe(seq, 7, 1)  # one kept: back to k, never below it
+    observe(seq, 12, 7)  # seven of twelve kept: the copied run ended, the next draft is k long
+    assert _room(seq, config) == K
+    observe(seq, K, K)
+    assert _room(seq, config) == 2 * K
+    observe(seq, 2 * K, 1)  # one kept: back to k, never below it
     assert _room(seq, config) == K
     observe(seq, K, K)
     assert _room(seq, config) == 2 * K
