@@ -23,7 +23,7 @@ def attention_meta(
     gathered from their rows on the device, the slots of the new tokens computed here."""
     bs = block_size
     tables.sync()
-    slots = [tables.table(seq)[q // bs] * bs + q % bs for seq, q in rows]
+    slots = [max(tables.table(seq)[q // bs], 0) * bs + q % bs for seq, q in rows]  # as the rows read
     slot_parts = [torch.tensor(slots, dtype=torch.int64)]
     decode_tables = ctx = None
     if rows:
@@ -39,7 +39,7 @@ def attention_meta(
         row = len(rows)
         for i, (seq, start, n) in enumerate(chunks):
             first = start // bs  # the chunk's own blocks: never out of the window
-            blocks = torch.tensor(tables.table(seq)[first : widths[i]])
+            blocks = torch.tensor(tables.table(seq)[first : widths[i]]).clamp_(min=0)
             offset = start - first * bs
             slot_parts.append((blocks[:, None] * bs + arange_bs).view(-1)[offset : offset + n])
             prefills.append(PrefillChunk(row, n, start + n, prefill_tables[i, : widths[i]]))
