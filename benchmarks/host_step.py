@@ -7,6 +7,7 @@ methods; the per-sequence cost is (host at the largest batch - host at batch 1) 
 
     python3 -m benchmarks.host_step                        # this tree, batch 1 and 64, context 256
     python3 -m benchmarks.host_step --against old=/tmp/old # and another checkout's engine, interleaved
+    python3 -m benchmarks.host_step --batches 1,64,128 --block-size 1 --context 256  # 257-block tables
     chrt -r 10 python3 -m benchmarks.host_step ...         # steadier on a shared machine
     python3 -m benchmarks.host_step --smoke                # seconds
 
@@ -83,7 +84,7 @@ class _TimedDecode:
         return getattr(self._decode, name)
 
 
-def measure(batch: int, context: int, steps: int) -> dict:
+def measure(batch: int, context: int, steps: int, block_size: int = 16) -> dict:
     """Median per-step microseconds of a decode step of `batch` sequences of `context` tokens: wall,
     model compute, host (wall - model) and each host part, with the engine on sys.path."""
     import torch
@@ -91,17 +92,22 @@ def measure(batch: int, context: int, steps: int) -> dict:
     from engine import LLM, SamplingParams
 
     torch.set_num_threads(1)
+    prefill_steps = -(-batch * context // 256)
+    max_len = context + steps + 64 + prefill_steps
     llm = LLM(
         model="dummy",
         dummy_config=SHAPE,
         device="cpu",
         dtype="float32",
-        kv_cache_gib=0.05,
+        # every sequence's KV fits (fp32 K and V of each layer), so none is preempted
+        kv_cache_gib=max(0.05, 3 * batch * max_len * 2 * _kv_bytes_per_token() / 2**30),
         max_num_seqs=batch,
-        max_model_len=context + steps + 64,
+        max_model_len=max_len,
+        block_size=block_size,
     )
     eng, rng = llm.engine, random.Random(batch)
-    params = SamplingParams(max_tokens=steps + 16, temperature=0, ignore_eos=True)
+    # the first sequences decode while the last prefill (at least 256 prompt tokens a step)
+    params = SamplingParams(max_tokens=steps + 16 + prefill_steps, temperature=0, ignore_eos=True)
     for i in range(batch):
         eng.add_request(f"h{i}", [rng.randrange(2, SHAPE["vocab_size"]) for _ in range(context)], params)
     while not all(s.num_output_tokens > 0 for s in eng.seqs.values()):
@@ -132,6 +138,7 @@ def measure(batch: int, context: int, steps: int) -> dict:
     row = {
         "batch": batch,
         "context": context,
+        "block_size": block_size,
         "steps": steps,
         "wall_us": statistics.median(walls) * us,
         "model_us": statistics.median(models) * us,
@@ -141,10 +148,15 @@ def measure(batch: int, context: int, steps: int) -> dict:
     return row
 
 
-def run_child(tree: Path, batches: list[int], context: int, steps: int) -> list[dict]:
+def _kv_bytes_per_token() -> int:
+    return SHAPE["num_hidden_layers"] * SHAPE["num_key_value_heads"] * SHAPE["head_dim"] * 4
+
+
+def run_child(tree: Path, batches: list[int], context: int, steps: int, block_size: int) -> list[dict]:
     """measure() for each batch in a fresh process with `tree`'s engine first on the path."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     args = [sys.executable, str(Path(__file__).resolve()), "--child", "--context", str(context)]
+    args += ["--block-size", str(block_size)]
     args += ["--steps", str(steps), "--batches", ",".join(map(str, batches))]
     out = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -189,7 +201,9 @@ def plot(result: dict, path: Path) -> None:
         ax.bar(labels, host, color="tab:blue")
         ax.set_title(f"batch {batch}")
         ax.set_ylabel("host µs / decode step")
-    fig.suptitle(f"engine step less model compute, CPU, context {result['context']}", fontsize=9)
+    blocks = -(-(result["context"] + 1) // result.get("block_size", 16))
+    title = f"engine step less model compute, CPU, context {result['context']} ({blocks} blocks)"
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -199,6 +213,12 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--context", type=int, default=256)
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="KV block size (a long table at a small cost: --block-size 1 --context 256 gives 257 blocks)",
+    )
     ap.add_argument("--steps", type=int, default=200, help="decode steps timed per batch and round")
     ap.add_argument("--rounds", type=int, default=5, help="fresh processes per checkout, alternating")
     ap.add_argument(
@@ -216,7 +236,7 @@ def main(argv=None) -> None:
     if args.child:
         sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
         for batch in batches:
-            print(json.dumps(measure(batch, args.context, args.steps)), flush=True)
+            print(json.dumps(measure(batch, args.context, args.steps, args.block_size)), flush=True)
         return
     sys.path.insert(0, str(REPO))
     from benchmarks.common import done, machine, out_dir
@@ -227,7 +247,7 @@ def main(argv=None) -> None:
     rounds: dict[str, list[list[dict]]] = defaultdict(list)
     for r in range(args.rounds):
         for label, tree in trees.items():
-            rounds[label].append(run_child(tree, batches, args.context, args.steps))
+            rounds[label].append(run_child(tree, batches, args.context, args.steps, args.block_size))
             row = rounds[label][-1]
             print(
                 f"round {r} {label}: " + ", ".join(f"b{x['batch']} host {x['host_us']:.1f} µs" for x in row)
@@ -235,6 +255,7 @@ def main(argv=None) -> None:
     result = {
         "machine": machine(),
         "context": args.context,
+        "block_size": args.block_size,
         "steps": args.steps,
         "rounds": args.rounds,
         "shape": SHAPE,

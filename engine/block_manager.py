@@ -60,6 +60,17 @@ class _Blocks(dict[int, Block]):
 OUT_OF_WINDOW = -1  # a block-table entry whose block was released (sliding window)
 
 
+class TableChanges(dict[int, tuple[Sequence, int]]):
+    """The block-table entries changed since a reader last looked: id(seq) -> (seq, its first
+    changed entry). Entries past the table's end (after `trim` or `free`) are stale, not changed.
+    A manager records into one only where a reader of its tables (engine/block_tables.py) asked."""
+
+    def touch(self, seq: Sequence, first: int) -> None:
+        old = self.get(id(seq))
+        if old is None or first < old[1]:
+            self[id(seq)] = (seq, first)
+
+
 def chain_hash(prev: int | None, token_ids: tuple[int, ...], extra: str | None) -> int:
     return hash((prev, token_ids, extra))
 
@@ -99,6 +110,7 @@ class BlockManager:
         # request id -> host blocks of its computed tokens (None: a block released out of the window)
         self._swapped: dict[str, list[int | None]] = {}
         self._host_in_flight: list[int] = []  # host blocks read by this step's swap-ins
+        self.changes: TableChanges | None = None  # where table changes are recorded, if anywhere
 
     # ---- queries -------------------------------------------------------------------------
     def table(self, seq: Sequence) -> list[int]:
@@ -205,6 +217,7 @@ class BlockManager:
         A swapped-out sequence gets fresh blocks for what `hits` do not cover, to be filled from
         its host blocks: returns those (host block, device block) pairs (empty for any other)."""
         assert not self.table(seq), f"{seq.request_id} already holds blocks"
+        self._touch(seq, 0)
         for block_id in hits:
             if block_id == OUT_OF_WINDOW:  # out of the window of the hit's end: not needed
                 self.table(seq).append(block_id)
@@ -239,6 +252,8 @@ class BlockManager:
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
         """Make room for seq's next `num_new_tokens` KV entries."""
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(self.table(seq))
+        if need > 0:
+            self._touch(seq, len(self.table(seq)))
         for _ in range(need):
             self.table(seq).append(self._take_free())
 
@@ -246,6 +261,8 @@ class BlockManager:
         """Give back seq's blocks past its computed tokens (slots of rejected speculative drafts:
         fresh, unshared, unregistered); they are handed out first again."""
         keep = self.blocks_needed(seq.num_computed_tokens)
+        if len(self.table(seq)) > keep:
+            self._touch(seq, keep)
         while len(self.table(seq)) > keep:
             block_id = self.table(seq).pop()
             block = self.blocks[block_id]
@@ -269,6 +286,7 @@ class BlockManager:
                 continue
             self._release(block_id)
             self.table(seq)[i] = OUT_OF_WINDOW
+            self._touch(seq, i)
 
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -327,8 +345,13 @@ class BlockManager:
             if block_id != OUT_OF_WINDOW:
                 self._release(block_id)
         self.table(seq).clear()
+        self._touch(seq, 0)
         seq.num_computed_tokens = 0
         self._hashed.pop(seq.request_id, None)
+
+    def _touch(self, seq: Sequence, first: int) -> None:
+        if self.changes is not None:
+            self.changes.touch(seq, first)
 
     def _take_free(self) -> int:
         block_id, _ = self.free_ids.popitem(last=False)

@@ -70,13 +70,12 @@ class Engine:
         self.max_model_len = max_len if window else min(max_len, self.runner.num_blocks * config.block_size)
         self.config = replace(config, max_model_len=self.max_model_len)
         swap = self.runner.swap_space
-        self.block_manager = make_block_manager(
-            self.runner.kv_cache,
-            config.block_size,
-            # longrope: a cached token's rotation depends on its sequence's length, not on its prefix
-            enable_prefix_caching=config.enable_prefix_caching and not self.runner.model.spec.long_rope_after,
-            window=window,
+        # longrope: a cached token's rotation depends on its sequence's length, not on its prefix
+        prefix = config.enable_prefix_caching and not self.runner.model.spec.long_rope_after
+        manager = make_block_manager(
+            self.runner.kv_cache, config.block_size, enable_prefix_caching=prefix, window=window
         )
+        self.block_manager = self.runner.follow(manager)  # the runner keeps its tables on the device
         # Measured once here: what preemption_mode "auto" weighs against recomputation.
         self.swap_cost = swap.measure() if swap.num_blocks else None
         self.lora = self.runner.lora  # LoRAManager, or None with max_loras=0

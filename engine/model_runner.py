@@ -2,21 +2,24 @@
 device, the KV cache, the host swap space and the decode CUDA graphs.
 
 Step tensors are built on the host and copied to the device through pinned memory without
-waiting (docs/gpu.md); the only sync of a step is reading the sampled token ids back."""
+waiting (docs/gpu.md); block tables stay on the device, where only their changed entries are
+written (engine/block_tables.py). The only sync of a step is reading the sampled token ids back."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.attention import AttentionMetadata, make_backend
+from engine.block_manager import BlockManager
+from engine.block_tables import DeviceBlockTables
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.device import host_to_device, resolve_device, resolve_dtype, select_device
 from engine.kv_cache import allocate_kv_cache
+from engine.kv_groups import HybridBlockManager
 from engine.loader import LoadedModel
 from engine.logits_processing import collect_prompt_logprobs, process_logits, token_logprobs
 from engine.models import LlamaModel, resolve
@@ -74,6 +77,12 @@ class ModelRunner:
         self.num_blocks = cache.num_blocks
         self.swap_space = cache.swap_space
         self.sliding_window = cache.sliding_window  # > 0: the sliding layers' blocks in their own pool
+        # every sequence's block table in a row on the device, updated where it changes (`follow`)
+        max_blocks, rows = -(-max_model_len // self.block_size) + 1, config.max_num_seqs + 1
+        self.tables = DeviceBlockTables(max_blocks, self.device, rows)
+        self.sliding_tables = (
+            DeviceBlockTables(max_blocks, self.device, rows) if self.sliding_window else None
+        )
         if self.device.type == "cuda":
             from engine.kernels.warmup import warm_up  # imports triton
 
@@ -96,6 +105,17 @@ class ModelRunner:
                 device=self.device,
                 lora=_static_lora(self.lora),
             )
+
+    def follow(self, manager: BlockManager | HybridBlockManager) -> BlockManager | HybridBlockManager:
+        """Keep the block tables of `manager`'s sequences on the device (the sliding pool's apart);
+        returns it."""
+        if isinstance(manager, HybridBlockManager):
+            assert self.sliding_tables is not None, "a sliding pool of its own without sliding layers"
+            self.tables.follow(manager.full)
+            self.sliding_tables.follow(manager.sliding)
+        else:
+            self.tables.follow(manager)
+        return manager
 
     def stage(self, plan: StepPlan, running: list[Sequence]) -> float:
         """Before the plan's forward, even when it runs nothing: the adapters of every running
@@ -257,9 +277,9 @@ class ModelRunner:
             lens += [length(it.seq) for it in items[len(decodes) :] for _ in range(self._span(it)[1])]
             pos = rope_rows(pos, lens, spec.long_rope_after, self.model.max_positions)
         chunks = [(it.seq, *self._span(it)) for it in items[len(decodes) :]]
-        meta = self._meta(rows, chunks, lambda seq: seq.block_table)
-        if self.sliding_window:
-            meta.sliding = self._meta(rows, chunks, lambda seq: seq.sliding_block_table)
+        meta = attention_meta(self.block_size, rows, chunks, self.tables)
+        if self.sliding_tables is not None:
+            meta.sliding = attention_meta(self.block_size, rows, chunks, self.sliding_tables)
         row = len(rows)
         for it in items[len(decodes) :]:
             row += self._span(it)[1]
@@ -267,14 +287,6 @@ class ModelRunner:
                 sample_rows += range(row - 1 - len(it.draft), row)
         # sample_rows follow `items` order restricted to samplers: decodes first, then prefills.
         return torch.tensor(ids), torch.tensor(pos), meta, torch.tensor(sample_rows, dtype=torch.long)
-
-    def _meta(
-        self,
-        rows: list[tuple[Sequence, int]],
-        chunks: list[tuple[Sequence, int, int]],
-        table_of: Callable[[Sequence], list[int]],
-    ) -> AttentionMetadata:
-        return attention_meta(self.block_size, rows, chunks, table_of)
 
     def _to_device(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata

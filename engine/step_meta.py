@@ -1,14 +1,13 @@
-"""A step's attention metadata over paged block tables, built on the host, and its move to the
-device: shared by the model runner and the draft model of speculative decoding."""
+"""A step's attention metadata over paged block tables and its move to the device: shared by the
+model runner and the draft model of speculative decoding. The block tables are read from their rows
+on the device (engine/block_tables.py); the rest is built on the host and copied."""
 
 from __future__ import annotations
-
-import array
-from collections.abc import Callable
 
 import torch
 
 from engine.attention import AttentionMetadata, PrefillChunk
+from engine.block_tables import DeviceBlockTables
 from engine.device import host_to_device
 from engine.request import Sequence
 
@@ -17,35 +16,42 @@ def attention_meta(
     block_size: int,
     rows: list[tuple[Sequence, int]],
     chunks: list[tuple[Sequence, int, int]],
-    table_of: Callable[[Sequence], list[int]],
+    tables: DeviceBlockTables,
 ) -> AttentionMetadata:
     """The attention metadata of the decode rows (sequence, position) and prefill chunks
-    (sequence, first position, tokens) over the block tables `table_of` gives."""
+    (sequence, first position, tokens) over the block tables `tables` keeps: the batch's tables are
+    gathered from their rows on the device, the slots of the new tokens computed here."""
     bs = block_size
-    arange_bs = torch.arange(bs)
-    slot_parts: list[torch.Tensor] = []
-    tables = ctx = None
+    tables.sync()
+    slots = [max(tables.table(seq)[q // bs], 0) * bs + q % bs for seq, q in rows]  # as the rows read
+    slot_parts = [torch.tensor(slots, dtype=torch.int64)]
+    decode_tables = ctx = None
     if rows:
         lens = [q + 1 for _, q in rows]
         ctx = torch.tensor(lens)
-        nb = -(-max(lens) // bs)
-        tables = padded_tables([table_of(seq) for seq, _ in rows], nb)  # [B, nb]
-        last = ctx - 1
-        slot_parts.append(tables.gather(1, (last // bs)[:, None]).view(-1) * bs + last % bs)
+        decode_tables = tables.gather([seq for seq, _ in rows], -(-max(lens) // bs))  # [B, nb]
     prefills: list[PrefillChunk] = []
-    row = len(rows)
-    for seq, start, n in chunks:
-        table = torch.tensor(pad_table(table_of(seq), -(-(start + n) // bs)))
-        slot_parts.append((table[:, None] * bs + arange_bs).view(-1)[start : start + n])
-        prefills.append(PrefillChunk(row, n, start + n, table))
-        row += n
+    prefill_tables = None
+    if chunks:
+        widths = [-(-(start + n) // bs) for _, start, n in chunks]
+        prefill_tables = tables.gather([seq for seq, _, _ in chunks], max(widths))  # [C, max nb]
+        arange_bs = torch.arange(bs)
+        row = len(rows)
+        for i, (seq, start, n) in enumerate(chunks):
+            first = start // bs  # the chunk's own blocks: never out of the window
+            blocks = torch.tensor(tables.table(seq)[first : widths[i]]).clamp_(min=0)
+            offset = start - first * bs
+            slot_parts.append((blocks[:, None] * bs + arange_bs).view(-1)[offset : offset + n])
+            prefills.append(PrefillChunk(row, n, start + n, prefill_tables[i, : widths[i]]))
+            row += n
     return AttentionMetadata(
         slot_mapping=torch.cat(slot_parts),
         block_size=bs,
         num_decodes=len(rows),
-        decode_block_tables=tables,
+        decode_block_tables=decode_tables,
         decode_context_lens=ctx,
         prefills=prefills,
+        prefill_block_tables=prefill_tables,
     )
 
 
@@ -56,8 +62,8 @@ def step_to_device(
     if device.type == "cpu":
         return ids, pos, meta
 
-    def move(t: torch.Tensor) -> torch.Tensor:
-        return host_to_device(t, device)
+    def move(t: torch.Tensor) -> torch.Tensor:  # block tables are gathered on the device already
+        return t if t.device.type != "cpu" else host_to_device(t, device)
 
     for m in (meta, meta.sliding) if meta.sliding is not None else (meta,):
         m.slot_mapping = move(m.slot_mapping)
@@ -68,21 +74,3 @@ def step_to_device(
         for chunk in m.prefills:
             chunk.block_ids = move(chunk.block_ids)
     return move(ids), move(pos), meta
-
-
-def padded_tables(tables: list[list[int]], n: int) -> torch.Tensor:
-    """[len(tables), n] int64: pad_table of each, built as one flat C array (torch.tensor of nested
-    lists, or a max() per entry, reads every entry in Python: most of a large batch's host time)."""
-    flat = array.array("q")
-    for table in tables:
-        flat.extend(table[:n])
-        if len(table) < n:
-            flat.extend([0] * (n - len(table)))
-    return torch.frombuffer(flat, dtype=torch.int64).view(len(tables), n).clamp_(min=0)
-
-
-def pad_table(table: list[int], n: int) -> list[int]:
-    """The first n entries of a block table, padded with block 0 (masked out by the caller); blocks
-    released out of a sliding window (OUT_OF_WINDOW) read as block 0 too (the attention skips them)."""
-    table = [max(b, 0) for b in table[:n]]
-    return table + [0] * (n - len(table))

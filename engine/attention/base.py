@@ -32,6 +32,9 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64, padded with block 0
     decode_context_lens: torch.Tensor | None  # [num_decodes] int64 tokens in the cache, the new one included
     prefills: list[PrefillChunk]
+    # [len(prefills), max blocks] the chunks' tables in one tensor (each chunk's block_ids: a view of
+    # its row), where the step's metadata gathered them at once; None: each chunk's own tensor only
+    prefill_block_tables: torch.Tensor | None = None
     # Backends that read the chunks as tensors keep them here, built once a step (first layer).
     packed_prefills: object | None = None
     # The cpu backend's int32 decode block tables and context lengths, built once a step (first layer).
@@ -59,10 +62,13 @@ class AttentionMetadata:
             chunks = torch.tensor(
                 [(c.start, c.num_tokens, c.context_len) for c in self.prefills], dtype=torch.int32
             )
-            width = max(len(c.block_ids) for c in self.prefills)
-            tables = torch.zeros(len(self.prefills), width, dtype=torch.int32)
-            for i, c in enumerate(self.prefills):
-                tables[i, : len(c.block_ids)] = c.block_ids
+            if self.prefill_block_tables is not None:
+                tables = self.prefill_block_tables.to(torch.int32).contiguous()
+            else:
+                width = max(len(c.block_ids) for c in self.prefills)
+                tables = torch.zeros(len(self.prefills), width, dtype=torch.int32)
+                for i, c in enumerate(self.prefills):
+                    tables[i, : len(c.block_ids)] = c.block_ids
             self.prefill_int32 = (chunks, tables)
         return self.prefill_int32
 

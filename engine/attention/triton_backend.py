@@ -103,7 +103,9 @@ class TritonAttention(TorchAttention):
 
 def pack_prefills(meta: AttentionMetadata, device: torch.device) -> PackedPrefills:
     chunks = meta.prefills
-    if all(c.block_ids.device.type == "cpu" for c in chunks):  # padded on the host, one copy
+    if meta.prefill_block_tables is not None:  # gathered at once from the device-resident tables
+        tables = meta.prefill_block_tables.to(device, non_blocking=True)
+    elif all(c.block_ids.device.type == "cpu" for c in chunks):  # padded on the host, one copy
         tables = host_to_device(pad_sequence([c.block_ids.long() for c in chunks], batch_first=True), device)
     else:  # on the device already: one padding op, not a copy a chunk
         tables = pad_sequence([c.block_ids.long() for c in chunks], batch_first=True)

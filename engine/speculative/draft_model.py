@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.block_tables import DeviceBlockTables
 from engine.request import Sequence
 from engine.scheduler.plan import PENDING_DRAFT
 from engine.speculative.config import SpeculativeConfig
@@ -62,12 +63,14 @@ class DraftModelDrafter:
         kv_caches: list[torch.Tensor],
         block_size: int,
         max_model_len: int,
+        tables: DeviceBlockTables,
     ):
         self.config = config
         self.model = model
         self.decode = decode
         self.kv_caches = kv_caches
         self.block_size = block_size
+        self.tables = tables  # the target's block tables on the device: the same blocks hold the draft's KV
         self.max_model_len = max_model_len
         self.device = model.embed.device
         self._fed: dict[int, _Fed] = {}  # by id(sequence)
@@ -145,7 +148,7 @@ class DraftModelDrafter:
     ) -> list[int]:
         """One draft forward over decode `rows` and prefill `chunks` (`ids`, `positions`: theirs, in
         that order); the argmax token after each of the `sample` rows (None: every row)."""
-        meta = attention_meta(self.block_size, rows, chunks, lambda seq: seq.block_table)
+        meta = attention_meta(self.block_size, rows, chunks, self.tables)
         input_ids, pos, meta = step_to_device(self.device, torch.tensor(ids), torch.tensor(positions), meta)
         if self.decode is not None and self.decode.applies(meta, self.kv_caches):
             hidden = self.decode(input_ids, pos, meta, self.kv_caches)  # [T, hidden]

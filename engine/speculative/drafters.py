@@ -95,7 +95,9 @@ def build_draft_model(
         backend.allocate_cache(runner.num_blocks * runner.block_size, dtype, device)
         for _ in range(spec.num_layers)
     ]  # the shadow cache: the target's block ids and block size
-    return DraftModelDrafter(config, model, decode, kv_caches, runner.block_size, max_model_len)
+    return DraftModelDrafter(
+        config, model, decode, kv_caches, runner.block_size, max_model_len, runner.tables
+    )
 
 
 def check_vocabulary(target: LoadedModel, draft: LoadedModel, name: str) -> None:

@@ -1,33 +1,46 @@
-"""The decode block tables of a step's attention metadata (engine/step_meta.py)."""
+"""A step's attention metadata (engine/step_meta.py) over the block tables kept on the device."""
 
 from __future__ import annotations
 
-import gc
 import random
 
 import torch
 
-from engine.block_manager import OUT_OF_WINDOW
-from engine.step_meta import pad_table, padded_tables
+from engine.block_manager import BlockManager
+from engine.block_tables import DeviceBlockTables
+from engine.request import SamplingParams, Sequence
+from engine.step_meta import attention_meta
 
 
-def test_padded_tables_match_pad_table_row_by_row():
+def test_decode_rows_and_prefill_chunks_read_their_own_tables_and_slots():
     rng = random.Random(0)
+    bs = 4
+    bm = BlockManager(400, bs, enable_prefix_caching=False)
+    tables = DeviceBlockTables(2, torch.device("cpu"), rows=1)
+    tables.follow(bm)
+    seqs = [Sequence(str(i), [1] * rng.randint(1, 60), 0, SamplingParams()) for i in range(9)]
+    for s in seqs:
+        bm.allocate(s, [], s.num_tokens)
+    rows = [(s, rng.randrange(s.num_tokens)) for s in seqs[:5]]
+    starts = [rng.randrange(s.num_tokens) for s in seqs[5:]]
+    chunks = [(s, a, rng.randint(1, s.num_tokens - a)) for s, a in zip(seqs[5:], starts)]
+    meta = attention_meta(bs, rows, chunks, tables)
 
-    def entry() -> int:
-        return OUT_OF_WINDOW if rng.random() < 0.2 else rng.randrange(1 << 40)
+    def slot(s: Sequence, p: int) -> int:
+        return s.block_table[p // bs] * bs + p % bs
 
-    cases = []
-    for _ in range(50):
-        n = rng.randint(1, 40)
-        tables = [[entry() for _ in range(rng.randint(0, 50))] for _ in range(rng.randint(1, 70))]
-        cases.append((padded_tables(tables, n), torch.tensor([pad_table(t, n) for t in tables])))
-    gc.collect()  # each tensor keeps its buffer alive
-    for got, want in cases:
-        assert got.dtype == torch.int64 and got.is_contiguous()
-        assert torch.equal(got, want)
-
-
-def test_released_and_missing_blocks_read_as_block_zero():
-    got = padded_tables([[OUT_OF_WINDOW, 7, 9], [5]], 4)
-    assert got.tolist() == [[0, 7, 9, 0], [5, 0, 0, 0]]
+    want = [slot(s, q) for s, q in rows] + [slot(s, p) for s, a, n in chunks for p in range(a, a + n)]
+    assert meta.slot_mapping.tolist() == want
+    assert meta.decode_context_lens is not None and meta.decode_block_tables is not None
+    assert meta.decode_context_lens.tolist() == [q + 1 for _, q in rows]
+    for (s, q), got in zip(rows, meta.decode_block_tables):
+        nb = q // bs + 1
+        assert got[:nb].tolist() == s.block_table[:nb]
+    assert meta.prefill_block_tables is not None
+    for i, ((s, a, n), chunk) in enumerate(zip(chunks, meta.prefills)):
+        nb = -(-(a + n) // bs)
+        assert chunk.block_ids.tolist() == s.block_table[:nb]
+        assert meta.prefill_block_tables[i, :nb].tolist() == s.block_table[:nb]
+        assert chunk.context_len == a + n and chunk.num_tokens == n
+    _, tables32 = meta.prefill_tables_int32()
+    assert tables32.dtype == torch.int32 and tables32.shape == meta.prefill_block_tables.shape
