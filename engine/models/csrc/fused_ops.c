@@ -111,3 +111,29 @@ void rope_bf16(uint16_t *restrict qk, const int64_t *restrict positions, const u
         }
     }
 }
+
+/* out[r] = the index of row r's largest value in x [R, V] (fp32), as torch's argmax picks it: the
+ * first of equal maxima, and the first NaN where a row has one (torch orders NaN above every
+ * number). NaN is told from its bits (this file is built with -ffast-math). Two passes a row: the
+ * maximum, then its first index (the row stays in L2). */
+static long argmax_row(const float *restrict x, long V) {
+    const uint32_t *bits = (const uint32_t *)x;
+    float m = x[0];
+    int nan = 0;
+    for (long i = 0; i < V; i++) {
+        nan |= (bits[i] & 0x7FFFFFFFu) > 0x7F800000u;
+        m = x[i] > m ? x[i] : m;
+    }
+    if (nan) {
+        for (long i = 0; i < V; i++)
+            if ((bits[i] & 0x7FFFFFFFu) > 0x7F800000u) return i;
+    }
+    for (long i = 0; i < V; i++)
+        if (x[i] == m) return i;
+    return 0;
+}
+
+void argmax_f32(const float *restrict x, int64_t *restrict out, int R, long V, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if ((long)R * V >= PARALLEL_MIN)
+    for (int r = 0; r < R; r++) out[r] = argmax_row(x + (long)r * V, V);
+}

@@ -103,3 +103,23 @@ def test_forward_with_and_without_cpu_kernels(tiny_model_dir):
     assert [o.token_ids for o in on.generate(prompts, params)] == [
         o.token_ids for o in off.generate(prompts, params)
     ]
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (3, 49152), (40, 3000)])
+def test_argmax_rows_picks_torchs_index(shape):
+    """The C argmax against torch's on the same fp32 rows: random rows, rows of ties (the first
+    maximum wins, 0.0 and -0.0 equal), NaN (the first NaN wins), infinities and all -inf."""
+    gen = torch.Generator().manual_seed(shape[1])
+    x = torch.randn(shape, generator=gen)
+    R, V = shape
+    if R > 1:
+        x[1, V // 3] = x[1, V // 2] = x[1].max() + 1  # a tie: the first index
+        x[2] = float("-inf")
+    if R > 3:
+        x[3, V - 1] = float("nan")
+        x[3, V // 2] = float("nan")
+        x[4, V // 4] = float("inf")
+        x[5] = 0.0
+        x[5, : V // 2] = -0.0
+        x[6, V - 1] = x[6].max() + 1  # the last index
+    assert fused.argmax_rows(x).tolist() == x.argmax(dim=-1).tolist()
