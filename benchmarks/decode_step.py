@@ -91,6 +91,7 @@ class wrapped:
             (Linear, "__call__", "linears"),
             (CPUOps, "add_rms_norm", "rms_norm"),
             (CPUOps, "rope", "rope"),
+            (CPUOps, "silu_mul", "silu_mul"),
             (TorchOps, "silu_mul", "silu_mul"),
             (runner_mod, "sample_ids", "sampling"),
             (runner_mod, "process_logits", "sampling"),
