@@ -167,16 +167,22 @@ class CPUOps(TorchOps):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         # bf16: torch's arithmetic with torch's own expf (Sleef's, from libtorch: another expf's last
         # bits moved a bf16 result by an ulp now and then, and flipped near-tied greedy tokens)
-        T, I2 = gate_up.shape
-        if gate_up.dtype == torch.bfloat16 and self.sleef_expf16 is not None and gate_up.is_contiguous():
-            if I2 % 32 == 0:
-                out = torch.empty(T, I2 // 2, dtype=torch.bfloat16)
-                self.lib.silu_mul_bf16(
-                    gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, self.sleef_expf16, torch.get_num_threads()
-                )
-                return out
+        if (
+            gate_up.dtype == torch.bfloat16
+            and self.sleef_expf16 is not None
+            and gate_up.dim() == 2
+            and gate_up.is_contiguous()
+            and gate_up.shape[1] % 32 == 0
+        ):
+            T, I2 = gate_up.shape
+            out = torch.empty(T, I2 // 2, dtype=torch.bfloat16)
+            self.lib.silu_mul_bf16(
+                gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, self.sleef_expf16, torch.get_num_threads()
+            )
+            return out
         if gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
             return super().silu_mul(gate_up)
+        T, I2 = gate_up.shape
         out = torch.empty(T, I2 // 2)
         self.lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
         return out
