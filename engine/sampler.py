@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from engine.device import host_to_device
+from engine.models.fused import argmax_rows
 from engine.request import SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -25,7 +26,7 @@ def sample_ids(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
     """As `sample`, the ids left on the logits' device: [S] int64."""
-    greedy_ids = logits.argmax(dim=-1)
+    greedy_ids = argmax_rows(logits)
     if all(p.greedy for p in params):
         return greedy_ids
     device = logits.device

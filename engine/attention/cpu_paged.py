@@ -49,6 +49,9 @@ def load_library() -> ctypes.CDLL:
             + [ctypes.c_int] * 2
             + [ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
         )
+        lib.kv_write.restype = None
+        P, N, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+        lib.kv_write.argtypes = [P, P, L, L, P, P, N, N, N, L, N]
         lib.paged_prefill_bf16_supported.restype = ctypes.c_int
         lib.paged_prefill_bf16_supported.argtypes = [ctypes.c_int]
         _LIB = lib
@@ -82,9 +85,34 @@ class CPUPagedAttention(TorchAttention):
             # the reference's forward: its K/V writes, then this backend's _decode and _prefill
             return super().forward(q, k, v, kv_cache, meta, window, softcap, sinks)
         # A decode-only step: the K/V writes and the kernel, its output written in place.
-        kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        self.write_kv(k, v, kv_cache, meta.slot_mapping)
         return self._decode(q, kv_cache, meta, window, softcap, sinks)
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+        """As the reference's, in one C call (`kv_write`) where each row's heads are contiguous."""
+        T, KVH, D = k.shape
+        if (
+            k.dtype == v.dtype == kv_cache.dtype
+            and kv_cache.is_contiguous()
+            and slots.dtype == torch.int64
+            and slots.is_contiguous()
+            and all(x.stride(2) == 1 and x.stride(1) == D for x in (k, v))
+        ):
+            self.lib.kv_write(
+                k.data_ptr(),
+                v.data_ptr(),
+                k.stride(0),
+                v.stride(0),
+                slots.data_ptr(),
+                kv_cache.data_ptr(),
+                T,
+                KVH,
+                D,
+                kv_cache.shape[2],
+                k.element_size(),
+            )
+            return
+        super().write_kv(k, v, kv_cache, slots)
 
     def _prefill(
         self,

@@ -44,14 +44,18 @@ class TorchAttention(AttentionBackend):
         softcap: float = 0.0,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        self.write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
             out[:nd] = self._decode(q[:nd], kv_cache, meta, window, softcap, sinks)
         self._prefill(q, k, v, kv_cache, meta, out, window, softcap, sinks)
         return out
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+        """The step's K and V rows [T, KVH, D] into kv_cache [2, KVH, S, D] at slots [T]."""
+        kv_cache[0].index_copy_(1, slots, k.transpose(0, 1))
+        kv_cache[1].index_copy_(1, slots, v.transpose(0, 1))
 
     def _prefill(
         self,

@@ -26,8 +26,34 @@ def _library() -> ctypes.CDLL | None:
     }
     return native.library(
         SOURCE,
-        norm_rope | {f"{name}_bf16": a for name, a in norm_rope.items()} | {"silu_mul": [_P] * 2 + [_I] * 3},
+        norm_rope
+        | {f"{name}_bf16": a for name, a in norm_rope.items()}
+        | {"silu_mul": [_P] * 2 + [_I] * 3, "argmax_f32": [_P, _P, _I, _L, _I]},
     )
+
+
+def _sleef_expf16() -> int | None:
+    """The address of torch's own 16-lane expf (Sleef_expf16_u10 in libtorch_cpu), which its bf16
+    SiLU calls where torch runs its AVX-512 kernels; None elsewhere."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16"):
+        return None
+    try:
+        libtorch = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        return ctypes.cast(libtorch.Sleef_expf16_u10, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1) for [S, V] logits: on the CPU in fp32 through `argmax_f32` (torch's
+    picks, ties and NaN included, several times faster over a large vocabulary), else torch's."""
+    lib = _library() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
+    if lib is None or logits.dim() != 2 or not logits.is_contiguous() or 0 in logits.shape:
+        return logits.argmax(dim=-1)
+    R, V = logits.shape
+    out = torch.empty(R, dtype=torch.int64)
+    lib.argmax_f32(logits.data_ptr(), out.data_ptr(), R, V, torch.get_num_threads())
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,6 +101,10 @@ class CPUOps(TorchOps):
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
+        self.sleef_expf16 = _sleef_expf16() if hasattr(lib, "silu_mul_bf16") else None
+        if self.sleef_expf16 is not None:
+            lib.silu_mul_bf16.restype = None
+            lib.silu_mul_bf16.argtypes = [_P, _P, _I, _I, _P, _I]
 
     def _kernel(self, name: str, dtype: torch.dtype) -> Any:
         suffix = self.SUFFIX.get(dtype)
@@ -135,8 +165,21 @@ class CPUOps(TorchOps):
         return qk  # rotated in place
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        # fp32 only: in bf16 torch's own op (its expf is Sleef's; another one's last bits would move
-        # a bf16 result by an ulp now and then, and flip near-tied greedy tokens)
+        # bf16: torch's arithmetic with torch's own expf (Sleef's, from libtorch: another expf's last
+        # bits moved a bf16 result by an ulp now and then, and flipped near-tied greedy tokens)
+        if (
+            gate_up.dtype == torch.bfloat16
+            and self.sleef_expf16 is not None
+            and gate_up.dim() == 2
+            and gate_up.is_contiguous()
+            and gate_up.shape[1] % 32 == 0
+        ):
+            T, I2 = gate_up.shape
+            out = torch.empty(T, I2 // 2, dtype=torch.bfloat16)
+            self.lib.silu_mul_bf16(
+                gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, self.sleef_expf16, torch.get_num_threads()
+            )
+            return out
         if gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
             return super().silu_mul(gate_up)
         T, I2 = gate_up.shape

@@ -8,7 +8,8 @@
  *           a transpose-and-add tree (`sum16`, 3 instructions a token instead of 8), and the sum is
  *           then scaled (the generic kernel scales q first: the same value where the scale is a
  *           power of two, as at head_dim 64, else within an ulp of fp32);
- *   values  each V row is converted to fp32 once and added into every query head's accumulator.
+ *   values  each V row is converted to fp32 once (its even and odd dims apart, one instruction per
+ *           16 values) and added into every query head's accumulator.
  * Softmax, window, softcap and sinks are the generic kernel's, in fp32. Elsewhere (no AVX512-BF16,
  * another head_dim) the generic kernel runs. */
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -51,28 +52,43 @@ static inline __m512 bf16x16_to_f32(const uint16_t *p) {
 }
 
 /* out[g] (bf16, D apart) = sum over visible tokens i of p[g * L + i] * V[i], for gn <= 4 query heads:
- * each V row converted once; DV = D / 16 (a constant where inlined at D = 64: registers only) */
+ * each V row converted once, 32 values at a time: a 32-bit lane holding the pair (v[2j], v[2j+1]) is
+ * v[2j] as fp32 once shifted left 16 bits and v[2j+1] once its low half is masked off, so the even
+ * and the odd dims take one instruction each (two where widening 16 values takes a load, a zero
+ * extension and a shift) and sit in accumulators of their own; each output is the same chain of
+ * fp32 FMAs in token order. DP = D / 32 (a constant where inlined at D = 64: registers only). */
 static inline __attribute__((always_inline)) void pv_heads(const uint16_t *restrict V,
                                                            const int32_t *restrict table,
                                                            const float *restrict p, int L, int t0, int h,
-                                                           long S, int D, int block_size, int gn, const int DV,
+                                                           long S, int D, int block_size, int gn, const int DP,
                                                            uint16_t *restrict out) {
-    __m512 acc[4][MAX_D / 16];
+    __m512 even[4][MAX_D / 32], odd[4][MAX_D / 32];
     for (int g = 0; g < 4; g++)
-        for (int c = 0; c < DV; c++) acc[g][c] = _mm512_setzero_ps();
+        for (int c = 0; c < DP; c++) even[g][c] = odd[g][c] = _mm512_setzero_ps();
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
     for (int i = t0; i < L; i++) {
         const uint16_t *v = V + ((long)h * S + slot_of(table, i, block_size)) * D;
-        __m512 vf[MAX_D / 16];
-        for (int c = 0; c < DV; c++) vf[c] = bf16x16_to_f32(v + c * 16);
+        __m512 ve[MAX_D / 32], vo[MAX_D / 32];
+        for (int c = 0; c < DP; c++) {
+            const __m512i w = _mm512_loadu_si512(v + c * 32);
+            ve[c] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+            vo[c] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+        }
         for (int g = 0; g < 4; g++) {
             if (g >= gn) break;
             const __m512 pg = _mm512_set1_ps(p[(long)g * L + i]);
-            for (int c = 0; c < DV; c++) acc[g][c] = _mm512_fmadd_ps(pg, vf[c], acc[g][c]);
+            for (int c = 0; c < DP; c++) {
+                even[g][c] = _mm512_fmadd_ps(pg, ve[c], even[g][c]);
+                odd[g][c] = _mm512_fmadd_ps(pg, vo[c], odd[g][c]);
+            }
         }
     }
     for (int g = 0; g < gn; g++)
-        for (int c = 0; c < DV; c++)
-            _mm256_storeu_si256((__m256i *)(out + (long)g * D + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[g][c]));
+        for (int c = 0; c < DP; c++) { /* each sum rounded to bf16, the pairs put back together */
+            const __m512i e = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even[g][c]));
+            const __m512i o = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd[g][c]));
+            _mm512_storeu_si512(out + (long)g * D + c * 32, _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
+        }
 }
 
 void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restrict kv,
@@ -138,9 +154,9 @@ void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restri
         }
         for (int g0 = 0; g0 < G; g0 += 4) { /* up to 4 query heads' accumulators in registers */
             const int gn = G - g0 < 4 ? G - g0 : 4;
-            if (D == 64) pv_heads(V, table, scores + (long)g0 * L, L, t0, h, S, D, block_size, gn, 4,
+            if (D == 64) pv_heads(V, table, scores + (long)g0 * L, L, t0, h, S, D, block_size, gn, 2,
                                   out + ((long)b * H + h * G + g0) * D);
-            else pv_heads(V, table, scores + (long)g0 * L, L, t0, h, S, D, block_size, gn, D / 16,
+            else pv_heads(V, table, scores + (long)g0 * L, L, t0, h, S, D, block_size, gn, DC,
                           out + ((long)b * H + h * G + g0) * D);
         }
         free(scores);

@@ -58,3 +58,23 @@ def test_bf16_kernel_equals_the_fp32_kernel_on_bf16_values(D, G, block_size, win
     # fp32 sums in another order, one rounding to bf16: within an ulp of bf16 (2^-8 relative)
     assert torch.allclose(got.float(), want, rtol=2**-7, atol=1e-4)
     assert (got == want.bfloat16()).float().mean() > 0.97
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 7, 40])
+def test_kv_write_puts_the_rows_where_index_copy_does(dtype, T):
+    """The backend's one-call K/V write (`kv_write`) against the reference's two index_copy_, for K
+    and V as the forward hands them over: views into the fused QKV output, rows apart."""
+    gen = torch.Generator().manual_seed(T)
+    H, KVH, D, S = 6, 2, 64, 256
+    backend = make_backend("cpu", H, KVH, D)
+    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=gen).to(dtype)
+    k = qkv[:, H * D : (H + KVH) * D].view(T, KVH, D)
+    v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
+    slots = torch.randperm(S, generator=gen)[:T]
+    cache = torch.randn(2, KVH, S, D, generator=gen).to(dtype)
+    expected = cache.clone()
+    expected[0].index_copy_(1, slots, k.transpose(0, 1))
+    expected[1].index_copy_(1, slots, v.transpose(0, 1))
+    backend.write_kv(k, v, cache, slots)
+    assert torch.equal(cache, expected)

@@ -103,3 +103,42 @@ def test_forward_with_and_without_cpu_kernels(tiny_model_dir):
     assert [o.token_ids for o in on.generate(prompts, params)] == [
         o.token_ids for o in off.generate(prompts, params)
     ]
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (3, 49152), (40, 3000)])
+def test_argmax_rows_picks_torchs_index(shape):
+    """The C argmax against torch's on the same fp32 rows: random rows, rows of ties (the first
+    maximum wins, 0.0 and -0.0 equal), NaN (the first NaN wins), infinities and all -inf."""
+    gen = torch.Generator().manual_seed(shape[1])
+    x = torch.randn(shape, generator=gen)
+    R, V = shape
+    if R > 1:
+        x[1, V // 3] = x[1, V // 2] = x[1].max() + 1  # a tie: the first index
+        x[2] = float("-inf")
+    if R > 3:
+        x[3, V - 1] = float("nan")
+        x[3, V // 2] = float("nan")
+        x[4, V // 4] = float("inf")
+        x[5] = 0.0
+        x[5, : V // 2] = -0.0
+        x[6, V - 1] = x[6].max() + 1  # the last index
+    assert fused.argmax_rows(x).tolist() == x.argmax(dim=-1).tolist()
+
+
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() != "AVX512", reason="torch's own expf is taken on AVX-512 CPUs"
+)
+@pytest.mark.parametrize("T", [1, 40])
+def test_bf16_silu_mul_in_c_equals_torch_on_every_bf16_value(ops, T):
+    """The bf16 SiLU·mul kernel (with torch's own expf) against F.silu(gate) * up bit for bit: every
+    bf16 value (NaN, infinities and signed zeros included) as a gate, random ups."""
+    assert ops.sleef_expf16 is not None  # the kernel runs on this machine
+    every = torch.arange(-(2**15), 2**15 + 512, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    gate = every.view(-1, 1536)  # 43 rows, every bf16 bit pattern among them
+    gen = torch.Generator().manual_seed(T)
+    for g in gate.split(T):
+        up = (torch.randn(g.shape, generator=gen) * 8).bfloat16()
+        up[:, :3] = torch.tensor([float("inf"), 0.0, -0.0]).bfloat16()
+        gate_up = torch.cat([g, up], dim=1).contiguous()
+        got = ops.silu_mul(gate_up)
+        assert torch.equal(got.view(torch.int16), fused.TorchOps().silu_mul(gate_up).view(torch.int16))
