@@ -189,7 +189,36 @@ def main(argv=None) -> None:
         print(f"{n} rows: this {res['step_ms']:.1f} ms{ratios}\n  parts (ms/step): {parts}")
     out = out_dir(args, "decode_step")
     (out / "decode_step.json").write_text(json.dumps(result, indent=1))
+    plot(result, out / "decode_step.png")
     done(out)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Stacked ms per decode step by part, one bar per checkout, a panel per row count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trees = result["trees"]
+    labels = list(trees)
+    rows = list(trees["this"])
+    parts = sorted({p for t in trees.values() for r in t.values() for p in r["parts_ms"]})
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.4 * len(rows), 3.6), squeeze=False)
+    for ax, n in zip(axes[0], rows, strict=True):
+        bottom = [0.0] * len(labels)
+        for part in parts:
+            ms = [trees[t][n]["parts_ms"].get(part, 0.0) for t in labels]
+            ax.bar(labels, ms, bottom=bottom, label=part)
+            bottom = [b + m for b, m in zip(bottom, ms, strict=True)]
+        ax.plot(labels, [trees[t][n]["step_ms"] for t in labels], "k_", markersize=30, label="step")
+        ax.set_title(f"{n} rows")
+        ax.set_ylabel("ms / decode step")
+    axes[0][-1].legend(fontsize=6)
+    fig.suptitle("decode step by part (median of rounds)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

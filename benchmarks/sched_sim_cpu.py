@@ -28,7 +28,7 @@ ENGINE = SchedulerConfig(block_size=16, watermark=0.01, max_num_seqs=32, max_num
 NUM_BLOCKS = 4096
 VARIANTS = {
     "off": {"urgent_step_overhead": 0.0},
-    "urgent_horizon_s=0": {"urgent_horizon_s": 0.0},
+    "urgent_horizon_s=5": {"urgent_horizon_s": 5.0},
     "urgent_prefill_defers_decodes=false": {"urgent_prefill_defers_decodes": False},
     "short steps (default)": {},
 }

@@ -1,11 +1,18 @@
 """The suite under pytest-xdist (the README's test command: ``-n 2 --dist loadgroup``): every test
 without an ``xdist_group`` mark is put in its file's group, so a file runs on one worker and its
 module-scoped servers start once; files that share a package-scoped server carry one group mark
-and run on the same worker. Without xdist the marks change nothing."""
+and run on the same worker. Without xdist the marks change nothing.
+
+The groups go to the workers longest first (by tests/group_seconds.json, a past run's seconds per
+group; groups it does not name, the short ones, follow in collection order): with xdist's own order
+(the groups with the most tests first) a long file of one or two tests started last and ran alone
+for minutes while the other worker idled."""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -17,11 +24,29 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+GROUP_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "group_seconds.json").read_text())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False  # the collection's order below decides
+
+
+def _group(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "")) if mark else ""
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: their collections must match
+        first = {}
+        for i, item in enumerate(items):
+            first.setdefault(_group(item), i)
+        items.sort(key=lambda item: (-GROUP_SECONDS.get(_group(item), 0.0), first[_group(item)]))
 
 
 # Which numeric paths of the engine (tests/engine/paths.py) this run exercised, and how: tests/engine's
