@@ -130,8 +130,6 @@ class DecodeGraphs:
         assert tables is not None and context_lens is not None, "a step without decodes"
         host[2, :n], host[3, :n] = meta.slot_mapping, context_lens
         self.vectors[:, :b].copy_(host, non_blocking=True)
-        if self.pin and tables.device.type == "cpu":
-            tables = tables.pin_memory()
         self.tables[:n, : tables.shape[1]].copy_(tables, non_blocking=True)  # gathered on the device
         if lora is not None:
             assert self.lora is not None
