@@ -7,11 +7,14 @@ rounds each output to bf16 once, as torch's bf16 matmul does. The panels are the
 weight. Where the CPU lacks AVX512-BF16 (AVX2 machines), without a C compiler, or when K is odd,
 `BF16Panels.make` answers None and the layer keeps torch's matmul.
 
-On CPUs with AMX (Intel Sapphire Rapids and later) oneDNN's AMX tile kernels outrun this kernel
-from a few rows on (measured on a 2-core Xeon with AMX, SmolLM2's shapes, oneDNN time over the C
-kernel's: 1.1-1.4 at 1 row, 0.7 at 4 rows, 0.25 at 16, 0.11-0.15 at 64), so there a layer keeps
-both copies and `ONEDNN_MIN_ROWS` picks: the C kernel below it (decode), oneDNN from it (prefill
-chunks, batched decodes). `EngineConfig.cpu_amx` forces either way.
+On CPUs with AMX (Intel Sapphire Rapids and later) AMX tiles outrun this kernel from a few rows on
+(measured on a 2-core Xeon with AMX, SmolLM2's shapes, oneDNN time over the C kernel's: 1.1-1.4 at
+1 row, 0.7 at 4 rows, 0.25 at 16, 0.11-0.15 at 64), so there `ONEDNN_MIN_ROWS` picks: the C kernel
+below it (decode of a few rows); from it to `AMX_MAX_ROWS` rows `csrc/bf16_amx.c`'s AMX kernel over
+the same panels (batched decodes: one pass over the weight for up to 32 rows, no per-call
+overhead to speak of; benchmarks/bf16_linear.py); above it (prefill chunks) oneDNN's AMX kernels,
+over a second, oneDNN-packed copy of the weight. `EngineConfig.cpu_amx` forces either way (True on a
+CPU without AMX: oneDNN from `ONEDNN_MIN_ROWS` rows on).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import torch
 from engine import native
 
 SOURCE = Path(__file__).parent / "csrc" / "bf16_linear.c"
-ONEDNN_MIN_ROWS = 3  # with AMX, bf16 linears of at least this many rows run in oneDNN
+ONEDNN_MIN_ROWS = 3  # with AMX, bf16 linears of at least this many rows run on AMX tiles
+AMX_MAX_ROWS = 32  # ... in bf16_amx.c up to this many rows (one pass of 2 x 2 tiles), above in oneDNN
 
 
 @functools.cache
@@ -52,13 +56,16 @@ def bf16_library() -> ctypes.CDLL | None:
         SOURCE,
         {
             "bf16_linear": [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4,
+            "bf16_amx_linear": [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4,
             "bf16_panel_width": [],
             "bf16_linear_available": [],
+            "bf16_amx_available": [],
         },
     )
     if lib is None:
         return None
     lib.bf16_panel_width.restype = lib.bf16_linear_available.restype = ctypes.c_int
+    lib.bf16_amx_available.restype = ctypes.c_int
     return lib if lib.bf16_linear_available() else None
 
 
@@ -98,11 +105,21 @@ class BF16Panels:
     def weight(self) -> torch.Tensor:
         return unpack(self.panels, self.out_features)
 
+    @property
+    def amx(self) -> bool:
+        """Does bf16_amx.c's AMX kernel run this weight (the CPU has AMX, K a multiple of 32)?"""
+        return bool(self.lib.bf16_amx_available()) and self.panels.shape[1] % 16 == 0
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run(x, amx=False)
+
+    def run(self, x: torch.Tensor, amx: bool) -> torch.Tensor:
+        """y for x [M, K]: on AMX tiles (`amx`, where `self.amx`) or with `vdpbf16ps`."""
         x = x.contiguous()
         M, K = x.shape
         y = torch.empty(M, self.out_features, dtype=torch.bfloat16)
-        self.lib.bf16_linear(
+        fn = self.lib.bf16_amx_linear if amx else self.lib.bf16_linear
+        fn(
             x.data_ptr(),
             self.panels.data_ptr(),
             self.bias.data_ptr() if self.bias is not None else None,

@@ -11,8 +11,26 @@
  * of each row as one 32-bit word and issues two dot products per row (each adds
  * x[k] w[n, k] + x[k+1] w[n, k+1] into lane n). Threads split the panels (and blocks of MB rows).
  * Without AVX512-BF16 the library only answers `bf16_linear_available() == 0` and the caller takes
- * torch's bf16 matmul. */
+ * torch's bf16 matmul.
+ *
+ * Where the compiler targets AMX (-march=native on Sapphire Rapids and later) the library also has
+ * bf16_amx.c's tile kernel over the same panels (`bf16_amx_linear`, for calls of many rows);
+ * elsewhere `bf16_amx_available() == 0`. */
 #include <stdint.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__)
+#include "bf16_amx.c"
+#else
+int bf16_amx_available(void) { return 0; }
+
+void bf16_amx_linear(const uint16_t *x, const uint16_t *packed, const uint16_t *bias, uint16_t *y, int M, int N,
+                     int K, int num_threads) {
+    (void)x, (void)packed, (void)bias, (void)y, (void)M, (void)N, (void)K, (void)num_threads;
+}
+#endif
 
 int bf16_panel_width(void) { return 32; }
 

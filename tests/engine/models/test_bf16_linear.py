@@ -14,6 +14,8 @@ from engine.models.linear import Linear
 
 HAS_BF16 = bf16_linear.bf16_library() is not None
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the CPU has no AVX512-BF16")
+HAS_AMX = HAS_BF16 and bool(bf16_linear.bf16_library().bf16_amx_available())
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason="the CPU (or the compiler) has no AMX")
 
 
 def test_pack_round_trips():
@@ -70,6 +72,33 @@ def test_with_amx_few_rows_run_the_kernel_and_many_run_onednn(bias):
     assert torch.equal(amx.weight, w)
     assert bf16_linear.onednn_rows(False) is None
     assert bf16_linear.onednn_rows(None) == (3 if bf16_linear.cpu_has_amx_bf16() else None)
+
+
+@needs_amx
+@pytest.mark.parametrize("M", [3, 15, 16, 17, 31, 32])
+@pytest.mark.parametrize("N,K,bias", [(960, 576, False), (70, 96, True), (576, 1536, False), (100, 64, True)])
+def test_amx_kernel_is_torchs_bf16_linear_bit_for_bit(M, N, K, bias):
+    """bf16_amx.c over the panels: fp32 sums of the tiles' products over k in order, rounded once
+    (as oneDNN's AMX kernels under torch's bf16 F.linear sum and round), whatever the padding of
+    rows (to 16) and channels (to 32)."""
+    torch.manual_seed(M * N + K)
+    w, x = torch.randn(N, K).bfloat16(), torch.randn(M, K).bfloat16()
+    b = torch.randn(N).bfloat16() if bias else None
+    layer = Linear(w, b, cpu_amx=True)
+    assert layer.bf16.amx and bf16_linear.ONEDNN_MIN_ROWS <= M <= bf16_linear.AMX_MAX_ROWS
+    y = layer.bf16.run(x, amx=True)
+    assert torch.equal(y, F.linear(x, w, b))
+    assert torch.equal(layer(x), y)  # the layer's choice for these rows
+
+
+@needs_amx
+def test_amx_rows_do_not_depend_on_their_batch():
+    torch.manual_seed(2)
+    layer = Linear(torch.randn(200, 576).bfloat16(), cpu_amx=True)
+    x = torch.randn(32, 576).bfloat16()
+    full = layer.bf16.run(x, amx=True)
+    for m in (3, 17, 20):
+        assert torch.equal(layer.bf16.run(x[:m], amx=True), full[:m])
 
 
 def test_without_the_kernel_the_layer_is_torch():
