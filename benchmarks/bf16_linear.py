@@ -24,7 +24,6 @@ from collections import defaultdict
 import torch
 
 from benchmarks.common import add_common_args, done, machine, out_dir
-from engine.models import bf16_linear
 from engine.models.linear import Linear
 
 # SmolLM2-135M: hidden 576, intermediate 1536, 9 query heads and 3 KV heads of 64, vocabulary 49152
@@ -114,7 +113,9 @@ def plot(report: dict, path) -> None:
     fig, axes = plt.subplots(1, len(shapes), figsize=(3.4 * len(shapes), 3.4), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
         for kernel in report["runs"][str(rows[0])]:
-            ax.plot(rows, [report["runs"][str(m)][kernel][shape]["GB/s"] for m in rows], marker="o", label=kernel)
+            ax.plot(
+                rows, [report["runs"][str(m)][kernel][shape]["GB/s"] for m in rows], marker="o", label=kernel
+            )
         ax.set(title=shape, xlabel="rows (M)", ylabel="GB/s of weight read", ylim=(0, None))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
@@ -146,9 +147,14 @@ def main() -> None:
     print("per call (16 x 32 x 32, us):", {k: round(v, 1) for k, v in report["per_call_us"].items()})
     report["runs"] = {}
     for M in rows:
-        report["runs"][str(M)] = run = measure(linears, M, K_of, steps, time.thread_time if args.cpu_time else time.perf_counter)
+        report["runs"][str(M)] = run = measure(
+            linears, M, K_of, steps, time.thread_time if args.cpu_time else time.perf_counter
+        )
         for kernel, per in run.items():
-            print(f"M={M} {kernel}:", ", ".join(f"{s} {v['ms']:.3f} ms {v['GB/s']:.1f} GB/s" for s, v in per.items()))
+            print(
+                f"M={M} {kernel}:",
+                ", ".join(f"{s} {v['ms']:.3f} ms {v['GB/s']:.1f} GB/s" for s, v in per.items()),
+            )
     report["loadavg_after"] = os.getloadavg()
     (out / "bf16_linear.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "bf16_linear.png")

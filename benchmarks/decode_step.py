@@ -14,7 +14,9 @@ rounds. Parts are timed by wrapping the engine's functions (exclusive wall time,
 names; `cpu` with --cpu-time: the calling thread's CPU time, steadier on a shared machine at one
 thread): the linears (oneDNN or the C kernel), the attention kernel, the K/V writes, RMSNorm,
 RoPE, SiLU·mul, the LM head, sampling, the batch's preparation, and the rest (the forward's Python
-and small torch ops, the step's bookkeeping). Writes decode_step.json under --out.
+and small torch ops, the step's bookkeeping). Beside the step's wall time, its CPU time (the
+process's, all threads; at --threads 1 the step's work, whatever else runs on the machine).
+Writes decode_step.json under --out.
 """
 
 from __future__ import annotations
@@ -53,15 +55,17 @@ def measure(rows: int, steps: int, threads: int, model: str, cpu_time: bool, tor
     for _ in range(2):
         eng.step()
     timer = Timer(time.thread_time if cpu_time else time.perf_counter)
-    walls = []
+    walls, cpus = [], []
     with wrapped(eng, timer):
         for _ in range(steps):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             eng.step()
             walls.append(time.perf_counter() - t)
+            cpus.append(time.process_time() - c)
     out = {
         "rows": rows,
         "step_ms": 1000 * statistics.median(walls),
+        "step_cpu_ms": 1000 * statistics.median(cpus),
         "parts_ms": {k: 1000 * v / steps for k, v in sorted(timer.seconds.items())},
     }
     if torch_profile:
@@ -172,6 +176,7 @@ def main(argv=None) -> None:
             str(n): {
                 "step_ms": statistics.median(x["step_ms"] for x in xs),
                 "step_ms_rounds": [x["step_ms"] for x in xs],
+                "step_cpu_ms": statistics.median(x.get("step_cpu_ms", 0.0) for x in xs),
                 "parts_ms": {
                     p: statistics.median(x["parts_ms"].get(p, 0.0) for x in xs) for p in xs[0]["parts_ms"]
                 },
@@ -182,11 +187,14 @@ def main(argv=None) -> None:
     for n, res in this.items():
         parts = ", ".join(f"{p} {ms:.2f}" for p, ms in sorted(res["parts_ms"].items(), key=lambda kv: -kv[1]))
         ratios = "".join(
-            f"; {label} {t[n]['step_ms']:.1f} ms (this / {label} {res['step_ms'] / t[n]['step_ms']:.3f})"
+            f"; {label} {t[n]['step_ms']:.1f} ms (this / {label} {res['step_ms'] / t[n]['step_ms']:.3f}),"
+            f" CPU {t[n]['step_cpu_ms']:.1f} ms"
+            f" (this / {label} {res['step_cpu_ms'] / t[n]['step_cpu_ms']:.3f})"
             for label, t in result["trees"].items()
             if label != "this"
         )
-        print(f"{n} rows: this {res['step_ms']:.1f} ms{ratios}\n  parts (ms/step): {parts}")
+        print(f"{n} rows: this {res['step_ms']:.1f} ms, CPU {res['step_cpu_ms']:.1f} ms{ratios}")
+        print(f"  parts (ms/step): {parts}")
     out = out_dir(args, "decode_step")
     (out / "decode_step.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "decode_step.png")

@@ -15,7 +15,8 @@ LlamaModel's per-operator forward. The ModelRunner chooses it (`make`) and dispa
 beside CUDA graphs; it reads the model and its linear layers through their public accessors
 (`rope_tables`, `kernel_weight`, `kernel_scale`, `kernel_bias`).
 
-Where bf16 linears hand calls of many rows to oneDNN's AMX kernels (`Linear.onednn_rows`), the
+Where bf16 linears hand calls of many rows to AMX tiles (`Linear.onednn_rows`; bf16_amx.c, which
+the one call's projections run for as many rows as the per-operator forward's, or oneDNN), the
 one call serves decode steps of fewer than `ONE_CALL_MAX_ROWS_ONEDNN` rows: above that the
 per-operator forward with AMX linears is faster (a 2-core Xeon with AMX, SmolLM2 in bf16, ms per
 decode step, one call against per operator: batch 1 18.3 / 23.7, 4 24.7 / 24.7, 6 27.2 / 27.5,
@@ -32,6 +33,7 @@ import torch
 
 from engine import native
 from engine.attention import AttentionMetadata
+from engine.models.bf16_linear import AMX_MAX_ROWS
 from engine.models.fused import CPUOps
 from engine.models.linear import Linear
 from engine.models.quant import Int8Linear
@@ -75,6 +77,7 @@ _FIELDS: list[tuple[str, Any]] = (  # the C struct DecodeModel (csrc/decode_mode
             "kv",
         )
     ]
+    + [("amx_min_rows", _I), ("amx_max_rows", _I)]
 )
 
 
@@ -98,8 +101,12 @@ class DecodeForward:
     def __init__(self, model: LlamaModel, lib: ctypes.CDLL, int8: bool):
         self.model, self.lib, self.int8 = model, lib, int8
         self.bf16 = model.dtype == torch.bfloat16  # projections in BF16Panels (csrc/bf16_linear.c)
-        amx = self.bf16 and model.layers[0].qkv.onednn_rows is not None  # type: ignore[union-attr]
+        lin = model.layers[0].qkv
+        amx = self.bf16 and lin.onednn_rows is not None  # type: ignore[union-attr]
+        own_amx = amx and lin.bf16.amx  # type: ignore[union-attr]
         self.max_rows = ONE_CALL_MAX_ROWS_ONEDNN if amx else None  # None: any batch
+        # with bf16_amx.c: the one call's projections of as many rows as the per-operator forward's
+        amx_rows = (lin.onednn_rows, AMX_MAX_ROWS) if own_amx else (0, 0)  # type: ignore[union-attr]
         # int8 projections: 2 in int8_vnni.c's panels (Int8Linear.vnni), 1 in int8_linear.c's groups
         vnni = int8 and model.layers[0].qkv.vnni is not None  # type: ignore[union-attr]
         self.int8_kernel = (2 if vnni else 1) if int8 else 0
@@ -138,6 +145,8 @@ class DecodeForward:
             eps=model.eps,
             attn_scale=model.attention.scale,
             int8=self.int8_kernel,
+            amx_min_rows=amx_rows[0],
+            amx_max_rows=amx_rows[1],
             cache_slots=0,
             block_size=0,
             cos=cos.data_ptr(),

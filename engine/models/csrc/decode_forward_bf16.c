@@ -69,6 +69,15 @@ static void silu_mul_bf16(const bf16 *restrict gate_up, bf16 *restrict out, int 
     }
 }
 
+/* bf16_linear.c's kernel, or bf16_amx.c's AMX tiles for batches of the model's amx rows */
+static void linear(const DecodeModel *m, const bf16 *x, const void *w, const void *bias, bf16 *y, int B, int N,
+                   int K, int nt) {
+    if (B >= m->amx_min_rows && B <= m->amx_max_rows && K % 32 == 0)
+        bf16_amx_linear(x, w, bias, y, B, N, K, nt);
+    else
+        bf16_linear(x, w, bias, y, B, N, K, nt);
+}
+
 /* decode_forward's contract in bf16: x [B, hidden] the embeddings in, the residual stream out; out
  * [B, hidden] the final normed hidden states; caches [2, KVH, S, D] bf16. */
 void decode_forward_bf16(const DecodeModel *m, bf16 *x, bf16 *out, const int64_t *positions,
@@ -83,7 +92,7 @@ void decode_forward_bf16(const DecodeModel *m, bf16 *x, bf16 *out, const int64_t
     const bf16 *d = NULL; /* the last layer's MLP output, added by the next norm */
     for (int l = 0; l < m->layers; l++) {
         add_rms_norm_bf16(x, d, m->input_norm[l], h, B, C, m->eps);
-        bf16_linear(h, m->qkv[l], m->qkv_bias[l], qkv, B, NQKV, C, nt);
+        linear(m, h, m->qkv[l], m->qkv_bias[l], qkv, B, NQKV, C, nt);
         rope_bf16(qkv, positions, m->cos, m->sin, B, H + KVH, D, NQKV);
         bf16 *K = m->kv[l], *V = K + (long)KVH * m->cache_slots * D;
         for (int b = 0; b < B; b++) {
@@ -96,11 +105,11 @@ void decode_forward_bf16(const DecodeModel *m, bf16 *x, bf16 *out, const int64_t
         }
         paged_decode_bf16(q, K, tables, ctx_lens, attn, B, H, KVH, D, m->cache_slots, m->block_size, max_blocks,
                           m->attn_scale, nt);
-        bf16_linear(attn, m->o[l], m->o_bias[l], o, B, C, H * D, nt);
+        linear(m, attn, m->o[l], m->o_bias[l], o, B, C, H * D, nt);
         add_rms_norm_bf16(x, o, m->post_norm[l], h, B, C, m->eps);
-        bf16_linear(h, m->gate_up[l], NULL, gu, B, 2 * I, C, nt);
+        linear(m, h, m->gate_up[l], NULL, gu, B, 2 * I, C, nt);
         silu_mul_bf16(gu, act, B, I);
-        bf16_linear(act, m->down[l], NULL, delta, B, C, I, nt);
+        linear(m, act, m->down[l], NULL, delta, B, C, I, nt);
         d = delta;
     }
     add_rms_norm_bf16(x, d, m->final_norm, out, B, C, m->eps);

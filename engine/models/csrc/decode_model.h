@@ -19,6 +19,7 @@ typedef struct {
     const float *const *qkv_scale, *const *o_scale, *const *gate_up_scale, *const *down_scale;
     const void *const *qkv_bias, *const *o_bias;                 /* entries may be NULL */
     void *const *kv;                                             /* [layers] caches */
+    int amx_min_rows, amx_max_rows; /* bf16: batches of this many rows run bf16_amx.c (0, 0: none) */
 } DecodeModel;
 
 #endif

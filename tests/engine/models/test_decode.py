@@ -9,6 +9,9 @@ from engine import LLM, SamplingParams
 from engine.models.bf16_linear import bf16_library
 
 needs_bf16_kernel = pytest.mark.skipif(bf16_library() is None, reason="the CPU lacks AVX512-BF16")
+needs_amx = pytest.mark.skipif(
+    bf16_library() is None or not bf16_library().bf16_amx_available(), reason="the CPU lacks AMX"
+)
 
 
 def _decode_plan(llm: LLM, prompts: list[list[int]]):
@@ -27,16 +30,25 @@ def _decode_plan(llm: LLM, prompts: list[list[int]]):
 
 
 @pytest.mark.parametrize(
-    "dtype, quantization",
-    [("float32", None), ("float32", "int8"), pytest.param("bfloat16", None, marks=needs_bf16_kernel)],
+    "dtype, quantization, amx",
+    [
+        ("float32", None, False),
+        ("float32", "int8", False),
+        pytest.param("bfloat16", None, False, marks=needs_bf16_kernel),
+        pytest.param("bfloat16", None, None, marks=needs_amx),
+    ],
 )
 @pytest.mark.parametrize("batch", [1, 5])
-def test_one_call_equals_the_per_operator_forward(tiny_model_dir, dtype, quantization, batch):
-    # cpu_amx off: the per-operator forward's bf16 linears all run the C kernel, as the one call's do
-    llm = LLM(model=str(tiny_model_dir), dtype=dtype, num_threads=2, quantization=quantization, cpu_amx=False)
+def test_one_call_equals_the_per_operator_forward(tiny_model_dir, dtype, quantization, amx, batch):
+    # cpu_amx off: the per-operator forward's bf16 linears all run the C kernel, as the one call's do;
+    # on (AMX CPUs): from 3 rows both run bf16_amx.c's tiles
+    llm = LLM(model=str(tiny_model_dir), dtype=dtype, num_threads=2, quantization=quantization, cpu_amx=amx)
     runner, model = llm.engine.runner, llm.engine.runner.model
     assert model.decode is not None and model.decode.int8 == (quantization == "int8")
     assert model.decode.bf16 == (dtype == "bfloat16")
+    assert (model.decode.struct.amx_min_rows, model.decode.struct.amx_max_rows) == (
+        (3, 32) if amx is None else (0, 0)
+    )
     plan = _decode_plan(llm, [list(range(3 + i, 20 + 7 * i)) for i in range(batch)])
     results = []
     for decode in (model.decode, None):
