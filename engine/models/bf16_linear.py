@@ -12,7 +12,9 @@ On CPUs with AMX (Intel Sapphire Rapids and later) AMX tiles outrun this kernel 
 1 row, 0.7 at 4 rows, 0.25 at 16, 0.11-0.15 at 64), so there `ONEDNN_MIN_ROWS` picks: the C kernel
 below it (decode of a few rows); from it to `AMX_MAX_ROWS` rows `csrc/bf16_amx.c`'s AMX kernel over
 the same panels (batched decodes: one pass over the weight for up to 32 rows, no per-call
-overhead to speak of; benchmarks/bf16_linear.py); above it (prefill chunks) oneDNN's AMX kernels,
+overhead to speak of; benchmarks/bf16_linear.py), up to `AMX_MAX_ROWS_NARROW` where the weight has
+at most twice as many outputs as inputs (two passes of 32 rows, the second from cache: faster than
+oneDNN there, slower on SmolLM2's gate_up and LM head); above it (prefill chunks) oneDNN's AMX kernels,
 over a second, oneDNN-packed copy of the weight. `EngineConfig.cpu_amx` forces either way (True on a
 CPU without AMX: oneDNN from `ONEDNN_MIN_ROWS` rows on).
 """
@@ -30,6 +32,7 @@ from engine import native
 SOURCE = Path(__file__).parent / "csrc" / "bf16_linear.c"
 ONEDNN_MIN_ROWS = 3  # with AMX, bf16 linears of at least this many rows run on AMX tiles
 AMX_MAX_ROWS = 32  # ... in bf16_amx.c up to this many rows (one pass of 2 x 2 tiles), above in oneDNN
+AMX_MAX_ROWS_NARROW = 64  # ... or up to this many where out_features <= 2 in_features (two passes)
 
 
 @functools.cache
@@ -109,6 +112,13 @@ class BF16Panels:
     def amx(self) -> bool:
         """Does bf16_amx.c's AMX kernel run this weight (the CPU has AMX, K a multiple of 32)?"""
         return bool(self.lib.bf16_amx_available()) and self.panels.shape[1] % 16 == 0
+
+    @property
+    def amx_max_rows(self) -> int:
+        """Up to how many rows calls run on AMX tiles (from `ONEDNN_MIN_ROWS`; 0 without AMX)."""
+        if not self.amx:
+            return 0
+        return AMX_MAX_ROWS_NARROW if self.out_features <= self.panels.shape[1] * 4 else AMX_MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x, amx=False)

@@ -7,7 +7,7 @@ stream (a decode step reads each weight once), no horizontal sums, and a row's r
 depend on its batch. The panels are the only copy of the weight (`Linear.weight` unpacks one).
 Measurements in docs/performance.md.
 bf16 on CPU with AVX512-BF16 and the own kernels on: `csrc/bf16_linear.c` over panels packed
-once (engine/models/bf16_linear.py); with AMX, calls of `ONEDNN_MIN_ROWS` to `AMX_MAX_ROWS` rows
+once (engine/models/bf16_linear.py); with AMX, calls of `ONEDNN_MIN_ROWS` to `BF16Panels.amx_max_rows` rows
 run csrc/bf16_amx.c's AMX tiles over the same panels, and calls of more rows a second,
 oneDNN-packed copy of the weight. Other bf16 on CPU: oneDNN's blocked weight layout lets its
 AMX / AVX-512 kernels skip the per-call reorder that `F.linear` pays; on the 2-core Xeon we
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.models.bf16_linear import AMX_MAX_ROWS, BF16Panels, onednn_rows
+from engine.models.bf16_linear import BF16Panels, onednn_rows
 
 PACK_BATCH_HINT = 64  # oneDNN picks its blocking for about this many rows; any row count works
 SOURCE = Path(__file__).parent / "csrc" / "f32_linear.c"
@@ -156,7 +156,7 @@ class Linear:
         if self.bf16 is not None and x.dim() == 2 and x.shape[0] > 0 and x.dtype == torch.bfloat16:
             if self.onednn_rows is None or x.shape[0] < self.onednn_rows:
                 return self.bf16(x)
-            if self.bf16.amx and x.shape[0] <= AMX_MAX_ROWS:
+            if x.shape[0] <= self.bf16.amx_max_rows:
                 return self.bf16.run(x, amx=True)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -75,20 +75,30 @@ def test_with_amx_few_rows_run_the_kernel_and_many_run_onednn(bias):
 
 
 @needs_amx
-@pytest.mark.parametrize("M", [3, 15, 16, 17, 31, 32])
+@pytest.mark.parametrize("M", [3, 15, 16, 17, 31, 32, 40, 64])
 @pytest.mark.parametrize("N,K,bias", [(960, 576, False), (70, 96, True), (576, 1536, False), (100, 64, True)])
 def test_amx_kernel_is_torchs_bf16_linear_bit_for_bit(M, N, K, bias):
     """bf16_amx.c over the panels: fp32 sums of the tiles' products over k in order, rounded once
-    (as oneDNN's AMX kernels under torch's bf16 F.linear sum and round), whatever the padding of
-    rows (to 16) and channels (to 32)."""
+    (as oneDNN's AMX kernels under torch's bf16 F.linear sum and round up to 32 rows), whatever the
+    padding of rows (to 16) and channels (to 32)."""
     torch.manual_seed(M * N + K)
     w, x = torch.randn(N, K).bfloat16(), torch.randn(M, K).bfloat16()
     b = torch.randn(N).bfloat16() if bias else None
     layer = Linear(w, b, cpu_amx=True)
-    assert layer.bf16.amx and bf16_linear.ONEDNN_MIN_ROWS <= M <= bf16_linear.AMX_MAX_ROWS
+    assert layer.bf16.amx and bf16_linear.ONEDNN_MIN_ROWS <= M <= layer.bf16.amx_max_rows
     y = layer.bf16.run(x, amx=True)
-    assert torch.equal(y, F.linear(x, w, b))
-    assert torch.equal(layer(x), y)  # the layer's choice for these rows
+    assert torch.equal(y, torch.cat([F.linear(x[i : i + 16], w, b) for i in range(0, M, 16)]))
+    assert torch.equal(layer(x), y)  # the layer's choice for these rows (N <= 2 K: up to 64)
+
+
+@needs_amx
+def test_wide_layers_hand_more_than_32_rows_to_onednn():
+    torch.manual_seed(3)
+    w, x = torch.randn(400, 64).bfloat16(), torch.randn(40, 64).bfloat16()
+    layer = Linear(w, cpu_amx=True)
+    assert layer.bf16.amx_max_rows == bf16_linear.AMX_MAX_ROWS == 32
+    assert torch.equal(layer(x), torch.ops.mkldnn._linear_pointwise(x, layer.packed, None, "none", [], ""))
+    assert torch.equal(layer(x[:32]), layer.bf16.run(x[:32], amx=True))
 
 
 @needs_amx
