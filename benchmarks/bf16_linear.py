@@ -109,10 +109,11 @@ def plot(report: dict, path) -> None:
     import matplotlib.pyplot as plt
 
     rows = report["rows"]
-    shapes = list(report["runs"][str(rows[0])][next(iter(report["runs"][str(rows[0])]))])
+    first = report["runs"][str(rows[0])]
+    shapes = list(next(iter(first.values()))) if first else ["step"]  # no kernel: an empty panel
     fig, axes = plt.subplots(1, len(shapes), figsize=(3.4 * len(shapes), 3.4), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
-        for kernel in report["runs"][str(rows[0])]:
+        for kernel in first:
             ax.plot(
                 rows, [report["runs"][str(m)][kernel][shape]["GB/s"] for m in rows], marker="o", label=kernel
             )
