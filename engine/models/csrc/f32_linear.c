@@ -16,9 +16,10 @@
 
 #define MB 96 /* rows of x per block (prefill): kept in L2 across the panels of a work item */
 /* k steps ahead the micro-kernel prefetches its panel into L2 (64 x NR floats: 4-8 KiB). The
- * hardware prefetcher alone keeps up with one row of x, but with several rows (a verification step's k + 1)
- * the FMAs between the loads let the stream fall behind and memory and compute add up: on a 2-core
- * Xeon, SmolLM2's projections over 5 rows took 1.55x the time of 1 row without it, 1.2x with it. */
+ * hardware prefetcher alone keeps up with one row of x, but with several rows (a verification
+ * step's k + 1) the FMAs between the loads let the stream fall behind and memory and compute add
+ * up: on a 2-core Xeon, SmolLM2's projections over 5 rows take 1.5x the time of 1 row without the
+ * software prefetch, 1.1-1.2x with it. */
 #define PREFETCH 64 /* 32 steps into L1: about 5 % slower at 1 and 5 rows */
 
 #if defined(__AVX512F__)
