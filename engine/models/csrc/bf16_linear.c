@@ -41,6 +41,7 @@ int bf16_panel_width(void) { return 32; }
 #define NR 32
 #define MR 8
 #define MB 96 /* rows of x per block (prefill): kept in L2 across the panels of a work item */
+#define PREFETCH 64 /* k ahead the micro-kernel prefetches its panel (4 KiB), as f32_linear.c */
 
 int bf16_linear_available(void) { return 1; }
 
@@ -59,6 +60,8 @@ static inline __attribute__((always_inline)) void ukernel(const uint16_t *restri
     __m512 acc[MR][2];
     for (int i = 0; i < R; i++) acc[i][0] = _mm512_setzero_ps(), acc[i][1] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 2) {
+        _mm_prefetch((const char *)(panel + (long)(k + PREFETCH) * NR), _MM_HINT_T0);
+        _mm_prefetch((const char *)(panel + (long)(k + PREFETCH) * NR + NR), _MM_HINT_T0);
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(panel + (long)k * NR));
         const __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(panel + (long)k * NR + NR));
         for (int i = 0; i < R; i++) {
