@@ -51,46 +51,84 @@ static inline __m512 bf16x16_to_f32(const uint16_t *p) {
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
-/* out[g] (bf16, D apart) = sum over visible tokens i of p[g * L + i] * V[i], for gn <= 4 query heads:
- * each V row converted once, 32 values at a time: a 32-bit lane holding the pair (v[2j], v[2j+1]) is
- * v[2j] as fp32 once shifted left 16 bits and v[2j+1] once its low half is masked off, so the even
- * and the odd dims take one instruction each (two where widening 16 values takes a load, a zero
- * extension and a shift) and sit in accumulators of their own; each output is the same chain of
- * fp32 FMAs in token order. DP = D / 32 (a constant where inlined at D = 64: registers only). */
-static inline __attribute__((always_inline)) void pv_heads(const uint16_t *restrict V,
-                                                           const int32_t *restrict table,
-                                                           const float *restrict p, int L, int t0, int h,
-                                                           long S, int D, int block_size, int gn, const int DP,
-                                                           uint16_t *restrict out) {
+#ifndef PD_AHEAD
+#define PD_AHEAD 1 /* chunks of 16 tokens prefetched ahead */
+#endif
+#ifndef PD_DIST
+#define PD_DIST (16 * PD_AHEAD) /* tokens ahead prefetched */
+#endif
+#ifndef PD_HINT
+#define PD_HINT _MM_HINT_T0
+#endif
+
+/* L2 prefetches of the K and V rows of tokens t..t+15 (those below L) */
+static inline void prefetch16(const uint16_t *K, const uint16_t *V, const int32_t *table, int t, int L, int h,
+                              long S, int D, int block_size) {
+    const int n = L - t < 16 ? L - t : 16;
+    for (int j = 0; j < n; j++) {
+        const long off = ((long)h * S + slot_of(table, t + j, block_size)) * D;
+        for (int c = 0; c < D; c += 32) {
+            _mm_prefetch((const char *)(K + off + c), _MM_HINT_T1);
+            _mm_prefetch((const char *)(V + off + c), _MM_HINT_T1);
+        }
+    }
+}
+
+/* acc[g] (fp32, the even dims' DP vectors then the odd dims') = acc[g] * corr[g] + sum over the 16
+ * tokens j of p[g * 16 + j] * vrow[j], for gn <= 4 query heads: each V row converted once, 32 values
+ * at a time (a 32-bit lane holding the pair (v[2j], v[2j+1]) is v[2j] as fp32 once shifted left 16
+ * bits and v[2j+1] once its low half is masked off, one instruction each). DP = D / 32 (a constant
+ * where inlined at D = 64: registers only). */
+static inline __attribute__((always_inline)) void pv16(const uint16_t *const vrow[16], const float *restrict p,
+                                                      const float *restrict corr, int gn, const int DP,
+                                                      float *restrict acc, int stride,
+                                                      const long *restrict ahead, const uint16_t *K,
+                                                      const uint16_t *V) {
     __m512 even[4][MAX_D / 32], odd[4][MAX_D / 32];
-    for (int g = 0; g < 4; g++)
-        for (int c = 0; c < DP; c++) even[g][c] = odd[g][c] = _mm512_setzero_ps();
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-    for (int i = t0; i < L; i++) {
-        const uint16_t *v = V + ((long)h * S + slot_of(table, i, block_size)) * D;
-        __m512 ve[MAX_D / 32], vo[MAX_D / 32];
+    for (int g = 0; g < 4; g++) {
+        if (g >= gn) break;
+        const __m512 cg = _mm512_set1_ps(corr[g]);
         for (int c = 0; c < DP; c++) {
-            const __m512i w = _mm512_loadu_si512(v + c * 32);
+            even[g][c] = _mm512_mul_ps(cg, _mm512_loadu_ps(acc + (long)g * stride + c * 16));
+            odd[g][c] = _mm512_mul_ps(cg, _mm512_loadu_ps(acc + (long)g * stride + (DP + c) * 16));
+        }
+    }
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int j = 0; j < 16; j++) {
+        __m512 ve[MAX_D / 32], vo[MAX_D / 32];
+        if (ahead)
+            for (int c = 0; c < DP; c++) {
+                _mm_prefetch((const char *)(K + ahead[j] + c * 32), PD_HINT);
+                _mm_prefetch((const char *)(V + ahead[j] + c * 32), PD_HINT);
+            }
+        for (int c = 0; c < DP; c++) {
+            const __m512i w = _mm512_loadu_si512(vrow[j] + c * 32);
             ve[c] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
             vo[c] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
         }
         for (int g = 0; g < 4; g++) {
             if (g >= gn) break;
-            const __m512 pg = _mm512_set1_ps(p[(long)g * L + i]);
+            const __m512 pg = _mm512_set1_ps(p[g * 16 + j]);
             for (int c = 0; c < DP; c++) {
                 even[g][c] = _mm512_fmadd_ps(pg, ve[c], even[g][c]);
                 odd[g][c] = _mm512_fmadd_ps(pg, vo[c], odd[g][c]);
             }
         }
     }
-    for (int g = 0; g < gn; g++)
-        for (int c = 0; c < DP; c++) { /* each sum rounded to bf16, the pairs put back together */
-            const __m512i e = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even[g][c]));
-            const __m512i o = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd[g][c]));
-            _mm512_storeu_si512(out + (long)g * D + c * 32, _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
+    for (int g = 0; g < 4; g++) {
+        if (g >= gn) break;
+        for (int c = 0; c < DP; c++) {
+            _mm512_storeu_ps(acc + (long)g * stride + c * 16, even[g][c]);
+            _mm512_storeu_ps(acc + (long)g * stride + (DP + c) * 16, odd[g][c]);
         }
+    }
 }
 
+/* One pass over the visible tokens, 16 at a time (an online softmax: each chunk's K and V rows are
+ * read back to back, and rows PD_AHEAD chunks ahead are prefetched into L2 meanwhile). Per query head:
+ * m the running maximum, l the running sum of exp(s - m), acc the running sum of exp(s - m) * v; a
+ * chunk raising the maximum rescales l and acc by exp(m_old - m_new). A sink starts m at its logit and
+ * l at 1. The last chunk's missing tokens repeat its last row, their scores masked to exp(.) = 0. */
 void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restrict kv,
                               const int32_t *restrict tables, const int32_t *restrict ctx_lens,
                               uint16_t *restrict out, int B, int H, int KVH, int D, long S, int block_size,
@@ -112,54 +150,68 @@ void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restri
         for (int g = 0; g < G; g++)
             for (int c = 0; c < DC; c++)
                 qv[g][c] = (__m512bh)_mm512_loadu_si512(q + ((long)b * H + h * G + g) * D + c * 32);
-        float *scores = malloc(sizeof(float) * (size_t)G * L);
+        float acc[MAX_G][MAX_D] __attribute__((aligned(64))), m[MAX_G], l[MAX_G], corr[MAX_G];
+        float p[MAX_G][16] __attribute__((aligned(64)));
+        for (int g = 0; g < G; g++) {
+            m[g] = sinks ? sinks[h * G + g] : -FLT_MAX;
+            l[g] = sinks ? 1.f : 0.f;
+            for (int d = 0; d < D; d++) acc[g][d] = 0.f;
+        }
+#if PD_BURST
+        for (int a = 0; a < PD_AHEAD && t0 + 16 * a < L; a++)
+            prefetch16(K, V, table, t0 + 16 * a, L, h, S, D, block_size);
+#endif
         const __m512 vscale = _mm512_set1_ps(scale);
-        int t = t0;
-        for (; t + 16 <= L; t += 16) {
-            const uint16_t *krow[16];
+        for (int t = t0; t < L; t += 16) {
+            long ahead[16];
+            const int ta = t + PD_DIST, na = L - ta;
+            for (int j = 0; j < 16; j++)
+                ahead[j] = ((long)h * S + slot_of(table, na <= 0 ? L - 1 : ta + (j < na ? j : na - 1), block_size)) * D;
+            const int n = L - t < 16 ? L - t : 16;
+            const uint16_t *krow[16], *vrow[16];
             for (int j = 0; j < 16; j++) {
-                const long slot = slot_of(table, t + j, block_size);
-                krow[j] = K + ((long)h * S + slot) * D;
+                const long off = ((long)h * S + slot_of(table, t + (j < n ? j : n - 1), block_size)) * D;
+                krow[j] = K + off;
+                vrow[j] = V + off;
             }
             for (int g = 0; g < G; g++) {
                 const __m512 s = D == 64 ? qk16(qv[g], krow, 2) : qk16(qv[g], krow, DC);
-                _mm512_storeu_ps(scores + (long)g * L + t, _mm512_mul_ps(s, vscale));
+                _mm512_store_ps(p[g], _mm512_mul_ps(s, vscale));
             }
-        }
-        for (; t < L; t++) {
-            const long slot = slot_of(table, t, block_size);
-            const uint16_t *k = K + ((long)h * S + slot) * D;
             for (int g = 0; g < G; g++) {
-                __m512 a = _mm512_setzero_ps();
-                for (int c = 0; c < DC; c++)
-                    a = _mm512_dpbf16_ps(a, qv[g][c], (__m512bh)_mm512_loadu_si512(k + c * 32));
-                scores[(long)g * L + t] = _mm512_reduce_add_ps(a) * scale;
+                float *sg = p[g], mx = m[g], sum = 0.f;
+                if (softcap > 0.f)
+#pragma omp simd
+                    for (int j = 0; j < 16; j++) sg[j] = softcap * tanhf(sg[j] / softcap);
+                for (int j = n; j < 16; j++) sg[j] = -FLT_MAX;
+#pragma omp simd reduction(max : mx)
+                for (int j = 0; j < 16; j++) mx = sg[j] > mx ? sg[j] : mx;
+#pragma omp simd reduction(+ : sum)
+                for (int j = 0; j < 16; j++) {
+                    sg[j] = expf(sg[j] - mx);
+                    sum += sg[j];
+                }
+                corr[g] = mx > m[g] ? expf(m[g] - mx) : 1.f;
+                l[g] = l[g] * corr[g] + sum;
+                m[g] = mx;
+            }
+            for (int g0 = 0; g0 < G; g0 += 4) { /* up to 4 query heads' accumulators in registers */
+                const int gn = G - g0 < 4 ? G - g0 : 4;
+                if (D == 64) pv16(vrow, p[g0], corr + g0, gn, 2, acc[g0], MAX_D, g0 ? NULL : ahead, K, V);
+                else pv16(vrow, p[g0], corr + g0, gn, DC, acc[g0], MAX_D, g0 ? NULL : ahead, K, V);
             }
         }
         for (int g = 0; g < G; g++) {
-            float *sg = scores + (long)g * L, m = -FLT_MAX, sum = 0.f;
-            const float sink = sinks ? sinks[h * G + g] : -FLT_MAX;
-            if (softcap > 0.f)
-                for (int i = t0; i < L; i++) sg[i] = softcap * tanhf(sg[i] / softcap);
-#pragma omp simd reduction(max : m)
-            for (int i = t0; i < L; i++) m = sg[i] > m ? sg[i] : m;
-            if (sinks) { m = sink > m ? sink : m; sum = expf(sink - m); }
-#pragma omp simd
-            for (int i = t0; i < L; i++) sg[i] = expf(sg[i] - m);
-#pragma omp simd reduction(+ : sum)
-            for (int i = t0; i < L; i++) sum += sg[i];
-            const float inv = 1.f / sum;
-#pragma omp simd
-            for (int i = t0; i < L; i++) sg[i] *= inv;
+            const __m512 inv = _mm512_set1_ps(1.f / l[g]);
+            uint16_t *o = out + ((long)b * H + h * G + g) * D;
+            for (int c = 0; c < DC; c++) { /* each value rounded to bf16, the pairs put back together */
+                const __m512 ev = _mm512_mul_ps(_mm512_loadu_ps(acc[g] + c * 16), inv);
+                const __m512 od = _mm512_mul_ps(_mm512_loadu_ps(acc[g] + (DC + c) * 16), inv);
+                const __m512i e = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(ev));
+                const __m512i w = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(od));
+                _mm512_storeu_si512(o + c * 32, _mm512_or_si512(e, _mm512_slli_epi32(w, 16)));
+            }
         }
-        for (int g0 = 0; g0 < G; g0 += 4) { /* up to 4 query heads' accumulators in registers */
-            const int gn = G - g0 < 4 ? G - g0 : 4;
-            if (D == 64) pv_heads(V, table, scores + (long)g0 * L, L, t0, h, S, D, block_size, gn, 2,
-                                  out + ((long)b * H + h * G + g0) * D);
-            else pv_heads(V, table, scores + (long)g0 * L, L, t0, h, S, D, block_size, gn, DC,
-                          out + ((long)b * H + h * G + g0) * D);
-        }
-        free(scores);
     }
 }
 #else
