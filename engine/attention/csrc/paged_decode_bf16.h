@@ -51,27 +51,31 @@ static inline __m512 bf16x16_to_f32(const uint16_t *p) {
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
-#ifndef PD_AHEAD
-#define PD_AHEAD 1 /* chunks of 16 tokens prefetched ahead */
-#endif
-#ifndef PD_DIST
-#define PD_DIST (16 * PD_AHEAD) /* tokens ahead prefetched */
-#endif
 #ifndef PD_HINT
 #define PD_HINT _MM_HINT_T0
 #endif
 
-/* L2 prefetches of the K and V rows of tokens t..t+15 (those below L) */
-static inline void prefetch16(const uint16_t *K, const uint16_t *V, const int32_t *table, int t, int L, int h,
-                              long S, int D, int block_size) {
-    const int n = L - t < 16 ? L - t : 16;
-    for (int j = 0; j < n; j++) {
-        const long off = ((long)h * S + slot_of(table, t + j, block_size)) * D;
-        for (int c = 0; c < D; c += 32) {
-            _mm_prefetch((const char *)(K + off + c), _MM_HINT_T1);
-            _mm_prefetch((const char *)(V + off + c), _MM_HINT_T1);
-        }
-    }
+/* off[j] = the cache offset (elements) of head h's row of token c + j, for j in 0..15 clamped to
+ * [lo, hi - 1] (the rows of tokens a chunk does not see stand in for them: read, then masked). c is a
+ * multiple of 16, so where blocks hold 16 tokens or more the chunk lies in one block. */
+static inline void rows16(const int32_t *table, int c, int lo, int hi, int h, long S, int D, int block_size,
+                          long off[16]) {
+    if (block_size >= 16) {
+        const long base = (long)h * S + slot_of(table, c, block_size);
+        for (int j = 0; j < 16; j++) off[j] = (base + (j < lo ? lo : j < hi ? j : hi - 1)) * D;
+    } else
+        for (int j = 0; j < 16; j++)
+            off[j] = ((long)h * S + slot_of(table, c + (j < lo ? lo : j < hi ? j : hi - 1), block_size)) * D;
+}
+
+/* x[j] = exp(x[j]), softcap * tanh(x[j] / softcap): glibc's vector functions (libmvec) under -ffast-math */
+static void exp16(float *x) {
+#pragma omp simd
+    for (int j = 0; j < 16; j++) x[j] = expf(x[j]);
+}
+static void softcap16(float *x, float softcap) {
+#pragma omp simd
+    for (int j = 0; j < 16; j++) x[j] = softcap * tanhf(x[j] / softcap);
 }
 
 /* acc[g] (fp32, the even dims' DP vectors then the odd dims') = acc[g] * corr[g] + sum over the 16
@@ -157,48 +161,34 @@ void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restri
             l[g] = sinks ? 1.f : 0.f;
             for (int d = 0; d < D; d++) acc[g][d] = 0.f;
         }
-#if PD_BURST
-        for (int a = 0; a < PD_AHEAD && t0 + 16 * a < L; a++)
-            prefetch16(K, V, table, t0 + 16 * a, L, h, S, D, block_size);
-#endif
         const __m512 vscale = _mm512_set1_ps(scale);
-        for (int t = t0; t < L; t += 16) {
-            long ahead[16];
-            const int ta = t + PD_DIST, na = L - ta;
-            for (int j = 0; j < 16; j++)
-                ahead[j] = ((long)h * S + slot_of(table, na <= 0 ? L - 1 : ta + (j < na ? j : na - 1), block_size)) * D;
-            const int n = L - t < 16 ? L - t : 16;
+        for (int c = t0 & ~15; c < L; c += 16) { /* chunks of 16 tokens, c..c+15; visible lo..hi-1 */
+            const int lo = c < t0 ? t0 - c : 0, hi = L - c < 16 ? L - c : 16, next = c + 16 < L;
+            long off[16], ahead[16];
+            rows16(table, c, lo, hi, h, S, D, block_size, off);
+            if (next) rows16(table, c + 16, 0, L - c - 16 < 16 ? L - c - 16 : 16, h, S, D, block_size, ahead);
             const uint16_t *krow[16], *vrow[16];
-            for (int j = 0; j < 16; j++) {
-                const long off = ((long)h * S + slot_of(table, t + (j < n ? j : n - 1), block_size)) * D;
-                krow[j] = K + off;
-                vrow[j] = V + off;
-            }
+            for (int j = 0; j < 16; j++) krow[j] = K + off[j], vrow[j] = V + off[j];
             for (int g = 0; g < G; g++) {
                 const __m512 s = D == 64 ? qk16(qv[g], krow, 2) : qk16(qv[g], krow, DC);
                 _mm512_store_ps(p[g], _mm512_mul_ps(s, vscale));
             }
+            const __mmask16 seen = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
             for (int g = 0; g < G; g++) {
-                float *sg = p[g], mx = m[g], sum = 0.f;
-                if (softcap > 0.f)
-#pragma omp simd
-                    for (int j = 0; j < 16; j++) sg[j] = softcap * tanhf(sg[j] / softcap);
-                for (int j = n; j < 16; j++) sg[j] = -FLT_MAX;
-#pragma omp simd reduction(max : mx)
-                for (int j = 0; j < 16; j++) mx = sg[j] > mx ? sg[j] : mx;
-#pragma omp simd reduction(+ : sum)
-                for (int j = 0; j < 16; j++) {
-                    sg[j] = expf(sg[j] - mx);
-                    sum += sg[j];
-                }
+                float *sg = p[g];
+                if (softcap > 0.f) softcap16(sg, softcap);
+                const __m512 sv = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-FLT_MAX), _mm512_load_ps(sg));
+                const float mx = fmaxf(m[g], _mm512_reduce_max_ps(sv));
+                _mm512_store_ps(sg, _mm512_sub_ps(sv, _mm512_set1_ps(mx)));
+                exp16(sg);
                 corr[g] = mx > m[g] ? expf(m[g] - mx) : 1.f;
-                l[g] = l[g] * corr[g] + sum;
+                l[g] = l[g] * corr[g] + _mm512_reduce_add_ps(_mm512_load_ps(sg));
                 m[g] = mx;
             }
             for (int g0 = 0; g0 < G; g0 += 4) { /* up to 4 query heads' accumulators in registers */
                 const int gn = G - g0 < 4 ? G - g0 : 4;
-                if (D == 64) pv16(vrow, p[g0], corr + g0, gn, 2, acc[g0], MAX_D, g0 ? NULL : ahead, K, V);
-                else pv16(vrow, p[g0], corr + g0, gn, DC, acc[g0], MAX_D, g0 ? NULL : ahead, K, V);
+                if (D == 64) pv16(vrow, p[g0], corr + g0, gn, 2, acc[g0], MAX_D, g0 || !next ? NULL : ahead, K, V);
+                else pv16(vrow, p[g0], corr + g0, gn, DC, acc[g0], MAX_D, g0 || !next ? NULL : ahead, K, V);
             }
         }
         for (int g = 0; g < G; g++) {
