@@ -128,11 +128,103 @@ static inline __attribute__((always_inline)) void pv16(const uint16_t *const vro
     }
 }
 
-/* One pass over the visible tokens, 16 at a time (an online softmax: each chunk's K and V rows are
- * read back to back, and rows PD_AHEAD chunks ahead are prefetched into L2 meanwhile). Per query head:
- * m the running maximum, l the running sum of exp(s - m), acc the running sum of exp(s - m) * v; a
- * chunk raising the maximum rescales l and acc by exp(m_old - m_new). A sink starts m at its logit and
- * l at 1. The last chunk's missing tokens repeat its last row, their scores masked to exp(.) = 0. */
+/* A decode call's arguments, as one work item sees them */
+typedef struct {
+    const uint16_t *q, *K, *V;
+    const int32_t *tables, *ctx_lens;
+    uint16_t *out;
+    int H, KVH, D, block_size, max_blocks, window;
+    long S;
+    float scale, softcap;
+    const float *sinks;
+} decode_args;
+
+/* a work item's visible tokens: t0..L-1 */
+static inline void item_span(const decode_args *a, int b, int *t0, int *L) {
+    *L = a->ctx_lens[b];
+    *t0 = a->window > 0 && *L > a->window ? *L - a->window : 0;
+}
+
+/* Work item (sequence b, KV head h): one pass over the visible tokens, 16 at a time (an online softmax:
+ * each chunk's K and V rows are read back to back). Per query head: m the running maximum, l the
+ * running sum of exp(s - m), acc the running sum of exp(s - m) * v; a chunk raising the maximum
+ * rescales l and acc by exp(m_old - m_new). A sink starts m at its logit and l at 1. While a chunk is
+ * computed, the next one's rows are prefetched (into L1, a row per token, so that the loads spread
+ * over the chunk's work); during the last chunk, those of the first chunk of the item (nb, nh) this
+ * thread takes next (nb < 0: none). */
+static inline __attribute__((always_inline)) void decode_item(const decode_args *a, int b, int h, int nb, int nh,
+                                                              const int DC) {
+    const int D = a->D, G = a->H / a->KVH;
+    const long S = a->S;
+    const uint16_t *K = a->K, *V = a->V;
+    int t0, L;
+    item_span(a, b, &t0, &L);
+    const int32_t *table = a->tables + (long)b * a->max_blocks;
+    __m512bh qv[MAX_G][MAX_D / 32];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < DC; c++)
+            qv[g][c] = (__m512bh)_mm512_loadu_si512(a->q + ((long)b * a->H + h * G + g) * D + c * 32);
+    float acc[MAX_G][MAX_D] __attribute__((aligned(64))), m[MAX_G], l[MAX_G], corr[MAX_G];
+    float p[MAX_G][16] __attribute__((aligned(64)));
+    for (int g = 0; g < G; g++) {
+        m[g] = a->sinks ? a->sinks[h * G + g] : -FLT_MAX;
+        l[g] = a->sinks ? 1.f : 0.f;
+        for (int d = 0; d < D; d++) acc[g][d] = 0.f;
+    }
+    const __m512 vscale = _mm512_set1_ps(a->scale);
+    for (int c = t0 & ~15; c < L; c += 16) { /* chunks of 16 tokens, c..c+15; visible lo..hi-1 */
+        const int lo = c < t0 ? t0 - c : 0, hi = L - c < 16 ? L - c : 16;
+        long off[16], ahead[16];
+        int fetch = 1;
+        rows16(table, c, lo, hi, h, S, D, a->block_size, off);
+        if (c + 16 < L) rows16(table, c + 16, 0, L - c - 16 < 16 ? L - c - 16 : 16, h, S, D, a->block_size, ahead);
+        else if (nb >= 0) {
+            int nt0, nL;
+            item_span(a, nb, &nt0, &nL);
+            const int nc = nt0 & ~15;
+            rows16(a->tables + (long)nb * a->max_blocks, nc, nt0 - nc, nL - nc < 16 ? nL - nc : 16, nh, S, D,
+                   a->block_size, ahead);
+        } else
+            fetch = 0;
+        const uint16_t *krow[16], *vrow[16];
+        for (int j = 0; j < 16; j++) krow[j] = K + off[j], vrow[j] = V + off[j];
+        for (int g = 0; g < G; g++) {
+            const __m512 s = D == 64 ? qk16(qv[g], krow, 2) : qk16(qv[g], krow, DC);
+            _mm512_store_ps(p[g], _mm512_mul_ps(s, vscale));
+        }
+        const __mmask16 seen = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        for (int g = 0; g < G; g++) {
+            float *sg = p[g];
+            if (a->softcap > 0.f) softcap16(sg, a->softcap);
+            const __m512 sv = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-FLT_MAX), _mm512_load_ps(sg));
+            const float mx = fmaxf(m[g], _mm512_reduce_max_ps(sv));
+            _mm512_store_ps(sg, _mm512_sub_ps(sv, _mm512_set1_ps(mx)));
+            exp16(sg);
+            corr[g] = mx > m[g] ? expf(m[g] - mx) : 1.f;
+            l[g] = l[g] * corr[g] + _mm512_reduce_add_ps(_mm512_load_ps(sg));
+            m[g] = mx;
+        }
+        for (int g0 = 0; g0 < G; g0 += 4) { /* up to 4 query heads' accumulators in registers */
+            const int gn = G - g0 < 4 ? G - g0 : 4;
+            pv16(vrow, p[g0], corr + g0, gn, DC, acc[g0], MAX_D, g0 || !fetch ? NULL : ahead, K, V);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const __m512 inv = _mm512_set1_ps(1.f / l[g]);
+        uint16_t *o = a->out + ((long)b * a->H + h * G + g) * D;
+        for (int c = 0; c < DC; c++) { /* each value rounded to bf16, the pairs put back together */
+            const __m512 ev = _mm512_mul_ps(_mm512_loadu_ps(acc[g] + c * 16), inv);
+            const __m512 od = _mm512_mul_ps(_mm512_loadu_ps(acc[g] + (DC + c) * 16), inv);
+            const __m512i e = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(ev));
+            const __m512i w = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(od));
+            _mm512_storeu_si512(o + c * 32, _mm512_or_si512(e, _mm512_slli_epi32(w, 16)));
+        }
+    }
+}
+
+/* Work items (sequence, KV head), longest sequences first (the threads then finish together), handed
+ * out through a shared counter: a thread takes its next item when it starts one, so that it can
+ * prefetch that item's first rows. */
 void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restrict kv,
                               const int32_t *restrict tables, const int32_t *restrict ctx_lens,
                               uint16_t *restrict out, int B, int H, int KVH, int D, long S, int block_size,
@@ -143,66 +235,30 @@ void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restri
                                          scale, window, softcap, sinks, num_threads);
         return;
     }
-    const int G = H / KVH, DC = D / 32;
-    const uint16_t *K = kv, *V = kv + (long)KVH * S * D;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-    for (long item = 0; item < (long)B * KVH; item++) {
-        const int b = item / KVH, h = item % KVH, L = ctx_lens[b];
-        const int t0 = window > 0 && L > window ? L - window : 0; /* first visible token */
-        const int32_t *table = tables + (long)b * max_blocks;
-        __m512bh qv[MAX_G][MAX_D / 32];
-        for (int g = 0; g < G; g++)
-            for (int c = 0; c < DC; c++)
-                qv[g][c] = (__m512bh)_mm512_loadu_si512(q + ((long)b * H + h * G + g) * D + c * 32);
-        float acc[MAX_G][MAX_D] __attribute__((aligned(64))), m[MAX_G], l[MAX_G], corr[MAX_G];
-        float p[MAX_G][16] __attribute__((aligned(64)));
-        for (int g = 0; g < G; g++) {
-            m[g] = sinks ? sinks[h * G + g] : -FLT_MAX;
-            l[g] = sinks ? 1.f : 0.f;
-            for (int d = 0; d < D; d++) acc[g][d] = 0.f;
-        }
-        const __m512 vscale = _mm512_set1_ps(scale);
-        for (int c = t0 & ~15; c < L; c += 16) { /* chunks of 16 tokens, c..c+15; visible lo..hi-1 */
-            const int lo = c < t0 ? t0 - c : 0, hi = L - c < 16 ? L - c : 16, next = c + 16 < L;
-            long off[16], ahead[16];
-            rows16(table, c, lo, hi, h, S, D, block_size, off);
-            if (next) rows16(table, c + 16, 0, L - c - 16 < 16 ? L - c - 16 : 16, h, S, D, block_size, ahead);
-            const uint16_t *krow[16], *vrow[16];
-            for (int j = 0; j < 16; j++) krow[j] = K + off[j], vrow[j] = V + off[j];
-            for (int g = 0; g < G; g++) {
-                const __m512 s = D == 64 ? qk16(qv[g], krow, 2) : qk16(qv[g], krow, DC);
-                _mm512_store_ps(p[g], _mm512_mul_ps(s, vscale));
-            }
-            const __mmask16 seen = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-            for (int g = 0; g < G; g++) {
-                float *sg = p[g];
-                if (softcap > 0.f) softcap16(sg, softcap);
-                const __m512 sv = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-FLT_MAX), _mm512_load_ps(sg));
-                const float mx = fmaxf(m[g], _mm512_reduce_max_ps(sv));
-                _mm512_store_ps(sg, _mm512_sub_ps(sv, _mm512_set1_ps(mx)));
-                exp16(sg);
-                corr[g] = mx > m[g] ? expf(m[g] - mx) : 1.f;
-                l[g] = l[g] * corr[g] + _mm512_reduce_add_ps(_mm512_load_ps(sg));
-                m[g] = mx;
-            }
-            for (int g0 = 0; g0 < G; g0 += 4) { /* up to 4 query heads' accumulators in registers */
-                const int gn = G - g0 < 4 ? G - g0 : 4;
-                if (D == 64) pv16(vrow, p[g0], corr + g0, gn, 2, acc[g0], MAX_D, g0 || !next ? NULL : ahead, K, V);
-                else pv16(vrow, p[g0], corr + g0, gn, DC, acc[g0], MAX_D, g0 || !next ? NULL : ahead, K, V);
-            }
-        }
-        for (int g = 0; g < G; g++) {
-            const __m512 inv = _mm512_set1_ps(1.f / l[g]);
-            uint16_t *o = out + ((long)b * H + h * G + g) * D;
-            for (int c = 0; c < DC; c++) { /* each value rounded to bf16, the pairs put back together */
-                const __m512 ev = _mm512_mul_ps(_mm512_loadu_ps(acc[g] + c * 16), inv);
-                const __m512 od = _mm512_mul_ps(_mm512_loadu_ps(acc[g] + (DC + c) * 16), inv);
-                const __m512i e = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(ev));
-                const __m512i w = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(od));
-                _mm512_storeu_si512(o + c * 32, _mm512_or_si512(e, _mm512_slli_epi32(w, 16)));
-            }
+    const decode_args a = {q,     kv,  kv + (long)KVH * S * D, tables, ctx_lens, out,   H,       KVH,
+                           D,     block_size, max_blocks, window, S,   scale,    softcap, sinks};
+    int *order = malloc(sizeof(int) * (size_t)(B > 0 ? B : 1)), *span = malloc(sizeof(int) * (size_t)(B > 0 ? B : 1));
+    for (int b = 0; b < B; b++) { /* insertion sort by visible tokens, longest first (stable) */
+        int t0, L, i = b;
+        item_span(&a, b, &t0, &L);
+        for (; i > 0 && span[i - 1] < L - t0; i--) order[i] = order[i - 1], span[i] = span[i - 1];
+        order[i] = b, span[i] = L - t0;
+    }
+    const long n = (long)B * KVH;
+    long counter = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        long item = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+        while (item < n) {
+            const long next = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+            const int b = order[item / KVH], h = item % KVH;
+            const int nb = next < n ? order[next / KVH] : -1, nh = next % KVH;
+            if (D == 64) decode_item(&a, b, h, nb, nh, 2);
+            else decode_item(&a, b, h, nb, nh, D / 32);
+            item = next;
         }
     }
+    free(order), free(span);
 }
 #else
 void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restrict kv,
