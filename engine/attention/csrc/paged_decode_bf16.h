@@ -237,9 +237,12 @@ void paged_decode_window_bf16(const uint16_t *restrict q, const uint16_t *restri
                                          scale, window, softcap, sinks, num_threads);
         return;
     }
-    const decode_args a = {q,     kv,  kv + (long)KVH * S * D, tables, ctx_lens, out,   H,       KVH,
-                           D,     block_size, max_blocks, window, S,   scale,    softcap, sinks};
-    int *order = malloc(sizeof(int) * (size_t)(B > 0 ? B : 1)), *span = malloc(sizeof(int) * (size_t)(B > 0 ? B : 1));
+    const decode_args a = {.q = q, .K = kv, .V = kv + (long)KVH * S * D, .tables = tables, .ctx_lens = ctx_lens,
+                           .out = out, .H = H, .KVH = KVH, .D = D, .block_size = block_size,
+                           .max_blocks = max_blocks, .window = window, .S = S, .scale = scale,
+                           .softcap = softcap, .sinks = sinks};
+    const size_t nb = (size_t)(B > 0 ? B : 1);
+    int *order = malloc(sizeof(int) * nb), *span = malloc(sizeof(int) * nb);
     for (int b = 0; b < B; b++) { /* insertion sort by visible tokens, longest first (stable) */
         int t0, L, i = b;
         item_span(&a, b, &t0, &L);
