@@ -41,6 +41,16 @@ static inline long slot_of(const int32_t *table, int t, int block_size) {
     return ((long)table[t >> shift] << shift) | (t & (block_size - 1));
 }
 
+/* Rows are prefetched AHEAD tokens before their use: a decode step's K/V comes from memory (it is
+ * larger than the caches), and a thread that asks for a row only when it needs it waits on memory
+ * (at 40 rows of 100-600 tokens, fp32, 30 layers: about 1.4 times faster with the prefetches). */
+#define AHEAD 16
+static inline void prefetch_row(const void *base, const int32_t *table, int t, int h, long S, int D, int block_size,
+                                int elem) {
+    const char *row = (const char *)base + ((long)h * S + slot_of(table, t, block_size)) * D * elem;
+    for (int i = 0; i < D * elem; i += 64) __builtin_prefetch(row + i, 0, 3);
+}
+
 #define MAX_D 256
 #define MAX_G 16
 
@@ -67,6 +77,7 @@ static inline long slot_of(const int32_t *table, int t, int block_size) {
             for (int t = t0; t < L; t++) {                                                           \
                 long slot = slot_of(table, t, block_size);                                          \
                 const T *k = K + ((long)h * S + slot) * D;                                           \
+                if (t + AHEAD < L) prefetch_row(K, table, t + AHEAD, h, S, D, block_size, sizeof(T)); \
                 for (int g = 0; g < G; g++) {                                                        \
                     float s = 0.f;                                                                   \
                     _Pragma("omp simd reduction(+ : s)")                                             \
@@ -86,6 +97,7 @@ static inline long slot_of(const int32_t *table, int t, int block_size) {
             for (int t = t0; t < L; t++) {                                                           \
                 long slot = slot_of(table, t, block_size);                                          \
                 const T *v = V + ((long)h * S + slot) * D;                                           \
+                if (t + AHEAD < L) prefetch_row(V, table, t + AHEAD, h, S, D, block_size, sizeof(T)); \
                 for (int g = 0; g < G; g++) {                                                        \
                     float p = scores[(long)g * L + t];                                               \
                     _Pragma("omp simd")                                                              \

@@ -2,7 +2,7 @@
 dot products, 16 tokens' scores reduced together, up to four query heads' value sums in registers)
 against its fp32 kernel on the same bf16 values: head sizes on the fast path (64, 128) and off it
 (16, 48), 1 to 5 query heads per KV head, contexts shorter and longer than 16 tokens and not a
-multiple of 16, shuffled blocks of 8 and 16 slots, windows, soft-capping and sinks."""
+multiple of 16, shuffled blocks of 8, 16 and 32 slots, windows, soft-capping and sinks."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _decode_step(gen: torch.Generator, G: int, D: int, block_size: int):
 
 @pytest.mark.parametrize("D", [16, 48, 64, 128])
 @pytest.mark.parametrize("G", [1, 3, 5])
-@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
 @pytest.mark.parametrize("window,softcap,with_sinks", [(0, 0.0, False), (20, 0.0, False), (0, 5.0, True)])
 def test_bf16_kernel_equals_the_fp32_kernel_on_bf16_values(D, G, block_size, window, softcap, with_sinks):
     gen = torch.Generator().manual_seed(D * 100 + G * 10 + block_size + window)
