@@ -108,12 +108,12 @@ class BF16Panels:
     def weight(self) -> torch.Tensor:
         return unpack(self.panels, self.out_features)
 
-    @property
+    @functools.cached_property
     def amx(self) -> bool:
         """Does bf16_amx.c's AMX kernel run this weight (the CPU has AMX, K a multiple of 32)?"""
         return bool(self.lib.bf16_amx_available()) and self.panels.shape[1] % 16 == 0
 
-    @property
+    @functools.cached_property
     def amx_max_rows(self) -> int:
         """Up to how many rows calls run on AMX tiles (from `ONEDNN_MIN_ROWS`; 0 without AMX)."""
         if not self.amx:
