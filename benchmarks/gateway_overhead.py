@@ -20,8 +20,9 @@
    own, only with ``--separate-enqueue``, as with a quota Redis of its own). A null engine in
    another process echoes each request's prompt back on ``out:{id}``; the gateway relays it and
    settles the reservation. Open loop at ``--rate`` requests/s for ``--seconds`` (the target:
-   p50 <= 1 ms, p99 <= 5 ms at 200 requests/s), then admitted requests/s with ``--concurrency``
-   callers.
+   p50 <= 1 ms, p99 <= 5 ms at 200 requests/s), at ``--high-rate``, and, where the p99 target holds
+   at ``--rate`` but not at ``--high-rate``, a bisection for the rate at which the p99 crosses 5 ms
+   (``--crossing`` open loops); then admitted requests/s with ``--concurrency`` callers.
 
 Writes gateway_overhead.json and gateway_overhead.png under --out (benchmarks/results) and prints
 the README's tables.
@@ -174,6 +175,13 @@ def table(result: dict) -> str:
                 f"| {lag['p50']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f} "
                 f"| {g['collections']} ({g['max_pause_ms']:.1f}) |"
             )
+    crossed = staged.get("p99_crossing")
+    if crossed:
+        probes = ", ".join(f"{r} req/s {p['overhead_p99_ms']:.1f} ms" for r, p in crossed["probes"].items())
+        rows.append(
+            f"\nthe gateway path's p99 crosses 5 ms between {crossed['rate_rps']:.0f} and "
+            f"{crossed['failed_at_rps']:.0f} req/s (open loops of {crossed['seconds']:g} s: {probes})"
+        )
     rows.append(
         f"\nadmitted requests/s (closed loop, {staged['closed_loop']['concurrency']} callers,"
         f" null engine): {staged['closed_loop']['admitted_rps']:.0f}"
@@ -202,6 +210,13 @@ def main() -> int:
         help="a second open loop of the stages measure at this rate (0: none; not with --trace)",
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each stages loop")
+    parser.add_argument(
+        "--crossing",
+        type=int,
+        default=5,
+        help="where --rate meets the p99 target and --high-rate does not: this many open loops of "
+        "--seconds/2 bisect for the rate at which the gateway path's p99 crosses 5 ms (0: none)",
+    )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(
         "--trace",
@@ -218,6 +233,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.requests, args.rate, args.high_rate, args.seconds, args.concurrency = 8, 50.0, 100.0, 0.5, 4
+        args.crossing = min(args.crossing, 1)
     out = out_dir(args, "gateway_overhead")
     server = None
     if args.redis_url is None:

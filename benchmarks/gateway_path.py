@@ -29,6 +29,7 @@ MAX_TOKENS = 16
 MAX_MODEL_LEN = 2048
 STAGES = ("auth", "checks", "quotas", "enqueue")
 SEGMENTS = 4  # with tracing: off and on alternate this many times each
+P99_TARGET_MS = 5.0  # the gateway path's p99 target: --crossing looks for the rate that passes it
 
 
 def null_engine(redis_url: str, model: str, ready, stop) -> None:
@@ -229,7 +230,7 @@ async def open_loop(
     if errors is not None:  # a request that failed (past the machine's capacity): named, not timed
         errors.extend(f"{type(s).__name__}: {s}"[:200] for s in samples if isinstance(s, BaseException))
         samples = [s for s in samples if not isinstance(s, BaseException)]
-    return {name: [s[name] for s in samples] for name in samples[0]}
+    return {name: [s[name] for s in samples] for name in samples[0]} if samples else {}
 
 
 async def closed_loop(path: StagedPath, key: str, concurrency: int, seconds: float) -> float:
@@ -245,6 +246,21 @@ async def closed_loop(path: StagedPath, key: str, concurrency: int, seconds: flo
     start = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(concurrency)))
     return done / (time.perf_counter() - start)
+
+
+async def crossing(path: StagedPath, key: str, low: float, high: float, probes: int, seconds: float) -> dict:
+    """The highest open-loop rate in [low, high] whose overhead p99 stays within P99_TARGET_MS, by
+    bisection on a log scale (``low`` passed it and ``high`` did not, in the runs before): each probe
+    an open loop of ``seconds``; the answer lies between ``rate_rps`` (passed) and ``failed_at_rps``."""
+    tried: dict[str, dict] = {}
+    for _ in range(probes):
+        rate = (low * high) ** 0.5
+        samples = await open_loop(path, key, rate, seconds, failed := [])
+        p99 = pct(samples["overhead"], 0.99) if samples else float("inf")
+        ok = p99 <= P99_TARGET_MS and not failed
+        tried[f"{rate:.0f}"] = {"overhead_p99_ms": p99, "passed": ok, "failed": len(failed)}
+        low, high = (rate, high) if ok else (low, rate)
+    return {"rate_rps": low, "failed_at_rps": high, "probes": tried, "seconds": seconds}
 
 
 def _rate_run(
@@ -296,6 +312,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
     path = StagedPath(state)
     samples_off: dict[str, list[float]] = {}
     at_rate: dict[float, dict] = {}
+    crossed = None
     try:
         await open_loop(path, key, args.rate, min(1.0, args.seconds))  # warm-up: caches, scripts, connections
         if receiver is None:
@@ -308,6 +325,13 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
                     async with LoopWatch() as watch:
                         high = await open_loop(path, key, args.high_rate, args.seconds, failed := [])
                 at_rate[args.high_rate] = _rate_run(high, trips, watch, failed)
+            p99_low, p99_high = (
+                at_rate[r]["stages"]["overhead"]["p99_ms"] for r in (args.rate, args.high_rate or args.rate)
+            )
+            if args.crossing and args.high_rate and p99_low <= P99_TARGET_MS < p99_high:
+                crossed = await crossing(
+                    path, key, args.rate, args.high_rate, args.crossing, args.seconds / 2
+                )
         else:  # tracing off and on in alternating segments of one run: the machine's drift hits both alike
             provider, samples = tracing._provider, {}
             for _ in range(SEGMENTS):
@@ -349,6 +373,7 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
         **extra,
         "rate_rps": args.rate,
         "open_loop": {f"{rate:g}": run for rate, run in at_rate.items()},
+        "p99_crossing": crossed,  # None: not searched (both rates on the same side of the target)
         "seconds": args.seconds,
         "requests": len(samples["overhead"]),
         "tracing": f"on, {receiver.spans} spans exported" if receiver is not None else "off",
