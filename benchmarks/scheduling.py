@@ -11,7 +11,8 @@ SLO-aware admission).
 The traces come from the simulator (engine.sim) with shorter requests; arrivals follow the
 wall clock and every step is a real forward. Writes scheduling.json (--http: scheduling_http.json)
 and one PNG per scenario under --out (benchmarks/results), and prints a markdown table (copied into
-the README). A driver runs each trace: `InProcess` here, `HTTP` (benchmarks/scheduling_http.py)
+the README). A driver runs each trace: `InProcess` (benchmarks/sched_inprocess.py), `HTTP`
+(benchmarks/scheduling_http.py)
 over HTTP, where a TTFT's split is what the client and the server's spans see.
 """
 
@@ -20,15 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
-from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
-from benchmarks.sched_timeline import Timeline, line, summary
-from engine import Engine, SamplingParams
-from engine.errors import SLOUnattainableError
-from engine.sim import SimReport, backlog, bursty_trace, poisson_trace
+from benchmarks.sched_inprocess import InProcess
+from engine.sim import backlog, bursty_trace, poisson_trace
 
 SCENARIOS = ("fairness", "noisy_neighbour", "priority", "overload")
 SHAPE = dict(prompt_len=(32, 96), output_len=(16, 48))
@@ -40,90 +37,6 @@ ENGINE = {
     "max_num_batched_tokens": 128,
     "kv_cache_gib": 0.5,
 }
-
-
-def run(policy: str, trace, until: float | None = None, **config) -> SimReport:
-    """Serve `trace` (arrival times in seconds from now) on a fresh engine with `policy`."""
-    engine = Engine(policy=policy, **{**ENGINE, **config})
-    # one request first, so the first forward's one-time costs are not in the first request's TTFT
-    engine.add_request("warmup", list(range(100, 164)), SamplingParams(max_tokens=2, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
-    rng = random.Random(0)
-    trace = sorted((replace(r) for r in trace), key=lambda r: r.arrival)
-    by_id = {}
-    for i, r in enumerate(trace):
-        r.request_id = f"r{i}"
-        by_id[r.request_id] = r
-    service = {r.tenant: 0.0 for r in trace}
-    report = SimReport(trace, 0.0, 0, 0, service={t: [] for t in service})
-    w_in, w_out = engine.config.vtc_input_weight, engine.config.vtc_output_weight
-    t0, nxt = time.monotonic(), 0
-    report.timeline = timeline = Timeline(t0)
-    while nxt < len(trace) or engine.has_unfinished():
-        now = time.monotonic() - t0
-        if until is not None and now >= until:
-            break
-        while nxt < len(trace) and trace[nxt].arrival <= now:
-            r = trace[nxt]
-            nxt += 1
-            timeline.add(r.request_id, now)
-            try:
-                engine.add_request(
-                    r.request_id,
-                    [rng.randrange(100, 40000) for _ in range(r.prompt_len)],
-                    SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True),
-                    tenant=r.tenant,
-                    weight=r.weight,
-                    priority=r.priority,
-                    arrival_time=t0 + r.arrival,
-                    ttft_target_s=r.ttft_target_s,
-                    tpot_target_s=r.tpot_target_s,
-                )
-            except SLOUnattainableError:
-                r.refused = True
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, min(trace[nxt].arrival - now, 0.05)))
-            continue
-        outputs = engine.step()
-        now = time.monotonic() - t0
-        timeline.step(now, engine.stats, outputs)
-        for out in outputs:
-            r = by_id[out.request_id]
-            if out.finish_reason == "slo_unattainable":
-                r.refused = True
-                continue
-            if r.first_token is None:
-                r.first_token = now
-                service[r.tenant] += w_in * r.prompt_len / r.weight
-            service[r.tenant] += w_out * len(out.new_token_ids) / r.weight
-            if out.finished:
-                r.finish = now
-        report.steps += 1
-        report.times.append(now)
-        for tenant, value in service.items():
-            report.service[tenant].append(value)
-    report.duration = time.monotonic() - t0
-    report.preemptions = engine.stats.preemptions
-    return report
-
-
-class InProcess:
-    """Runs on a fresh engine in this process; the waits from its Timeline."""
-
-    name, where = "scheduling", "real engine"
-    waits_header = ("| run | mean | slowest |", "| --- | --- | --- |")
-    line = staticmethod(line)
-
-    def run(self, policy: str, trace, until: float | None = None) -> SimReport:
-        return run(policy, trace, until)
-
-    def waits(self, report: SimReport, requests) -> dict:
-        return summary(report.timeline, requests)
-
-    def extra(self, report: SimReport | None) -> dict:
-        """What a run's results add (None: the whole result's) beside the shared measures."""
-        return {}
 
 
 def capacity(d, n: int = 64) -> float:
@@ -330,6 +243,11 @@ def main() -> None:
         help="the same scenarios through `fairlane serve` over HTTP (benchmarks/scheduling_http.py)",
     )
     ap.add_argument("--no-spans", action="store_true", help="--http: no spans in the server's log (no split)")
+    ap.add_argument(
+        "--no-interrupt",
+        action="store_true",
+        help="in process: requests arrive between steps only (no urgent step inside a step in flight)",
+    )
     add_common_args(ap)
     args = ap.parse_args()
     for item in args.set:
@@ -348,7 +266,7 @@ def main() -> None:
         with HTTP(ENGINE, spans=not args.no_spans) as d:
             measure(args, d, backlog_n, capacity_n)
     else:
-        measure(args, InProcess(), backlog_n, capacity_n)
+        measure(args, InProcess(ENGINE, interrupt=not args.no_interrupt), backlog_n, capacity_n)
 
 
 def measure(args: argparse.Namespace, d, backlog_n: int, capacity_n: int) -> None:

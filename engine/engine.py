@@ -17,6 +17,7 @@ from engine.detokenizer import Detokenizer
 from engine.device import resolve_device, resolve_dtype
 from engine.engine_request import EngineRequest
 from engine.errors import DuplicateRequestError, InvalidRequestError, SLOUnattainableError
+from engine.interrupts import Interrupt, Interrupts
 from engine.kv_cache import make_block_manager
 from engine.loader import load_model
 from engine.lora.request import LoRARequest, acquire_adapter
@@ -101,6 +102,7 @@ class Engine:
             structured=lambda: self._structured,
         )
         self.stats = EngineStats()
+        self.interrupts = Interrupts(self)  # nested steps of urgent prompts (Engine.step's interrupt)
 
     @property
     def structured(self) -> StructuredOutputs:
@@ -113,10 +115,7 @@ class Engine:
 
     # ---- requests --------------------------------------------------------------------------
     def validate(
-        self,
-        prompt_token_ids: TokenIds,
-        params: SamplingParams,
-        resume_token_ids: TokenIds = (),
+        self, prompt_token_ids: TokenIds, params: SamplingParams, resume_token_ids: TokenIds = ()
     ) -> None:
         """Raise InvalidRequestError (with a clear message and the offending param) for bad input."""
         if not isinstance(params, SamplingParams):
@@ -271,13 +270,14 @@ class Engine:
         return seq.take_events() if seq is not None else []
 
     # ---- stepping --------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run the model once over every scheduled token and sample, process."""
+    def step(self, interrupt: Interrupt | None = None) -> list[RequestOutput]:
+        """One iteration: schedule, run the model once over every scheduled token and sample, process.
+        ``interrupt``: urgent prompts that arrive during the forward may run between its layers."""
         outputs = self._admit_compiled()
         plan = self.scheduler.schedule()
         swap_seconds = self.runner.stage(plan, self.scheduler.running)  # even when nothing runs
         outputs += [self.output.refused(seq, error) for seq, error in plan.refused]
-        ran = self._run(plan) if not plan.is_empty else None
+        ran = self._run(plan, interrupt) if not plan.is_empty else None
         self.stats.record_step(
             plan,
             ran,
@@ -291,14 +291,15 @@ class Engine:
         settle(verified, self.block_manager)  # kept drafts computed, rejected drafts' blocks freed
         return outputs
 
-    def _run(self, plan: StepPlan) -> StepRun:
+    def _run(self, plan: StepPlan, interrupt: Interrupt | None = None) -> StepRun:
         """The plan's forward and sampling; the scheduler then advances the sequences it ran."""
         start = time.perf_counter()
         self.scheduler.complete_drafts(plan)  # a draft model drafts here (its time is the step's)
         if self._structured is not None:
             self._structured.prepare(plan)  # grammar bitmasks, on a thread, while the forward runs
-        sampled = self.runner.run(plan, self.requests.generators, self._structured)
-        seconds = time.perf_counter() - start
+        with self.interrupts.during(plan, interrupt) as nested:
+            sampled = self.runner.run(plan, self.requests.generators, self._structured)
+        seconds = time.perf_counter() - start - nested.seconds
         self.scheduler.observe_step(plan, seconds)  # feeds an SLO policy's step-cost model
         decode_tokens = 0
         for item in plan.scheduled:  # what each item is, read before finish_step advances it

@@ -37,6 +37,7 @@ class EngineStats:
     decode_tokens: int = 0
     output_tokens: int = 0
     preemptions: int = 0  # by recompute or by swap
+    interrupts: int = 0  # urgent prompts' steps run inside a step in flight (engine/interrupts.py)
     swaps: int = 0  # preemptions by swap
     swapped_blocks: int = 0  # KV blocks copied to host memory and back
     swap_seconds: float = 0.0  # spent in those copies (on a GPU: launching them)

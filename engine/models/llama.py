@@ -12,6 +12,7 @@ per-row LoRA deltas on every projection (engine/lora). No padding: the step's to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -94,6 +95,8 @@ class LlamaModel:
         # The decode-only fast path the ModelRunner chose for this model (engine/models/decode.py), or
         # None; the runner takes it for the steps it applies to, `forward` is always per operator.
         self.decode: DecodeFastPath | None = None
+        # called after each layer of `forward` with the layer's index: engine/interrupts.py (None: off)
+        self.between_layers: Callable[[int], None] | None = None
         # Gemma rounds its embedding scale to the model dtype before multiplying
         scale = spec.embed_scale
         self.embed_scale = (
@@ -235,6 +238,8 @@ class LlamaModel:
             delta = self._out(self._attention(i, layer, h, positions, m, kv_cache, lora), layer.attn_out_norm)
             x, h = self._pre_norm(x, delta, layer.post_norm)
             delta = self._out(self._mlp(i, layer, h, lora), layer.mlp_out_norm)
+            if self.between_layers is not None:  # a nested step may run here (engine/interrupts.py)
+                self.between_layers(i)
         return ops.add_rms_norm(x, delta, self.norm, eps)[1]
 
     def _mlp(self, i: int, layer: LayerWeights, h: torch.Tensor, lora: LoRABatch | None) -> torch.Tensor:

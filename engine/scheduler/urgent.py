@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.config import SchedulerConfig
-from engine.request import Sequence
+from engine.kv_groups import Blocks
+from engine.request import Sequence, SequenceStatus
 from engine.scheduler.cost_model import StepCostModel
 from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import SchedulingPolicy
@@ -24,6 +25,9 @@ class UrgentSteps:
     config: SchedulerConfig
     policy: SchedulingPolicy
     running: list[Sequence]
+    block_manager: Blocks
+    num_admissions: int
+    _reserve: int
     _clock: Callable[[], float]
 
     def __init__(self) -> None:
@@ -121,3 +125,36 @@ class UrgentSteps:
                 plan.scheduled.remove(it)
             else:
                 it.num_tokens -= cut
+
+    def schedule_interrupt(self) -> StepPlan:
+        """Mid-step (engine/interrupts.py, between two layers of a step in flight): a plan of the
+        urgent prompts at the head of the queue that start whole, now, beside the step in flight,
+        or an empty one. Nothing running is touched (the step in flight holds its sequences and
+        their blocks): no preemption, no displacement, no chunk, no swap-in; a fresh prompt only,
+        without a grammar, an adapter or further choices, and only with blocks to spare above the
+        reserve. What it starts runs as any admitted sequence from the next step on."""
+        plan = StepPlan()
+        budget = self.config.max_num_batched_tokens
+        while len(self.running) < self.config.max_num_seqs:
+            seq = self.policy.peek()
+            if seq is None or seq.num_preemptions or seq.num_computed_tokens or not self.policy.urgent(seq):
+                break
+            if seq.params.structured is not None or seq.lora is not None or seq.params.n > 1:
+                break
+            if not self.policy.may_admit(seq, self.running, plan):
+                break
+            hits = self.block_manager.prefix_hits(seq)
+            n = seq.num_tokens - self.block_manager.num_restored_tokens(seq, hits)
+            if n > budget or not self.block_manager.can_allocate(seq, hits, n, reserve=self._reserve):
+                break
+            self.policy.pop()
+            self.num_admissions += 1
+            self.block_manager.allocate(seq, hits, n)
+            seq.record("admitted", cached_tokens=seq.num_cached_tokens, interrupting=True)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            plan.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        for item in plan.scheduled:
+            self.policy.on_scheduled(item.seq, item.num_tokens)
+        return plan

@@ -1,0 +1,127 @@
+"""Urgent prompts that start between two layers of a step in flight (engine/interrupts.py): their
+first token comes out before the step ends, and every output, theirs and the step's, is what the
+engine gives without the interruption (greedy, fp32), with every block back at the end."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import Engine, SamplingParams
+from engine.interrupts import Interrupt
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+BULK = [[3 + (i * 7 + j) % 200 for j in range(40)] for i in range(4)]  # 160 prompt tokens: chunked
+URGENT = [50 + j for j in range(20)]
+
+
+def engine(model_dir, policy: str, **overrides) -> Engine:
+    settings = dict(
+        model=str(model_dir), dtype="float32", num_threads=1, policy=policy, max_num_seqs=8,
+        max_num_batched_tokens=64, num_kv_blocks=64, block_size=8,
+    )  # fmt: skip
+    return Engine(**{**settings, **overrides})
+
+
+def add_bulk(eng: Engine, policy: str) -> None:
+    for i, prompt in enumerate(BULK):
+        eng.add_request(f"b{i}", prompt, GREEDY, priority=0, tenant="heavy")
+
+
+def add_urgent(eng: Engine) -> None:
+    eng.add_request("u", URGENT, GREEDY, priority=1, tenant="light")
+
+
+def finish(eng: Engine, tokens: dict[str, list[int]], interrupt: Interrupt | None = None) -> None:
+    while eng.has_unfinished():
+        for out in eng.step(interrupt):
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+
+
+@pytest.mark.parametrize("policy", ["priority", "vtc"])
+def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, policy):
+    reference: dict[str, list[int]] = {}
+    ref = engine(tiny_model_dir, policy)
+    add_bulk(ref, policy)
+    ref.step()
+    add_urgent(ref)  # between steps: it starts in the next one
+    finish(ref, reference)
+
+    eng = engine(tiny_model_dir, policy)
+    add_bulk(eng, policy)
+    eng.step()
+    polls, delivered = [], []
+
+    def poll() -> None:
+        polls.append(len(delivered))
+        if len(polls) == 1:
+            add_urgent(eng)
+
+    step_outputs = eng.step(Interrupt(poll=poll, deliver=delivered.extend))
+    assert [out.request_id for out in delivered] == ["u"]  # its first token, before the step ended
+    assert len(delivered[0].new_token_ids) == 1 and not delivered[0].finished
+    assert "u" not in {out.request_id for out in step_outputs}  # handed out once
+    assert len(polls) == eng.runner.model.spec.num_layers  # after every layer (none inside the nested step)
+    assert eng.stats.interrupts == 1
+    admitted = [e for e in delivered[0].events if e.name == "admitted"]
+    assert admitted and admitted[0].attrs.get("interrupting") is True
+
+    tokens: dict[str, list[int]] = {"u": list(delivered[0].new_token_ids)}
+    for out in step_outputs:
+        tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    finish(eng, tokens)
+    assert tokens == reference  # the same greedy tokens for every request
+    assert eng.num_free_blocks == eng.num_total_blocks
+
+
+def test_no_urgent_prompt_no_nested_step(tiny_model_dir):
+    """FCFS has no urgent work: a request that arrives mid-step waits for the next step."""
+    eng = engine(tiny_model_dir, "fcfs")
+    add_bulk(eng, "fcfs")
+    eng.step()
+    delivered: list = []
+    polls = []
+
+    def poll() -> None:
+        polls.append(1)
+        if len(polls) == 1:
+            add_urgent(eng)
+
+    outputs = eng.step(Interrupt(poll=poll, deliver=delivered.extend))
+    assert polls and not delivered and eng.stats.interrupts == 0
+    assert "u" not in {out.request_id for out in outputs}
+    tokens: dict[str, list[int]] = {}
+    finish(eng, tokens)
+    assert len(tokens["u"]) == GREEDY.max_tokens
+    assert eng.num_free_blocks == eng.num_total_blocks
+
+
+def test_a_prompt_that_needs_the_reserve_waits_for_the_next_step(tiny_model_dir):
+    """Blocks for a nested step come from above the reserve only: without them, no interruption."""
+    eng = engine(tiny_model_dir, "priority", num_kv_blocks=26, watermark=0.4)
+    add_bulk(eng, "priority")  # the reserve is 10 blocks
+    eng.step()
+    delivered: list = []
+    polls = []
+
+    def poll() -> None:
+        polls.append(1)
+        if len(polls) == 1:
+            needs = eng.block_manager.blocks_needed(len(URGENT))
+            assert eng.num_free_blocks - needs < eng.scheduler._reserve <= eng.num_free_blocks
+            add_urgent(eng)
+
+    eng.step(Interrupt(poll=poll, deliver=delivered.extend))
+    assert polls and not delivered and eng.stats.interrupts == 0
+    tokens: dict[str, list[int]] = {}
+    finish(eng, tokens)
+    assert len(tokens["u"]) == GREEDY.max_tokens
+    assert eng.num_free_blocks == eng.num_total_blocks
+
+
+def test_static_batching_is_never_interrupted(tiny_model_dir):
+    eng = engine(tiny_model_dir, "priority", batching="static")
+    add_bulk(eng, "priority")
+    eng.step()
+    polls: list = []
+    eng.step(Interrupt(poll=lambda: polls.append(1), deliver=lambda outs: None))
+    assert not polls
