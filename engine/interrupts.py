@@ -15,8 +15,9 @@ models, leaves out the nested steps'.
 The step in flight is not interrupted where a nested step could disturb it: in MoE models (a forward
 counts the experts it ran), with grammar-constrained requests in it (their bitmasks are prepared on
 a thread during the forward), or under static or dynamic batching; and a nested step runs no
-adapter (the step in flight's adapter slots and segment tables stay as they were built). Forwards that do not run layer by layer in Python (the one-call C
-decode, CUDA graph replays) have no point to stop at.
+adapter (the step in flight's adapter slots and segment tables stay as they were built). Forwards
+that do not run layer by layer in Python (the one-call C decode, CUDA graph replays) have no point
+to stop at.
 """
 
 from __future__ import annotations

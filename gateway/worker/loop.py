@@ -23,22 +23,24 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis as redislib
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import Engine, EngineError, ErrorCode, LoRARequest, RequestOutput, parse_policy
+from engine.interrupts import Interrupt
 from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
 from gateway.telemetry import metrics, tracing
 from gateway.worker.lane_io import BLOCK_MS, RETRY_FIRST_S, RETRY_MAX_S, LaneEntry, LaneIO, Prior
+from gateway.worker.results import error_result, output_result
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
 
 log = logging.getLogger(__name__)
 LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware policies only)
+INTERRUPT_POLL_S = 0.01  # while a step runs: how often the lanes are read for urgent prompts
 
 
 class AdapterGone(EngineError):
@@ -106,6 +108,9 @@ class Worker:
         self.lock = threading.Lock()  # guards inflight against the heartbeat thread's reads
         self.metrics = EngineMetrics(engine, worker_id, tiers)
         self._lost: set[tuple[str, str]] = set()  # (lane, entry id) the heartbeat found gone from the group
+        urgent = {"priority", "vtc"} & set(parse_policy(engine.config.policy))
+        self._interrupt = Interrupt(poll=self._poll, deliver=self._deliver) if urgent else None
+        self._last_poll = 0.0
 
     def setup(self) -> None:
         self.lane_io.setup()
@@ -174,8 +179,22 @@ class Worker:
             self._flush()
             self.publish_load()  # idle: keep the load fresh for the gateways
             return
-        self._publish(self.engine.step())
+        self._last_poll = time.monotonic()  # the take above was a poll
+        self._publish(self.engine.step(self._interrupt))
         self.metrics.update()
+
+    def _poll(self) -> None:
+        """Between two layers of a step (engine/interrupts.py): take what the engine has room for,
+        every INTERRUPT_POLL_S at most; an urgent prompt among it may start before the step ends."""
+        now = time.monotonic()
+        if now - self._last_poll >= INTERRUPT_POLL_S:
+            self._last_poll = now
+            self._admit(self._take())
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """A nested step's outputs, published at once; cancel marks wait for the step's end (an
+        abort cannot run inside a step)."""
+        self._publish(outputs, watch_cancels=False)
 
     # ---- load, for the gateways' SLO door check ------------------------------------------
     def _load(self, *, force: bool = False) -> str | None:
@@ -271,7 +290,7 @@ class Worker:
                 )
             if trace is not None:
                 trace.refused(refusal)
-            self._outbox.append(self._error(request.request_id, refusal, offset=resumed))
+            self._outbox.append(error_result(self.worker_id, request.request_id, refusal, offset=resumed))
             self._outbox_done.append((entry.lane, entry.entry_id))
             return 0
         with self.lock:
@@ -294,51 +313,9 @@ class Worker:
         )
 
     # ---- results ---------------------------------------------------------------------------
-    def _error(
-        self, request_id: str, exc: Exception, *, offset: int = 0, num_prompt_tokens: int = 0
-    ) -> LaneResult:
-        """An engine refusal as the request's last result (retry_after_s for SLO refusals)."""
-        error: Any = exc
-        return LaneResult(
-            request_id=request_id,
-            kind="error",
-            done=True,
-            offset=offset,
-            worker=self.worker_id,
-            num_prompt_tokens=num_prompt_tokens,
-            error_message=getattr(error, "message", str(exc)),
-            error_param=getattr(error, "param", None),
-            error_code=str(getattr(error, "code", ErrorCode.ENGINE_ERROR)),
-            retry_after_s=getattr(error, "retry_after", None),
-        )
-
-    def _result(self, out: RequestOutput, running: InFlight) -> LaneResult:
-        if out.error is not None:  # refused at a step start (SLO): no token was produced
-            return self._error(
-                out.request_id, out.error, offset=running.offset, num_prompt_tokens=out.num_prompt_tokens
-            )
-        text = out.new_text
-        if self.engine.tokenizer is None:  # random-weight models have no tokenizer: show the ids
-            text = "".join(f" t{t}" for t in out.new_token_ids)
-        return LaneResult(
-            request_id=out.request_id,
-            token_ids=tuple(out.new_token_ids),
-            text=text,
-            offset=running.offset_of(out.index),
-            done=bool(out.done),
-            finish_reason=out.finish_reason,
-            num_prompt_tokens=out.num_prompt_tokens,
-            index=out.index,
-            num_output_tokens=out.num_output_tokens,
-            worker=self.worker_id,
-            logprobs=None if out.logprobs is None else tuple(out.logprobs),
-            num_cached_tokens=out.num_cached_tokens,
-            prompt_logprobs=None if out.prompt_logprobs is None else tuple(out.prompt_logprobs),
-        )
-
-    def _publish(self, outputs: list[RequestOutput]) -> None:
+    def _publish(self, outputs: list[RequestOutput], *, watch_cancels: bool = True) -> None:
         """Publish a step's outputs and the outbox, ACK what ended, refresh the load, and abort what
-        was cancelled: one MULTI/EXEC, and one more for the aborts when there are any."""
+        was cancelled (``watch_cancels``): one MULTI/EXEC, and one more for the aborts when there are any."""
         results, done = self._outbox, self._outbox_done
         self._outbox, self._outbox_done = [], []
         served: dict[tuple[str, str], float] = {}  # (lane, tenant) -> output service, VTC-weighted
@@ -354,14 +331,16 @@ class Worker:
                         running.trace.finish(
                             out, status=out.finish_reason or "error", num_output_tokens=out.num_output_tokens
                         )
-                results.append(self._result(out, running))
+                offsets = running.offset, running.offset_of(out.index)
+                no_text = self.engine.tokenizer is None
+                results.append(output_result(self.worker_id, out, *offsets, text_of_ids=no_text))
                 running.advance(out.index, len(out.new_token_ids))
                 key = (running.lane, running.tenant)
                 served[key] = served.get(key, 0.0) + w_out * len(out.new_token_ids) / running.weight
                 if out.done:
                     done.append((running.lane, running.entry_id))
                     del self.inflight[out.request_id]
-            watched = list(self.inflight)
+            watched = list(self.inflight) if watch_cancels else []
         cancelled = self.lane_io.publish(results, done=done, load=self._load(), watch=watched, served=served)
         for request_id, flagged in zip(watched, cancelled):
             if flagged:
