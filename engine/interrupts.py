@@ -12,7 +12,9 @@ untouched: the nested step uses other sequences and other blocks, and the step i
 were gathered before its forward. The step in flight's measured time, which feeds the step-cost
 models, leaves out the nested steps'.
 
-The step in flight is not interrupted where a nested step could disturb it: in MoE models (a forward
+Only on a CPU, where the forward runs as the host reaches it (a GPU runs the layers the host has
+queued, later: a stop there gains nothing). The step in flight is not interrupted where a nested
+step could disturb it: in MoE models (a forward
 counts the experts it ran), with grammar-constrained requests in it (their bitmasks are prepared on
 a thread during the forward), or under static or dynamic batching; and a nested step runs no
 adapter (the step in flight's adapter slots and segment tables stay as they were built). Forwards
@@ -71,7 +73,8 @@ class Interrupts:
     def _may_interrupt(self, plan: StepPlan) -> bool:
         engine = self.engine
         return (
-            engine.runner.model.experts is None
+            engine.runner.device.type == "cpu"
+            and engine.runner.model.experts is None
             and engine.scheduler.config.batching == "continuous"
             and not any(item.seq.params.structured is not None for item in plan.scheduled)
         )

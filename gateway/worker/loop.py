@@ -39,6 +39,7 @@ from gateway.worker.results import error_result, output_result
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
 
 log = logging.getLogger(__name__)
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware policies only)
 INTERRUPT_POLL_S = 0.01  # while a step runs: how often the lanes are read for urgent prompts
 
@@ -135,7 +136,7 @@ class Worker:
                     ready = True
                 self.run_once()
                 wait = RETRY_FIRST_S
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except REDIS_DOWN as exc:
                 log.warning("redis unavailable (%s); retrying in %.2f s", exc, wait)
                 ready = False  # a restarted Redis may have lost the consumer groups
                 stop.wait(wait)
@@ -189,11 +190,14 @@ class Worker:
         now = time.monotonic()
         if now - self._last_poll >= INTERRUPT_POLL_S:
             self._last_poll = now
-            self._admit(self._take())
+            try:
+                self._admit(self._take())
+            except REDIS_DOWN as exc:  # never out of the step in flight: the loop's next take retries
+                log.warning("no take inside the step: redis unavailable (%s)", exc)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        """A nested step's outputs, published at once; cancel marks wait for the step's end (an
-        abort cannot run inside a step)."""
+        """A nested step's outputs, published at once (with the step's own when Redis is down);
+        cancel marks wait for the step's end (an abort cannot run inside a step)."""
         self._publish(outputs, watch_cancels=False)
 
     # ---- load, for the gateways' SLO door check ------------------------------------------
@@ -341,7 +345,15 @@ class Worker:
                     done.append((running.lane, running.entry_id))
                     del self.inflight[out.request_id]
             watched = list(self.inflight) if watch_cancels else []
-        cancelled = self.lane_io.publish(results, done=done, load=self._load(), watch=watched, served=served)
+        try:
+            load = self._load()
+            cancelled = self.lane_io.publish(results, done=done, load=load, watch=watched, served=served)
+        except REDIS_DOWN:
+            if watch_cancels:
+                raise
+            self._outbox[:0], self._outbox_done[:0] = results, done  # with the step's own results
+            log.warning("a nested step's results wait for the step's publish: Redis is unavailable")
+            return
         for request_id, flagged in zip(watched, cancelled):
             if flagged:
                 self._cancel(request_id)
