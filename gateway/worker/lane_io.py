@@ -113,6 +113,7 @@ class LaneIO:
         # Entries wait in a backlog, as this worker's last take left them (or it does not know): the
         # blocking read on the lanes would not see them, so an idle worker takes before it blocks.
         self.backlogged = True
+        self.more = True  # the lanes held more than the last wait's entries (or it does not know)
 
     def setup(self) -> None:
         """Create the consumer group of every lane (idempotent)."""
@@ -162,17 +163,24 @@ class LaneIO:
     def wait(self) -> list[LaneEntry]:
         """Nothing came: block on every lane at once for an entry (one a lane at most), until the
         next look for a dead worker's entries is due (block_ms at most). An entry added meanwhile
-        answers the read at once."""
+        answers the read at once. The same round trip reads the lanes' lengths once the read
+        returns: ``more`` says whether they hold anything beside the entries returned."""
         left_ms = self.claim_every_s * 1000 - (time.monotonic() - self._last_claim) * 1000
         block = max(1, min(self.block_ms, int(left_ms) + 1))  # 0 would block for ever
-        reply: Any = self.redis.xreadgroup(
-            GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=block
-        )
-        return [
+        pipe = self.redis.pipeline(transaction=False)  # the lengths are read once the read returns
+        pipe.xreadgroup(GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=block)
+        for lane in self.lanes:
+            pipe.xlen(lane)
+        reply, *lengths = pipe.execute()
+        woke = [
             LaneEntry(as_text(lane), as_text(entry_id), fields)
             for lane, entries in sorted(reply or [], key=lambda r: self.lanes.index(as_text(r[0])))
             for entry_id, fields in entries
         ]
+        # A lane keeps every entry until it ends (waiting, backlogged or running): a lane no longer
+        # than what this read returned of it holds nothing else to take.
+        self.more = any(n > sum(e.lane == lane for e in woke) for lane, n in zip(self.lanes, lengths))
+        return woke
 
     @property
     def claim_every_s(self) -> float:

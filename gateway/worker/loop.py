@@ -174,8 +174,8 @@ class Worker:
         if not self.engine.has_unfinished() and not admitted:
             self._flush()  # what the take dropped or refused goes out before the worker waits
             woke = self.lane_io.wait()
-            if woke:  # the rest of a burst joins the entries that woke the worker, in the same step
-                self._admit(woke, then_take=True)
+            if woke:  # the rest of a burst (if any) joins the entries that woke the worker, in the same step
+                self._admit(woke, then_take=self.lane_io.more)
         if not self.engine.has_unfinished():
             self._flush()
             self.publish_load()  # idle: keep the load fresh for the gateways

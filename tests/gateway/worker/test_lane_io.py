@@ -235,3 +235,60 @@ def test_cancels_in_one_step_are_published_together(tiny_engine_factory, counted
     assert all(_results(redis, rid)[-1].finish_reason == "abort" for rid in rids)
     assert CountingConnection.sent - before == 3  # take, the step's publish, the 4 aborts together
     _cleanup(redis, rids)
+
+
+class RecordingConnection(redislib.Connection):
+    """A connection that keeps every packet it sends (a pipeline is one)."""
+
+    packets: list[bytes] = []
+
+    def send_packed_command(self, command, check_health=True):
+        packet = command if isinstance(command, bytes) else b"".join(command)
+        RecordingConnection.packets.append(packet)
+        super().send_packed_command(command, check_health)
+
+
+def test_a_lone_entry_that_wakes_the_worker_runs_without_a_take(
+    tiny_engine_factory, redis_url, redis, model_name
+):
+    """The wait reads the lanes' lengths with its blocking read: a lane holding nothing but the entry
+    that woke the worker leaves nothing for a take to find, and the cancel mark goes alone."""
+    pool = redislib.ConnectionPool.from_url(redis_url, connection_class=RecordingConnection)
+    client = redislib.Redis(connection_pool=pool)
+    worker = Worker(
+        tiny_engine_factory(), client, model=model_name, tiers=TIERS, worker_id="w1", block_ms=3000
+    )
+    worker.setup()
+    assert worker.lane_io.take(worker.engine.room(worker.lane_io.priorities)) == []  # no backlog left
+    timer = threading.Timer(0.2, _submit, args=(redis, model_name))
+    timer.start()
+    RecordingConnection.packets = []
+    worker.run_once()
+    timer.join()
+    assert [p for p in RecordingConnection.packets if b"EVALSHA" in p.upper()] == []
+    assert any(b"MGET" in p.upper() for p in RecordingConnection.packets)  # its cancel mark is read
+    assert worker.inflight == {} and worker.engine.stats.steps == 1
+    client.close()
+
+
+def test_a_cancelled_lone_entry_that_wakes_the_worker_never_runs(tiny_engine_factory, redis, model_name):
+    worker = Worker(
+        tiny_engine_factory(), redis, model=model_name, tiers=TIERS, worker_id="w1", block_ms=3000
+    )
+    worker.setup()
+    assert worker.lane_io.take(worker.engine.room(worker.lane_io.priorities)) == []
+    ids: list[str] = []
+
+    def cancelled_submit():
+        request = _request(model_name, "standard", max_tokens=4)
+        redis.set(cancel_key(request.request_id), b"1", ex=60)
+        redis.xadd(lane_key(model_name, "standard"), request.encode())
+        ids.append(request.request_id)
+
+    timer = threading.Timer(0.2, cancelled_submit)
+    timer.start()
+    worker.run_once()
+    timer.join()
+    assert worker.inflight == {} and worker.engine.stats.steps == 0
+    assert _results(redis, ids[0]) == [] and redis.xlen(lane_key(model_name, "standard")) == 0
+    _cleanup(redis, ids)

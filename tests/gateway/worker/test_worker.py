@@ -219,14 +219,16 @@ def _commands_naming(redis, model, action) -> list[str]:
 def test_an_idle_worker_only_blocks_on_its_lanes_and_wakes_for_a_request(
     tiny_engine_factory, redis, model_name
 ):
-    """Idle, a worker sends one blocking XREADGROUP an iteration and nothing else (no take) until
-    its next look for a dead worker's entries; a request added while it blocks is admitted by that
-    same iteration, and once it is done the worker blocks again without a take."""
+    """Idle, a worker sends one blocking XREADGROUP an iteration (its lanes' XLENs in the same
+    packet) and nothing else (no take) until its next look for a dead worker's entries; a request
+    added while it blocks is admitted by that same iteration, and once it is done the worker blocks
+    again without a take."""
     worker = _worker(tiny_engine_factory(), redis, model_name, claim_idle_ms=600_000)
     worker.run_once()  # the first take, with its look for a dead worker's entries, finds nothing
     commands = _commands_naming(redis, model_name, lambda: [worker.run_once() for _ in range(5)])
-    assert len(commands) == 5
-    assert all(c.startswith("XREADGROUP") and "BLOCK" in c for c in commands), commands
+    reads = [c for c in commands if not c.startswith("XLEN")]  # each read's lanes' lengths ride with it
+    assert len(reads) == 5 and len(commands) == 5 * 4, commands
+    assert all(c.startswith("XREADGROUP") and "BLOCK" in c for c in reads), commands
 
     worker.lane_io.block_ms = 60_000  # only the request ends this read
     rid = f"req-{uuid.uuid4().hex[:12]}"
@@ -238,8 +240,9 @@ def test_an_idle_worker_only_blocks_on_its_lanes_and_wakes_for_a_request(
     _run_until_done(worker, redis, [rid])
     # its last take left nothing in a backlog: once the engine is empty the worker blocks at once
     worker.lane_io.block_ms = 10
-    (command,) = _commands_naming(redis, model_name, worker.run_once)
+    command, *lengths = _commands_naming(redis, model_name, worker.run_once)
     assert command.startswith("XREADGROUP") and "BLOCK" in command
+    assert len(lengths) == 3 and all(c.startswith("XLEN") for c in lengths)
     redis.delete(out_key(rid))
 
 
