@@ -65,6 +65,14 @@ def _worker(engine, redis, model, worker_id="w1", **kw) -> Worker:
     return worker
 
 
+def _waiting_worker(engine, client, model) -> Worker:
+    """A worker whose next iteration blocks on the lanes at once (its take left no backlog)."""
+    worker = Worker(engine, client, model=model, tiers=TIERS, worker_id="w1", block_ms=3000)
+    worker.setup()
+    assert worker.lane_io.take(worker.engine.room(worker.lane_io.priorities)) == []  # loads the script
+    return worker
+
+
 def _pending(redis, model, tier) -> int:
     return redis.xpending(lane_key(model, tier), "workers")["pending"]
 
@@ -114,18 +122,14 @@ def test_a_burst_that_wakes_a_waiting_worker_starts_in_one_step(tiny_engine_fact
 def test_a_single_request_that_wakes_the_worker_costs_one_round_trip_before_the_step(
     tiny_engine_factory, counted, redis, model_name
 ):
-    worker = Worker(
-        tiny_engine_factory(), counted, model=model_name, tiers=TIERS, worker_id="w1", block_ms=3000
-    )
-    worker.setup()
-    assert worker.lane_io.take(worker.engine.room(worker.lane_io.priorities)) == []  # loads the script
+    worker = _waiting_worker(tiny_engine_factory(), counted, model_name)
     timer = threading.Timer(0.2, _submit, args=(redis, model_name))
     timer.start()
     before = CountingConnection.sent
     worker.run_once()
     timer.join()
-    # the blocking wait (no take first: the last one left no backlog), the cancel mark with the rest
-    # of a burst (one pipeline), the step's publish
+    # the blocking wait (no take first: the last one left no backlog; the lanes' lengths with it),
+    # the cancel mark (nothing else waits: no take), the step's publish
     assert CountingConnection.sent - before == 3
     assert worker.inflight == {} and worker.engine.stats.steps == 1
 
@@ -255,11 +259,7 @@ def test_a_lone_entry_that_wakes_the_worker_runs_without_a_take(
     that woke the worker leaves nothing for a take to find, and the cancel mark goes alone."""
     pool = redislib.ConnectionPool.from_url(redis_url, connection_class=RecordingConnection)
     client = redislib.Redis(connection_pool=pool)
-    worker = Worker(
-        tiny_engine_factory(), client, model=model_name, tiers=TIERS, worker_id="w1", block_ms=3000
-    )
-    worker.setup()
-    assert worker.lane_io.take(worker.engine.room(worker.lane_io.priorities)) == []  # no backlog left
+    worker = _waiting_worker(tiny_engine_factory(), client, model_name)
     timer = threading.Timer(0.2, _submit, args=(redis, model_name))
     timer.start()
     RecordingConnection.packets = []
@@ -272,11 +272,7 @@ def test_a_lone_entry_that_wakes_the_worker_runs_without_a_take(
 
 
 def test_a_cancelled_lone_entry_that_wakes_the_worker_never_runs(tiny_engine_factory, redis, model_name):
-    worker = Worker(
-        tiny_engine_factory(), redis, model=model_name, tiers=TIERS, worker_id="w1", block_ms=3000
-    )
-    worker.setup()
-    assert worker.lane_io.take(worker.engine.room(worker.lane_io.priorities)) == []
+    worker = _waiting_worker(tiny_engine_factory(), redis, model_name)
     ids: list[str] = []
 
     def cancelled_submit():
