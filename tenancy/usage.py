@@ -1,7 +1,8 @@
 """Usage records (one per request) and their per-tenant summaries over a period.
 
-``record_usage`` is the one writer of usage records; it updates the hourly roll-up
-(tenancy/usage_rollup.py) in the same transaction.
+``record_usage`` writes one usage record and ``record_usage_batch`` many (the gateway's usage
+writer, gateway/api/usage_writer.py); each updates the hourly roll-up (tenancy/usage_rollup.py) in
+the same transaction.
 """
 
 from __future__ import annotations
