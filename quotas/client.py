@@ -11,10 +11,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
+import hiredis
+from redis.asyncio import BlockingConnectionPool, Connection, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
+
+
+class PackingConnection(Connection):
+    """A TCP connection that packs commands with hiredis (C) instead of redis-py's Python.
+
+    The admission call sends some forty arguments; packing them in C is several times
+    cheaper and gives the same bytes for str (UTF-8), bytes, int and float. Other argument
+    types, and a client with a non-default encoding, take redis-py's path.
+    """
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        enc = self.encoder
+        if enc.encoding != "utf-8" or enc.encoding_errors != "strict":
+            return super().pack_command(*args)
+        head = args[0]
+        if isinstance(head, str):
+            args = (*head.encode().split(), *args[1:])
+        elif b" " in head:
+            args = (*head.split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:  # bool, memoryview, bytearray…: redis-py's rules and errors
+            return super().pack_command(*args)
 
 
 def connect(
@@ -46,6 +70,8 @@ def connect(
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=retry,
+        # redis:// only: a unix:// or rediss:// URL sets its own connection class
+        connection_class=PackingConnection,
         **kwargs,
     )
     return Redis.from_pool(pool)  # the client owns the pool: aclose() closes both
