@@ -18,8 +18,8 @@ queued, later: a stop there gains nothing). The step in flight is not interrupte
 step could disturb it: in MoE models (a forward counts the experts it ran), with grammar-constrained
 requests in it (their bitmasks are prepared on a thread during the forward), or under static or
 dynamic batching; and a nested step runs no adapter (the step in flight's adapter slots and segment
-tables stay as they were built). Forwards that do not run layer by layer in Python (the one-call C
-decode, CUDA graph replays) have no point to stop at.
+tables stay as they were built). The one-call C decode (engine/models/decode.py) calls the same
+hook from its layer loop; CUDA graph replays have no point to stop at.
 """
 
 from __future__ import annotations
