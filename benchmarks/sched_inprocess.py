@@ -90,6 +90,7 @@ def run(
         record(engine.step(nested))
     report.duration = time.monotonic() - t0
     report.preemptions = engine.stats.preemptions
+    report.interrupts = engine.stats.interrupts
     return report
 
 
@@ -110,5 +111,6 @@ class InProcess:
         return summary(report.timeline, requests)
 
     def extra(self, report: SimReport | None) -> dict:
-        """What a run's results add (None: the whole result's) beside the shared measures."""
-        return {}
+        """What a run's results add (None: the whole result's) beside the shared measures: the
+        urgent prompts' steps run inside a step in flight (engine/interrupts.py)."""
+        return {} if report is None else {"interrupts": report.interrupts}

@@ -7,19 +7,19 @@ forward stops after each layer to ask the driver for the requests that have arri
 adds them with ``Engine.add_request``); when the head of the queue is an urgent prompt that can start
 whole, now, without touching anything running (Scheduler.schedule_interrupt), its step runs there,
 nested, over every layer: prefill, sampling, outputs handed to the driver at once (``deliver``).
-Then the step in flight goes on from the next layer. Its sequences, blocks and hidden states are
-untouched: the nested step uses other sequences and other blocks, and the step in flight's tables
-were gathered before its forward. The step in flight's measured time, which feeds the step-cost
-models, leaves out the nested steps'.
+Then the step in flight goes on from the next layer, without further stops: one nested step a step
+at most (each costs a pass over the weights, which the batch tier pays). The step in flight's
+sequences, blocks and hidden states are untouched: the nested step uses other sequences and other
+blocks, and the step in flight's tables were gathered before its forward. The step in flight's
+measured time, which feeds the step-cost models, leaves out the nested step's.
 
 Only on a CPU, where the forward runs as the host reaches it (a GPU runs the layers the host has
 queued, later: a stop there gains nothing). The step in flight is not interrupted where a nested
-step could disturb it: in MoE models (a forward
-counts the experts it ran), with grammar-constrained requests in it (their bitmasks are prepared on
-a thread during the forward), or under static or dynamic batching; and a nested step runs no
-adapter (the step in flight's adapter slots and segment tables stay as they were built). Forwards
-that do not run layer by layer in Python (the one-call C decode, CUDA graph replays) have no point
-to stop at.
+step could disturb it: in MoE models (a forward counts the experts it ran), with grammar-constrained
+requests in it (their bitmasks are prepared on a thread during the forward), or under static or
+dynamic batching; and a nested step runs no adapter (the step in flight's adapter slots and segment
+tables stay as they were built). The one-call C decode (engine/models/decode.py) calls the same
+hook from its layer loop; CUDA graph replays have no point to stop at.
 """
 
 from __future__ import annotations
@@ -89,11 +89,8 @@ class Interrupts:
             return
         start = time.perf_counter()
         model = engine.runner.model
-        model.between_layers = None  # no step inside a nested one
-        try:
-            sampled = engine.runner.run(plan, engine.requests.generators, None)
-        finally:
-            model.between_layers = self._between_layers
+        model.between_layers = None  # no step inside a nested one, and one nested step a step at most
+        sampled = engine.runner.run(plan, engine.requests.generators, None)
         seconds = time.perf_counter() - start
         engine.scheduler.observe_step(plan, seconds)
         for item in plan.scheduled:

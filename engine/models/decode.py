@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 SOURCE = Path(__file__).parent / "csrc" / "decode_forward.c"
 SOURCE_BF16 = Path(__file__).parent / "csrc" / "decode_forward_bf16.c"
 _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+_BETWEEN = ctypes.CFUNCTYPE(None, ctypes.c_int)  # LlamaModel.between_layers, called from the C loop
 ONE_CALL_MAX_ROWS_ONEDNN = 8  # with oneDNN (AMX) bf16 linears, the one call takes fewer rows than this
 
 
@@ -78,6 +79,7 @@ _FIELDS: list[tuple[str, Any]] = (  # the C struct DecodeModel (csrc/decode_mode
         )
     ]
     + [("amx_min_rows", _I), ("amx_max_rows", _I)]
+    + [("between_layers", _BETWEEN)]
 )
 
 
@@ -155,6 +157,18 @@ class DecodeForward:
             **{k: ctypes.cast(v, ctypes.POINTER(_P)) for k, v in self._keep.items() if v is not None},
         )
         self._caches: tuple[int, ...] = ()
+        self._between = _BETWEEN(self._between_layers)  # kept alive with the struct that points to it
+        self._raised: BaseException | None = None
+
+    def _between_layers(self, layer: int) -> None:
+        """From the C loop, after each layer: the model's hook (engine/interrupts.py). An exception
+        cannot cross ctypes: it is kept and raised once the call returns."""
+        hook = self.model.between_layers
+        if hook is not None and self._raised is None:
+            try:
+                hook(layer)
+            except BaseException as exc:  # noqa: BLE001 - re-raised after the C call
+                self._raised = exc
 
     @staticmethod
     def make(model: LlamaModel) -> DecodeForward | None:
@@ -215,6 +229,7 @@ class DecodeForward:
         tables, ctx = meta.decode_tables_int32()
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
+        self.struct.between_layers = self._between if model.between_layers is not None else _BETWEEN()
         self.forward(
             ctypes.byref(self.struct),
             x.data_ptr(),
@@ -227,4 +242,7 @@ class DecodeForward:
             tables.shape[1],
             torch.get_num_threads(),
         )
+        if self._raised is not None:
+            raised, self._raised = self._raised, None
+            raise raised
         return out

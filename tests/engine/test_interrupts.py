@@ -31,24 +31,42 @@ def add_urgent(eng: Engine) -> None:
     eng.add_request("u", URGENT, GREEDY, priority=1, tenant="light")
 
 
-def finish(eng: Engine, tokens: dict[str, list[int]], interrupt: Interrupt | None = None) -> None:
+def finish_one(eng: Engine, tokens: dict[str, list[int]]) -> None:
+    for out in eng.step():
+        tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+
+
+def finish(eng: Engine, tokens: dict[str, list[int]]) -> None:
     while eng.has_unfinished():
-        for out in eng.step(interrupt):
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        finish_one(eng, tokens)
+
+
+def prefilled(eng: Engine) -> bool:
+    return all(s.num_computed_tokens >= s.num_prompt_tokens for s in eng.seqs.values())
 
 
 @pytest.mark.parametrize("policy", ["priority", "vtc"])
-def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, policy):
+@pytest.mark.parametrize("during", ["prefill", "decode"])
+def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, policy, during):
+    """`prefill`: a step of prompt chunks (the per-operator forward); `decode`: a decode-only step
+    (the one-call C decode forward, which calls the hook from its layer loop)."""
     reference: dict[str, list[int]] = {}
     ref = engine(tiny_model_dir, policy)
     add_bulk(ref, policy)
-    ref.step()
+    finish_one(ref, reference)
+    while during == "decode" and not prefilled(ref):
+        finish_one(ref, reference)
     add_urgent(ref)  # between steps: it starts in the next one
     finish(ref, reference)
 
     eng = engine(tiny_model_dir, policy)
     add_bulk(eng, policy)
-    eng.step()
+    tokens: dict[str, list[int]] = {}
+    finish_one(eng, tokens)
+    while during == "decode" and not prefilled(eng):
+        finish_one(eng, tokens)
+    if during == "decode":
+        assert eng.runner.model.decode is not None  # the next step runs in one C call
     polls, delivered = [], []
 
     def poll() -> None:
@@ -57,20 +75,33 @@ def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, polic
             add_urgent(eng)
 
     step_outputs = eng.step(Interrupt(poll=poll, deliver=delivered.extend))
+    assert eng.runner.model.between_layers is None  # unhooked after the step
     assert [out.request_id for out in delivered] == ["u"]  # its first token, before the step ended
     assert len(delivered[0].new_token_ids) == 1 and not delivered[0].finished
     assert "u" not in {out.request_id for out in step_outputs}  # handed out once
-    assert len(polls) == eng.runner.model.spec.num_layers  # after every layer (none inside the nested step)
+    assert len(polls) == 1  # one nested step a step at most: no stop after it
     assert eng.stats.interrupts == 1
     admitted = [e for e in delivered[0].events if e.name == "admitted"]
     assert admitted and admitted[0].attrs.get("interrupting") is True
 
-    tokens: dict[str, list[int]] = {"u": list(delivered[0].new_token_ids)}
-    for out in step_outputs:
+    for out in [*delivered, *step_outputs]:
         tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
     finish(eng, tokens)
     assert tokens == reference  # the same greedy tokens for every request
     assert eng.num_free_blocks == eng.num_total_blocks
+
+
+def test_an_exception_in_the_hook_comes_out_of_the_one_call_decode(tiny_model_dir):
+    eng = engine(tiny_model_dir, "priority")
+    add_bulk(eng, "priority")
+    while not prefilled(eng):
+        eng.step()
+
+    def poll() -> None:
+        raise RuntimeError("from the driver")
+
+    with pytest.raises(RuntimeError, match="from the driver"):
+        eng.step(Interrupt(poll=poll, deliver=lambda outs: None))
 
 
 def test_no_urgent_prompt_no_nested_step(tiny_model_dir):
@@ -125,3 +156,19 @@ def test_static_batching_is_never_interrupted(tiny_model_dir):
     polls: list = []
     eng.step(Interrupt(poll=lambda: polls.append(1), deliver=lambda outs: None))
     assert not polls
+
+
+def test_the_bf16_one_call_decode_stops_between_layers(tiny_model_dir):
+    """decode_forward_bf16.c calls the hook as decode_forward.c does (where this CPU runs it)."""
+    eng = engine(tiny_model_dir, "priority", dtype="bfloat16")
+    if eng.runner.model.decode is None:
+        pytest.skip("no one-call bf16 decode on this CPU (it needs AVX512-BF16)")
+    add_bulk(eng, "priority")
+    while not prefilled(eng):
+        eng.step()
+    delivered: list = []
+    urgent_once = lambda: add_urgent(eng) if "u" not in eng.seqs else None  # noqa: E731
+    eng.step(Interrupt(poll=urgent_once, deliver=delivered.extend))
+    assert [out.request_id for out in delivered] == ["u"] and eng.stats.interrupts == 1
+    finish(eng, {})
+    assert eng.num_free_blocks == eng.num_total_blocks

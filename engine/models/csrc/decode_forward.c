@@ -65,6 +65,7 @@ void decode_forward(const DecodeModel *m, float *x, float *out, const int64_t *p
         silu_mul(gu, act, B, I, nt);
         linear(m, act, m->down[l], m->int8 ? m->down_scale[l] : NULL, NULL, delta, B, C, I, nt);
         d = delta;
+        if (m->between_layers) m->between_layers(l);
     }
     add_rms_norm(x, d, m->final_norm, out, B, C, m->eps, nt);
     free(h), free(qkv), free(q), free(attn), free(o), free(gu), free(act), free(delta);

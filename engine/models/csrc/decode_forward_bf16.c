@@ -111,6 +111,7 @@ void decode_forward_bf16(const DecodeModel *m, bf16 *x, bf16 *out, const int64_t
         silu_mul_bf16(gu, act, B, I);
         linear(m, act, m->down[l], NULL, delta, B, C, I, nt);
         d = delta;
+        if (m->between_layers) m->between_layers(l);
     }
     add_rms_norm_bf16(x, d, m->final_norm, out, B, C, m->eps);
     free(h), free(qkv), free(q), free(attn), free(o), free(gu), free(act), free(delta);

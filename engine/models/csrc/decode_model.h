@@ -20,6 +20,7 @@ typedef struct {
     const void *const *qkv_bias, *const *o_bias;                 /* entries may be NULL */
     void *const *kv;                                             /* [layers] caches */
     int amx_min_rows, amx_max_rows; /* bf16: batches of this many rows run bf16_amx.c (0, 0: none) */
+    void (*between_layers)(int layer); /* called after each layer when set (engine/interrupts.py) */
 } DecodeModel;
 
 #endif
