@@ -22,7 +22,7 @@ def engine(model_dir, policy: str, **overrides) -> Engine:
     return Engine(**{**settings, **overrides})
 
 
-def add_bulk(eng: Engine, policy: str) -> None:
+def add_bulk(eng: Engine, policy: str = "priority") -> None:
     for i, prompt in enumerate(BULK):
         eng.add_request(f"b{i}", prompt, GREEDY, priority=0, tenant="heavy")
 
@@ -104,10 +104,10 @@ def test_an_exception_in_the_hook_comes_out_of_the_one_call_decode(tiny_model_di
         eng.step(Interrupt(poll=poll, deliver=lambda outs: None))
 
 
-def test_no_urgent_prompt_no_nested_step(tiny_model_dir):
-    """FCFS has no urgent work: a request that arrives mid-step waits for the next step."""
-    eng = engine(tiny_model_dir, "fcfs")
-    add_bulk(eng, "fcfs")
+def starts_next_step(eng: Engine, before_add=lambda: None) -> None:
+    """An urgent prompt added at the step's first stop does not start inside it: it runs whole in
+    the steps after, and every block comes back."""
+    add_bulk(eng, "priority")
     eng.step()
     delivered: list = []
     polls = []
@@ -115,6 +115,7 @@ def test_no_urgent_prompt_no_nested_step(tiny_model_dir):
     def poll() -> None:
         polls.append(1)
         if len(polls) == 1:
+            before_add()
             add_urgent(eng)
 
     outputs = eng.step(Interrupt(poll=poll, deliver=delivered.extend))
@@ -126,27 +127,20 @@ def test_no_urgent_prompt_no_nested_step(tiny_model_dir):
     assert eng.num_free_blocks == eng.num_total_blocks
 
 
+def test_no_urgent_prompt_no_nested_step(tiny_model_dir):
+    """FCFS has no urgent work: a request that arrives mid-step waits for the next step."""
+    starts_next_step(engine(tiny_model_dir, "fcfs"))
+
+
 def test_a_prompt_that_needs_the_reserve_waits_for_the_next_step(tiny_model_dir):
     """Blocks for a nested step come from above the reserve only: without them, no interruption."""
-    eng = engine(tiny_model_dir, "priority", num_kv_blocks=26, watermark=0.4)
-    add_bulk(eng, "priority")  # the reserve is 10 blocks
-    eng.step()
-    delivered: list = []
-    polls = []
+    eng = engine(tiny_model_dir, "priority", num_kv_blocks=26, watermark=0.4)  # a reserve of 10 blocks
 
-    def poll() -> None:
-        polls.append(1)
-        if len(polls) == 1:
-            needs = eng.block_manager.blocks_needed(len(URGENT))
-            assert eng.num_free_blocks - needs < eng.scheduler._reserve <= eng.num_free_blocks
-            add_urgent(eng)
+    def short_of_blocks() -> None:
+        needs = eng.block_manager.blocks_needed(len(URGENT))
+        assert eng.num_free_blocks - needs < eng.scheduler._reserve <= eng.num_free_blocks
 
-    eng.step(Interrupt(poll=poll, deliver=delivered.extend))
-    assert polls and not delivered and eng.stats.interrupts == 0
-    tokens: dict[str, list[int]] = {}
-    finish(eng, tokens)
-    assert len(tokens["u"]) == GREEDY.max_tokens
-    assert eng.num_free_blocks == eng.num_total_blocks
+    starts_next_step(eng, short_of_blocks)
 
 
 def test_static_batching_is_never_interrupted(tiny_model_dir):
