@@ -21,8 +21,9 @@
    another process echoes each request's prompt back on ``out:{id}``; the gateway relays it and
    settles the reservation. Open loop at ``--rate`` requests/s for ``--seconds`` (the target:
    p50 <= 1 ms, p99 <= 5 ms at 200 requests/s), at ``--high-rate``, and, where the p99 target holds
-   at ``--rate`` but not at ``--high-rate``, a bisection for the rate at which the p99 crosses 5 ms
-   (``--crossing`` open loops); then admitted requests/s with ``--concurrency`` callers.
+   at ``--rate`` but not at ``--high-rate`` (or not even at ``--rate``: then below it), a bisection
+   for the rate at which the p99 crosses 5 ms (``--crossing`` open loops); then admitted requests/s
+   with ``--concurrency`` callers.
 
 Writes gateway_overhead.json and gateway_overhead.png under --out (benchmarks/results) and prints
 the README's tables.
@@ -214,8 +215,9 @@ def main() -> int:
         "--crossing",
         type=int,
         default=5,
-        help="where --rate meets the p99 target and --high-rate does not: this many open loops of "
-        "--seconds/2 bisect for the rate at which the gateway path's p99 crosses 5 ms (0: none)",
+        help="this many open loops of --seconds/2 bisect for the rate at which the gateway path's p99 "
+        "crosses 5 ms: between --rate and --high-rate where only --rate meets it, below --rate "
+        "(from an eighth of it) where --rate does not (0: none)",
     )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(

@@ -250,8 +250,9 @@ async def closed_loop(path: StagedPath, key: str, concurrency: int, seconds: flo
 
 async def crossing(path: StagedPath, key: str, low: float, high: float, probes: int, seconds: float) -> dict:
     """The highest open-loop rate in [low, high] whose overhead p99 stays within P99_TARGET_MS, by
-    bisection on a log scale (``low`` passed it and ``high`` did not, in the runs before): each probe
-    an open loop of ``seconds``; the answer lies between ``rate_rps`` (passed) and ``failed_at_rps``."""
+    bisection on a log scale (``high`` did not pass it; ``low`` did, or is taken to: a ``rate_rps``
+    equal to ``low`` means no probe passed); each probe an open loop of ``seconds``; the answer
+    lies between ``rate_rps`` and ``failed_at_rps``."""
     tried: dict[str, dict] = {}
     for _ in range(probes):
         rate = (low * high) ** 0.5
@@ -328,10 +329,11 @@ async def stages(args, redis_url: str, db_url: str) -> dict:
             p99_low, p99_high = (
                 at_rate[r]["stages"]["overhead"]["p99_ms"] for r in (args.rate, args.high_rate or args.rate)
             )
+            half = args.seconds / 2
             if args.crossing and args.high_rate and p99_low <= P99_TARGET_MS < p99_high:
-                crossed = await crossing(
-                    path, key, args.rate, args.high_rate, args.crossing, args.seconds / 2
-                )
+                crossed = await crossing(path, key, args.rate, args.high_rate, args.crossing, half)
+            elif args.crossing and p99_low > P99_TARGET_MS:  # below --rate: from an eighth of it up
+                crossed = await crossing(path, key, args.rate / 8, args.rate, args.crossing, half)
         else:  # tracing off and on in alternating segments of one run: the machine's drift hits both alike
             provider, samples = tracing._provider, {}
             for _ in range(SEGMENTS):
