@@ -28,14 +28,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from engine.request import RequestOutput
-from engine.scheduler import StepPlan
-from engine.stats import StepRun
+from engine.scheduler import Scheduler, StepPlan
+from engine.stats import EngineStats, StepRun
 
-if TYPE_CHECKING:
-    from engine.engine import Engine
+
+class EngineParts(Protocol):
+    """What of an Engine a nested step uses (engine/engine.py, which imports this module)."""
+
+    runner: Any  # ModelRunner
+    scheduler: Scheduler
+    requests: Any  # RequestTable
+    stats: EngineStats
+    block_manager: Any
+    output: Any  # OutputProcessor
 
 
 @dataclass
@@ -51,7 +59,7 @@ class Interrupt:
 class Interrupts:
     """One engine's nested steps (see the module docstring)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
         self.seconds = 0.0  # of the nested steps of the step in flight
         self._interrupt: Interrupt | None = None
