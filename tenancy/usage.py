@@ -1,21 +1,20 @@
 """Usage records (one per request) and their per-tenant summaries over a period.
 
-``record_usage`` writes one usage record and ``record_usage_batch`` many (the gateway's usage
-writer, gateway/api/usage_writer.py); each updates the hourly roll-up (tenancy/usage_rollup.py) in
-the same transaction.
+``record_usage`` is the one writer of usage records; it updates the hourly roll-up
+(tenancy/usage_rollup.py) in the same transaction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tenancy.models import UsageRecord, utcnow
-from tenancy.usage_rollup import ERROR_STATUS, SLO_STATUS, add_to_rollup, hour_of
+from tenancy.usage_rollup import ERROR_STATUS, SLO_STATUS, add_to_rollup
 
 
 @dataclass(frozen=True)
@@ -130,28 +129,3 @@ def usage_summary(session: Session, *, tenant_id: int, since: datetime, until: d
         by_model=by_model,
         by_tier=grouped(UsageRecord.tier),
     )
-
-
-def record_usage_batch(session: Session, records: list[dict[str, Any]]) -> None:
-    """Write many usage records (``record_usage``'s keyword arguments, plus ``created_at``) in one
-    transaction: one executemany insert, and one roll-up upsert per (tenant, key, hour) with the
-    records' counts added up here. A request recorded before fails the whole transaction
-    (IntegrityError), rolled back; the caller commits nothing else in ``session``."""
-    rows = [{**_RECORD_DEFAULTS, "created_at": utcnow(), **record} for record in records]
-    connection = session.connection()
-    connection.execute(_INSERT, rows)
-    groups: dict[tuple[int, int | None, datetime], dict[str, int]] = {}
-    for row in rows:
-        counts = groups.setdefault((row["tenant_id"], row["key_id"], hour_of(row["created_at"])), {})
-        counts["requests"] = counts.get("requests", 0) + 1
-        counts["prompt_tokens"] = counts.get("prompt_tokens", 0) + row["prompt_tokens"]
-        counts["completion_tokens"] = counts.get("completion_tokens", 0) + row["completion_tokens"]
-        counts["errors"] = counts.get("errors", 0) + int(row["status"] == ERROR_STATUS)
-        counts["slo_refusals"] = counts.get("slo_refusals", 0) + int(row["status"] == SLO_STATUS)
-    for (tenant_id, key_id, hour), counts in groups.items():
-        add_to_rollup(session, tenant_id=tenant_id, key_id=key_id, hour=hour, **counts)
-    session.commit()
-
-
-_INSERT = insert(cast(Table, UsageRecord.__table__))  # compiled once, run with each batch's rows
-_RECORD_DEFAULTS: dict[str, Any] = {"key_id": None, "ttft_ms": None, "latency_ms": None}

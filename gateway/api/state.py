@@ -17,7 +17,6 @@ from gateway.api.quota_service import QuotaService
 from gateway.api.shedding import AdmissionBound
 from gateway.api.slo_gate import SLOGate
 from gateway.api.tokenization import PromptTokenizer, load_prompt_tokenizer
-from gateway.api.usage_writer import UsageWriter
 from gateway.lanes.client import LaneClient
 from gateway.lanes.connect import async_client
 from gateway.lanes.keys import model_info_key
@@ -43,10 +42,6 @@ class GatewayState:
     admissions: AdmissionBound  # admissions in flight, and the bound that sheds requests over it
     _max_model_len: int | None = None
     _model_info_at: float = field(default=float("-inf"))
-    usage_writer: UsageWriter = field(init=False)  # requests' usage records, by one thread in batches
-
-    def __post_init__(self) -> None:
-        self.usage_writer = UsageWriter(self.session_factory)
 
     @classmethod
     def open(cls, settings: ApiSettings) -> GatewayState:
@@ -85,12 +80,7 @@ class GatewayState:
         with a command half sent raises from its close (redis-py's "Timed out closing connection
         after 0.5", the quota client's connect timeout), which must neither leave the other
         connections open nor fail the shutdown."""
-        parts = {
-            "usage": self.usage_writer.aclose,
-            "lanes": self.lanes.aclose,
-            "quotas": self.quota_service.aclose,
-            "redis": self.redis.aclose,
-        }
+        parts = {"lanes": self.lanes.aclose, "quotas": self.quota_service.aclose, "redis": self.redis.aclose}
         for name, close in parts.items():
             try:
                 await close()

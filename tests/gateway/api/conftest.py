@@ -5,7 +5,6 @@ tests, one live SmolLM2 server (fp32) and its weights in Hugging Face."""
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -13,12 +12,8 @@ import redis as redislib
 from gateway_test_helpers import ADMIN_TOKEN, TINY_ENGINE, inproc_worker
 from serve_process import wait_ready
 from served_smollm2 import MODEL, start_fp32_server
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
-from tenancy import make_engine, upgrade
-
-POSTGRES_ENV = "FAIRLANE_TEST_POSTGRES_URL"
+from tenancy import upgrade
 
 
 @pytest.fixture(scope="module")
@@ -77,36 +72,3 @@ def fp32_hf(fp32_server):
 
     path = assets.converted_dir(assets.resolve_model(MODEL))
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def backend_url(request, tmp_path_factory):
-    """An empty database per module: SQLite, then PostgreSQL (FAIRLANE_TEST_POSTGRES_URL; skipped without)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'fairlane.db'}"
-        return
-    base_url = os.environ.get(POSTGRES_ENV)
-    if not base_url:
-        pytest.skip(f"{POSTGRES_ENV} is not set: PostgreSQL tests not run")
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    name = f"fairlane_test_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@pytest.fixture
-def database_url(backend_url):
-    """The module's database, at head and empty for each test."""
-    upgrade(backend_url)
-    engine = make_engine(backend_url)
-    with engine.begin() as connection:
-        for table in ("usage_hourly", "usage_records", "quotas", "adapters", "api_keys", "tenants"):
-            connection.execute(text(f"DELETE FROM {table}"))
-    engine.dispose()
-    return backend_url
