@@ -192,7 +192,8 @@ class Worker:
             self._last_poll = now
             try:
                 self._admit(self._take())
-            except REDIS_DOWN as exc:  # never out of the step in flight: the loop's next take retries
+            except (*REDIS_DOWN, redislib.ResponseError) as exc:  # never out of the step in flight
+                # (a NOGROUP would leave it half run): the loop's next take retries or re-creates
                 log.warning("no take inside the step: redis unavailable (%s)", exc)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
