@@ -5,8 +5,6 @@ selection show a tenant its adapters only."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from datetime import datetime
 
 import pytest
@@ -19,13 +17,11 @@ from gateway_test_helpers import (
     assert_openai_error,
     make_tenant_key,
 )
-from sqlalchemy import create_engine, func, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import func, select
 
 from gateway.adapters.store import AdapterStore
-from tenancy import Adapter, make_engine, upgrade
+from tenancy import Adapter, make_engine
 
-POSTGRES_ENV = "FAIRLANE_TEST_POSTGRES_URL"
 MAX_RANK = 8
 
 
@@ -43,36 +39,9 @@ def peft_files(tmp_path_factory):
     }
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def backend_url(request, tmp_path_factory):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'fairlane.db'}"
-        return
-    base_url = os.environ.get(POSTGRES_ENV)
-    if not base_url:
-        pytest.skip(f"{POSTGRES_ENV} is not set: PostgreSQL tests not run")
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    name = f"fairlane_test_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @pytest.fixture
-def database_url(backend_url):
-    """The module's database, at head and empty for each test."""
-    upgrade(backend_url)
-    engine = make_engine(backend_url)
-    with engine.begin() as connection:
-        for table in ("usage_records", "quotas", "adapters", "api_keys", "tenants"):
-            connection.execute(text(f"DELETE FROM {table}"))
-    engine.dispose()
-    return backend_url
+def database_url(sql_database_url):
+    return sql_database_url
 
 
 @pytest.fixture

@@ -1,0 +1,54 @@
+"""Row 7 of the reliability probe on SQLite and PostgreSQL: an admin path id or a quota limit beyond
+the database's INTEGER range is a 422 in the OpenAI error shape, never a driver overflow (a 500 on
+PostgreSQL); the largest id in range is a well-formed miss."""
+
+from __future__ import annotations
+
+import pytest
+from gateway_test_helpers import admin_headers, assert_openai_error
+
+from gateway.api.schemas.admin import DB_INT_MAX
+
+LIMITS = ("max_concurrency", "daily_token_budget", "monthly_token_budget", "max_tokens_per_request")
+
+
+@pytest.fixture
+def database_url(sql_database_url):
+    return sql_database_url
+
+
+@pytest.mark.parametrize(
+    "path, method",
+    [
+        ("/admin/tenants/{id}", "GET"),
+        ("/admin/tenants/{id}", "PATCH"),
+        ("/admin/tenants/{id}/disable", "POST"),
+        ("/admin/tenants/{id}/keys", "GET"),
+        ("/admin/tenants/{id}/keys", "POST"),
+        ("/admin/keys/{id}", "GET"),
+        ("/admin/keys/{id}/revoke", "POST"),
+        ("/admin/tenants/{id}/quota", "GET"),
+        ("/admin/tenants/{id}/quota/usage", "GET"),
+        ("/admin/keys/{id}/quota", "GET"),
+        ("/admin/tenants/{id}/usage", "GET"),
+    ],
+)
+async def test_row7_admin_ids_beyond_the_database_range_are_422(app_client, path, method):
+    for bad in (DB_INT_MAX + 1, 2**63, 10**30, 0, -1):
+        response = await app_client.request(method, path.format(id=bad), headers=admin_headers(), json={})
+        assert_openai_error(response, 422)
+    response = await app_client.request(method, path.format(id=DB_INT_MAX), headers=admin_headers(), json={})
+    assert response.status_code in (404, 422), response.text  # the largest id is a well-formed miss
+
+
+async def test_row7_quota_limits_beyond_the_database_range_are_422_and_the_largest_is_stored(app_client):
+    response = await app_client.post("/admin/tenants", json={"name": "range"}, headers=admin_headers())
+    assert response.status_code == 201, response.text
+    url = f"/admin/tenants/{response.json()['id']}/quota"
+    for name in LIMITS:
+        response = await app_client.put(url, json={name: DB_INT_MAX + 1}, headers=admin_headers())
+        assert_openai_error(response, 422)
+    response = await app_client.put(url, json=dict.fromkeys(LIMITS, DB_INT_MAX), headers=admin_headers())
+    assert response.status_code == 200, response.text
+    stored = (await app_client.get(url, headers=admin_headers())).json()
+    assert [stored[name] for name in LIMITS] == [DB_INT_MAX] * len(LIMITS)
