@@ -12,6 +12,7 @@ from engine import Engine, SamplingParams
 from engine.errors import SLOUnattainableError
 from engine.interrupts import Interrupt
 from engine.sim import SimReport
+from gateway.telemetry import gc_policy
 
 
 def run(
@@ -25,6 +26,14 @@ def run(
     engine.add_request("warmup", list(range(100, 164)), SamplingParams(max_tokens=2, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
+    thresholds = gc_policy.freeze()  # as the worker does once its engine is built
+    try:
+        return _serve(engine, trace, until, interrupt)
+    finally:
+        gc_policy.thaw(thresholds)
+
+
+def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimReport:
     rng = random.Random(0)
     trace = sorted((replace(r) for r in trace), key=lambda r: r.arrival)
     by_id = {}

@@ -7,8 +7,9 @@ forward stops after each layer to ask the driver for the requests that have arri
 adds them with ``Engine.add_request``); when the head of the queue is an urgent prompt that can start
 whole, now, without touching anything running (Scheduler.schedule_interrupt), its step runs there,
 nested, over every layer: prefill, sampling, outputs handed to the driver at once (``deliver``).
-Then the step in flight goes on from the next layer, without further stops: one nested step a step
-at most (each costs a pass over the weights, which the batch tier pays). The step in flight's
+Then the step in flight goes on from the next layer and keeps stopping, so that an urgent prompt
+arriving later in the same step starts too: up to ``MAX_NESTED`` nested steps a step (each costs a
+pass over the weights, which the batch tier pays), then no further stops. The step in flight's
 sequences, blocks and hidden states are untouched: the nested step uses other sequences and other
 blocks, and the step in flight's tables were gathered before its forward. The step in flight's
 measured time, which feeds the step-cost models, leaves out the nested step's.
@@ -33,6 +34,8 @@ from typing import Any, Protocol
 from engine.request import RequestOutput
 from engine.scheduler import Scheduler, StepPlan
 from engine.stats import EngineStats, StepRun
+
+MAX_NESTED = 4  # nested steps inside one step in flight, at most
 
 
 class EngineParts(Protocol):
@@ -62,12 +65,13 @@ class Interrupts:
     def __init__(self, engine: EngineParts) -> None:
         self.engine = engine
         self.seconds = 0.0  # of the nested steps of the step in flight
+        self.nested = 0  # nested steps run inside the step in flight
         self._interrupt: Interrupt | None = None
 
     @contextmanager
     def during(self, plan: StepPlan, interrupt: Interrupt | None) -> Iterator[Interrupts]:
         """Around the forward of ``plan``: nested steps may run between its layers."""
-        self.seconds = 0.0
+        self.seconds, self.nested = 0.0, 0
         model = self.engine.runner.model
         if interrupt is None or not self._may_interrupt(plan):
             yield self
@@ -97,8 +101,13 @@ class Interrupts:
             return
         start = time.perf_counter()
         model = engine.runner.model
-        model.between_layers = None  # no step inside a nested one, and one nested step a step at most
-        sampled = engine.runner.run(plan, engine.requests.generators, None)
+        model.between_layers = None  # no step inside a nested one
+        try:
+            sampled = engine.runner.run(plan, engine.requests.generators, None)
+        finally:
+            self.nested += 1
+            if self.nested < MAX_NESTED:  # the step in flight stops again at its next layers
+                model.between_layers = self._between_layers
         seconds = time.perf_counter() - start
         engine.scheduler.observe_step(plan, seconds)
         for item in plan.scheduled:

@@ -19,6 +19,7 @@ from engine import Engine
 from gateway.lanes.connect import sync_client
 from gateway.lanes.keys import workers_key
 from gateway.settings import WorkerSettings, load_settings
+from gateway.telemetry import gc_policy
 from gateway.telemetry.logs import setup_logging
 from gateway.telemetry.metrics import multiprocess_dir
 from gateway.telemetry.tracing import setup_tracing, shutdown_tracing
@@ -97,6 +98,7 @@ def main(engine_overrides: dict | None = None) -> None:
         settings.engine.policy,
     )
     print(f"fairlane worker {name} ready", flush=True)
+    gc_policy.freeze()  # the model and the imports: out of every later collection (a step in flight)
     try:
         worker.run(stop)
     finally:

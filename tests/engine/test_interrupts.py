@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import Engine, SamplingParams
+from engine import Engine, SamplingParams, interrupts
 from engine.interrupts import Interrupt
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -27,8 +27,8 @@ def add_bulk(eng: Engine, policy: str = "priority") -> None:
         eng.add_request(f"b{i}", prompt, GREEDY, priority=0, tenant="heavy")
 
 
-def add_urgent(eng: Engine) -> None:
-    eng.add_request("u", URGENT, GREEDY, priority=1, tenant="light")
+def add_urgent(eng: Engine, request_id: str = "u") -> None:
+    eng.add_request(request_id, URGENT, GREEDY, priority=1, tenant="light")
 
 
 def finish_one(eng: Engine, tokens: dict[str, list[int]]) -> None:
@@ -79,7 +79,7 @@ def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, polic
     assert [out.request_id for out in delivered] == ["u"]  # its first token, before the step ended
     assert len(delivered[0].new_token_ids) == 1 and not delivered[0].finished
     assert "u" not in {out.request_id for out in step_outputs}  # handed out once
-    assert len(polls) == 1  # one nested step a step at most: no stop after it
+    assert len(polls) == len(eng.runner.model.layers)  # the step in flight kept stopping after it
     assert eng.stats.interrupts == 1
     admitted = [e for e in delivered[0].events if e.name == "admitted"]
     assert admitted and admitted[0].attrs.get("interrupting") is True
@@ -88,6 +88,35 @@ def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, polic
         tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
     finish(eng, tokens)
     assert tokens == reference  # the same greedy tokens for every request
+    assert eng.num_free_blocks == eng.num_total_blocks
+
+
+@pytest.mark.parametrize("cap", [interrupts.MAX_NESTED, 2])
+def test_urgent_prompts_arriving_at_later_layers_start_in_the_same_step(tiny_model_dir, monkeypatch, cap):
+    """Each stop after a nested step can start another, up to MAX_NESTED in one step in flight;
+    then the step in flight runs to its end without stopping."""
+    monkeypatch.setattr(interrupts, "MAX_NESTED", cap)
+    eng = engine(tiny_model_dir, "priority")
+    add_bulk(eng, "priority")
+    eng.step()
+    layers = len(eng.runner.model.layers)
+    assert layers >= 3
+    polls, delivered = [], []
+
+    def poll() -> None:  # an urgent prompt arrives at every stop
+        polls.append(1)
+        add_urgent(eng, f"u{len(polls)}")
+
+    outputs = eng.step(Interrupt(poll=poll, deliver=delivered.extend))
+    nested = min(cap, layers)
+    assert [out.request_id for out in delivered] == [f"u{i}" for i in range(1, nested + 1)]
+    assert eng.stats.interrupts == nested and len(polls) == nested  # no stop after the cap
+    assert not {out.request_id for out in outputs} & {out.request_id for out in delivered}
+    tokens: dict[str, list[int]] = {}
+    for out in [*delivered, *outputs]:
+        tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    finish(eng, tokens)
+    assert all(len(tokens[f"u{i}"]) == GREEDY.max_tokens for i in range(1, nested + 1))
     assert eng.num_free_blocks == eng.num_total_blocks
 
 
