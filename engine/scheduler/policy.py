@@ -108,6 +108,11 @@ class SchedulingPolicy(ABC):
         could push out at the sequence cap or the KV limit (Scheduler.has_room_for)."""
         return 0
 
+    def ahead(self, priority: int, tenant: str | None, waiting: list[Sequence]) -> int:
+        """How many of the `waiting` sequences start before a new request of `priority` (and
+        `tenant`, if given) arriving now: under tiers those of its tier or above, else all."""
+        return sum(1 for s in waiting if s.priority >= priority or not self.tiers)
+
     def defers(self, seq: Sequence, other: Sequence) -> bool:
         """May the urgent prefill of `seq` keep `other`'s decode out of its step (with
         config.urgent_prefill_defers_decodes)? It loses nothing but a step."""

@@ -99,8 +99,9 @@ class Scheduler(UrgentSteps):
         So a worker keeps pulling urgent lanes while every slot or block is held by bulk work."""
         if self.has_room(waiting):
             return True
-        ahead = sum(1 for s in waiting if s.priority >= priority or not self.policy.tiers)
-        return self.policy.displaceable(priority, tenant, self.running) > ahead
+        return self.policy.displaceable(priority, tenant, self.running) > self.policy.ahead(
+            priority, tenant, waiting
+        )
 
     def room(self, waiting: list[Sequence], priorities: Iterable[int]) -> Room:
         """``has_room`` and ``has_room_for`` of each of ``priorities`` as counts (engine/scheduler/room.py):
@@ -114,10 +115,19 @@ class Scheduler(UrgentSteps):
         for p in priorities:
             ahead = sum(1 for s in waiting if s.priority >= p or not self.policy.tiers)
             displacing[p] = self.policy.displaceable(p, None, self.running) - ahead
-            fresh[p] = self.policy.displaceable(p, FRESH_TENANT, self.running) - ahead
             held = {s.tenant for s in (*self.running, *waiting) if s.priority == p or not self.policy.tiers}
-            tenants[p] = {t: self.policy.displaceable(p, t, self.running) - ahead for t in held}
+            fresh[p], tenants[p] = (
+                self._tenant_room(p, FRESH_TENANT, waiting),
+                {t: self._tenant_room(p, t, waiting) for t in held},
+            )
         return Room(free, displacing, bool(self.policy.tiers), fresh, tenants)
+
+    def _tenant_room(self, priority: int, tenant: str, waiting: list[Sequence]) -> int:
+        """Requests of `tenant` at `priority` that would start by displacing, beyond those of the
+        `waiting` sequences that start before them (policy.ahead)."""
+        return self.policy.displaceable(priority, tenant, self.running) - self.policy.ahead(
+            priority, tenant, waiting
+        )
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING

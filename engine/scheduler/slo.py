@@ -154,6 +154,9 @@ class SLOPolicy(SchedulingPolicy):
     def displaceable(self, priority: int, tenant: str | None, running: list[Sequence]) -> int:
         return self.inner.displaceable(priority, tenant, running)
 
+    def ahead(self, priority: int, tenant: str | None, waiting: list[Sequence]) -> int:
+        return self.inner.ahead(priority, tenant, waiting)
+
     def defers(self, seq: Sequence, other: Sequence) -> bool:
         return self.inner.defers(seq, other)
 

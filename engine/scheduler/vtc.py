@@ -139,6 +139,23 @@ class FairTieredPolicy(TieredPolicy):
         over = sum(int(excess(t)) for t in tenants if excess(t) >= 1 and self.vtc.value(t) >= mine)
         return n + min(over, int(-excess(tenant)))
 
+    def ahead(self, priority: int, tenant: str | None, waiting: list[Sequence]) -> int:
+        """Higher tiers' waiting sequences, and in its own tier (for a `tenant`) only those of
+        tenants served no more than it (VTC takes the least-served tenant's head first; a tenant
+        new to the queue enters at the least counter of those waiting): a light tenant's request
+        does not wait behind a heavy tenant's backlog in the engine's queue."""
+        if tenant is None:
+            return super().ahead(priority, tenant, waiting)
+        tier = priority if self.tiers else 0
+        active = [self.vtc.value(t) for t, k in self.vtc.active.items() if k and t != tenant]
+        mine = self.vtc.value(tenant) if self.vtc.active.get(tenant) else min(active, default=0.0)
+        return sum(
+            1
+            for s in waiting
+            if self.tier(s) > tier
+            or (self.tier(s) == tier and (s.tenant == tenant or self.vtc.value(s.tenant) <= mine))
+        )
+
     def _excess(
         self, tier: int, tenant: str, running: list[Sequence] | None = None
     ) -> Callable[[str], float]:

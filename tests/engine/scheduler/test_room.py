@@ -5,6 +5,8 @@ prompts), never more than it would (longer prompts)."""
 import pytest
 from helpers import make, run_step, seq
 
+from engine.request import SequenceStatus
+
 PRIORITIES = [3, 2, 1]  # lanes, highest tier first
 
 
@@ -104,3 +106,31 @@ def test_a_tenants_count_is_what_has_room_for_admits_for_it_one_at_a_time(policy
     assert room.count(1, tenant=tenant) == n and room.count(1) == 0
     assert (n > 0) == ("vtc" in policy and tenant != "heavy")
     assert room.most(1) == max(room.count(1, tenant=t) for t in ("light", "heavy", "new"))
+
+
+@pytest.mark.parametrize("policy", ["vtc", "priority+vtc", "priority+vtc+slo"])
+@pytest.mark.parametrize("tenant", ["light", "new"])
+def test_a_heavy_tenants_queue_in_the_engine_is_not_ahead_of_a_lighter_tenant(policy, tenant):
+    """Every slot is held, 7 by a heavy tenant whose further requests wait in the engine's queue:
+    VTC starts a lighter tenant's request before them, by displacing what the heavy one holds beyond
+    its share, so the worker's count for that tenant is not spent on the heavy tenant's queue; and
+    what the count says starts, starts at the next step."""
+    s = make(policy, max_num_seqs=8, num_blocks=64)
+    for i in range(8):
+        s.add(seq(f"r{i}", 4, priority=1, max_tokens=64, tenant="light" if i == 0 else "heavy"))
+    run_step(s)
+    queued = [seq(f"q{i}", 4, priority=1, max_tokens=64, tenant="heavy") for i in range(6)]
+    for q in queued:
+        s.add(q)
+    run_step(s)
+    assert all(q.status is SequenceStatus.WAITING for q in queued)  # no slot for them
+    room = s.room(queued, PRIORITIES)
+    assert room.count(1) == 0 and room.count(1, tenant="heavy") == 0
+    n = room.count(1, tenant=tenant)
+    assert n > 0
+    arrivals = [seq(f"{tenant}{i}", 4, priority=1, tenant=tenant) for i in range(n)]
+    for x in arrivals:
+        s.add(x)
+    run_step(s)
+    assert all(x.status is SequenceStatus.RUNNING for x in arrivals)
+    assert all(q.status is SequenceStatus.WAITING for q in queued)
