@@ -49,7 +49,14 @@ from tenancy.tenants import (
     list_tenants,
     update_tenant,
 )
-from tenancy.usage import UsageSummary, UsageTotals, list_usage, record_usage, usage_summary
+from tenancy.usage import (
+    UsageSummary,
+    UsageTotals,
+    list_usage,
+    record_usage,
+    record_usage_batch,
+    usage_summary,
+)
 from tenancy.usage_rollup import (
     BUCKETS,
     COUNTERS,
@@ -114,6 +121,7 @@ __all__ = [
     "make_engine",
     "make_session_factory",
     "record_usage",
+    "record_usage_batch",
     "revoke_api_key",
     "set_quota",
     "tenant_quotas",

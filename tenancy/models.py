@@ -118,8 +118,8 @@ class Quota(Base):
     requests_per_minute: Mapped[int | None] = mapped_column(default=None)
     tokens_per_minute: Mapped[int | None] = mapped_column(default=None)
     max_concurrency: Mapped[int | None] = mapped_column(default=None)
-    daily_token_budget: Mapped[int | None] = mapped_column(default=None)
-    monthly_token_budget: Mapped[int | None] = mapped_column(default=None)
+    daily_token_budget: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger, default=None)
     max_tokens_per_request: Mapped[int | None] = mapped_column(default=None)
     allowed_tiers: Mapped[list[str] | None] = mapped_column(JSON, default=None)
     # tier_shares: fraction of the tenant's limits a tier may use, e.g. {"batch": 0.5}.

@@ -1,16 +1,19 @@
 """Usage records (one per request) and their per-tenant summaries over a period.
 
-``record_usage`` is the one writer of usage records; it updates the hourly roll-up
-(tenancy/usage_rollup.py) in the same transaction.
+``record_usage`` writes one usage record and ``record_usage_batch`` many; each updates the hourly
+roll-up (tenancy/usage_rollup.py) in the same transaction as its records.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from tenancy.models import UsageRecord, utcnow
@@ -82,6 +85,41 @@ def record_usage(
     )
     session.commit()
     return record
+
+
+def record_usage_batch(session: Session, rows: list[Mapping[str, Any]]) -> int:
+    """Usage records of many requests (each row the keyword arguments of ``record_usage``) and
+    their roll-ups, in one transaction: one multi-row insert, one upsert per tenant, key and hour.
+    Where one of them was recorded already, each is written on its own as ``record_usage`` does
+    and that one is skipped. Returns how many records were written."""
+    if not rows:
+        return 0
+    now = utcnow()
+    values = [{"ttft_ms": None, "latency_ms": None, **row, "created_at": now} for row in rows]
+    try:
+        session.execute(insert(UsageRecord), values)
+    except IntegrityError:  # a request recorded twice: one by one, skipping it
+        session.rollback()
+        written = 0
+        for row in rows:
+            try:
+                record_usage(session, **row)
+                written += 1
+            except IntegrityError:
+                session.rollback()
+        return written
+    counts: dict[tuple[int, int | None], Counter[str]] = {}
+    for v in values:
+        c = counts.setdefault((v["tenant_id"], v["key_id"]), Counter())
+        c["requests"] += 1
+        c["prompt_tokens"] += v["prompt_tokens"]
+        c["completion_tokens"] += v["completion_tokens"]
+        c["errors"] += int(v["status"] == ERROR_STATUS)
+        c["slo_refusals"] += int(v["status"] == SLO_STATUS)
+    for (tenant_id, key_id), c in counts.items():
+        add_to_rollup(session, tenant_id=tenant_id, key_id=key_id, hour=now, **c)
+    session.commit()
+    return len(values)
 
 
 def list_usage(session: Session, *, tenant_id: int, since: datetime, until: datetime) -> list[UsageRecord]:

@@ -1,8 +1,9 @@
 """The one place where a request's life on the gateway ends: from its ``RequestOutcome``, settle
 its quota, report it (metrics, span, log line) and write its usage record, in that order.
 
-The usage record is a database transaction (an insert and the hourly roll-up: 2-5 ms on SQLite, a
-round trip on PostgreSQL), the costliest step of a short request's path. A JSON response does not
+The usage record is a database transaction (an insert and the hourly roll-up), shared by the
+records of requests that end while one is written (gateway/api/usage_writer.py), the costliest
+step of a short request's path. A JSON response does not
 wait for it: with ``defer_usage`` the caller gets the write back and runs it once the response is
 sent (a Starlette background task, which runs before the ASGI call returns). The quota is settled
 before any response, so a client's next request finds its concurrency slot free.
@@ -22,15 +23,12 @@ from dataclasses import dataclass, field
 
 import anyio
 from opentelemetry.trace import Span
-from sqlalchemy.exc import IntegrityError
-from starlette.concurrency import run_in_threadpool
 
 from gateway.api.auth import AuthContext
 from gateway.api.outcome import RequestOutcome
 from gateway.api.quota_service import Admission, QuotaService
 from gateway.api.request_telemetry import finish_request
 from gateway.api.state import GatewayState
-from tenancy import record_usage
 
 log = logging.getLogger(__name__)
 
@@ -84,35 +82,26 @@ async def settle(
 
 
 def _usage_write(context: RequestContext, outcome: RequestOutcome) -> UsageWrite:
-    """The request's usage record, its latency taken now; written (in a thread) when awaited."""
+    """The request's usage record, its latency taken now; written (the replica's UsageWriter, in
+    a batch with the records of requests that ended meanwhile) when awaited."""
     latency_ms = (time.monotonic() - context.started) * 1000
     ttft_ms = None if outcome.first_token_at is None else (outcome.first_token_at - context.started) * 1000
     auth = context.auth
-
-    def write() -> None:
-        with context.state.session_factory() as session:
-            try:
-                record_usage(
-                    session,
-                    request_id=context.request_id,
-                    tenant_id=auth.tenant_id,
-                    key_id=auth.key_id,
-                    model=context.model,
-                    tier=context.tier,
-                    prompt_tokens=outcome.charged_prompt_tokens,
-                    completion_tokens=outcome.completion_tokens,
-                    status=outcome.usage_status,
-                    ttft_ms=ttft_ms,
-                    latency_ms=latency_ms,
-                )
-            except IntegrityError:  # already recorded
-                session.rollback()
+    row = dict(
+        request_id=context.request_id,
+        tenant_id=auth.tenant_id,
+        key_id=auth.key_id,
+        model=context.model,
+        tier=context.tier,
+        prompt_tokens=outcome.charged_prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        status=outcome.usage_status,
+        ttft_ms=ttft_ms,
+        latency_ms=latency_ms,
+    )
 
     async def record() -> None:
         with anyio.CancelScope(shield=True):
-            try:
-                await run_in_threadpool(write)
-            except Exception:  # usage is bookkeeping: never fail the response because of it
-                log.exception("could not record usage of %s", context.request_id)
+            await context.state.usage.write(row)
 
     return record

@@ -17,6 +17,7 @@ from gateway.api.quota_service import QuotaService
 from gateway.api.shedding import AdmissionBound
 from gateway.api.slo_gate import SLOGate
 from gateway.api.tokenization import PromptTokenizer, load_prompt_tokenizer
+from gateway.api.usage_writer import UsageWriter
 from gateway.lanes.client import LaneClient
 from gateway.lanes.connect import async_client
 from gateway.lanes.keys import model_info_key
@@ -40,6 +41,7 @@ class GatewayState:
     slo_gate: SLOGate
     tokenize_limiter: anyio.CapacityLimiter  # threads tokenizing long prompts
     admissions: AdmissionBound  # admissions in flight, and the bound that sheds requests over it
+    usage: UsageWriter  # the usage records, in batches
     _max_model_len: int | None = None
     _model_info_at: float = field(default=float("-inf"))
 
@@ -73,6 +75,7 @@ class GatewayState:
                 pool_fraction=settings.redis_pool_shed_fraction,
                 retry_after_s=settings.shed_retry_after_s,
             ),
+            usage=UsageWriter(session_factory),
         )
 
     async def close(self) -> None:
@@ -80,7 +83,12 @@ class GatewayState:
         with a command half sent raises from its close (redis-py's "Timed out closing connection
         after 0.5", the quota client's connect timeout), which must neither leave the other
         connections open nor fail the shutdown."""
-        parts = {"lanes": self.lanes.aclose, "quotas": self.quota_service.aclose, "redis": self.redis.aclose}
+        parts = {
+            "usage": self.usage.aclose,
+            "lanes": self.lanes.aclose,
+            "quotas": self.quota_service.aclose,
+            "redis": self.redis.aclose,
+        }
         for name, close in parts.items():
             try:
                 await close()

@@ -9,7 +9,7 @@ from sqlalchemy import inspect
 from tenancy import Base, current_revision, downgrade, make_engine, upgrade
 
 TABLES = {"tenants", "api_keys", "adapters", "quotas", "usage_records", "usage_hourly"}
-HEAD = "0004"
+HEAD = "0005"
 
 
 def _tables(url: str) -> set[str]:

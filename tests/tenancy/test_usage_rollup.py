@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from gateway.api.routes.admin_usage import series, series_csv
 from tenancy import (
     UsageHourly,
+    UsageRecord,
     add_refusals,
     create_api_key,
     create_tenant,
@@ -19,6 +20,7 @@ from tenancy import (
     hour_of,
     make_session_factory,
     record_usage,
+    record_usage_batch,
     upgrade,
     usage_series,
     usage_series_rows,
@@ -59,6 +61,46 @@ def test_record_usage_updates_its_hour_once(session):
     assert (by_key.errors, by_key.slo_refusals, by_key.rate_limited) == (1, 0, 3)
     assert (rows[0].requests, rows[0].slo_refusals) == (1, 1)
     assert hour_of(by_key.hour) == hour_of(datetime.now(UTC))
+
+
+def test_a_batch_is_recorded_as_its_records_one_by_one(session):
+    """record_usage_batch: one transaction for many records and their roll-ups; a batch holding a
+    request recorded already writes the others and skips it (as record_usage refuses it)."""
+    tenant = create_tenant(session, name="batch")
+    key = create_api_key(session, tenant_id=tenant.id).api_key
+    statuses = ["stop", "error", "slo_unattainable"]
+    rows = [
+        dict(
+            request_id=f"b{i}",
+            tenant_id=tenant.id,
+            key_id=key.id if i % 2 else None,
+            model="m",
+            tier="standard",
+            prompt_tokens=10 + i,
+            completion_tokens=i,
+            status=statuses[i % 3],
+            latency_ms=1.5 * i,
+        )
+        for i in range(7)
+    ]
+    assert record_usage_batch(session, rows[:4]) == 4
+    assert record_usage_batch(session, rows[2:]) == 3  # b2 and b3 again: skipped
+    assert record_usage_batch(session, []) == 0
+    records = {r.request_id: r for r in session.scalars(select(UsageRecord))}
+    assert sorted(records) == [f"b{i}" for i in range(7)]
+    assert [records[f"b{i}"].latency_ms for i in range(7)] == [1.5 * i for i in range(7)]
+    hourly = {r.key_id: r for r in session.scalars(select(UsageHourly))}
+    for owner, mine in ((key.id, rows[1::2]), (0, rows[::2]), (-1, rows), (-2, rows)):
+        got = hourly[owner]
+        assert (got.requests, got.prompt_tokens, got.completion_tokens) == (
+            len(mine),
+            sum(r["prompt_tokens"] for r in mine),
+            sum(r["completion_tokens"] for r in mine),
+        )
+        assert (got.errors, got.slo_refusals) == (
+            sum(r["status"] == "error" for r in mine),
+            sum(r["status"] == "slo_unattainable" for r in mine),
+        )
 
 
 def test_series_per_hour_and_day_per_tenant_and_key(session):

@@ -8,7 +8,8 @@ from typing import Annotated
 from fastapi import Path
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-DB_INT_MAX = 2**31 - 1  # INTEGER columns (ids, quota limits): a larger value is a 422, never an overflow
+DB_INT_MAX = 2**31 - 1  # INTEGER columns (ids, most quota limits): a larger value is a 422, never an overflow
+DB_BIGINT_MAX = 2**63 - 1  # BIGINT columns (token budgets)
 DB_ID_MAX = DB_INT_MAX
 DbId = Annotated[int, Path(ge=1, le=DB_ID_MAX, description="A database id.")]
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0  # fair-share weights: a 10^4 spread, no underflow

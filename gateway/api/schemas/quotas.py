@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.api.schemas.admin import DB_INT_MAX, UtcDatetime
+from gateway.api.schemas.admin import DB_BIGINT_MAX, DB_INT_MAX, UtcDatetime
 from quotas import Usage
 from quotas.limits import MAX_RATE
 
@@ -27,10 +27,10 @@ class QuotaSet(BaseModel):
         None, ge=0, le=DB_INT_MAX, description=f"Requests in flight. {_LIMIT}"
     )
     daily_token_budget: int | None = Field(
-        None, ge=0, le=DB_INT_MAX, description=f"Tokens per UTC day. {_LIMIT}"
+        None, ge=0, le=DB_BIGINT_MAX, description=f"Tokens per UTC day. {_LIMIT}"
     )
     monthly_token_budget: int | None = Field(
-        None, ge=0, le=DB_INT_MAX, description=f"Tokens per UTC month. {_LIMIT}"
+        None, ge=0, le=DB_BIGINT_MAX, description=f"Tokens per UTC month. {_LIMIT}"
     )
     max_tokens_per_request: int | None = Field(
         None, ge=0, le=DB_INT_MAX, description=f"Cap on a request's max_tokens. {_LIMIT}"

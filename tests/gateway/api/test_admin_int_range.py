@@ -7,9 +7,14 @@ from __future__ import annotations
 import pytest
 from gateway_test_helpers import admin_headers, assert_openai_error
 
-from gateway.api.schemas.admin import DB_INT_MAX
+from gateway.api.schemas.admin import DB_BIGINT_MAX, DB_INT_MAX
 
-LIMITS = ("max_concurrency", "daily_token_budget", "monthly_token_budget", "max_tokens_per_request")
+LIMITS = {  # a quota limit -> the largest its column holds
+    "max_concurrency": DB_INT_MAX,
+    "max_tokens_per_request": DB_INT_MAX,
+    "daily_token_budget": DB_BIGINT_MAX,
+    "monthly_token_budget": DB_BIGINT_MAX,
+}
 
 
 @pytest.fixture
@@ -41,14 +46,14 @@ async def test_row7_admin_ids_beyond_the_database_range_are_422(app_client, path
     assert response.status_code in (404, 422), response.text  # the largest id is a well-formed miss
 
 
-async def test_row7_quota_limits_beyond_the_database_range_are_422_and_the_largest_is_stored(app_client):
+async def test_row7_quota_limits_beyond_their_columns_are_422_and_the_largest_are_stored(app_client):
     response = await app_client.post("/admin/tenants", json={"name": "range"}, headers=admin_headers())
     assert response.status_code == 201, response.text
     url = f"/admin/tenants/{response.json()['id']}/quota"
-    for name in LIMITS:
-        response = await app_client.put(url, json={name: DB_INT_MAX + 1}, headers=admin_headers())
+    for name, largest in LIMITS.items():
+        response = await app_client.put(url, json={name: largest + 1}, headers=admin_headers())
         assert_openai_error(response, 422)
-    response = await app_client.put(url, json=dict.fromkeys(LIMITS, DB_INT_MAX), headers=admin_headers())
+    response = await app_client.put(url, json=LIMITS, headers=admin_headers())
     assert response.status_code == 200, response.text
     stored = (await app_client.get(url, headers=admin_headers())).json()
-    assert [stored[name] for name in LIMITS] == [DB_INT_MAX] * len(LIMITS)
+    assert {name: stored[name] for name in LIMITS} == LIMITS
