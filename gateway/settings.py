@@ -200,6 +200,9 @@ class ApiSettings(SharedSettings):
     )  # long prompts tokenized at once; more wait (the loop keeps a core)
     # Prompts of one /v1/completions request (a list of prompts: each its own engine request).
     max_prompts_per_request: int = Field(64, ge=1)
+    # Usage records wait this long for others to share their transaction (gateway/api/usage_writer.py);
+    # a replica that dies loses at most this much of them. 0: each write starts at once.
+    usage_write_linger_s: float = Field(0.02, ge=0, le=5)
     auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
 
     # Latency targets (docs/gateway.md): tier -> seconds; a tenant's own win. They need a "+slo" policy.

@@ -75,7 +75,7 @@ class GatewayState:
                 pool_fraction=settings.redis_pool_shed_fraction,
                 retry_after_s=settings.shed_retry_after_s,
             ),
-            usage=UsageWriter(session_factory),
+            usage=UsageWriter(session_factory, linger_s=settings.usage_write_linger_s),
         )
 
     async def close(self) -> None:

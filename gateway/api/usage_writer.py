@@ -1,12 +1,14 @@
 """The replica's usage records, written in batches: the records of requests that end while a write
 is running go in the next one, one transaction (tenancy.record_usage_batch) in a worker thread.
 
-At one request at a time each record is written on its own, as soon as its request ends; under
-load one write carries every record that ended meanwhile, so the database sees one transaction
-per write's duration instead of one per request, and the event loop hands one job to the thread
-pool instead of one per request. ``write`` returns once its record is committed (or the write
-failed: usage is bookkeeping, never a request's failure), so what awaits it, a response's
-background task, still finds the record in the database afterwards.
+A write starts ``linger_s`` (the setting ``usage_write_linger_s``, 20 ms) after the first record
+of its batch arrived and carries every record that ended by then or while the write before it
+ran, so the database sees one transaction per batch instead of one per request, and the event loop
+hands one job to the thread pool instead of one per request (at one request at a time, a write per
+request cost its next request about 0.7 ms on a 2-core machine: the thread and the transaction
+beside it). A replica that dies loses at most the records of one batch. ``write`` returns once
+its record is committed (or the write failed: usage is bookkeeping, never a request's failure),
+so what awaits it, a response's background task, still finds the record in the database.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ log = logging.getLogger(__name__)
 class UsageWriter:
     """Bound to the event loop that first writes through it."""
 
-    def __init__(self, session_factory: sessionmaker[Session]) -> None:
-        self.session_factory = session_factory
+    def __init__(self, session_factory: sessionmaker[Session], *, linger_s: float = 0.0) -> None:
+        self.session_factory, self.linger_s = session_factory, linger_s
         self._rows: list[Mapping[str, Any]] = []
         self._waiting: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
@@ -46,6 +48,8 @@ class UsageWriter:
 
     async def _run(self) -> None:
         while self._rows:
+            if self.linger_s:
+                await asyncio.sleep(self.linger_s)
             rows, waiting = self._rows, self._waiting
             self._rows, self._waiting = [], []
             try:

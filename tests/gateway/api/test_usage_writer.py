@@ -1,6 +1,7 @@
 """The replica's usage writer (gateway/api/usage_writer.py) on SQLite and PostgreSQL: each record is
-in the database once its write returns; records of requests that end together share one
-transaction; a write that fails is logged and releases its callers, never raises into them."""
+in the database once its write returns; records of requests that end together, or within the
+linger, share one transaction; a write that fails is logged and releases its callers, never
+raises into them."""
 
 from __future__ import annotations
 
@@ -62,6 +63,19 @@ async def test_records_that_end_together_share_a_transaction(session_factory):
     await asyncio.gather(*(writer.write(_row(tenant_id, i)) for i in range(40)))
     assert _count(session_factory) == (40, 40)
     assert writer.writes <= 2  # the first write, then every record queued while it ran
+    await writer.aclose()
+
+
+async def test_records_within_the_linger_share_a_transaction(session_factory):
+    """usage_write_linger_s: requests that end one after another within it share one write."""
+    tenant_id, writer = _tenant(session_factory), UsageWriter(session_factory, linger_s=0.2)
+    tasks = []
+    for i in range(5):
+        tasks.append(asyncio.create_task(writer.write(_row(tenant_id, i))))
+        await asyncio.sleep(0.01)
+    assert _count(session_factory) == (0, None)  # still lingering
+    await asyncio.gather(*tasks)
+    assert _count(session_factory) == (5, 5) and writer.writes == 1
     await writer.aclose()
 
 
