@@ -72,19 +72,21 @@ def record_usage(
     )
     session.add(record)
     session.flush()  # a second record of the request fails here (IntegrityError), before the roll-up
-    add_to_rollup(
-        session,
-        tenant_id=tenant_id,
-        key_id=key_id,
-        hour=record.created_at,
+    counts = _rollup_counts(prompt_tokens, completion_tokens, status)
+    add_to_rollup(session, tenant_id=tenant_id, key_id=key_id, hour=record.created_at, **counts)
+    session.commit()
+    return record
+
+
+def _rollup_counts(prompt_tokens: int, completion_tokens: int, status: str) -> Counter[str]:
+    """What one request adds to its roll-up rows."""
+    return Counter(
         requests=1,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         errors=int(status == ERROR_STATUS),
         slo_refusals=int(status == SLO_STATUS),
     )
-    session.commit()
-    return record
 
 
 def record_usage_batch(session: Session, rows: list[Mapping[str, Any]]) -> int:
@@ -111,11 +113,7 @@ def record_usage_batch(session: Session, rows: list[Mapping[str, Any]]) -> int:
     counts: dict[tuple[int, int | None], Counter[str]] = {}
     for v in values:
         c = counts.setdefault((v["tenant_id"], v["key_id"]), Counter())
-        c["requests"] += 1
-        c["prompt_tokens"] += v["prompt_tokens"]
-        c["completion_tokens"] += v["completion_tokens"]
-        c["errors"] += int(v["status"] == ERROR_STATUS)
-        c["slo_refusals"] += int(v["status"] == SLO_STATUS)
+        c.update(_rollup_counts(v["prompt_tokens"], v["completion_tokens"], v["status"]))
     for (tenant_id, key_id), c in counts.items():
         add_to_rollup(session, tenant_id=tenant_id, key_id=key_id, hour=now, **c)
     session.commit()

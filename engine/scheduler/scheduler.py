@@ -113,8 +113,7 @@ class Scheduler(UrgentSteps):
         free = max(0, min(slots, -(-spare // smallest)))  # has_room holds while spare stays above 0
         displacing, fresh, tenants = {}, {}, {}
         for p in priorities:
-            ahead = sum(1 for s in waiting if s.priority >= p or not self.policy.tiers)
-            displacing[p] = self.policy.displaceable(p, None, self.running) - ahead
+            displacing[p] = self._tenant_room(p, None, waiting)
             held = {s.tenant for s in (*self.running, *waiting) if s.priority == p or not self.policy.tiers}
             fresh[p], tenants[p] = (
                 self._tenant_room(p, FRESH_TENANT, waiting),
@@ -122,9 +121,9 @@ class Scheduler(UrgentSteps):
             )
         return Room(free, displacing, bool(self.policy.tiers), fresh, tenants)
 
-    def _tenant_room(self, priority: int, tenant: str, waiting: list[Sequence]) -> int:
-        """Requests of `tenant` at `priority` that would start by displacing, beyond those of the
-        `waiting` sequences that start before them (policy.ahead)."""
+    def _tenant_room(self, priority: int, tenant: str | None, waiting: list[Sequence]) -> int:
+        """Requests of `priority` (of `tenant`, if given) that would start by displacing, beyond
+        those of the `waiting` sequences that start before them (policy.ahead)."""
         return self.policy.displaceable(priority, tenant, self.running) - self.policy.ahead(
             priority, tenant, waiting
         )

@@ -133,8 +133,7 @@ class FairTieredPolicy(TieredPolicy):
         excess = self._excess(tier, tenant, running)
         if excess(tenant) > -1:
             return n
-        active = [self.vtc.value(t) for t, k in self.vtc.active.items() if k and t != tenant]
-        mine = self.vtc.value(tenant) if self.vtc.active.get(tenant) else min(active, default=0.0)
+        mine = self._standing(tenant)
         tenants = {s.tenant for s in running if self.tier(s) == tier and s.tenant != tenant}
         over = sum(int(excess(t)) for t in tenants if excess(t) >= 1 and self.vtc.value(t) >= mine)
         return n + min(over, int(-excess(tenant)))
@@ -146,15 +145,20 @@ class FairTieredPolicy(TieredPolicy):
         does not wait behind a heavy tenant's backlog in the engine's queue."""
         if tenant is None:
             return super().ahead(priority, tenant, waiting)
-        tier = priority if self.tiers else 0
-        active = [self.vtc.value(t) for t, k in self.vtc.active.items() if k and t != tenant]
-        mine = self.vtc.value(tenant) if self.vtc.active.get(tenant) else min(active, default=0.0)
+        tier, mine = (priority if self.tiers else 0), self._standing(tenant)
         return sum(
             1
             for s in waiting
             if self.tier(s) > tier
             or (self.tier(s) == tier and (s.tenant == tenant or self.vtc.value(s.tenant) <= mine))
         )
+
+    def _standing(self, tenant: str) -> float:
+        """The counter a new request of `tenant` is compared at: its own while it has work, else
+        the least of those with work (where it enters)."""
+        if self.vtc.active.get(tenant):
+            return self.vtc.value(tenant)
+        return min((self.vtc.value(t) for t, k in self.vtc.active.items() if k), default=0.0)
 
     def _excess(
         self, tier: int, tenant: str, running: list[Sequence] | None = None

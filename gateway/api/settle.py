@@ -2,10 +2,10 @@
 its quota, report it (metrics, span, log line) and write its usage record, in that order.
 
 The usage record is a database transaction (an insert and the hourly roll-up), shared by the
-records of requests that end while one is written (gateway/api/usage_writer.py), the costliest
-step of a short request's path. A JSON response does not
-wait for it: with ``defer_usage`` the caller gets the write back and runs it once the response is
-sent (a Starlette background task, which runs before the ASGI call returns). The quota is settled
+records of requests that end within a few milliseconds (gateway/api/usage_writer.py), the costliest
+step of a short request's path. A JSON response does not wait for it: with ``defer_usage`` the
+caller gets the write back and runs it once the response is sent (a Starlette background task,
+which runs before the ASGI call returns). The quota is settled
 before any response, so a client's next request finds its concurrency slot free.
 
 ``settle`` runs once per request, shielded from cancellation (the client may be gone): by the
@@ -16,7 +16,6 @@ or record: only its report is written.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,8 +28,6 @@ from gateway.api.outcome import RequestOutcome
 from gateway.api.quota_service import Admission, QuotaService
 from gateway.api.request_telemetry import finish_request
 from gateway.api.state import GatewayState
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
