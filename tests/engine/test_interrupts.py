@@ -1,10 +1,12 @@
 """Urgent prompts that start between two layers of a step in flight (engine/interrupts.py): their
 first token comes out before the step ends, and every output, theirs and the step's, is what the
-engine gives without the interruption (greedy, fp32), with every block back at the end."""
+engine gives without the interruption (greedy; on every numeric path: fp32 and bf16 with the C
+kernels and with torch, bf16 with oneDNN's linears, INT8), with every block back at the end."""
 
 from __future__ import annotations
 
 import pytest
+from paths import BF16_AMX, BF16_C, BF16_TORCH, FP32_C, FP32_TORCH, INT8, params
 
 from engine import Engine, SamplingParams, interrupts
 from engine.interrupts import Interrupt
@@ -45,13 +47,14 @@ def prefilled(eng: Engine) -> bool:
     return all(s.num_computed_tokens >= s.num_prompt_tokens for s in eng.seqs.values())
 
 
+@pytest.mark.parametrize("path", params([FP32_C, FP32_TORCH, BF16_C, BF16_AMX, BF16_TORCH, INT8]))
 @pytest.mark.parametrize("policy", ["priority", "vtc"])
 @pytest.mark.parametrize("during", ["prefill", "decode"])
-def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, policy, during):
+def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, policy, during, path):
     """`prefill`: a step of prompt chunks (the per-operator forward); `decode`: a decode-only step
     (the one-call C decode forward, which calls the hook from its layer loop)."""
     reference: dict[str, list[int]] = {}
-    ref = engine(tiny_model_dir, policy)
+    ref = engine(tiny_model_dir, policy, **path.overrides())
     add_bulk(ref, policy)
     finish_one(ref, reference)
     while during == "decode" and not prefilled(ref):
@@ -59,13 +62,13 @@ def test_an_urgent_prompt_starts_inside_the_step_in_flight(tiny_model_dir, polic
     add_urgent(ref)  # between steps: it starts in the next one
     finish(ref, reference)
 
-    eng = engine(tiny_model_dir, policy)
+    eng = engine(tiny_model_dir, policy, **path.overrides())
     add_bulk(eng, policy)
     tokens: dict[str, list[int]] = {}
     finish_one(eng, tokens)
     while during == "decode" and not prefilled(eng):
         finish_one(eng, tokens)
-    if during == "decode":
+    if during == "decode" and path.cpu_kernels:
         assert eng.runner.model.decode is not None  # the next step runs in one C call
     polls, delivered = [], []
 
