@@ -140,18 +140,19 @@ class FairTieredPolicy(TieredPolicy):
 
     def ahead(self, priority: int, tenant: str | None, waiting: list[Sequence]) -> int:
         """Higher tiers' waiting sequences, and in its own tier (for a `tenant`) only those of
-        tenants served no more than it (VTC takes the least-served tenant's head first; a tenant
-        new to the queue enters at the least counter of those waiting): a light tenant's request
-        does not wait behind a heavy tenant's backlog in the engine's queue."""
+        tenants that VTC serves before it (``least_served``: the smaller counter, on a tie the
+        tenant with fewer requests; a tenant new to the queue enters at the least counter of those
+        with work, so it ties with the least served and goes first if it holds fewer): a light
+        tenant's request does not wait behind a heavy tenant's backlog in the engine's queue."""
         if tenant is None:
             return super().ahead(priority, tenant, waiting)
-        tier, mine = (priority if self.tiers else 0), self._standing(tenant)
-        return sum(
-            1
-            for s in waiting
-            if self.tier(s) > tier
-            or (self.tier(s) == tier and (s.tenant == tenant or self.vtc.value(s.tenant) <= mine))
-        )
+        tier = priority if self.tiers else 0
+        mine = (self._standing(tenant), self.vtc.active.get(tenant, 0) + 1)  # with the new request
+
+        def before(other: str) -> bool:
+            return other == tenant or (self.vtc.value(other), self.vtc.active.get(other, 0)) <= mine
+
+        return sum(1 for s in waiting if self.tier(s) > tier or (self.tier(s) == tier and before(s.tenant)))
 
     def _standing(self, tenant: str) -> float:
         """The counter a new request of `tenant` is compared at: its own while it has work, else

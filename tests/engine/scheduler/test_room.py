@@ -134,3 +134,33 @@ def test_a_heavy_tenants_queue_in_the_engine_is_not_ahead_of_a_lighter_tenant(po
     run_step(s)
     assert all(x.status is SequenceStatus.RUNNING for x in arrivals)
     assert all(q.status is SequenceStatus.WAITING for q in queued)
+
+
+@pytest.mark.parametrize("policy", ["vtc", "priority+vtc", "priority+vtc+slo"])
+def test_a_tenant_new_to_the_engine_is_not_behind_the_only_busy_tenants_queue(policy):
+    """One tenant holds every slot and queues more in the engine: a tenant with no work enters
+    VTC at that tenant's counter and, holding fewer requests, goes first on the tie; so the count
+    for it is not spent on the busy tenant's queue. What the count says starts before any of that
+    queue: the first at the next step, the rest as the busy tenant's decodes pass their prompts'
+    charge (a step later)."""
+    s = make(policy, max_num_seqs=8, num_blocks=64)
+    for i in range(8):
+        s.add(seq(f"r{i}", 4, priority=1, max_tokens=64, tenant="heavy"))
+    run_step(s)
+    queued = [seq(f"q{i}", 4, priority=1, max_tokens=64, tenant="heavy") for i in range(6)]
+    for q in queued:
+        s.add(q)
+    run_step(s)
+    assert all(q.status is SequenceStatus.WAITING for q in queued)
+    room = s.room(queued, PRIORITIES)
+    assert room.count(1) == 0 and room.count(1, tenant="heavy") == 0
+    n = room.count(1, tenant="new")
+    assert n > 0
+    arrivals = [seq(f"new{i}", 4, priority=1, tenant="new") for i in range(n)]
+    for x in arrivals:
+        s.add(x)
+    run_step(s)
+    assert arrivals[0].status is SequenceStatus.RUNNING
+    run_step(s)
+    assert all(x.status is SequenceStatus.RUNNING for x in arrivals)
+    assert all(q.status is SequenceStatus.WAITING for q in queued)
