@@ -1,6 +1,7 @@
 """The client side of `benchmarks.scheduling --http`: `fairlane serve` as a user starts it, tenants
 and keys made over the admin REST API, a trace replayed on the wall clock as streamed completions
-through the official `openai` client, and what the server tells about each request afterwards.
+through the official `openai` client (each tenant from a client process of its own:
+benchmarks/sched_http_client.py), and what the server tells about each request afterwards.
 
 One replayed request is a `SimRequest` of engine.sim, so the in-process scenarios' measures
 (`SimReport.ttft_p`, `throughput`, `met_slo`) read HTTP runs unchanged; times are seconds from the
@@ -10,34 +11,23 @@ run's start, `first_token` and `finish` when the client received them.
 from __future__ import annotations
 
 import asyncio
-import random
 import secrets
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
-import openai
 
 from benchmarks.round_trip import Served, serve
+from benchmarks.sched_http_client import TIERS, Call, Sent, replay_calls, replay_in_processes
 from engine.config import EngineConfig
 from engine.sim import SimReport, SimRequest
 
-TIERS = {1: "priority", 0: "standard"}  # a trace's priority -> the service_tier its requests name
 DRAIN_TIMEOUT_S = 60.0
 WARM_UP_STREAMS = 32  # the engine's max_num_seqs in these runs
 
-
-@dataclass
-class Sent:
-    """What the client saw of one request (wall-clock seconds, time.time())."""
-
-    arrival_wall: float
-    request_id: str = ""
-    chunk_times: list[float] = field(default_factory=list)
-    tokens: int = 0
-    error: str = ""  # the HTTP status (or "stream") and the error's code
+__all__ = ["TIERS", "Sent", "Server", "replay"]
 
 
 @dataclass
@@ -69,9 +59,11 @@ class Server:
         """Bursts of WARM_UP_STREAMS streamed requests first, so what a server does once (the first
         forwards at each batch size, connections and pools of the gateway and the client) is not in
         a measured run (the in-process runs need one request)."""
-        trace = [SimRequest(0.0, 64, 4, tenant="warm-up") for _ in range(WARM_UP_STREAMS)]
+        calls = [Call(0.0, 64, 4, 0, seed) for seed in range(WARM_UP_STREAMS)]
         for _ in range(rounds):
-            asyncio.run(_replay(self, trace, {"warm-up": self.served.api_key}, None, time.time()))
+            asyncio.run(
+                replay_calls(self.served.base_url, self.model, self.served.api_key, calls, None, time.time())
+            )
 
     def admin(self, method: str, path: str, body: dict) -> dict:
         response = httpx.request(
@@ -144,54 +136,6 @@ def tier_means(before: dict[str, float], after: dict[str, float], metric: str) -
     return out
 
 
-async def _one(client: openai.AsyncOpenAI, model: str, r: SimRequest, t0: float, sent: Sent, seed: int):
-    rng = random.Random(seed)
-    await asyncio.sleep(max(0.0, t0 + r.arrival - time.time()))
-    prompt = [rng.randrange(100, 40000) for _ in range(r.prompt_len)]
-    try:
-        stream = await client.completions.create(
-            model=model,
-            prompt=prompt,
-            max_tokens=r.output_len,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True, "service_tier": TIERS[r.priority]},
-        )
-        async for chunk in stream:
-            sent.request_id = sent.request_id or chunk.id.partition("-")[2]
-            if chunk.choices:
-                sent.chunk_times.append(time.time())
-            if chunk.usage is not None:
-                sent.tokens = chunk.usage.completion_tokens
-    except openai.APIError as e:  # a refusal (429/503) or an error event in the stream ("stream")
-        sent.error = f"{getattr(e, 'status_code', 'stream')} {e.code or type(e).__name__}"
-
-
-async def _replay(server: Server, trace: list[SimRequest], keys: dict[str, str], until, t0: float):
-    clients = {
-        tenant: openai.AsyncOpenAI(
-            base_url=server.served.base_url + "/v1", api_key=key, max_retries=0, timeout=600
-        )
-        for tenant, key in keys.items()
-    }
-    sent = [Sent(t0 + r.arrival) for r in trace]
-    tasks = [
-        asyncio.create_task(_one(clients[r.tenant], server.model, r, t0, s, i))
-        for i, (r, s) in enumerate(zip(trace, sent))
-    ]
-    if not tasks:  # a trace with no request in its duration
-        return sent
-    timeout = None if until is None else until + max(0.0, t0 - time.time())
-    done, pending = await asyncio.wait(tasks, timeout=timeout)
-    for task in pending:  # streams closed at `until`: the server aborts them
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    for client in clients.values():
-        await client.close()
-    return sent
-
-
 def replay(server: Server, trace: list[SimRequest], until: float | None = None) -> tuple[SimReport, list]:
     """Serve `trace` through `server` (one new tenant and key per trace tenant, with its weight and
     targets; arrivals on the wall clock); the report, and what the client saw of each request."""
@@ -200,9 +144,13 @@ def replay(server: Server, trace: list[SimRequest], until: float | None = None) 
     for r in trace:
         first.setdefault(r.tenant, r)
     keys = {t: server.tenant(t, r.weight, r.ttft_target_s, r.tpot_target_s) for t, r in first.items()}
+    calls: dict[str, tuple[str, list[Call]]] = {t: (key, []) for t, key in keys.items()}
+    for i, r in enumerate(trace):
+        calls[r.tenant][1].append(Call(r.arrival, r.prompt_len, r.output_len, r.priority, i))
     before = server.metrics()
-    t0 = time.time() + 0.2  # keys made; the first arrival a little ahead, as the loop starts
-    sent = asyncio.run(_replay(server, trace, keys, until, t0))
+    by_tenant, t0 = replay_in_processes(server.served.base_url, server.model, calls, until)
+    seen = {t: iter(s) for t, s in by_tenant.items()}
+    sent = [next(seen[r.tenant]) for r in trace]  # each tenant's calls in the trace's order
     duration = time.time() - t0
     server.drain()
     after = server.metrics()

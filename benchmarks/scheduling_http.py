@@ -7,7 +7,8 @@ policy, `priority+vtc+slo`, which serves the in-process runs named vtc, priority
 scenario's requests are all of one tier, or have no latency targets, where a part of it does
 nothing). Every run makes fresh tenants over the admin REST API (one per trace tenant, with its
 weight and latency targets, every tier allowed) and a key each, then replays the trace on the wall
-clock: streamed completions through the official `openai` client, the same prompt lengths (token
+clock: streamed completions through the official `openai` client, each tenant's from a process of
+its own (one loop holding every stream is a queue of its own), the same prompt lengths (token
 ids) and output lengths (`ignore_eos`, greedy), `service_tier` "priority" for the trace's
 priority 1 and "standard" for the rest. Streams still open at a run's end are closed (the server
 aborts them) and the next run starts once the lanes and the engine are empty.

@@ -36,8 +36,10 @@ import os
 import random
 import re
 import signal
+import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 
@@ -58,6 +60,7 @@ TINY = dict(
     max_position_embeddings=512,
     initializer_range=0.5,
 )
+LOG_TAIL = 3000  # characters of the server's log shown when the run fails
 KV_BLOCKS = 20  # of 16 tokens: about 3 of the longest requests at once, far fewer than run concurrently
 PROMPTS = [
     (f"soak prompt {i}: " + "tell me more " * (i % 4), 8 + 6 * i) for i in range(8)
@@ -272,7 +275,13 @@ def main(argv: list[str] | None = None) -> None:
             served.redis_url = re.search(r"redis:\s+(\S+)", banner).group(1)
             admin = re.search(r"admin token:\s+(\S+)", banner).group(1)
             soak = Soak(served, admin, args)
-            asyncio.run(soak.run())
+            try:
+                asyncio.run(soak.run())
+            except Exception:  # the error, then what the server said last (a test shows the end)
+                traceback.print_exc(limit=-3)
+                print(f"--- the last of {served.log_path}:", file=sys.stderr)
+                print(served.log_path.read_text()[-LOG_TAIL:], file=sys.stderr)
+                raise SystemExit(1) from None
             checks = check(soak, Path(workdir) / "serve.db", MODEL)
             processes = soak.processes()
         finally:

@@ -1,0 +1,119 @@
+"""The clients of `benchmarks.scheduling --http`: each trace tenant's requests streamed by the
+official `openai` client from a process of its own.
+
+One event loop holding every stream of a run (hundreds of a batch tenant's beside a few of an
+interactive one) is itself a queue: a chunk of the interactive tenant waits while the loop parses
+the batch tenant's chunks, and on a 2-core machine shared with the server that loop stalled for
+100 ms and more, which the run then counted as the server's latency. Tenants are different users
+on different machines, so each gets its own process (and loop) here; they share only the wall
+clock (``t0``). This module imports nothing of the engine, so a client process starts in a
+fraction of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+
+import openai
+
+TIERS = {1: "priority", 0: "standard"}  # a trace's priority -> the service_tier its requests name
+START_AHEAD_S = 0.5  # the first arrival this long after the clients are told t0 (they warm up)
+
+
+@dataclass
+class Sent:
+    """What the client saw of one request (wall-clock seconds, time.time())."""
+
+    arrival_wall: float
+    request_id: str = ""
+    chunk_times: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str = ""  # the HTTP status (or "stream") and the error's code
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to send: when (seconds after t0), its prompt length, output length, priority."""
+
+    arrival: float
+    prompt_len: int
+    output_len: int
+    priority: int
+    seed: int  # its prompt's tokens
+
+
+async def _one(client: openai.AsyncOpenAI, model: str, call: Call, t0: float, sent: Sent) -> None:
+    rng = random.Random(call.seed)
+    await asyncio.sleep(max(0.0, t0 + call.arrival - time.time()))
+    prompt = [rng.randrange(100, 40000) for _ in range(call.prompt_len)]
+    try:
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=call.output_len,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "service_tier": TIERS[call.priority]},
+        )
+        async for chunk in stream:
+            sent.request_id = sent.request_id or chunk.id.partition("-")[2]
+            if chunk.choices:
+                sent.chunk_times.append(time.time())
+            if chunk.usage is not None:
+                sent.tokens = chunk.usage.completion_tokens
+    except openai.APIError as e:  # a refusal (429/503) or an error event in the stream ("stream")
+        sent.error = f"{getattr(e, 'status_code', 'stream')} {e.code or type(e).__name__}"
+
+
+async def replay_calls(
+    base_url: str, model: str, key: str, calls: list[Call], until: float | None, t0: float
+) -> list[Sent]:
+    """Send ``calls`` with one key from this process's loop; streams still open ``until`` seconds
+    after t0 are closed (the server aborts them)."""
+    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0, timeout=600)
+    if t0 > time.time():  # a fresh process: its first request's one-off costs (the client's lazy
+        # imports and parsers, the connection) go before the run, not on its first arrival
+        await client.models.list()
+        _ = client.completions
+    sent = [Sent(t0 + c.arrival) for c in calls]
+    tasks = [asyncio.create_task(_one(client, model, c, t0, s)) for c, s in zip(calls, sent)]
+    if tasks:
+        timeout = None if until is None else until + max(0.0, t0 - time.time())
+        _done, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    await client.close()
+    return sent
+
+
+def _client_process(base_url: str, model: str, key: str, calls: list[Call], until, t0: float) -> list[Sent]:
+    return asyncio.run(replay_calls(base_url, model, key, calls, until, t0))
+
+
+def _started(delay_s: float) -> int:
+    time.sleep(delay_s)  # busy until every process of the pool holds one of these
+    return 0
+
+
+def replay_in_processes(
+    base_url: str, model: str, calls: dict[str, tuple[str, list[Call]]], until: float | None
+) -> tuple[dict[str, list[Sent]], float]:
+    """Each tenant's ``calls`` (tenant -> (key, calls)) from a client process of its own, on one
+    wall clock; what each saw, and the run's t0 (time.time())."""
+    if not calls:  # a trace with no request in its duration
+        return {}, time.time()
+    with ProcessPoolExecutor(max_workers=len(calls), mp_context=get_context("spawn")) as pool:
+        list(pool.map(_started, [0.2] * len(calls)))  # every process up and its imports done
+        t0 = time.time() + START_AHEAD_S
+        futures = {
+            tenant: pool.submit(_client_process, base_url, model, key, tenant_calls, until, t0)
+            for tenant, (key, tenant_calls) in calls.items()
+        }
+        return {tenant: future.result() for tenant, future in futures.items()}, t0
