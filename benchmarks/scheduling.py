@@ -49,6 +49,22 @@ def capacity(d, n: int = 64) -> float:
     return len(report.requests) / report.duration
 
 
+def backlogged(report) -> float:
+    """When both tenants had a request in the server's lane (seconds into the run): 0 in process,
+    where both arrive at step 0. Over HTTP the two clients' bursts reach the gateway in whatever
+    order the machine runs them, and the first tenant's requests are served alone until the
+    other's are in the lane; VTC's bound is on the service received while both are backlogged
+    (a tenant that arrives late starts at the least counter, it banks nothing), so the gap is
+    counted from then (from the spans; from the run's start without them, --no-spans)."""
+    marks = getattr(report, "marks", None) or {}
+    first: dict[str, float] = {}
+    for r in report.requests:
+        at = marks.get(r.request_id, {}).get("enqueued")
+        if at is not None:
+            first[r.tenant] = min(first.get(r.tenant, at), at)
+    return max(0.0, max(first.values()) - report.t0) if len(first) == 2 else 0.0
+
+
 def fairness(d, n: int) -> dict:
     U = max(1.0 * SHAPE["prompt_len"][1], 2.0 * SHAPE["output_len"][1])
     out = {"bound": 2 * U}
@@ -59,12 +75,14 @@ def fairness(d, n: int) -> dict:
             backlog(n, rng, tenant="B", weight=2.0, **SHAPE),
         )
         report = d.run(policy, [r for pair in zip(a, b) for r in pair])
+        start = backlogged(report)
         end = min(max(r.first_token for r in report.select(tenant=t)) for t in "AB")
-        diff = [
-            abs(x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"]) if t <= end
-        ]
+        gap = [(t, x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"])]
+        before = [g for t, g in gap if t < start]
+        diff = [abs(g - (before[-1] if before else 0.0)) for t, g in gap if start <= t <= end]
         out[policy] = {
             "max_diff": max(diff),
+            "backlogged_from_s": start,
             "times": report.times,
             "A": report.service["A"],
             "B": report.service["B"],
