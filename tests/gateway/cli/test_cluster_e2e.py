@@ -36,7 +36,9 @@ MODEL_CONFIG = dict(
     initializer_range=0.5,
 )
 PROMPTS = [f"prompt number {i}: tell me something" for i in range(8)]
-MAX_TOKENS = 24
+MAX_TOKENS = 48
+STEPS_LEFT = 12  # a worker is killed while its requests have this many steps to go, at least
+WORKERS = ("worker-a", "worker-b")
 STREAMS = 120  # concurrent streams, a multiple of the 3 tenants
 
 
@@ -119,15 +121,13 @@ async def _stream(client, model, prompt, progress: dict, rid_box: list) -> str:
     return "".join(parts)
 
 
-def _answering(client: redislib.Redis, lane: str, workers: tuple[str, ...]) -> dict[str, int]:
+def _answering(client: redislib.Redis, lane: str) -> dict[str, int]:
     """Per worker, the requests it holds (pending lane entries) that have published some of their
-    results but no more than half (one entry a step): killed then, the worker leaves each of them
-    a dozen steps of work, which a fast engine would otherwise finish, all in one step (a burst's
-    requests run in lockstep), between the poll and the kill. Three pipelined round trips for
-    every worker, so a poll is short beside the engine's steps."""
+    results (one entry a step) and have STEPS_LEFT steps to go at least. Three pipelined round trips
+    for both workers."""
     pending = [
         (worker, p["message_id"])
-        for worker in workers
+        for worker in WORKERS
         for p in client.xpending_range(lane, GROUP, "-", "+", 500, consumername=worker)
     ]
     pipe = client.pipeline(transaction=False)
@@ -139,10 +139,33 @@ def _answering(client: redislib.Redis, lane: str, workers: tuple[str, ...]) -> d
     for _worker, entry in held:
         pipe.xlen(out_key(LaneRequest.decode(entry[0][1]).request_id))
     lengths = pipe.execute()
-    out = dict.fromkeys(workers, 0)
+    out = dict.fromkeys(WORKERS, 0)
     for (worker, _entry), n in zip(held, lengths):
-        out[worker] += 0 < n <= MAX_TOKENS // 2
+        out[worker] += 0 < n <= MAX_TOKENS - STEPS_LEFT
     return out
+
+
+def _kill_one_mid_answer(redis_url: str, lane: str, procs: dict, timeout_s: float) -> str:
+    """SIGKILL the first worker seen holding 10 requests mid-answer (which worker takes the most of
+    a burst is a race); its name. Watched on the lane, not on the clients, whose relayed streams
+    may lag behind a fast engine, from a thread of its own, so that the test's event loop, busy
+    with the streams, does not space the polls out: a burst's requests run in lockstep and a fast
+    engine ends them all within a second. The kill follows the poll at once and each request seen
+    has a dozen steps to go, so the worker dies holding unfinished work for the other to claim."""
+    watch = redislib.Redis.from_url(redis_url)
+    deadline, most = time.monotonic() + timeout_s, dict.fromkeys(WORKERS, 0)
+    try:
+        while True:
+            held = _answering(watch, lane)
+            victim = max(held, key=lambda name: held[name])
+            if held[victim] >= 10:
+                os.kill(procs[victim].process.pid, signal.SIGKILL)
+                return victim
+            most = {name: max(n, most[name]) for name, n in held.items()}
+            assert time.monotonic() < deadline, f"no worker held 10 requests mid-answer (most seen: {most})"
+            time.sleep(0.002)
+    finally:
+        watch.close()
 
 
 async def test_120_streams_3_tenants_with_a_worker_killed_mid_stream(cluster, redis_url):
@@ -167,25 +190,9 @@ async def test_120_streams_3_tenants_with_a_worker_killed_mid_stream(cluster, re
         )
         for i in range(STREAMS)
     ]
-    deadline = time.monotonic() + 120
-    # Kill a worker while it holds many requests mid-answer: watched on the lane, not on the clients,
-    # whose relayed streams may lag behind a fast engine (it might have finished everything). Which
-    # worker takes the most of the burst is a race (on a loaded machine one may take nearly all), so
-    # the first to hold 10 is the one killed.
     lane = lane_key(model, "standard")
-    watch = redislib.Redis.from_url(redis_url)
-    most: dict[str, int] = {}
-    while True:
-        held = _answering(watch, lane, ("worker-a", "worker-b"))
-        most = {name: max(n, most.get(name, 0)) for name, n in held.items()}
-        victim = max(held, key=lambda name: held[name])
-        if held[victim] >= 10:
-            break
-        assert time.monotonic() < deadline, f"no worker held 10 requests mid-answer (most seen: {most})"
-        await asyncio.sleep(0.005)
-    watch.close()
+    victim = await asyncio.to_thread(_kill_one_mid_answer, redis_url, lane, procs, 120)
     survivor = "worker-b" if victim == "worker-a" else "worker-a"
-    os.kill(procs[victim].process.pid, signal.SIGKILL)
     texts = await asyncio.wait_for(asyncio.gather(*jobs), timeout=300)
     for i, text in enumerate(texts):
         assert text == reference[PROMPTS[i % len(PROMPTS)]], f"stream {i} differs"
