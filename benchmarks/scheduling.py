@@ -80,9 +80,12 @@ def fairness(d, n: int) -> dict:
         gap = [(t, x - y) for t, x, y in zip(report.times, report.service["A"], report.service["B"])]
         before = [g for t, g in gap if t < start]
         diff = [abs(g - (before[-1] if before else 0.0)) for t, g in gap if start <= t <= end]
+        # none when one tenant's backlog had its first tokens before the other's was in the lane
+        # (a smoke run's few requests on a loaded machine): no time when both were backlogged
         out[policy] = {
-            "max_diff": max(diff),
+            "max_diff": max(diff, default=0.0),
             "backlogged_from_s": start,
+            "backlogged_until_s": end,
             "times": report.times,
             "A": report.service["A"],
             "B": report.service["B"],
