@@ -138,6 +138,8 @@ class Scheduler(UrgentSteps):
         for seq, error in self.policy.begin_step(self.running):
             self.finish(seq)
             plan.refused.append((seq, error))
+        self._evict_over_cap(plan)  # for urgent prompts that started inside the step before
+        evicted = len(plan.preempted)
         if self.config.batching != "continuous" and not self.running:
             self._batch_left = self._next_batch()
         budget = self.config.max_num_batched_tokens
@@ -162,7 +164,8 @@ class Scheduler(UrgentSteps):
                 i += 1
         cap = self._short_step_cap()
         self._urgent_starts, self._deferring, self._starts = set(), [], set()
-        if not plan.preempted or self._outranks(plan.preempted):
+        preempted = plan.preempted[evicted:]  # for blocks, in this step
+        if not preempted or self._outranks(preempted):
             self._admit(plan, budget, cap)
         if self.config.isolate_urgent_prefill:
             self._isolate_urgent(plan, cap)

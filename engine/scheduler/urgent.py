@@ -29,12 +29,16 @@ class UrgentSteps:
     num_admissions: int
     _reserve: int
     _clock: Callable[[], float]
+    _preempt: Callable[[Sequence, StepPlan], None]
 
     def __init__(self) -> None:
         self._urgent_starts: set[int] = set()  # ids of sequences admitted in this step as urgent
         self._deferring: list[Sequence] = []  # decodes an urgent prefill keeps out of this step
         self._deferred: set[int] = set()  # ids of those of the step before
         self._urgent_seen: float | None = None  # clock when urgent work was last present
+        # running sequences that urgent prompts started over the sequence cap in a step in flight
+        # displace: preempted at the next step's start (_evict_over_cap)
+        self._evict_next: list[Sequence] = []
         # measured steps' cost, for the short steps beside urgent work (_short_step_cap)
         self.step_cost = StepCostModel(
             self.config.cost_step_s, self.config.cost_prefill_token_s, self.config.cost_decode_seq_s
@@ -129,13 +133,17 @@ class UrgentSteps:
     def schedule_interrupt(self) -> StepPlan:
         """Mid-step (engine/interrupts.py, between two layers of a step in flight): a plan of the
         urgent prompts at the head of the queue that start whole, now, beside the step in flight,
-        or an empty one. Nothing running is touched (the step in flight holds its sequences and
-        their blocks): no preemption, no displacement, no chunk, no swap-in; a fresh prompt only,
-        without a grammar, an adapter or further choices, and only with blocks to spare above the
-        reserve. What it starts runs as any admitted sequence from the next step on."""
+        or an empty one. Nothing running is touched now (the step in flight holds its sequences and
+        their blocks): no chunk, no swap-in; a fresh prompt only, without a grammar, an adapter or
+        further choices, and only with blocks to spare above the reserve. At the sequence cap it
+        starts over the cap for a running sequence that the policy would push out for it (a lower
+        tier; under VTC one a tenant holds beyond its share), which is preempted at the next step's
+        start (_evict_over_cap), as the step boundary would have done before admitting it; so an
+        urgent prompt does not wait for the step in flight while bulk work holds every slot. What it
+        starts runs as any admitted sequence from the next step on."""
         plan = StepPlan()
         budget = self.config.max_num_batched_tokens
-        while len(self.running) < self.config.max_num_seqs:
+        while True:
             seq = self.policy.peek()
             if seq is None or seq.num_preemptions or seq.num_computed_tokens or not self.policy.urgent(seq):
                 break
@@ -147,6 +155,17 @@ class UrgentSteps:
             n = seq.num_tokens - self.block_manager.num_restored_tokens(seq, hits)
             if n > budget or not self.block_manager.can_allocate(seq, hits, n, reserve=self._reserve):
                 break
+            if len(self.running) - len(self._evict_next) >= self.config.max_num_seqs:
+                started = {id(it.seq) for it in plan.scheduled}
+                candidates = [
+                    q
+                    for q in self.running
+                    if id(q) not in started and all(q is not v for v in self._evict_next)
+                ]
+                victim = self.policy.displace(seq, candidates)
+                if victim is None:
+                    break
+                self._evict_next.append(victim)
             self.policy.pop()
             self.num_admissions += 1
             self.block_manager.allocate(seq, hits, n)
@@ -158,3 +177,14 @@ class UrgentSteps:
         for item in plan.scheduled:
             self.policy.on_scheduled(item.seq, item.num_tokens)
         return plan
+
+    def _evict_over_cap(self, plan: StepPlan) -> None:
+        """At a step's start: preempt the sequences that urgent prompts started in the step before
+        displaced (schedule_interrupt), while the running ones are over the sequence cap (one that
+        finished meanwhile freed its slot itself)."""
+        victims, self._evict_next = self._evict_next, []
+        for victim in victims:
+            if len(self.running) <= self.config.max_num_seqs:
+                return
+            if any(q is victim for q in self.running):
+                self._preempt(victim, plan)

@@ -200,3 +200,42 @@ def test_the_bf16_one_call_decode_stops_between_layers(tiny_model_dir):
     assert [out.request_id for out in delivered] == ["u"] and eng.stats.interrupts == 1
     finish(eng, {})
     assert eng.num_free_blocks == eng.num_total_blocks
+
+
+@pytest.mark.parametrize("policy", ["priority", "vtc"])
+def test_at_the_sequence_cap_an_urgent_prompt_starts_over_it_and_its_victim_goes_next_step(
+    tiny_model_dir, policy
+):
+    """Every slot is held by the heavy tenant's lower-tier work: the urgent prompt still starts
+    inside the step in flight, one over the cap, and the sequence the policy pushes out for it is
+    preempted when the next step starts (as the step boundary would have done before admitting
+    it); the greedy tokens are those of a run where it arrived between steps."""
+    cap = len(BULK)
+    reference: dict[str, list[int]] = {}
+    ref = engine(tiny_model_dir, policy, max_num_seqs=cap)
+    add_bulk(ref, policy)
+    while not prefilled(ref):
+        finish_one(ref, reference)
+    add_urgent(ref)
+    finish(ref, reference)
+
+    eng = engine(tiny_model_dir, policy, max_num_seqs=cap)
+    add_bulk(eng, policy)
+    tokens: dict[str, list[int]] = {}
+    while not prefilled(eng):
+        finish_one(eng, tokens)
+    assert len(eng.scheduler.running) == cap
+    delivered: list = []
+    urgent_once = lambda: add_urgent(eng) if "u" not in eng.seqs else None  # noqa: E731
+    outputs = eng.step(Interrupt(poll=urgent_once, deliver=delivered.extend))
+    assert [out.request_id for out in delivered] == ["u"] and eng.stats.interrupts == 1
+    assert len(eng.scheduler.running) == cap + 1  # the step in flight kept every one of its own
+    for out in [*delivered, *outputs]:
+        tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    finish_one(eng, tokens)
+    assert len(eng.scheduler.running) == cap  # back under the cap before the next forward
+    preempted = [rid for rid, seq in eng.seqs.items() if seq.num_preemptions]
+    assert len(preempted) == 1 and preempted[0].startswith("b")
+    finish(eng, tokens)
+    assert tokens == reference
+    assert eng.num_free_blocks == eng.num_total_blocks
