@@ -9,7 +9,9 @@ and read cancel marks, all in one MULTI/EXEC round trip (cancelled requests' abo
 more). A worker whose engine is empty and whose last take left no entry in the lanes' backlogs
 blocks on its lanes in one XREADGROUP, with no take before it, until an entry arrives or its next
 look for a dead worker's entries is due (every claim_idle_ms / 4, BLOCK_MS at most): idle, one take
-and one blocking read per period, no polling. With
+and one blocking read per period, no polling. The entries that wake it start at once when the lanes
+hold nothing else: their cancel marks are read by the step's publish (a mark set in the moment they
+waited costs one step, then the abort), not in a round trip before their first token. With
 an SLO-aware policy the same round trip refreshes, every ~50 ms, the engine's load in
 ``load:{model}`` for the gateways' door check, and a request the engine refuses for its TTFT target
 (on arrival or at a step start) is published as an error result with code ``slo_unattainable`` and
@@ -174,8 +176,10 @@ class Worker:
         if not self.engine.has_unfinished() and not admitted:
             self._flush()  # what the take dropped or refused goes out before the worker waits
             woke = self.lane_io.wait()
-            if woke:  # the rest of a burst (if any) joins the entries that woke the worker, in the same step
-                self._admit(woke, then_take=self.lane_io.more)
+            if woke and self.lane_io.more:  # the rest of a burst joins the entries that woke the worker
+                self._admit(woke, then_take=True)
+            elif woke:  # the lanes held nothing else: start them now (the step's publish reads their
+                self._admit(woke, fresh=True)  # cancel marks, one round trip before the first token fewer)
         if not self.engine.has_unfinished():
             self._flush()
             self.publish_load()  # idle: keep the load fresh for the gateways
@@ -227,11 +231,14 @@ class Worker:
         """Every lane entry the engine has room for (LaneIO.take), in one call."""
         return self.lane_io.take(self.engine.room(self.lane_io.priorities))
 
-    def _admit(self, entries: list[LaneEntry], *, then_take: bool = False) -> int:
+    def _admit(self, entries: list[LaneEntry], *, then_take: bool = False, fresh: bool = False) -> int:
         """Hand lane entries to the engine, their cancel marks read in one round trip; how many run.
         ``then_take``: the same round trip takes the entries the engine has room for beside them,
-        which are admitted next (one more round trip). Entries dropped or refused wait in the outbox
-        for the step's publish."""
+        which are admitted next (one more round trip). ``fresh``: new entries (none claimed from a
+        dead worker) that just woke an idle worker: no round trip before they start; a cancel mark
+        set in the moment they waited is read by the step's publish, which aborts them then (one
+        step of work, the result nobody reads). Entries dropped or refused wait in the outbox for
+        the step's publish."""
         requests: list[tuple[LaneEntry, LaneRequest]] = []
         for entry in entries:
             try:
@@ -245,9 +252,12 @@ class Worker:
             room = room.after(self.priorities[entry.lane] for entry, _ in requests)
         elif not requests:
             return 0
-        priors, more = self.lane_io.priors(
-            [(request.request_id, entry.claimed) for entry, request in requests], take=room
-        )
+        if fresh and not any(entry.claimed for entry, _ in requests):
+            priors, more = [Prior(False, ())] * len(requests), []
+        else:
+            priors, more = self.lane_io.priors(
+                [(request.request_id, entry.claimed) for entry, request in requests], take=room
+            )
         admitted = 0
         for (entry, request), prior in zip(requests, priors):
             if prior.over:

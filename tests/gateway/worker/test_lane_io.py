@@ -119,7 +119,7 @@ def test_a_burst_that_wakes_a_waiting_worker_starts_in_one_step(tiny_engine_fact
     _cleanup(redis, rids)
 
 
-def test_a_single_request_that_wakes_the_worker_costs_one_round_trip_before_the_step(
+def test_a_single_request_that_wakes_the_worker_costs_no_round_trip_before_the_step(
     tiny_engine_factory, counted, redis, model_name
 ):
     worker = _waiting_worker(tiny_engine_factory(), counted, model_name)
@@ -129,8 +129,8 @@ def test_a_single_request_that_wakes_the_worker_costs_one_round_trip_before_the_
     worker.run_once()
     timer.join()
     # the blocking wait (no take first: the last one left no backlog; the lanes' lengths with it),
-    # the cancel mark (nothing else waits: no take), the step's publish
-    assert CountingConnection.sent - before == 3
+    # then the step's publish, which reads the cancel mark (nothing else waits: no take)
+    assert CountingConnection.sent - before == 2
     assert worker.inflight == {} and worker.engine.stats.steps == 1
 
 
@@ -256,23 +256,32 @@ def test_a_lone_entry_that_wakes_the_worker_runs_without_a_take(
     tiny_engine_factory, redis_url, redis, model_name
 ):
     """The wait reads the lanes' lengths with its blocking read: a lane holding nothing but the entry
-    that woke the worker leaves nothing for a take to find, and the cancel mark goes alone."""
+    that woke the worker leaves nothing for a take to find, and its cancel mark is read by the
+    step's publish."""
     pool = redislib.ConnectionPool.from_url(redis_url, connection_class=RecordingConnection)
     client = redislib.Redis(connection_pool=pool)
     worker = _waiting_worker(tiny_engine_factory(), client, model_name)
-    timer = threading.Timer(0.2, _submit, args=(redis, model_name))
+    timer = threading.Timer(0.2, _submit, args=(redis, model_name), kwargs={"max_tokens": 2})
     timer.start()
     RecordingConnection.packets = []
     worker.run_once()
     timer.join()
-    assert [p for p in RecordingConnection.packets if b"EVALSHA" in p.upper()] == []
-    assert any(b"MGET" in p.upper() for p in RecordingConnection.packets)  # its cancel mark is read
-    assert worker.inflight == {} and worker.engine.stats.steps == 1
+    packets = [p.upper() for p in RecordingConnection.packets]
+    assert [p for p in packets if b"EVALSHA" in p] == []
+    assert len(packets) == 2 and b"XREADGROUP" in packets[0]
+    assert b"MULTI" in packets[1] and b"MGET" in packets[1]  # the publish reads its cancel mark
+    assert len(worker.inflight) == 1 and worker.engine.stats.steps == 1
     client.close()
 
 
-def test_a_cancelled_lone_entry_that_wakes_the_worker_never_runs(tiny_engine_factory, redis, model_name):
-    worker = _waiting_worker(tiny_engine_factory(), redis, model_name)
+def test_a_cancelled_lone_entry_that_wakes_the_worker_is_aborted_after_one_step(
+    tiny_engine_factory, redis, model_name
+):
+    """A cancel mark set before the entry woke the worker is read by the first step's publish: the
+    request is aborted there, its blocks freed, its entry gone from the lane."""
+    engine = tiny_engine_factory()
+    free = engine.num_free_blocks
+    worker = _waiting_worker(engine, redis, model_name)
     ids: list[str] = []
 
     def cancelled_submit():
@@ -285,6 +294,8 @@ def test_a_cancelled_lone_entry_that_wakes_the_worker_never_runs(tiny_engine_fac
     timer.start()
     worker.run_once()
     timer.join()
-    assert worker.inflight == {} and worker.engine.stats.steps == 0
-    assert _results(redis, ids[0]) == [] and redis.xlen(lane_key(model_name, "standard")) == 0
+    assert worker.inflight == {} and not engine.has_unfinished() and engine.stats.steps == 1
+    assert engine.num_free_blocks == free
+    assert _results(redis, ids[0])[-1].finish_reason == "abort"
+    assert redis.xlen(lane_key(model_name, "standard")) == 0 and _pending(redis, model_name, "standard") == 0
     _cleanup(redis, ids)
