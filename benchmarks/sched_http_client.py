@@ -21,7 +21,10 @@ from multiprocessing import get_context
 
 import openai
 
+from benchmarks.sched_prompts import prompt
+
 TIERS = {1: "priority", 0: "standard"}  # a trace's priority -> the service_tier its requests name
+LAG_EVERY_S = 0.005  # how often a client process checks how late its event loop is
 START_AHEAD_S = 0.5  # the first arrival this long after the clients are told t0 (they warm up)
 
 
@@ -32,6 +35,8 @@ class Sent:
     arrival_wall: float
     request_id: str = ""
     chunk_times: list[float] = field(default_factory=list)
+    headers_at: float = 0.0  # when the response's headers came (the stream opened)
+    client_lag: float = 0.0  # how late its client's event loop woke at most before its first token
     tokens: int = 0
     error: str = ""  # the HTTP status (or "stream") and the error's code
 
@@ -47,20 +52,23 @@ class Call:
     seed: int  # its prompt's tokens
 
 
-async def _one(client: openai.AsyncOpenAI, model: str, call: Call, t0: float, sent: Sent) -> None:
+async def _one(
+    client: openai.AsyncOpenAI, model: str, call: Call, t0: float, sent: Sent, words: list[int]
+) -> None:
     rng = random.Random(call.seed)
     await asyncio.sleep(max(0.0, t0 + call.arrival - time.time()))
-    prompt = [rng.randrange(100, 40000) for _ in range(call.prompt_len)]
+    ids = prompt(rng, words, call.prompt_len)
     try:
         stream = await client.completions.create(
             model=model,
-            prompt=prompt,
+            prompt=ids,
             max_tokens=call.output_len,
             temperature=0,
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True, "service_tier": TIERS[call.priority]},
         )
+        sent.headers_at = time.time()
         async for chunk in stream:
             sent.request_id = sent.request_id or chunk.id.partition("-")[2]
             if chunk.choices:
@@ -72,29 +80,49 @@ async def _one(client: openai.AsyncOpenAI, model: str, call: Call, t0: float, se
 
 
 async def replay_calls(
-    base_url: str, model: str, key: str, calls: list[Call], until: float | None, t0: float
+    base_url: str, model: str, key: str, calls: list[Call], until: float | None, t0: float, words: list[int]
 ) -> list[Sent]:
-    """Send ``calls`` with one key from this process's loop; streams still open ``until`` seconds
-    after t0 are closed (the server aborts them)."""
+    """Send ``calls`` with one key from this process's loop, their prompts drawn from ``words``
+    (benchmarks.sched_prompts); streams still open ``until`` seconds after t0 are closed (the
+    server aborts them)."""
     client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0, timeout=600)
     if t0 > time.time():  # a fresh process: its first request's one-off costs (the client's lazy
         # imports and parsers, the connection) go before the run, not on its first arrival
         await client.models.list()
         _ = client.completions
     sent = [Sent(t0 + c.arrival) for c in calls]
-    tasks = [asyncio.create_task(_one(client, model, c, t0, s)) for c, s in zip(calls, sent)]
+    tasks = [asyncio.create_task(_one(client, model, c, t0, s, words)) for c, s in zip(calls, sent)]
+    lags: list[tuple[float, float]] = []  # (when, how late) of this loop's wakes later than 1 ms
+    monitor = asyncio.create_task(_watch_loop(lags))
     if tasks:
         timeout = None if until is None else until + max(0.0, t0 - time.time())
         _done, pending = await asyncio.wait(tasks, timeout=timeout)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+    monitor.cancel()
     await client.close()
+    for s in sent:
+        end = s.chunk_times[0] if s.chunk_times else s.arrival_wall
+        s.client_lag = max((lag for t, lag in lags if s.arrival_wall <= t <= end + lag), default=0.0)
     return sent
 
 
-def _client_process(base_url: str, model: str, key: str, calls: list[Call], until, t0: float) -> list[Sent]:
-    return asyncio.run(replay_calls(base_url, model, key, calls, until, t0))
+async def _watch_loop(lags: list[tuple[float, float]], every_s: float = LAG_EVERY_S) -> None:
+    """Note when this process's event loop wakes a sleeper more than 1 ms late (the client's own
+    stalls: a request's first token waits for them too, and they are not the server's)."""
+    while True:
+        asked = time.perf_counter()
+        await asyncio.sleep(every_s)
+        late = time.perf_counter() - asked - every_s
+        if late > 0.001:
+            lags.append((time.time(), late))
+
+
+def _client_process(
+    base_url: str, model: str, key: str, calls: list[Call], until, t0: float, words: list[int]
+) -> list[Sent]:
+    return asyncio.run(replay_calls(base_url, model, key, calls, until, t0, words))
 
 
 def _started(delay_s: float) -> int:
@@ -103,7 +131,7 @@ def _started(delay_s: float) -> int:
 
 
 def replay_in_processes(
-    base_url: str, model: str, calls: dict[str, tuple[str, list[Call]]], until: float | None
+    base_url: str, model: str, calls: dict[str, tuple[str, list[Call]]], until: float | None, words: list[int]
 ) -> tuple[dict[str, list[Sent]], float]:
     """Each tenant's ``calls`` (tenant -> (key, calls)) from a client process of its own, on one
     wall clock; what each saw, and the run's t0 (time.time())."""
@@ -113,7 +141,7 @@ def replay_in_processes(
         list(pool.map(_started, [0.2] * len(calls)))  # every process up and its imports done
         t0 = time.time() + START_AHEAD_S
         futures = {
-            tenant: pool.submit(_client_process, base_url, model, key, tenant_calls, until, t0)
+            tenant: pool.submit(_client_process, base_url, model, key, tenant_calls, until, t0, words)
             for tenant, (key, tenant_calls) in calls.items()
         }
         return {tenant: future.result() for tenant, future in futures.items()}, t0

@@ -21,6 +21,8 @@ import httpx
 
 from benchmarks.round_trip import Served, serve
 from benchmarks.sched_http_client import TIERS, Call, Sent, replay_calls, replay_in_processes
+from benchmarks.sched_prompts import word_ids
+from engine.assets import load_tokenizer
 from engine.config import EngineConfig
 from engine.sim import SimReport, SimRequest
 
@@ -37,6 +39,7 @@ class Server:
     served: Served
     admin_token: str
     model: str
+    words: list[int]  # the prompts' token ids (benchmarks.sched_prompts)
     tenants: int = 0
 
     @classmethod
@@ -51,7 +54,7 @@ class Server:
         name = httpx.get(
             served.base_url + "/v1/models", headers={"Authorization": f"Bearer {served.api_key}"}
         ).json()["data"][0]["id"]
-        server = cls(served, token, name)
+        server = cls(served, token, name, word_ids(load_tokenizer(model)))
         server.warm_up()
         return server
 
@@ -62,7 +65,15 @@ class Server:
         calls = [Call(0.0, 64, 4, 0, seed) for seed in range(WARM_UP_STREAMS)]
         for _ in range(rounds):
             asyncio.run(
-                replay_calls(self.served.base_url, self.model, self.served.api_key, calls, None, time.time())
+                replay_calls(
+                    self.served.base_url,
+                    self.model,
+                    self.served.api_key,
+                    calls,
+                    None,
+                    time.time(),
+                    self.words,
+                )
             )
 
     def admin(self, method: str, path: str, body: dict) -> dict:
@@ -148,7 +159,7 @@ def replay(server: Server, trace: list[SimRequest], until: float | None = None) 
     for i, r in enumerate(trace):
         calls[r.tenant][1].append(Call(r.arrival, r.prompt_len, r.output_len, r.priority, i))
     before = server.metrics()
-    by_tenant, t0 = replay_in_processes(server.served.base_url, server.model, calls, until)
+    by_tenant, t0 = replay_in_processes(server.served.base_url, server.model, calls, until, server.words)
     seen = {t: iter(s) for t, s in by_tenant.items()}
     sent = [next(seen[r.tenant]) for r in trace]  # each tenant's calls in the trace's order
     duration = time.time() - t0
@@ -168,10 +179,32 @@ def replay(server: Server, trace: list[SimRequest], until: float | None = None) 
         "lane_queue_mean_s": tier_means(before, after, "fairlane_lane_queue_seconds"),
         "server_ttft_mean_s": tier_means(before, after, "fairlane_ttft_seconds"),
         "errors": dict(Counter(s.error for s in sent if s.error)),  # "503 slo_unattainable": count
+        # the gateway's event loop over the run: wakes later than 10 / 50 / 100 ms, GC pauses over 10 ms
+        "loop_lag": histogram_over(before, after, "fairlane_event_loop_lag_seconds", (0.01, 0.05, 0.1)),
+        "gc_pauses": histogram_over(before, after, "fairlane_gc_pause_seconds", (0.01,)),
     }
     report.sent = sent  # type: ignore[attr-defined]
     report.t0 = t0  # type: ignore[attr-defined]
     return report, sent
+
+
+def histogram_over(before: dict[str, float], after: dict[str, float], metric: str, bounds) -> dict:
+    """Observations of a histogram over the run (every label set summed), and how many of them
+    exceeded each of ``bounds`` (seconds: bucket edges of the metric), from two scrapes."""
+
+    def grown(name: str, le: str | None = None) -> float:
+        total = 0.0
+        for k, v in after.items():
+            if k.startswith(name + "{") or k == name:
+                if le is None or f'le="{le}"' in k:
+                    total += v - before.get(k, 0.0)
+        return total
+
+    count = grown(metric + "_count")
+    out = {"count": count}
+    for bound in bounds:
+        out[f"over_{1000 * bound:g}ms"] = count - grown(metric + "_bucket", repr(float(bound)))
+    return out
 
 
 def after_minus(before: dict[str, float], after: dict[str, float], prefix: str) -> float:

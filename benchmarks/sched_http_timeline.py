@@ -10,6 +10,8 @@ to (seconds, summing to the client's TTFT):
 - `prefill`: admitted to the engine's first token (its prefill chunks, steps shared with others);
 - `relay`: the engine's first token to the gateway sending it (the worker's write, the relay's read);
 - `to_client`: the gateway's SSE chunk to the client parsing it.
+Beside them, `client_lag`: the longest the client process's own event loop woke late while the
+request waited for its first token (a client stall, not the server's).
 Parts whose span is missing fold into the next part that can be measured.
 """
 
@@ -96,17 +98,19 @@ def summary(report, marks_by_id: dict[str, dict], requests) -> dict:
     """Mean of each part over `requests` (of an HTTP run's report) that got a first token, the
     split of the slowest, and the client's TTFT against the gateway's own."""
     rows = []
+    sent = {x.request_id: x for x in getattr(report, "sent", []) if x.request_id}
     for r in requests:
         if r.first_token is None:
             continue
         m = marks_by_id.get(r.request_id, {})
         w = waits(report.t0 + r.arrival, report.t0 + r.first_token, m)
+        w["client_lag"] = sent[r.request_id].client_lag if r.request_id in sent else 0.0
         w["client_ttft"], w["gateway_ttft"] = r.ttft, m.get("gateway_ttft", float("nan"))
         w["traced"] = "taken" in m
         rows.append(w)
     if not rows:
         return {}
-    keys = PARTS + ("preemptions", "client_ttft", "gateway_ttft")
+    keys = PARTS + ("preemptions", "client_ttft", "gateway_ttft", "client_lag")
     mean = {k: sum(w[k] for w in rows) / len(rows) for k in keys}
     worst = max(rows, key=lambda w: w["client_ttft"])
     return {
@@ -125,5 +129,6 @@ def line(name: str, s: dict) -> str:
     mean = s["mean"]
     return (
         f"| {name} | {1000 * mean['client_ttft']:.0f} / {1000 * mean['gateway_ttft']:.0f} | {fmt(mean)} | "
-        f"{1000 * s['slowest']['ttft']:.0f}: {fmt(s['slowest'])} ({s['slowest']['preemptions']} preempted) |"
+        f"{1000 * s['slowest']['ttft']:.0f}: {fmt(s['slowest'])} ({s['slowest']['preemptions']} preempted; "
+        f"its client's loop {1000 * s['slowest'].get('client_lag', 0.0):.0f} ms late) |"
     )

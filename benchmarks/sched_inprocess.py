@@ -7,6 +7,7 @@ import random
 import time
 from dataclasses import replace
 
+from benchmarks.sched_prompts import prompt, word_ids
 from benchmarks.sched_timeline import Timeline, line, summary
 from engine import Engine, SamplingParams
 from engine.errors import SLOUnattainableError
@@ -34,7 +35,7 @@ def run(
 
 
 def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimReport:
-    rng = random.Random(0)
+    rng, words = random.Random(0), word_ids(engine.tokenizer)
     trace = sorted((replace(r) for r in trace), key=lambda r: r.arrival)
     by_id = {}
     for i, r in enumerate(trace):
@@ -56,7 +57,7 @@ def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimRe
             try:
                 engine.add_request(
                     r.request_id,
-                    [rng.randrange(100, 40000) for _ in range(r.prompt_len)],
+                    prompt(rng, words, r.prompt_len),
                     SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True),
                     tenant=r.tenant,
                     weight=r.weight,

@@ -284,6 +284,13 @@ def main() -> None:
             ENGINE[key] = json.loads(value)
         except json.JSONDecodeError:
             ENGINE[key] = value
+    if args.http and not any(item.startswith("num_threads=") for item in args.set):
+        # the engine threads `fairlane serve` gives its worker on this host (gateway/cli/threads.py:
+        # the cores less one), not the in-process runs' every core: the gateway, Redis and the
+        # clients share the machine with the engine here
+        from gateway.cli.threads import engine_threads, usable_cpus
+
+        ENGINE["num_threads"] = engine_threads(1, usable_cpus())
     backlog_n, capacity_n = 24, 64
     if args.smoke:
         ENGINE.update(model=tiny_model(), dtype="float32", num_threads=1, kv_cache_gib=0.02)
