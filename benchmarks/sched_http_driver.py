@@ -41,6 +41,11 @@ class Server:
     model: str
     words: list[int]  # the prompts' token ids (benchmarks.sched_prompts)
     tenants: int = 0
+    # The seed of the next request's prompt: every request a server sees has a prompt of its own.
+    # Two prompts of one seed share their first tokens, and a server keeps the blocks of what it
+    # served (prefix caching): a run whose prompts repeated those of the warm-up or of an earlier
+    # run found most of them cached, and its prefills were twice as fast as they are.
+    seeds: int = 0
 
     @classmethod
     def start(cls, model: str, policy: str, engine: dict, workdir: Path, trace_spans: bool) -> Server:
@@ -62,7 +67,8 @@ class Server:
         """Bursts of WARM_UP_STREAMS streamed requests first, so what a server does once (the first
         forwards at each batch size, connections and pools of the gateway and the client) is not in
         a measured run (the in-process runs need one request)."""
-        calls = [Call(0.0, 64, 4, 0, seed) for seed in range(WARM_UP_STREAMS)]
+        calls = [Call(0.0, 64, 4, 0, seed) for seed in range(self.seeds, self.seeds + WARM_UP_STREAMS)]
+        self.seeds += WARM_UP_STREAMS
         for _ in range(rounds):
             asyncio.run(
                 replay_calls(
@@ -156,8 +162,9 @@ def replay(server: Server, trace: list[SimRequest], until: float | None = None) 
         first.setdefault(r.tenant, r)
     keys = {t: server.tenant(t, r.weight, r.ttft_target_s, r.tpot_target_s) for t, r in first.items()}
     calls: dict[str, tuple[str, list[Call]]] = {t: (key, []) for t, key in keys.items()}
-    for i, r in enumerate(trace):
+    for i, r in enumerate(trace, start=server.seeds):
         calls[r.tenant][1].append(Call(r.arrival, r.prompt_len, r.output_len, r.priority, i))
+    server.seeds += len(trace)
     before = server.metrics()
     by_tenant, t0 = replay_in_processes(server.served.base_url, server.model, calls, until, server.words)
     seen = {t: iter(s) for t, s in by_tenant.items()}

@@ -74,6 +74,8 @@ def marks(log: bytes) -> dict[str, dict]:
             for event in obj.get("events") or []:
                 if event["name"] in ("admitted", "first_token"):
                     m.setdefault(event["name"], _t(event["timestamp"]))
+                if event["name"] == "admitted" and "nested" not in m:  # started inside a step in flight
+                    m["nested"] = any("interrupting" in k for k in event.get("attributes") or {})
     for m in by_trace.values():
         if "request_id" in m:
             out.setdefault(m["request_id"], {}).update(m)
@@ -107,6 +109,7 @@ def summary(report, marks_by_id: dict[str, dict], requests) -> dict:
         w["client_lag"] = sent[r.request_id].client_lag if r.request_id in sent else 0.0
         w["client_ttft"], w["gateway_ttft"] = r.ttft, m.get("gateway_ttft", float("nan"))
         w["traced"] = "taken" in m
+        w["nested"] = bool(m.get("nested"))
         rows.append(w)
     if not rows:
         return {}
@@ -116,6 +119,7 @@ def summary(report, marks_by_id: dict[str, dict], requests) -> dict:
     return {
         "requests": len(rows),
         "traced": sum(w["traced"] for w in rows),
+        "nested": sum(w["nested"] for w in rows),  # started inside a step in flight
         "mean": mean,
         "slowest": {"ttft": worst["client_ttft"], **worst},
     }
@@ -128,7 +132,8 @@ def line(name: str, s: dict) -> str:
     fmt = lambda w: ", ".join(f"{k} {1000 * w[k]:.0f}" for k in PARTS if w[k] >= 0.0005)  # noqa: E731
     mean = s["mean"]
     return (
-        f"| {name} | {1000 * mean['client_ttft']:.0f} / {1000 * mean['gateway_ttft']:.0f} | {fmt(mean)} | "
+        f"| {name} | {1000 * mean['client_ttft']:.0f} / {1000 * mean['gateway_ttft']:.0f} | {fmt(mean)} "
+        f"({s.get('nested', 0)} of {s['requests']} started inside a step in flight) | "
         f"{1000 * s['slowest']['ttft']:.0f}: {fmt(s['slowest'])} ({s['slowest']['preemptions']} preempted; "
         f"its client's loop {1000 * s['slowest'].get('client_lag', 0.0):.0f} ms late) |"
     )

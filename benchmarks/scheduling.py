@@ -271,6 +271,7 @@ def main() -> None:
         help="the same scenarios through `fairlane serve` over HTTP (benchmarks/scheduling_http.py)",
     )
     ap.add_argument("--no-spans", action="store_true", help="--http: no spans in the server's log (no split)")
+    ap.add_argument("--keep-logs", action="store_true", help="--http: keep the servers' logs")
     ap.add_argument(
         "--no-interrupt",
         action="store_true",
@@ -298,7 +299,7 @@ def main() -> None:
     if args.http:
         from benchmarks.scheduling_http import HTTP
 
-        with HTTP(ENGINE, spans=not args.no_spans) as d:
+        with HTTP(ENGINE, spans=not args.no_spans, keep_logs=args.keep_logs) as d:
             measure(args, d, backlog_n, capacity_n)
     else:
         measure(args, InProcess(ENGINE, interrupt=not args.no_interrupt), backlog_n, capacity_n)

@@ -47,8 +47,8 @@ class HTTP:
     )
     line = staticmethod(timeline.line)
 
-    def __init__(self, engine: dict, *, spans: bool = True):
-        self.engine, self.spans = dict(engine), spans
+    def __init__(self, engine: dict, *, spans: bool = True, keep_logs: bool = False):
+        self.engine, self.spans, self.keep_logs = dict(engine), spans, keep_logs
         self.servers: dict[str, Server] = {}
         self.read: dict[str, int] = {}  # bytes of each server's log already read
         self.workdir = Path(tempfile.mkdtemp(prefix="fairlane-sched-http-"))
@@ -80,7 +80,7 @@ class HTTP:
     def __exit__(self, *exc) -> None:
         for server in self.servers.values():
             server.served.stop()
-        if exc[0] is None:
+        if exc[0] is None and not self.keep_logs:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def run(self, policy: str, trace, until: float | None = None) -> SimReport:
