@@ -2,23 +2,28 @@
 `fairlane serve` over HTTP.
 
 Two servers run side by side, each as a user starts it (`fairlane serve --dev`, the engine settings
-of the in-process runs as FAIRLANE_ENGINE__* variables): one with FCFS and one with fairlane's
-policy, `priority+vtc+slo`, which serves the in-process runs named vtc, priority and slo (each
-scenario's requests are all of one tier, or have no latency targets, where a part of it does
+of the in-process runs as FAIRLANE_ENGINE__* variables, except the engine threads: as many as
+`fairlane serve` gives its worker on this host, the cores less one): one with FCFS and one with
+fairlane's policy, `priority+vtc+slo`, which serves the in-process runs named vtc, priority and slo
+(each scenario's requests are all of one tier, or have no latency targets, where a part of it does
 nothing). Every run makes fresh tenants over the admin REST API (one per trace tenant, with its
 weight and latency targets, every tier allowed) and a key each, then replays the trace on the wall
 clock: streamed completions through the official `openai` client, each tenant's from a process of
-its own (one loop holding every stream is a queue of its own), the same prompt lengths (token
-ids) and output lengths (`ignore_eos`, greedy), `service_tier` "priority" for the trace's
-priority 1 and "standard" for the rest. Streams still open at a run's end are closed (the server
-aborts them) and the next run starts once the lanes and the engine are empty.
+its own (one loop holding every stream is a queue of its own), the same prompt lengths (token ids
+of whole words, benchmarks/sched_prompts.py; every request a server sees has a prompt of its own,
+so nothing is in its prefix cache) and output lengths (`ignore_eos`, greedy), `service_tier`
+"priority" for the trace's priority 1 and "standard" for the rest. Streams still open at a run's
+end are closed (the server aborts them) and the next run starts once the lanes and the engine are
+empty.
 
 Measured from the client: TTFT (send to first chunk), finish, refusals (429/503 or an error in the
 stream), the weighted service each tenant received over time (chunk arrival times). From the
 server: the split of each TTFT (benchmarks/sched_http_timeline.py, from the spans the servers print
 with `otel_console`; `--no-spans` turns them off and leaves only the client's and the gateway's
 TTFT), and per run the means of the Prometheus histograms fairlane_lane_queue_seconds and
-fairlane_ttft_seconds by tier and the growth of fairlane_engine_preemptions.
+fairlane_ttft_seconds by tier, the growth of fairlane_engine_preemptions, and how often the
+gateway's event loop woke more than 10, 50 and 100 ms late and its GC paused over 10 ms; each
+client process notes its own loop's lateness too (a client stall is not the server's).
 """
 
 from __future__ import annotations
