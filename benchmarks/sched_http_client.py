@@ -35,7 +35,6 @@ class Sent:
     arrival_wall: float
     request_id: str = ""
     chunk_times: list[float] = field(default_factory=list)
-    headers_at: float = 0.0  # when the response's headers came (the stream opened)
     client_lag: float = 0.0  # how late its client's event loop woke at most before its first token
     tokens: int = 0
     error: str = ""  # the HTTP status (or "stream") and the error's code
@@ -68,7 +67,6 @@ async def _one(
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True, "service_tier": TIERS[call.priority]},
         )
-        sent.headers_at = time.time()
         async for chunk in stream:
             sent.request_id = sent.request_id or chunk.id.partition("-")[2]
             if chunk.choices:
