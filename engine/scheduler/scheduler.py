@@ -26,7 +26,7 @@ from engine.scheduler.load import SLOLoad
 from engine.scheduler.plan import ScheduledSeq, StepPlan
 from engine.scheduler.policy import SchedulingPolicy
 from engine.scheduler.preemption import PreemptionChooser, SwapCost
-from engine.scheduler.registry import make_policy
+from engine.scheduler.registry import make_policy, parse_policy
 from engine.scheduler.room import FRESH_TENANT, Room
 from engine.scheduler.urgent import UrgentSteps
 
@@ -119,7 +119,24 @@ class Scheduler(UrgentSteps):
                 self._tenant_room(p, FRESH_TENANT, waiting),
                 {t: self._tenant_room(p, t, waiting) for t in held},
             )
-        return Room(free, displacing, bool(self.policy.tiers), fresh, tenants)
+        return Room(
+            free, displacing, bool(self.policy.tiers), fresh, tenants, self._prompt_tokens_left(waiting)
+        )
+
+    def _prompt_tokens_left(self, waiting: list[Sequence]) -> int | None:
+        """The next step's token budget left for prompts not in the engine yet: what the running
+        sequences (a decode: one token; a prompt: the rest of it) and the ``waiting`` prompts leave
+        of max_num_batched_tokens (prefix-cache hits not counted). None (no bound) unless the policy
+        is fair between tenants (VTC) and batching continuous: then the lanes' take weighs tenants
+        against each other, which it can only do for what it has not handed to one engine yet.
+        Without VTC the engine's queue orders a burst as the lane would, and an SLO-aware policy
+        refuses on arrival what it sees cannot meet its target, so it sees every entry it has slots
+        for."""
+        if self.config.batching != "continuous" or "vtc" not in parse_policy(self.config.policy):
+            return None
+        busy = sum(max(1, s.num_tokens - s.num_computed_tokens) for s in self.running)
+        busy += sum(s.num_tokens - s.num_computed_tokens for s in waiting)
+        return self.config.max_num_batched_tokens - busy
 
     def _tenant_room(self, priority: int, tenant: str | None, waiting: list[Sequence]) -> int:
         """Requests of `priority` (of `tenant`, if given) that would start by displacing, beyond

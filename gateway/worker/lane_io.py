@@ -142,7 +142,13 @@ class LaneIO:
 
     def _take_args(self, room: Room, claim: bool) -> list[str | int | float]:
         args: list[str | int | float] = [GROUP, self.worker_id, int(claim), self.claim_idle_ms, room.free]
-        args += [int(room.tiers), SCAN, self.w_in, int(self.fair)]
+        args += [
+            int(room.tiers),
+            SCAN,
+            self.w_in,
+            int(self.fair),
+            -1 if room.tokens is None else max(0, room.tokens),
+        ]
         for p in self.priorities:
             held = "".join(f"{t}\n{n}\n" for t, n in sorted(room.tenants.get(p, {}).items()))
             args += [room.displacing.get(p, 0), room.fresh.get(p, 0), held]

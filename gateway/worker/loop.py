@@ -249,7 +249,10 @@ class Worker:
         room = None
         if then_take:  # as if these entries were in the engine already
             room = self.engine.room(self.lane_io.priorities)
-            room = room.after(self.priorities[entry.lane] for entry, _ in requests)
+            room = room.after(
+                (self.priorities[entry.lane] for entry, _ in requests),
+                sum(len(request.prompt_token_ids) for _, request in requests),
+            )
         elif not requests:
             return 0
         if fresh and not any(entry.claimed for entry, _ in requests):

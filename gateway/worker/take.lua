@@ -6,15 +6,18 @@
 --       virtual time, the counter of the tenant served last).
 -- ARGV: group, consumer, claim (1: first a dead worker's entries idle for min_idle_ms, by XAUTOCLAIM),
 --       min_idle_ms, free, tiers (1: the engine orders by priority), scan, w_in, fair (0: the
---       engine's policy is not fair between tenants: one queue, first come first served), then per lane:
---       displacing, fresh, tenants (a line of tenant id, a line of its count, for each).
--- free, displacing, fresh and tenants are the engine's Room (engine/scheduler/room.py), in requests;
--- a lane yields as many entries as Room.count allows after every entry taken before it in this call,
--- then one entry more of each tenant (least-served first) whose own Room.count allows it: the engine
--- starts it by displacing a tenant that holds more than its share.
+--       engine's policy is not fair between tenants: one queue, first come first served), tokens
+--       (-1: none), then per lane: displacing, fresh, tenants (a line of tenant id, a line of its
+--       count, for each).
+-- free, displacing, fresh, tenants and tokens are the engine's Room (engine/scheduler/room.py), in
+-- requests (tokens: in prompt tokens); a lane yields as many entries as Room.count allows after every
+-- entry taken before it in this call, then one entry more of each tenant (least-served first) whose
+-- own Room.count allows it: the engine starts it by displacing a tenant that holds more than its
+-- share. free counts only while the prompts taken in this call leave some of tokens: the rest of a
+-- burst waits here, where tenants are weighed by their counters, not in one worker's engine.
 -- New entries (up to scan a lane per call) enter the lane's backlog by an XREADGROUP with NOACK: read,
 -- yet in no worker's pending list; a tenant with nothing waiting enters at the least counter of those waiting
--- (the lane's virtual time if none wait), so idling banks no credit. A take serves the tenant of the
+-- (the lane's virtual time if none wait), so idling banks no credit. A backlog entry is "id cost prompt". A take serves the tenant of the
 -- least counter first and adds the entry's prompt, w_in * prompt / weight (as the engine's VTC books an
 -- admission; the worker adds its output as it publishes it, w_out a token / weight), then hands the
 -- entry to this worker with XCLAIM FORCE: from then on it is pending, reclaimed from a dead worker like
@@ -26,27 +29,31 @@ local claim, min_idle = ARGV[3] == "1", ARGV[4]
 local free, tiers = tonumber(ARGV[5]), ARGV[6] == "1"
 local scan, w_in = tonumber(ARGV[7]), tonumber(ARGV[8])
 local fair = ARGV[9] == "1"
-local LANE_ARGS = 9
+local budget = tonumber(ARGV[10])
+local LANE_ARGS = 10
 local lanes = #KEYS / 3
-local taken, out = {}, {}
+local taken, out, spent = {}, {}, 0 -- spent: prompt tokens of the entries taken in this call
 for i = 1, lanes do
   taken[i], out[i] = 0, { {}, {} }
 end
 
-local function room(i, by_tenant) -- Room.count of lane i, below every earlier lane (of a tenant
-  -- whose own count, before this call, is by_tenant)
-  local all, ahead = 0, 0
+local function room(i, by_tenant, pending) -- Room.count of lane i, below every earlier lane (of a
+  -- tenant whose own count, before this call, is by_tenant), with pending more of lane i taken
+  pending = pending or 0
+  local all, ahead = pending, pending
   for j = 1, lanes do
     all = all + taken[j]
     if j <= i or not tiers then
       ahead = ahead + taken[j]
     end
   end
-  local n = math.max(free - all, tonumber(ARGV[LANE_ARGS + 3 * i - 2]) - ahead)
+  local open = (budget < 0 or spent < budget) and free - all or 0
+  local n = math.max(open, tonumber(ARGV[LANE_ARGS + 3 * i - 2]) - ahead)
   return by_tenant and math.max(n, by_tenant - ahead) or n
 end
 
-local function cost(fields) -- an entry's tenant and cost; an unreadable one costs nothing (the worker drops it)
+local function cost(fields) -- an entry's tenant, cost and prompt tokens; an unreadable one costs nothing
+  -- (the worker drops it)
   for k = 1, #fields, 2 do
     if fields[k] == "body" then
       local ok, body = pcall(cjson.decode, fields[k + 1])
@@ -54,11 +61,11 @@ local function cost(fields) -- an entry's tenant and cost; an unreadable one cos
         local weight = tonumber(body.weight) or 1
         local prompt = type(body.prompt_token_ids) == "table" and #body.prompt_token_ids or 0
         local tenant = (type(body.tenant) == "string" or type(body.tenant) == "number") and body.tenant or "?"
-        return fair and tostring(tenant) or "*", w_in * prompt / (weight > 0 and weight or 1)
+        return fair and tostring(tenant) or "*", w_in * prompt / (weight > 0 and weight or 1), prompt
       end
     end
   end
-  return fair and "?" or "*", 0
+  return fair and "?" or "*", 0, 0
 end
 
 local function least(backlog) -- the tenant waiting with the least counter, and the counter
@@ -72,23 +79,25 @@ local function enqueue(lane, backlog, counters) -- new entries of the lane into 
     return
   end
   for _, entry in ipairs(reply[1][2]) do
-    local tenant, charge = cost(entry[2])
+    local tenant, charge, prompt = cost(entry[2])
     if not redis.call("ZSCORE", backlog, tenant) then
       local _, floor = least(backlog)
       floor = floor or tonumber(redis.call("HGET", counters, "")) or 0
       local own = tonumber(redis.call("HGET", counters, tenant)) or 0
       redis.call("ZADD", backlog, math.max(own, floor), tenant)
     end
-    redis.call("RPUSH", backlog .. ":" .. tenant, entry[1] .. " " .. charge)
+    redis.call("RPUSH", backlog .. ":" .. tenant, entry[1] .. " " .. charge .. " " .. prompt)
   end
 end
 
-local function pop(backlog, counters, tenant, counter) -- the tenant's oldest entry id, charged
+local function pop(backlog, counters, tenant, counter) -- the tenant's oldest entry id, charged (its
+  -- prompt's tokens go to spent)
   local queue = backlog .. ":" .. tenant
   local head, id = redis.call("LPOP", queue), nil
   if head then
-    local charge
-    id, charge = string.match(head, "^(%S+) (%S+)$")
+    local charge, prompt
+    id, charge, prompt = string.match(head, "^(%S+) (%S+) ?(%S*)$")
+    spent = spent + (tonumber(prompt) or 0)
     redis.call("HSET", counters, "", counter)
     counter = counter + tonumber(charge)
     redis.call("HSET", counters, tenant, counter)
@@ -130,6 +139,7 @@ if claim then
       for _, entry in ipairs(reply[2]) do
         if type(entry) == "table" and type(entry[2]) == "table" then -- deleted entries carry no fields
           entries[#entries + 1] = entry
+          spent = spent + select(3, cost(entry[2]))
         end
       end
       out[i][1], taken[i] = entries, taken[i] + #entries
@@ -152,7 +162,7 @@ for i = 1, lanes do
     local entries, n = out[i][2], room(i)
     while n > 0 do -- the least-served tenants' entries, as many as the room
       local ids = {}
-      while #ids < n do
+      while room(i, nil, #ids) > 0 do
         local tenant, counter = least(backlog)
         if not tenant then
           break

@@ -164,3 +164,40 @@ def test_a_tenant_new_to_the_engine_is_not_behind_the_only_busy_tenants_queue(po
     run_step(s)
     assert all(x.status is SequenceStatus.RUNNING for x in arrivals)
     assert all(q.status is SequenceStatus.WAITING for q in queued)
+
+
+def test_under_vtc_the_room_is_bounded_by_the_next_steps_token_budget():
+    # 3 running decodes take 3 of 32 tokens; a waiting 20-token prompt takes 20: 9 left for prompts
+    # not in the engine yet, so entries that start without displacing anyone are taken only while
+    # their prompts have not used those up (take.lua); the rest stays in the lanes
+    s = make("vtc", max_num_seqs=16, num_blocks=64, max_num_batched_tokens=32)
+    for i in range(3):
+        s.add(seq(f"r{i}", 4, tenant="a", max_tokens=64))
+    run_step(s)
+    waiting = [seq("w", 20, tenant="b")]
+    room = s.room(waiting, [0])
+    assert room.tokens == 32 - 3 - 20 and room.free > 0 and room.count(0) == room.free
+    assert room.after([0], tokens=9).count(0) == 0  # spent: nothing more starts for free
+    assert s.room(waiting + [seq("w2", 9)], [0]).count(0) == 0
+    assert s.room([seq("long", 40, tenant="b")], [0]).tokens == 32 - 3 - 40
+
+
+def test_a_tenant_below_its_share_displaces_whatever_the_token_budget():
+    s = make("vtc", max_num_seqs=3, num_blocks=64, max_num_batched_tokens=32)
+    for i in range(3):
+        s.add(seq(f"r{i}", 4, tenant="heavy", max_tokens=64))
+    run_step(s)
+    room = s.room([seq("w", 40, tenant="heavy")], [0])
+    assert room.tokens < 0 and room.count(0) == 0 and room.count(0, tenant="heavy") == 0
+    assert room.count(0, tenant="light") == 1 and room.most(0) == 1  # a worker still reads the lane
+
+
+@pytest.mark.parametrize(
+    "policy, batching", [("fcfs", "continuous"), ("priority+slo", "continuous"), ("vtc", "static")]
+)
+def test_without_vtc_or_with_whole_batches_the_room_has_no_token_bound(policy, batching):
+    # FCFS and priority order a burst in the engine as the lane would; an SLO-aware policy refuses
+    # on arrival what it sees cannot meet its target; a static batch starts whole
+    s = make(policy, max_num_seqs=16, num_blocks=64, max_num_batched_tokens=32, batching=batching)
+    room = s.room([seq("w", 100)], [0])
+    assert room.tokens is None and room.count(0) == room.free > 0

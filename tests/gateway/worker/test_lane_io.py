@@ -189,6 +189,26 @@ def test_a_light_tenant_is_taken_while_a_heavy_one_holds_every_slot(tiny_engine_
     _cleanup(redis, heavy + light)
 
 
+def test_under_vtc_a_burst_beyond_the_next_steps_tokens_waits_in_the_lane(
+    tiny_engine_factory, redis, model_name
+):
+    """The take hands a VTC engine what its next step starts (its token budget), not a tenant's
+    whole burst: the rest waits in the lane, where a second tenant's later burst is weighed against
+    it, rather than in the engine's queue, where the second tenant's could not be."""
+    engine = tiny_engine_factory(max_num_seqs=8, max_num_batched_tokens=32, policy="vtc")
+    worker = _worker(engine, redis, model_name)
+    a = _submit(redis, model_name, n=8, max_tokens=16, prompt=[5] * 8, tenant="a")
+    worker.run_once()  # 4 prompts of 8 tokens fill the 32-token step
+    first = set(worker.inflight)
+    assert len(first) == 4 and first < set(a) and engine.num_running == 4 and engine.num_waiting == 0
+    b = _submit(redis, model_name, n=8, max_tokens=16, prompt=[6] * 8, tenant="b")
+    worker.run_once()  # 4 slots, 28 tokens left: b enters at a's counter, and they alternate
+    taken = set(worker.inflight) - first
+    assert len(taken & set(a)) == 2 and len(taken & set(b)) == 2
+    _run_until_done(worker, redis, a + b)
+    _cleanup(redis, a + b)
+
+
 def test_cancelled_entries_of_a_burst_are_dropped_in_the_same_read(tiny_engine_factory, redis, model_name):
     worker = _worker(tiny_engine_factory(), redis, model_name)
     rids = _submit(redis, model_name, n=8, max_tokens=2)

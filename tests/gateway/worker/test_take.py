@@ -16,7 +16,7 @@ TIERS = ["priority", "standard", "batch"]
 COST = 1.0 * 4  # w_in a prompt token, charged when taken (publish charges the output)
 
 
-def _submit(redis, model, tenant, n, tier="standard", weight=1.0) -> list[str]:
+def _submit(redis, model, tenant, n, tier="standard", weight=1.0, prompt=4) -> list[str]:
     pipe = redis.pipeline(transaction=True)
     for _ in range(n):
         request = LaneRequest(
@@ -24,7 +24,7 @@ def _submit(redis, model, tenant, n, tier="standard", weight=1.0) -> list[str]:
             model=model,
             tier=tier,
             tenant=tenant,
-            prompt_token_ids=(5, 6, 7, 8),
+            prompt_token_ids=tuple(range(5, 5 + prompt)),
             sampling=SamplingParams(max_tokens=1, temperature=0.0),
             weight=weight,
         )
@@ -166,3 +166,37 @@ def test_with_no_room_a_tenant_below_its_share_is_taken_while_it_displaces(redis
     room = Room(free=0, displacing=full, tiers=True, fresh={2: 0}, tenants={2: {"heavy": 0, "light": 1}})
     assert [e.entry_id for e in io.take(room)] == [fresh[1]]
     assert io.take(Room(free=0, displacing=full, tiers=True, fresh={2: 1}, tenants={2: {"heavy": 0}})) == []
+
+
+def test_free_room_is_taken_only_until_the_prompts_use_up_the_next_steps_tokens(redis, model_name):
+    # Room.tokens (the engine runs VTC): 25 prompt tokens left in its next step. Two 10-token
+    # prompts fit, the third crosses the budget (its prompt is chunked): the rest of both
+    # tenants' burst stays in the lane, weighed by their counters at the next take.
+    _submit(redis, model_name, "a", 6, prompt=10)
+    _submit(redis, model_name, "b", 6, prompt=10)
+    io = _io(redis, model_name)
+    taken = io.take(Room(free=20, displacing={}, tiers=True, tokens=25))
+    assert sorted(_tenants(taken)) == ["a", "a", "b"] and io.backlogged
+    assert io.take(Room(free=20, displacing={}, tiers=True, tokens=0)) == []  # spent: no round trip
+    # a tenant below its share still starts by displacing, budget or not
+    (light,) = _submit(redis, model_name, "light", 1, prompt=10)
+    room = Room(free=20, displacing={}, tiers=True, fresh={2: 1}, tenants={2: {"a": 0, "b": 0}}, tokens=0)
+    assert [e.entry_id for e in io.take(room)] == [light]
+    rest = io.take(Room(free=20, displacing={}, tiers=True, tokens=1000))
+    assert sorted(_tenants(rest)) == ["a"] * 4 + ["b"] * 5
+    assert redis.zcard(lane_backlog_key(model_name, "standard")) == 0
+
+
+def test_backlog_entries_without_their_prompt_length_are_still_taken(redis, model_name):
+    # an entry a take before the prompt lengths were kept left in the backlog ("id cost"): it costs
+    # its tenant as before and counts no tokens against the budget
+    _submit(redis, model_name, "a", 3, prompt=10)
+    io = _io(redis, model_name)
+    assert len(io.take(_room(1))) == 1
+    queue = lane_backlog_key(model_name, "standard") + ":a"
+    for i, item in enumerate(redis.lrange(queue, 0, -1)):
+        entry_id, charge, prompt = item.decode().split(" ")
+        assert prompt == "10"
+        redis.lset(queue, i, f"{entry_id} {charge}")
+    assert len(io.take(Room(free=20, displacing={}, tiers=True, tokens=1))) == 2
+    assert _counter(redis, model_name, "a") == 3 * 10.0
