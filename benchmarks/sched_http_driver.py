@@ -22,6 +22,7 @@ import httpx
 from benchmarks.round_trip import Served, serve
 from benchmarks.sched_http_client import TIERS, Call, Sent, replay_calls, replay_in_processes
 from benchmarks.sched_prompts import word_ids
+from benchmarks.sched_service import prompt_events, series
 from engine.assets import load_tokenizer
 from engine.config import EngineConfig
 from engine.sim import SimReport, SimRequest
@@ -181,7 +182,7 @@ def replay(server: Server, trace: list[SimRequest], until: float | None = None) 
         elif s.error:
             r.refused = True
     report = SimReport(trace, duration, 0, int(after_minus(before, after, "fairlane_engine_preemptions")))
-    report.times, report.service = service(trace, sent, t0)
+    report.seen_times, report.seen_service = service(trace, sent, t0)  # type: ignore[attr-defined]
     report.metrics = {  # type: ignore[attr-defined]
         "lane_queue_mean_s": tier_means(before, after, "fairlane_lane_queue_seconds"),
         "server_ttft_mean_s": tier_means(before, after, "fairlane_ttft_seconds"),
@@ -219,25 +220,25 @@ def after_minus(before: dict[str, float], after: dict[str, float], prefix: str) 
     return sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(prefix + "_total"))
 
 
-def service(trace: list[SimRequest], sent: list[Sent], t0: float) -> tuple[list[float], dict]:
-    """Weighted service each tenant received as the client saw it (VTC's measure: prompt tokens at
-    the first token, output tokens as their chunks arrived, over the tenant's weight); a chunk's
-    tokens are the request's output tokens (its usage) spread evenly over its chunks."""
+def service(
+    trace: list[SimRequest], sent: list[Sent], t0: float, marks: dict[str, dict] | None = None
+) -> tuple[list[float], dict]:
+    """Weighted service each tenant received (benchmarks/sched_service.py): output tokens as their
+    chunks reached the client (a chunk's tokens: the request's output tokens, its usage, spread
+    evenly over its chunks), prompt tokens as the engine's prefill chunks computed them (from the
+    spans in ``marks``), or whole at the client's first token for a request without them (no
+    ``marks``: --no-spans, or ``service_at_first_token``)."""
     config = EngineConfig()
+    w_in, w_out = config.vtc_input_weight, config.vtc_output_weight
     events = []
     for r, s in zip(trace, sent):
         if not s.chunk_times:
             continue
-        per_chunk = config.vtc_output_weight * s.tokens / len(s.chunk_times) / r.weight
-        events.append((s.chunk_times[0] - t0, r.tenant, config.vtc_input_weight * r.prompt_len / r.weight))
+        per_chunk = w_out * s.tokens / len(s.chunk_times) / r.weight
         events += [(t - t0, r.tenant, per_chunk) for t in s.chunk_times]
-    events.sort()
-    totals = {r.tenant: 0.0 for r in trace}
-    times: list[float] = []
-    series: dict[str, list[float]] = {t: [] for t in totals}
-    for t, tenant, amount in events:
-        totals[tenant] += amount
-        times.append(t)
-        for name, value in totals.items():
-            series[name].append(value)
-    return times, series
+        chunks = [(t - t0, n, at) for t, n, at in (marks or {}).get(s.request_id, {}).get("chunks", [])]
+        if chunks:
+            events += prompt_events(r.tenant, r.weight, r.prompt_len, chunks, w_in)
+        else:
+            events.append((s.chunk_times[0] - t0, r.tenant, w_in * r.prompt_len / r.weight))
+    return series(events, {r.tenant for r in trace})

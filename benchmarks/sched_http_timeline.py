@@ -46,7 +46,7 @@ def marks(log: bytes) -> dict[str, dict]:
     """request id -> its marks, from a server log's bytes (wall-clock seconds): `start` (server
     span), `enqueued`/`taken` (lane.wait), `admitted`/`first_token` (engine events), `relayed` (the
     gateway's first token, from its log line, with `gateway_ttft`: its own TTFT, from taking the
-    request) and `preemptions`."""
+    request), `preemptions` and `chunks` (each prefill chunk: its end, tokens, first position)."""
     by_trace: dict[str, dict] = {}
     out: dict[str, dict] = {}
     for obj in _objects(log.decode(errors="replace")):
@@ -69,6 +69,12 @@ def marks(log: bytes) -> dict[str, dict]:
             m["start"] = _t(obj["start_time"])
         elif name == "lane.wait":
             m["enqueued"], m["taken"] = _t(obj["start_time"]), _t(obj["end_time"])
+        elif name == "engine.prefill":  # (again after a preemption by recompute)
+            chunks = m.setdefault("chunks", [])
+            for event in obj.get("events") or []:
+                if event["name"] == "prefill_chunk":
+                    a = event.get("attributes") or {}
+                    chunks.append((_t(event["timestamp"]), a.get("tokens", 0), a.get("start", 0)))
         elif name == "engine.request":
             m["preemptions"] = attrs.get("fairlane.preemptions", 0)
             for event in obj.get("events") or []:

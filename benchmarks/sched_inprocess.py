@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 from benchmarks.sched_prompts import prompt, word_ids
+from benchmarks.sched_service import prompt_events, series
 from benchmarks.sched_timeline import Timeline, line, summary
 from engine import Engine, SamplingParams
 from engine.errors import SLOUnattainableError
@@ -43,6 +44,7 @@ def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimRe
         by_id[r.request_id] = r
     service = {r.tenant: 0.0 for r in trace}
     report = SimReport(trace, 0.0, 0, 0, service={t: [] for t in service})
+    outputs_served: list[tuple[float, str, float]] = []  # (time, tenant, output service)
     w_in, w_out = engine.config.vtc_input_weight, engine.config.vtc_output_weight
     t0, nxt = time.monotonic(), 0
     report.timeline = timeline = Timeline(t0)
@@ -81,6 +83,7 @@ def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimRe
                 r.first_token = now
                 service[r.tenant] += w_in * r.prompt_len / r.weight
             service[r.tenant] += w_out * len(out.new_token_ids) / r.weight
+            outputs_served.append((now, r.tenant, w_out * len(out.new_token_ids) / r.weight))
             if out.finished:
                 r.finish = now
         report.steps += 1
@@ -99,6 +102,22 @@ def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimRe
             continue
         record(engine.step(nested))
     report.duration = time.monotonic() - t0
+    # the service as the steps computed it (benchmarks/sched_service.py); the per-step one above
+    # counts each prompt whole at its first token
+    report.seen_times, report.seen_service = report.times, report.service  # type: ignore[attr-defined]
+    events, report.admitted = list(outputs_served), {}  # type: ignore[attr-defined]
+    for r in trace:
+        evs = timeline.events.get(r.request_id, [])
+        chunks = [
+            (e.time - timeline.wall0, e.attrs["tokens"], e.attrs["start"])
+            for e in evs
+            if e.name == "prefill_chunk"
+        ]
+        events += prompt_events(r.tenant, r.weight, r.prompt_len, chunks, w_in)
+        admitted = [e.time - timeline.wall0 for e in evs if e.name == "admitted"]
+        if admitted:
+            report.admitted[r.request_id] = admitted[0]  # type: ignore[attr-defined]
+    report.times, report.service = series(events, service)
     report.preemptions = engine.stats.preemptions
     report.interrupts = engine.stats.interrupts
     return report

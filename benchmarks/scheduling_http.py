@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import sched_http_timeline as timeline
-from benchmarks.sched_http_driver import TIERS, Server, replay
+from benchmarks.sched_http_driver import TIERS, Server, replay, service
 from engine.sim import SimReport
 
 POLICY = "priority+vtc+slo"
@@ -96,8 +96,13 @@ class HTTP:
         if self.spans:
             time.sleep(SPAN_FLUSH_S)
         log = server.served.log_path.read_bytes()
-        report.marks = timeline.marks(log[self.read.get(key, 0) :])  # type: ignore[attr-defined]
+        report.marks = marks = timeline.marks(log[self.read.get(key, 0) :])  # type: ignore[attr-defined]
         self.read[key] = len(log)
+        t0 = report.t0  # type: ignore[attr-defined]
+        report.times, report.service = service(report.requests, report.sent, t0, marks)  # type: ignore[attr-defined]
+        report.admitted = {  # type: ignore[attr-defined]
+            rid: m["admitted"] - t0 for rid, m in marks.items() if "admitted" in m
+        }
         return report
 
     def waits(self, report: SimReport, requests) -> dict:
