@@ -51,22 +51,27 @@ def capacity(d, n: int = 64) -> float:
 
 
 def backlogged(report) -> float:
-    """When both tenants had a request in the server's lane (seconds into the run): 0 in process,
-    where both arrive at step 0. Over HTTP the two clients' bursts reach the gateway in whatever
-    order the machine runs them, and the first tenant's requests are served alone until the
-    other's are in the lane; VTC's bound is on the service received while both are backlogged
-    (a tenant that arrives late starts at the least counter, it banks nothing), so the gap is
-    counted from then (from the spans; from the run's start without them, --no-spans)."""
-    marks = getattr(report, "marks", None) or {}
+    """When both tenants had a request in the server's lane (seconds into the run); in process, in
+    the engine (the later tenant's first arrival: 0 unless --fairness-jitter). Over HTTP the two
+    clients' bursts reach the gateway in whatever order the machine runs them, and the first
+    tenant's requests are served alone until the other's are in the lane; VTC's bound is on the
+    service received while both are backlogged (a tenant that arrives late starts at the least
+    counter, it banks nothing), so the gap is counted from then (from the spans; from the run's
+    start without them, --no-spans)."""
+    marks = getattr(report, "marks", None)
     first: dict[str, float] = {}
     for r in report.requests:
-        at = marks.get(r.request_id, {}).get("enqueued")
+        if marks is None:  # in process: when it was added to the engine
+            at = r.arrival
+        else:
+            at = marks.get(r.request_id, {}).get("enqueued")
+            at = None if at is None else at - report.t0
         if at is not None:
             first[r.tenant] = min(first.get(r.tenant, at), at)
-    return max(0.0, max(first.values()) - report.t0) if len(first) == 2 else 0.0
+    return max(0.0, max(first.values())) if len(first) == 2 else 0.0
 
 
-def fairness(d, n: int) -> dict:
+def fairness(d, n: int, jitter: float = 0.0, jitter_seed: int = 0) -> dict:
     """The largest weighted service gap while both tenants were backlogged, as VTC counts service
     (benchmarks/sched_service.py: prompt tokens as their chunks are computed), and the same with
     each prompt counted whole at its first token (``max_diff_at_first_token``)."""
@@ -78,7 +83,11 @@ def fairness(d, n: int) -> dict:
             backlog(n, rng, tenant="A", weight=1.0, **SHAPE),
             backlog(n, rng, tenant="B", weight=2.0, **SHAPE),
         )
-        report = d.run(policy, [r for pair in zip(a, b) for r in pair])
+        trace = [r for pair in zip(a, b) for r in pair]
+        if jitter:  # each arrival later by up to `jitter` s: the two bursts interleave by chance
+            late = random.Random(jitter_seed)
+            trace = [replace(r, arrival=r.arrival + late.uniform(0.0, jitter)) for r in trace]
+        report = d.run(policy, trace)
         start = backlogged(report)
         end = min(last_admission(report, t) for t in "AB")
         seen_times, seen = report.seen_times, report.seen_service
@@ -289,6 +298,14 @@ def main() -> None:
         action="store_true",
         help="the same scenarios through `fairlane serve` over HTTP (benchmarks/scheduling_http.py)",
     )
+    ap.add_argument(
+        "--fairness-jitter",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="scenario 1: each arrival later by up to S seconds (seeded by --jitter-seed)",
+    )
+    ap.add_argument("--jitter-seed", type=int, default=0)
     ap.add_argument("--no-spans", action="store_true", help="--http: no spans in the server's log (no split)")
     ap.add_argument("--keep-logs", action="store_true", help="--http: keep the servers' logs")
     ap.add_argument(
@@ -338,7 +355,7 @@ def measure(args: argparse.Namespace, d, backlog_n: int, capacity_n: int) -> Non
         **d.extra(None),
     }
     runs = {
-        "fairness": lambda: fairness(d, backlog_n),
+        "fairness": lambda: fairness(d, backlog_n, args.fairness_jitter, args.jitter_seed),
         "noisy_neighbour": lambda: noisy_neighbour(d, cap, args.duration),
         "priority": lambda: priority(d, cap, args.duration),
         "overload": lambda: overload(d, cap, args.duration, ttft=2.0, tpot=0.3),
