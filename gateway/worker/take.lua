@@ -16,12 +16,12 @@
 -- share. free counts only while the prompts taken in this call leave some of tokens: the rest of a
 -- burst waits here, where tenants are weighed by their counters, not in one worker's engine.
 -- New entries (up to scan a lane per call) enter the lane's backlog by an XREADGROUP with NOACK: read,
--- yet in no worker's pending list; a tenant with nothing waiting enters at the least counter of those waiting
--- (the lane's virtual time if none wait), so idling banks no credit. A backlog entry is "id cost prompt". A take serves the tenant of the
--- least counter first and adds the entry's prompt, w_in * prompt / weight (as the engine's VTC books an
--- admission; the worker adds its output as it publishes it, w_out a token / weight), then hands the
--- entry to this worker with XCLAIM FORCE: from then on it is pending, reclaimed from a dead worker like
--- any other.
+-- yet in no worker's pending list, as "id cost prompt" (prompt: its tokens); a tenant with nothing
+-- waiting enters at the least counter of those waiting (the lane's virtual time if none wait), so
+-- idling banks no credit. A take serves the tenant of the least counter first and adds the entry's
+-- prompt, w_in * prompt / weight (as the engine's VTC books an admission; the worker adds its output
+-- as it publishes it, w_out a token / weight), then hands the entry to this worker with XCLAIM FORCE:
+-- from then on it is pending, reclaimed from a dead worker like any other.
 -- Returns per lane {claimed entries, new entries}, each entry {id, {field, value, ...}}, then the number
 -- of lanes whose backlog still holds entries (0: a blocking read on the lanes sees every entry left).
 local group, consumer = ARGV[1], ARGV[2]
