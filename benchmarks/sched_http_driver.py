@@ -182,7 +182,6 @@ def replay(server: Server, trace: list[SimRequest], until: float | None = None) 
         elif s.error:
             r.refused = True
     report = SimReport(trace, duration, 0, int(after_minus(before, after, "fairlane_engine_preemptions")))
-    report.seen_times, report.seen_service = service(trace, sent, t0)  # type: ignore[attr-defined]
     report.metrics = {  # type: ignore[attr-defined]
         "lane_queue_mean_s": tier_means(before, after, "fairlane_lane_queue_seconds"),
         "server_ttft_mean_s": tier_means(before, after, "fairlane_ttft_seconds"),

@@ -42,9 +42,9 @@ def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimRe
     for i, r in enumerate(trace):
         r.request_id = f"r{i}"
         by_id[r.request_id] = r
-    service = {r.tenant: 0.0 for r in trace}
-    report = SimReport(trace, 0.0, 0, 0, service={t: [] for t in service})
-    outputs_served: list[tuple[float, str, float]] = []  # (time, tenant, output service)
+    report = SimReport(trace, 0.0, 0, 0)
+    outputs: list[tuple[float, str, float]] = []  # (time, tenant, service) of each output
+    first_tokens: list[tuple[float, str, float]] = []  # ... of each prompt, whole at its first token
     w_in, w_out = engine.config.vtc_input_weight, engine.config.vtc_output_weight
     t0, nxt = time.monotonic(), 0
     report.timeline = timeline = Timeline(t0)
@@ -71,25 +71,21 @@ def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimRe
             except SLOUnattainableError:
                 r.refused = True
 
-    def record(outputs) -> None:
+    def record(step_outputs) -> None:
         now = time.monotonic() - t0
-        timeline.step(now, engine.stats, outputs)
-        for out in outputs:
+        timeline.step(now, engine.stats, step_outputs)
+        for out in step_outputs:
             r = by_id[out.request_id]
             if out.finish_reason == "slo_unattainable":
                 r.refused = True
                 continue
             if r.first_token is None:
                 r.first_token = now
-                service[r.tenant] += w_in * r.prompt_len / r.weight
-            service[r.tenant] += w_out * len(out.new_token_ids) / r.weight
-            outputs_served.append((now, r.tenant, w_out * len(out.new_token_ids) / r.weight))
+                first_tokens.append((now, r.tenant, w_in * r.prompt_len / r.weight))
+            outputs.append((now, r.tenant, w_out * len(out.new_token_ids) / r.weight))
             if out.finished:
                 r.finish = now
         report.steps += 1
-        report.times.append(now)
-        for tenant, value in service.items():
-            report.service[tenant].append(value)
 
     nested = Interrupt(poll=arrive, deliver=record) if interrupt else None
     while nxt < len(trace) or engine.has_unfinished():
@@ -102,10 +98,11 @@ def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimRe
             continue
         record(engine.step(nested))
     report.duration = time.monotonic() - t0
-    # the service as the steps computed it (benchmarks/sched_service.py); the per-step one above
-    # counts each prompt whole at its first token
-    report.seen_times, report.seen_service = report.times, report.service  # type: ignore[attr-defined]
-    events, report.admitted = list(outputs_served), {}  # type: ignore[attr-defined]
+    # each tenant's service (benchmarks/sched_service.py): prompts as their chunks were computed, and
+    # (seen_*) whole at their first tokens
+    tenants = {r.tenant for r in trace}
+    report.seen_times, report.seen_service = series(outputs + first_tokens, tenants)  # type: ignore[attr-defined]
+    events, report.admitted = list(outputs), {}  # type: ignore[attr-defined]
     for r in trace:
         evs = timeline.events.get(r.request_id, [])
         chunks = [
@@ -117,7 +114,7 @@ def _serve(engine: Engine, trace, until: float | None, interrupt: bool) -> SimRe
         admitted = [e.time - timeline.wall0 for e in evs if e.name == "admitted"]
         if admitted:
             report.admitted[r.request_id] = admitted[0]  # type: ignore[attr-defined]
-    report.times, report.service = series(events, service)
+    report.times, report.service = series(events, tenants)
     report.preemptions = engine.stats.preemptions
     report.interrupts = engine.stats.interrupts
     return report

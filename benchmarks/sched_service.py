@@ -32,12 +32,16 @@ def prompt_events(
 
 
 def series(events: Iterable[tuple[float, str, float]], tenants: Iterable[str]) -> tuple[list[float], dict]:
-    """Each tenant's cumulative service after each event, in time order: (times, tenant -> values)."""
+    """Each tenant's cumulative service after the events of each instant, in time order: (times,
+    tenant -> values). Events at the same time (one step's outputs in process) are one point."""
     totals = dict.fromkeys(tenants, 0.0)
     times: list[float] = []
     out: dict[str, list[float]] = {t: [] for t in totals}
-    for at, tenant, amount in sorted(events):
+    ordered = sorted(events)
+    for i, (at, tenant, amount) in enumerate(ordered):
         totals[tenant] += amount
+        if i + 1 < len(ordered) and ordered[i + 1][0] == at:
+            continue
         times.append(at)
         for name, value in totals.items():
             out[name].append(value)

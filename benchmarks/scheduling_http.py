@@ -99,7 +99,9 @@ class HTTP:
         report.marks = marks = timeline.marks(log[self.read.get(key, 0) :])  # type: ignore[attr-defined]
         self.read[key] = len(log)
         t0 = report.t0  # type: ignore[attr-defined]
-        report.times, report.service = service(report.requests, report.sent, t0, marks)  # type: ignore[attr-defined]
+        sent = report.sent  # type: ignore[attr-defined]
+        report.times, report.service = service(report.requests, sent, t0, marks)
+        report.seen_times, report.seen_service = service(report.requests, sent, t0)  # type: ignore[attr-defined]
         report.admitted = {  # type: ignore[attr-defined]
             rid: m["admitted"] - t0 for rid, m in marks.items() if "admitted" in m
         }

@@ -70,6 +70,8 @@ class Scheduler(UrgentSteps):
         # static/dynamic batching: members of the current batch not admitted yet (continuous: unused)
         self._batch_left = 0
         self._starts: set[int] = set()  # ids of every sequence admitted in this step
+        # Room.tokens bounds a worker's take (_prompt_tokens_left)
+        self._bounded_take = config.batching == "continuous" and "vtc" in parse_policy(config.policy)
         UrgentSteps.__init__(self)  # self.step_cost: the measured steps' cost model, fed once a step
         self.preemption = PreemptionChooser(
             config, swap_cost if block_manager.num_host_blocks else None, cost=self.step_cost
@@ -132,7 +134,7 @@ class Scheduler(UrgentSteps):
         Without VTC the engine's queue orders a burst as the lane would, and an SLO-aware policy
         refuses on arrival what it sees cannot meet its target, so it sees every entry it has slots
         for."""
-        if self.config.batching != "continuous" or "vtc" not in parse_policy(self.config.policy):
+        if not self._bounded_take:
             return None
         busy = sum(max(1, s.num_tokens - s.num_computed_tokens) for s in self.running)
         busy += sum(s.num_tokens - s.num_computed_tokens for s in waiting)

@@ -248,10 +248,9 @@ class Worker:
                 self._outbox_done.append((entry.lane, entry.entry_id))
         room = None
         if then_take:  # as if these entries were in the engine already
-            room = self.engine.room(self.lane_io.priorities)
-            room = room.after(
-                (self.priorities[entry.lane] for entry, _ in requests),
-                sum(len(request.prompt_token_ids) for _, request in requests),
+            room = self.engine.room(self.lane_io.priorities).after(
+                (self.priorities[e.lane] for e, _ in requests),
+                sum(len(r.prompt_token_ids) for _, r in requests),
             )
         elif not requests:
             return 0

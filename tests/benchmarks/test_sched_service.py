@@ -30,6 +30,9 @@ def test_the_gap_is_the_change_of_a_minus_b_while_both_are_backlogged():
     assert max_gap(times, s["a"], s["b"], 0.8, 3.5) == 70.0
     assert max_gap(times, s["a"], s["b"], 0.8, 2.5) == 20.0
     assert max_gap(times, s["a"], s["b"], 5.0, 6.0) == 0.0  # never both backlogged
+    # one instant's events (a step's outputs in process) are one point: no gap between them
+    times, s = series([(1.0, "a", 50.0), (1.0, "b", 50.0), (2.0, "a", 5.0)], ["a", "b"])
+    assert times == [1.0, 2.0] and s["a"] == [50.0, 55.0] and s["b"] == [50.0, 50.0]
 
 
 def test_the_chunks_of_a_request_come_from_its_prefill_spans():
