@@ -302,6 +302,15 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
 
 
 def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tokenize: bool) -> Any:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if tokenize and backend is not None and not backend.encode_special_tokens:
+        # What apply_chat_template(tokenize=True) does (render, then tokenize the rendering without
+        # adding special tokens), without transformers' per-call wrapping around the Rust
+        # tokenizer: half the cost of a short chat's tokenization.
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, return_dict=False
+        )
+        return list(backend.encode(rendered, add_special_tokens=False).ids)
     out = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=tokenize, return_dict=False
     )

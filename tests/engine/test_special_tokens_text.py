@@ -82,11 +82,23 @@ def test_the_rendered_prompt_has_exactly_the_templates_control_tokens(tok, messa
     assert tok.decode(ids) == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def test_content_without_control_tokens_is_tokenized_as_the_template_does(tok):
-    messages = [
-        {"role": "system", "content": "  You are <b>terse</b> |> <|"},
-        {"role": "user", "content": " Hi\n\n"},
-    ]
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [
+            {"role": "system", "content": "  You are <b>terse</b> |> <|"},
+            {"role": "user", "content": " Hi\n\n"},
+        ],
+        [{"role": "user", "content": "Say hello in French."}],
+        [  # several turns, non-ASCII text, an empty turn, runs of spaces and tabs
+            {"role": "user", "content": "Grüß dich, 世界! 🙂\t\t  café"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "   \n  déjà vu  " * 20},
+        ],
+    ],
+)
+def test_content_without_control_tokens_is_tokenized_as_the_template_does(tok, messages):
+    # encode_chat renders and tokenizes with the Rust tokenizer itself: the same ids as transformers'
     assert assets.encode_chat(tok, messages) == tok.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
