@@ -1,6 +1,5 @@
 """The one place where a request's life on the gateway ends: from its ``RequestOutcome``, settle
-its quota, report it (metrics, span, log line) while Redis runs the settlement, and then write its
-usage record.
+its quota, report it (metrics, span, log line) and write its usage record, in that order.
 
 The usage record is a database transaction (an insert and the hourly roll-up), shared by the
 records of requests that end within a few milliseconds (gateway/api/usage_writer.py), the costliest
@@ -17,7 +16,6 @@ or record: only its report is written.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -56,40 +54,28 @@ async def settle(
     """Settle the quota, report the request and record its usage, all from ``outcome``.
     ``defer_usage``: return the usage write (None when nothing ran) instead of awaiting it."""
     with anyio.CancelScope(shield=True):
-        usage = settling = None
+        usage = None
         if context.admission is not None:
-            # The settlement's script goes out first and the report is written while Redis runs
-            # it: the task sends it before it first waits (for the reply), and sleep(0) runs it that far.
-            settling = asyncio.ensure_future(context.quota.settle(context.admission, outcome))
-            await asyncio.sleep(0)
-        try:
-            _report(context, outcome)
-        finally:
-            if settling is not None:
-                await settling
-        if context.admission is not None:
+            await context.quota.settle(context.admission, outcome)
             usage = _usage_write(context, outcome)
+        finish_request(
+            span=context.span,
+            tenant_label=context.state.settings.metrics_tenant_label,
+            request_id=context.request_id,
+            auth=context.auth,
+            tier=context.tier,
+            model=context.model,
+            status=outcome.usage_status,
+            prompt_tokens=outcome.charged_prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            started=context.started,
+            first_token_at=outcome.first_token_at,
+            ran=context.admission is not None,
+        )
         if usage is None or defer_usage:
             return usage
         await usage()
         return None
-
-
-def _report(context: RequestContext, outcome: RequestOutcome) -> None:
-    finish_request(
-        span=context.span,
-        tenant_label=context.state.settings.metrics_tenant_label,
-        request_id=context.request_id,
-        auth=context.auth,
-        tier=context.tier,
-        model=context.model,
-        status=outcome.usage_status,
-        prompt_tokens=outcome.charged_prompt_tokens,
-        completion_tokens=outcome.completion_tokens,
-        started=context.started,
-        first_token_at=outcome.first_token_at,
-        ran=context.admission is not None,
-    )
 
 
 def _usage_write(context: RequestContext, outcome: RequestOutcome) -> UsageWrite:
