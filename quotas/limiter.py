@@ -19,7 +19,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, ReadOnlyError, TimeoutError
 
-from . import codec
+from . import codec, settlement
 from .decision import Decision, Reservation, SettleOutcome
 from .errors import QuotaBackendUnavailable, QuotaNotConfigured
 from .keys import KeySpace
@@ -180,6 +180,12 @@ class Limiter:
             keys.append(enqueue.stream)
             for field, value in enqueue.fields.items():
                 args += (field, value)
+            if enqueue.settlement:
+                scopes = self.keys.scopes(demand.tenant, demand.key)
+                args += (
+                    settlement.FIELD,
+                    settlement.encode(keys[0], rid, self._record_ttl_ms, scopes, demand.tier),
+                )
         return keys, args
 
     async def aclose(self) -> None:

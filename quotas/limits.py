@@ -142,7 +142,10 @@ class Enqueue:
     The request is then charged and queued in the same atomic call, one round trip, and never
     queued without being charged. The stream must be on the quota Redis; on Redis Cluster it
     would also have to carry the tenant's hash tag (one slot with the quota keys).
+    ``settlement``: the entry also carries what settling the reservation takes (the field
+    ``settle``, quotas/settlement.py), so that whoever ends the request can settle it.
     """
 
     stream: str
     fields: Mapping[str, str | bytes]
+    settlement: bool = False

@@ -104,7 +104,11 @@ async def _start(
         queue_with_admission = len(plan.lane_requests) == 1 and not plan.door_check
         lane_entry = state.lanes.entry(plan.lane_requests[0]) if queue_with_admission else None
         epoch = await state.lanes.epoch()  # cached: a Redis restarted empty while it waits is noticed
-        context.admission = await _admit(context, plan, lane_entry)
+        # One choice: the worker settles the quota with the last result, in the transaction that
+        # publishes it (the charge is that result's prompt and output tokens), so the concurrency
+        # slot is free before the response and the gateway needs no round trip of its own.
+        worker_settles = queue_with_admission and plan.lane_requests[0].sampling.n == 1
+        context.admission = await _admit(context, plan, lane_entry, worker_settles)
     except GatewayError as exc:  # refused, or a backend is down: nothing was charged or queued
         await settle(context, RequestOutcome(Status.REFUSED, error_code=status_of(exc)))
         raise
@@ -296,7 +300,12 @@ def _with_traceparent(plan: LanePlan, traceparent: str | None) -> LanePlan:
     return replace(plan, lane_requests=[replace(r, traceparent=traceparent) for r in plan.lane_requests])
 
 
-async def _admit(context: RequestContext, plan: LanePlan, lane_entry: tuple[str, dict[str, str]] | None):
+async def _admit(
+    context: RequestContext,
+    plan: LanePlan,
+    lane_entry: tuple[str, dict[str, str]] | None,
+    worker_settles: bool,
+):
     """The quota admission (queueing ``lane_entry`` with it when the quota service can)."""
     try:
         return await context.quota.admit(
@@ -306,6 +315,7 @@ async def _admit(context: RequestContext, plan: LanePlan, lane_entry: tuple[str,
             prompt_tokens=plan.prompt_tokens,
             max_tokens=plan.reserved_tokens,
             lane_entry=lane_entry,
+            worker_settles=worker_settles,
         )
     except GatewayError:
         tracing.set_attributes({"fairlane.quota.decision": "refused"}, context.span)

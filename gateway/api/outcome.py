@@ -57,6 +57,7 @@ class RequestOutcome:
     finish_reason: str | None = None
     error_code: str | None = None
     first_token_at: float | None = None
+    quota_settled: bool = False  # the worker settled the quota with the last result (the charge above)
     ran: bool = field(init=False)
 
     def __post_init__(self) -> None:

@@ -92,6 +92,8 @@ class Admission:
     settled: bool = False
     reservation: Reservation | None = None  # None: quotas off (no limiter)
     queued: bool = False  # the admission also queued the request in its lane
+    # its lane entry carries its settlement: the worker settles it with its last result
+    worker_settles: bool = False
     admitted_at: float = field(default_factory=time.monotonic)
 
 
@@ -168,12 +170,15 @@ class QuotaService:
         prompt_tokens: int,
         max_tokens: int,
         lane_entry: tuple[str, dict[str, str]] | None = None,
+        worker_settles: bool = False,
     ) -> Admission:
         """Check and charge every limit of the key and its tenant, or raise the refusal's error.
 
         ``lane_entry`` (stream, fields): queue it with the admission when this service can
         (``Admission.queued``); otherwise the caller submits it after admission. A refusal queues
-        nothing.
+        nothing. ``worker_settles``: a queued entry also carries the reservation's settlement
+        (quotas/settlement.py), which the worker runs with the request's last result
+        (``Admission.worker_settles``).
         """
         if not auth.enabled:
             raise PermissionDenied("This API key is disabled.", code="key_disabled")
@@ -183,7 +188,11 @@ class QuotaService:
         if self.limiter is None:
             return admission
         demand = Demand(str(auth.tenant_id), prompt_tokens, max_tokens, key=str(auth.key_id), tier=tier)
-        enqueue = Enqueue(*lane_entry) if lane_entry is not None and self.queues_lanes else None
+        enqueue = (
+            Enqueue(*lane_entry, settlement=worker_settles)
+            if lane_entry is not None and self.queues_lanes
+            else None
+        )
         with tracing.span("quota.admit"):
             try:
                 decision = await self.limiter.admit(demand, enqueue=enqueue)
@@ -214,6 +223,7 @@ class QuotaService:
             raise refusal(decision, admission.headers)
         admission.reservation = decision.reservation
         admission.queued = decision.entry_id is not None
+        admission.worker_settles = admission.queued and worker_settles
         if decision.reservation is not None and decision.reservation.charged:
             self._open[request_id] = admission
             self._start_renewer()
@@ -221,7 +231,8 @@ class QuotaService:
 
     async def settle(self, admission: Admission, outcome: RequestOutcome) -> None:
         """Charge what the request used (``outcome.charged_tokens``), or refund it all if it did not
-        run (``outcome.ran``); idempotent. Called by gateway/api/settle.py only."""
+        run (``outcome.ran``); idempotent. Called by gateway/api/settle.py only. A request whose
+        worker settled it with its last result (``outcome.quota_settled``) costs no round trip."""
         if admission.settled:
             return
         admission.settled = True
@@ -229,6 +240,8 @@ class QuotaService:
         metrics.QUOTA_SETTLEMENTS.labels(outcome.usage_status, "charged" if outcome.ran else "refunded").inc()
         reservation = admission.reservation
         if reservation is None or self.limiter is None:
+            return
+        if outcome.quota_settled and admission.worker_settles:
             return
         result = await self._settle_once(reservation, outcome)
         if result == "unavailable":

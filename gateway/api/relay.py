@@ -92,6 +92,7 @@ class Relay:
     prompt_logprobs: tuple | None = None  # the prompt's TokenLogprobs (first None), when asked for
     done: bool = False
     ran: bool = False  # a result (not an error) came back: its prompt was computed
+    quota_settled: bool = False  # its last result says the worker settled the request's quota
 
     @property
     def completion_tokens(self) -> int:
@@ -238,6 +239,7 @@ class Generation:
             relay.prompt_logprobs = result.prompt_logprobs
         if result.done:
             relay.done = True
+            relay.quota_settled = result.quota_settled
             if self.done:
                 self.finish_reason = result.finish_reason
 
@@ -255,6 +257,10 @@ class Generation:
             completion_tokens=self.completion_tokens,
             finish_reason=self.finish_reason,
             first_token_at=self.first_token_at,
+            # one prompt only: a worker settles a request that is its own (admit.py)
+            quota_settled=status is Status.FINISHED
+            and len(self.relays) == 1
+            and self.relays[0].quota_settled,
         )
 
     async def close(self, *, after_response: bool = False) -> None:

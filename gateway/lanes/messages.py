@@ -150,6 +150,9 @@ class LaneResult:
     # n > 1: the choice these tokens belong to (offset and num_output_tokens are that choice's); its
     # end is a finish_reason, `done` the end of the whole request (its last choice)
     index: int = 0
+    # the last result: the worker settled the request's quota in the transaction that published it,
+    # charging num_prompt_tokens + num_output_tokens (quotas/settlement.py)
+    quota_settled: bool = False
 
     encode = _encode
 

@@ -38,6 +38,7 @@ from gateway.lanes.keys import (
     tier_priorities,
 )
 from gateway.lanes.messages import LaneResult, LoadReport, MessageError
+from quotas import settlement as quota_settlement
 
 log = logging.getLogger(__name__)
 TAKE_LUA = resources.files(__package__).joinpath("take.lua").read_text(encoding="utf-8")
@@ -254,12 +255,14 @@ class LaneIO:
         load: str | None = None,
         watch: Sequence[str] = (),
         served: Mapping[tuple[str, str], float] | None = None,
+        settlements: Sequence[tuple[bytes | str, int]] = (),
     ) -> list[bool]:
         """One MULTI/EXEC: each result appended to its request's result stream (expiry renewed),
         each ``done`` (lane, entry id) ACKed and deleted (None: Redis lost it, nothing to ACK), the
         encoded load, each ``served`` (lane, tenant): output service added to the tenant's virtual
-        counter of the lane (fair takes only: take.lua charged the prompt); returns whether each
-        request of ``watch`` has a cancel mark."""
+        counter of the lane (fair takes only: take.lua charged the prompt), each of ``settlements``
+        (a lane entry's quota settlement, tokens used) settled; returns whether each request of
+        ``watch`` has a cancel mark."""
         pipe = self.redis.pipeline(transaction=True)
         for result in results:
             key = out_key(result.request_id)
@@ -276,14 +279,34 @@ class LaneIO:
                 backlog, counters = self.fair_keys[lane]
                 pipe.hincrbyfloat(counters, tenant, service)
                 pipe.zadd(backlog, {tenant: service}, xx=True, incr=True)  # while it waits there
+        settles = []  # (position in the transaction, KEYS, ARGV)
+        for spec, used in settlements:
+            keys, args = quota_settlement.settle_call(spec, used)
+            settles.append((len(pipe), keys, args))
+            pipe.evalsha(quota_settlement.SHA, len(keys), *keys, *args)
         if watch:
             pipe.mget([cancel_key(request_id) for request_id in watch])
         if not len(pipe):
             return []
-        replies = self._execute(pipe)
+        replies = self._execute(pipe, raise_on_error=not settles)
+        if settles:
+            self._settle_again(replies, settles)
         return [flag is not None for flag in replies[-1]] if watch else []
 
-    def _execute(self, pipe: Any) -> list:
+    def _settle_again(self, replies: list, settles: list[tuple[int, list[str], list[Any]]]) -> None:
+        """Settle with the script's text where Redis did not know it (restarted or flushed:
+        NOSCRIPT), once the transaction is through; any other error is the transaction's."""
+        at = {position for position, _, _ in settles}
+        failed = next((r for i, r in enumerate(replies) if i not in at and isinstance(r, Exception)), None)
+        if failed is not None:
+            raise failed
+        for position, keys, args in settles:
+            if isinstance(replies[position], NoScriptError):
+                self.redis.eval(quota_settlement.SOURCE, len(keys), *keys, *args)
+            elif isinstance(replies[position], Exception):  # the lease expires by itself (lease_ttl)
+                log.error("quota settlement by the worker failed: %s", replies[position])
+
+    def _execute(self, pipe: Any, *, raise_on_error: bool = True) -> list:
         """Run a pipeline, retrying with backoff through a Redis outage for as long as the worker
         runs. A MULTI/EXEC retried after an unanswered EXEC may apply twice, which readers
         tolerate (results carry offsets)."""
@@ -291,7 +314,7 @@ class LaneIO:
         wait = RETRY_FIRST_S
         while True:
             try:
-                return pipe.execute()
+                return pipe.execute(raise_on_error=raise_on_error)
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 if self.stop.is_set():
                     raise

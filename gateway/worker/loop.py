@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import redis as redislib
@@ -39,11 +39,13 @@ from gateway.telemetry import metrics, tracing
 from gateway.worker.lane_io import BLOCK_MS, RETRY_FIRST_S, RETRY_MAX_S, LaneEntry, LaneIO, Prior
 from gateway.worker.results import error_result, output_result
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
+from quotas import settlement as quota_settlement
 
 log = logging.getLogger(__name__)
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware policies only)
 INTERRUPT_POLL_S = 0.01  # while a step runs: how often the lanes are read for urgent prompts
+SETTLEMENT = quota_settlement.FIELD.encode()  # a lane entry's field (as Redis returns it)
 
 
 class AdapterGone(EngineError):
@@ -63,6 +65,7 @@ class InFlight:
     choice_offsets: dict[int, int] = field(default_factory=dict)  # the same for choices 1.. (n > 1)
     tenant: str = ""  # whose service its tokens are (the lane's virtual counters)
     weight: float = 1.0
+    settlement: bytes | None = None  # its quota's, settled with its last result (quotas/settlement.py)
 
     def offset_of(self, index: int) -> int:
         return self.offset if index == 0 else self.choice_offsets.get(index, 0)
@@ -318,6 +321,8 @@ class Worker:
                 trace=trace,
                 tenant=request.tenant,
                 weight=request.weight,
+                # not one a dead worker ran: its gateway counts tokens from both workers
+                settlement=None if entry.claimed or resumed else entry.fields.get(SETTLEMENT),
             )
         return 1
 
@@ -336,6 +341,7 @@ class Worker:
         results, done = self._outbox, self._outbox_done
         self._outbox, self._outbox_done = [], []
         served: dict[tuple[str, str], float] = {}  # (lane, tenant) -> output service, VTC-weighted
+        settlements: list[tuple[bytes, int]] = []
         w_out = self.engine.config.vtc_output_weight
         with self.lock:
             for out in outputs:
@@ -350,7 +356,11 @@ class Worker:
                         )
                 offsets = running.offset, running.offset_of(out.index)
                 no_text = self.engine.tokenizer is None
-                results.append(output_result(self.worker_id, out, *offsets, text_of_ids=no_text))
+                result = output_result(self.worker_id, out, *offsets, text_of_ids=no_text)
+                if out.done and out.error is None and running.settlement is not None:
+                    settlements.append((running.settlement, out.num_prompt_tokens + out.num_output_tokens))
+                    result = replace(result, quota_settled=True)
+                results.append(result)
                 running.advance(out.index, len(out.new_token_ids))
                 key = (running.lane, running.tenant)
                 served[key] = served.get(key, 0.0) + w_out * len(out.new_token_ids) / running.weight
@@ -360,11 +370,15 @@ class Worker:
             watched = list(self.inflight) if watch_cancels else []
         try:
             load = self._load()
-            cancelled = self.lane_io.publish(results, done=done, load=load, watch=watched, served=served)
+            cancelled = self.lane_io.publish(
+                results, done=done, load=load, watch=watched, served=served, settlements=settlements
+            )
         except REDIS_DOWN:
             if watch_cancels:
                 raise
-            self._outbox[:0], self._outbox_done[:0] = results, done  # with the step's own results
+            # with the step's own results; their gateways settle what this publish would have
+            unsettled = [replace(r, quota_settled=False) if r.quota_settled else r for r in results]
+            self._outbox[:0], self._outbox_done[:0] = unsettled, done
             log.warning("a nested step's results wait for the step's publish: Redis is unavailable")
             return
         for request_id, flagged in zip(watched, cancelled):

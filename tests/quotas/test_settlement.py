@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from quotas import Demand, QuotaLimits
+from quotas import Demand, Enqueue, QuotaLimits, settlement
 
 START = 1_700_000_000.0
 LIMITS = QuotaLimits(
@@ -181,3 +181,41 @@ async def test_a_refund_that_overtakes_its_admission_leaves_nothing_charged(stor
     assert int(reply[0]) == 0
     usage = await store.usage("acme")
     assert (usage.in_flight, usage.daily_used) == (0, 0)
+
+
+async def test_a_settlement_from_the_queued_entry_charges_as_the_limiter_does(
+    store, limiter, client, keyspace
+):
+    """An admission that queues an entry with ``settlement`` puts settle.lua's arguments in it;
+    the process ending the request settles with them (here in a MULTI, as a worker publishes),
+    exactly as Limiter.settle would, and once: a second settlement of either kind changes nothing."""
+    await store.put("acme", LIMITS)
+    await store.put("acme", QuotaLimits(daily_token_budget=30_000), key="k1")
+    stream = f"{keyspace.scope('acme')}:lane"
+    demand = Demand("acme", 100, 200, key="k1", tier="batch")
+    by_limiter = await limiter.admit(demand, enqueue=Enqueue(stream, {"body": "a"}), now=START)
+    from_entry = await limiter.admit(
+        demand, enqueue=Enqueue(stream, {"body": "b"}, settlement=True), now=START
+    )
+    entries = dict((fields[b"body"], fields) for _, fields in await client.xrange(stream))
+    assert settlement.FIELD.encode() not in entries[b"a"]  # only where asked for
+    keys, args = settlement.settle_call(entries[b"b"][settlement.FIELD.encode()], 100 + 17)
+    args[0] = int(START * 1_000_000)  # the frozen clock of this test ('' = Redis's TIME)
+    assert await client.script_load(settlement.SOURCE) == settlement.SHA  # the name EVALSHA uses
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.xadd(stream, {"body": "a result"})
+        pipe.evalsha(settlement.SHA, len(keys), *keys, *args)
+        replies = await pipe.execute()
+    assert int(replies[1][0]) == 1  # settled now
+    assert await limiter.settle(by_limiter.reservation, 100 + 17, now=START) == "settled"
+    assert await limiter.settle(from_entry.reservation, 100 + 17, now=START) == "unknown"
+    usage = await store.usage("acme", now=START)
+    assert usage.in_flight == 0 and usage.daily_used == 2 * 117
+    assert usage.tokens.remaining == LIMITS.tokens_per_minute - 2 * 117
+    key_usage = await store.usage("acme", "k1", now=START)
+    assert key_usage.daily_used == 2 * 117
+
+
+def test_a_settlement_refuses_negative_usage():
+    with pytest.raises(ValueError, match="used_tokens"):
+        settlement.settle_call('["k","r",1,"t","","x"]', -1)

@@ -169,3 +169,35 @@ async def test_several_prompts_reserve_for_all_and_are_refunded_when_none_ran(qu
         for pattern in (f"lanes:{model}:*", f"workers:{model}"):
             for name in redis.scan_iter(match=pattern, count=1000):
                 redis.delete(name)
+
+
+async def test_the_worker_settles_a_one_choice_request_with_its_last_result(gw, monkeypatch):
+    """A one-choice request is settled by its worker in the transaction that publishes its last
+    result: the gateway sends no settlement of its own, its concurrency slot is free as the response
+    arrives (a limit of 1, back to back), and the charge is still exactly the usage records'. A
+    request of several choices or several prompts is the gateway's to settle."""
+    tenant, key, _ = await gw.tenant(daily_token_budget=10**9, monthly_token_budget=10**10, max_concurrency=1)
+    tid = tenant["id"]
+    limiter = gw.app.state.gateway.quota_service.limiter
+    by_gateway: list[str] = []
+    settle = limiter._settle
+
+    async def counted(reservation, used, now):  # the limiter's own settlement, counted
+        by_gateway.append(reservation.id)
+        return await settle(reservation, used, now)
+
+    monkeypatch.setattr(limiter, "_settle", counted)
+    for _ in range(3):
+        assert (await gw.chat(key, max_tokens=3)).status_code == 200
+        assert (await gw.quota_usage(tid))["in_flight"] == 0  # released before the response
+    assert (await gw.chat(key, max_tokens=3, stream=True)).status_code == 200
+    assert (await gw.complete(key, "abc", max_tokens=2)).status_code == 200
+    assert by_gateway == []
+    assert (await gw.complete(key, "abc", max_tokens=2, n=2)).status_code == 200
+    assert (await gw.complete(key, ["abc", "abd"], max_tokens=2)).status_code == 200
+    assert len(by_gateway) == 2
+    records = gw.records(tid)
+    assert len(records) == 7 and all(r.completion_tokens > 0 for r in records)
+    usage = await gw.quota_usage(tid)
+    assert usage["in_flight"] == 0
+    assert usage["daily"]["used"] == sum(r.prompt_tokens + r.completion_tokens for r in records)

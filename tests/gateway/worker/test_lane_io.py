@@ -14,7 +14,8 @@ from worker_lanes import run_until_done as _run_until_done
 
 from engine import SamplingParams
 from gateway.lanes.keys import cancel_key, lane_key, out_key
-from gateway.lanes.messages import LaneRequest
+from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.worker.lane_io import LaneIO
 from gateway.worker.loop import Worker
 
 TIERS = ["priority", "standard", "batch"]
@@ -319,3 +320,33 @@ def test_a_cancelled_lone_entry_that_wakes_the_worker_is_aborted_after_one_step(
     assert _results(redis, ids[0])[-1].finish_reason == "abort"
     assert redis.xlen(lane_key(model_name, "standard")) == 0 and _pending(redis, model_name, "standard") == 0
     _cleanup(redis, ids)
+
+
+async def test_a_publish_settles_quotas_and_loads_the_script_where_redis_lost_it(start_valkey):
+    """Settlements ride the publish's MULTI/EXEC (EVALSHA); on a server that does not know the
+    script (new, restarted or flushed: NOSCRIPT) the worker settles with its text right after."""
+    from quotas import Demand, Enqueue, KeySpace, Limiter, QuotaLimits, connect
+    from quotas import settlement as quota_settlement
+
+    server = start_valkey()
+    client = connect(server.connection_url)
+    sync = redislib.Redis.from_url(server.connection_url)
+    try:
+        limiter = Limiter(client, keys=KeySpace("t"))
+        await limiter.store.put("acme", QuotaLimits(max_concurrency=2, daily_token_budget=1000))
+        io = LaneIO(sync, model="m", tiers=TIERS, worker_id="w")
+        for attempt in range(2):  # the script unknown to the server, then known (EVAL loaded it)
+            assert bool(sync.script_exists(quota_settlement.SHA)[0]) == (attempt == 1)
+            decision = await limiter.admit(
+                Demand("acme", 10, 20), enqueue=Enqueue("lane", {"body": "x"}, settlement=True)
+            )
+            spec = dict(sync.xrange("lane", decision.entry_id, decision.entry_id)[0][1])[b"settle"]
+            io.publish([LaneResult(request_id=f"r{attempt}", done=True)], settlements=[(spec, 10 + 5)])
+            assert await limiter.settle(decision.reservation, 10 + 5) == "unknown"  # settled once
+        usage = await limiter.store.usage("acme")
+        assert usage.in_flight == 0 and usage.daily_used == 2 * 15
+        assert len(sync.xrange(out_key("r1"))) == 1
+    finally:
+        await client.aclose()
+        sync.close()
+        server.stop()
