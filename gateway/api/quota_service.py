@@ -248,6 +248,9 @@ class QuotaService:
             task = asyncio.ensure_future(self._settle_later(admission.request_id, reservation, outcome))
             self._retries.add(task)
             task.add_done_callback(self._retries.discard)
+        elif result == "unknown" and admission.worker_settles:
+            # its worker settled it with a last result this relay did not read (the client left)
+            log.debug("quota settlement of %s: settled by its worker", admission.request_id)
         elif result not in ("settled", "not_charged"):
             log.warning("quota settlement of %s: %s", admission.request_id, result)
 
