@@ -301,10 +301,15 @@ class LaneIO:
         if failed is not None:
             raise failed
         for position, keys, args in settles:
-            if isinstance(replies[position], NoScriptError):
-                self.redis.eval(quota_settlement.SOURCE, len(keys), *keys, *args)
-            elif isinstance(replies[position], Exception):  # the lease expires by itself (lease_ttl)
-                log.error("quota settlement by the worker failed: %s", replies[position])
+            error = replies[position]
+            if isinstance(error, NoScriptError):
+                try:
+                    self.redis.eval(quota_settlement.SOURCE, len(keys), *keys, *args)
+                    continue
+                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:  # the results are out
+                    error = exc
+            if isinstance(error, Exception):  # its lease expires by itself (the quota's lease_ttl)
+                log.error("quota settlement by the worker failed: %s", error)
 
     def _execute(self, pipe: Any, *, raise_on_error: bool = True) -> list:
         """Run a pipeline, retrying with backoff through a Redis outage for as long as the worker
