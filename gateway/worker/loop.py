@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import redis as redislib
@@ -36,6 +36,7 @@ from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
 from gateway.telemetry import metrics, tracing
+from gateway.worker.inflight import InFlight
 from gateway.worker.lane_io import BLOCK_MS, RETRY_FIRST_S, RETRY_MAX_S, LaneEntry, LaneIO, Prior
 from gateway.worker.results import error_result, output_result
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
@@ -52,29 +53,6 @@ class AdapterGone(EngineError):
     """The request's adapter is no longer in the store (deleted after the gateway checked it)."""
 
     code = ErrorCode.MODEL_NOT_FOUND
-
-
-@dataclass
-class InFlight:
-    """A request this worker runs: its lane entry and how many tokens of each choice went out."""
-
-    lane: str
-    entry_id: str | None  # None: Redis lost the entry (restarted empty); nothing to ACK
-    offset: int  # output tokens published so far, resumed ones included
-    trace: RequestTrace | None = None  # its spans on this worker (None while tracing is off)
-    choice_offsets: dict[int, int] = field(default_factory=dict)  # the same for choices 1.. (n > 1)
-    tenant: str = ""  # whose service its tokens are (the lane's virtual counters)
-    weight: float = 1.0
-    settlement: bytes | None = None  # its quota's, settled with its last result (quotas/settlement.py)
-
-    def offset_of(self, index: int) -> int:
-        return self.offset if index == 0 else self.choice_offsets.get(index, 0)
-
-    def advance(self, index: int, num_tokens: int) -> None:
-        if index == 0:
-            self.offset += num_tokens
-        else:
-            self.choice_offsets[index] = self.choice_offsets.get(index, 0) + num_tokens
 
 
 class Worker:
@@ -356,11 +334,12 @@ class Worker:
                         )
                 offsets = running.offset, running.offset_of(out.index)
                 no_text = self.engine.tokenizer is None
-                result = output_result(self.worker_id, out, *offsets, text_of_ids=no_text)
-                if out.done and out.error is None and running.settlement is not None:
+                settles = out.done and out.error is None and running.settlement is not None
+                if settles:
                     settlements.append((running.settlement, out.num_prompt_tokens + out.num_output_tokens))
-                    result = replace(result, quota_settled=True)
-                results.append(result)
+                results.append(
+                    output_result(self.worker_id, out, *offsets, text_of_ids=no_text, quota_settled=settles)
+                )
                 running.advance(out.index, len(out.new_token_ids))
                 key = (running.lane, running.tenant)
                 served[key] = served.get(key, 0.0) + w_out * len(out.new_token_ids) / running.weight

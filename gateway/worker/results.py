@@ -28,11 +28,18 @@ def error_result(
 
 
 def output_result(
-    worker: str, out: RequestOutput, offset: int, choice_offset: int, *, text_of_ids: bool
+    worker: str,
+    out: RequestOutput,
+    offset: int,
+    choice_offset: int,
+    *,
+    text_of_ids: bool,
+    quota_settled: bool = False,
 ) -> LaneResult:
     """One engine output as a result: ``offset``, the tokens of choice 0 already published (an
     error's offset); ``choice_offset``, those of the output's own choice; ``text_of_ids``: the model
-    has no tokenizer (random weights), the text shows the token ids."""
+    has no tokenizer (random weights), the text shows the token ids; ``quota_settled``: the publish
+    settles the request's quota with this, its last result."""
     if out.error is not None:  # refused at a step start (SLO): no token was produced
         return error_result(
             worker, out.request_id, out.error, offset=offset, num_prompt_tokens=out.num_prompt_tokens
@@ -52,4 +59,5 @@ def output_result(
         logprobs=None if out.logprobs is None else tuple(out.logprobs),
         num_cached_tokens=out.num_cached_tokens,
         prompt_logprobs=None if out.prompt_logprobs is None else tuple(out.prompt_logprobs),
+        quota_settled=quota_settled,
     )
