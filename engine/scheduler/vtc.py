@@ -31,7 +31,9 @@ class FairTieredPolicy(TieredPolicy):
         inner: SchedulingPolicy | None = None,
     ) -> None:
         super().__init__(config, clock=clock, inner=inner)
-        self.vtc = VirtualTokenCounters(self.config.vtc_input_weight, self.config.vtc_output_weight)
+        self.vtc = VirtualTokenCounters(
+            self.config.vtc_input_weight, self.config.vtc_output_weight, clock=self.clock
+        )
         self.weights: dict[str, float] = {}  # tenant -> its weight (latest request's)
 
     # ---- the tiered queue's keys and accounting, with counters -----------------------------
@@ -54,7 +56,12 @@ class FairTieredPolicy(TieredPolicy):
     def begin_step(self, running: list[Sequence]) -> list[tuple[Sequence, Exception]]:
         refused = super().begin_step(running)
         self.vtc.begin_step()
+        self.vtc.snapshot()  # what the tenants had before this step: an arrival during it is owed it
         return refused
+
+    def observe(self, plan: StepPlan, seconds: float) -> None:
+        super().observe(plan, seconds)
+        self.vtc.snapshot()  # after the step: an arrival from now on is lifted past it
 
     def on_scheduled(self, seq: Sequence, num_tokens: int) -> None:
         super().on_scheduled(seq, num_tokens)

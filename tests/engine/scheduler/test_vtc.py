@@ -19,17 +19,80 @@ def test_counters_grow_by_weighted_service_over_tenant_weight():
     assert s.policy.vtc.counters == {"A": 8 + 2, "B": (8 + 2) / 2}
 
 
+def ended_step(s, now: list[float]):
+    """run_step as a step of one second on the clock ``now``: it starts at now[0] and the engine
+    reports its end a second later (the counters are kept as of both)."""
+    plan = run_step(s)
+    now[0] += 1.0
+    s.policy.observe(plan, 1.0)
+    return plan
+
+
 def test_returning_tenant_is_lifted_to_the_minimum_active_counter():
-    s = make("vtc")
-    s.add(seq("a", 8, tenant="A"))
-    s.add(seq("b", 4, tenant="B"))
-    run_step(s)
+    now = [100.0]
+    s = make("vtc", clock=lambda: now[0])
+    s.add(seq("a", 8, tenant="A", arrival=now[0]))
+    s.add(seq("b", 4, tenant="B", arrival=now[0]))
+    ended_step(s, now)
     s.finish(s.running[1])  # B goes idle with a small counter
     for _ in range(3):
-        run_step(s)
-    s.add(seq("b2", 4, tenant="B"))
+        ended_step(s, now)
+    s.add(seq("b2", 4, tenant="B", arrival=now[0]))
     vtc = s.policy.vtc
     assert vtc.counters["B"] == vtc.counters["A"]  # no credit banked while idle
+
+
+def test_a_request_that_waited_upstream_is_lifted_as_of_its_arrival():
+    """B's request reached the gateway during a step of A's and waited in a lane for two steps: B
+    is lifted to A's counter as it stood when that step started, and the service A got since is
+    repaid to B first."""
+    now = [100.0]
+    s = make("vtc", max_num_seqs=8, clock=lambda: now[0])
+    s.add(seq("a1", 8, tenant="A", arrival=now[0], max_tokens=64))
+    s.add(seq("a2", 8, tenant="A", arrival=now[0], max_tokens=64))
+    ended_step(s, now)
+    vtc = s.policy.vtc
+    then, arrived = vtc.counters["A"], now[0] + 0.5  # during the next step
+    ended_step(s, now)
+    ended_step(s, now)
+    assert vtc.counters["A"] > then
+    s.add(seq("b1", 8, tenant="B", arrival=arrived))
+    assert vtc.counters["B"] == then < vtc.counters["A"]
+    s.add(seq("a3", 8, tenant="A", arrival=now[0]))
+    s.add(seq("b2", 8, tenant="B", arrival=now[0]))
+    plan = run_step(s)
+    prompts = [it.seq.request_id for it in plan.scheduled if it.seq.num_computed_tokens == it.num_tokens]
+    assert prompts[:2] == ["b1", "b2"]  # B is owed A's service since it arrived: its prompts first
+
+
+def test_a_tenant_idle_at_the_arrival_counts_as_it_became_active_after_it():
+    """B's request reached the gateway while the engine was idle; A arrived after it, was served,
+    went idle and came back before B's request reached the engine: B is lifted to A's counter as
+    A first became active after B's arrival, so A's service since is repaid to B."""
+    now = [100.0]
+    s = make("vtc", max_num_seqs=8, clock=lambda: now[0])
+    ended_step(s, now)  # nothing runs: the counters are kept empty as of now
+    arrived = now[0] - 0.5
+    s.add(seq("a1", 8, tenant="A", arrival=now[0]))
+    vtc = s.policy.vtc
+    first = vtc.counters["A"]
+    ended_step(s, now)
+    s.finish(s.running[0])  # A goes idle
+    s.add(seq("a2", 8, tenant="A", arrival=now[0], max_tokens=64))
+    ended_step(s, now)
+    assert vtc.counters["A"] > first
+    s.add(seq("b1", 8, tenant="B", arrival=arrived))
+    assert vtc.counters["B"] == first
+
+
+def test_an_arrival_older_than_the_kept_counters_is_lifted_as_of_now():
+    now = [100.0]
+    s = make("vtc", clock=lambda: now[0])
+    s.add(seq("a", 8, tenant="A", arrival=now[0], max_tokens=64))
+    for _ in range(3):
+        ended_step(s, now)
+    s.add(seq("b", 4, tenant="B", arrival=50.0))  # before every snapshot the counters keep
+    assert s.policy.vtc.counters["B"] == s.policy.vtc.counters["A"]
 
 
 def test_fairness_inside_a_tier_tiers_strict_above():
