@@ -6,11 +6,18 @@ work, a long garbage collection, a slow callback) adds its duration to every req
 A sleeper task asks to wake every ``interval_s``; how late it wakes is the loop's lag
 (``fairlane_event_loop_lag_seconds``). ``gc.callbacks`` time each collection
 (``fairlane_gc_pause_seconds`` by generation), so a lag spike can be told apart from a collection.
+
+A collection can start inside any allocation, prometheus_client's own included, while it holds
+the (non-reentrant) lock of a metric value or, in multiprocess mode, of every value: a GC callback
+that observed a histogram there would wait for that lock for ever, and the loop with it. The
+callback only appends the pause to a deque; the sleeper task observes the pauses on its next tick
+(and ``stop`` what is left).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import time
 from typing import Any
@@ -27,6 +34,7 @@ class LoopLagMonitor:
         self.interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
         self._gc_started = 0.0
+        self._pauses: collections.deque[tuple[str, float]] = collections.deque(maxlen=10_000)
 
     def start(self) -> None:
         """Start on the running loop (the app's lifespan); idempotent."""
@@ -43,16 +51,24 @@ class LoopLagMonitor:
                 pass
             self._task = None
             gc.callbacks.remove(self._on_gc)
+            self._observe_pauses()
 
     async def _watch(self) -> None:
         while True:
             asked = time.perf_counter()
             await asyncio.sleep(self.interval_s)
             LOOP_LAG.observe(max(time.perf_counter() - asked - self.interval_s, 0.0))
+            self._observe_pauses()
+
+    def _observe_pauses(self) -> None:
+        while self._pauses:
+            generation, seconds = self._pauses.popleft()
+            GC_PAUSE.labels(generation).observe(seconds)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        """Runs inside the collection, wherever it started: no lock, no allocation beyond the tuple."""
         if phase == "start":
             self._gc_started = time.perf_counter()
         elif self._gc_started:
-            GC_PAUSE.labels(str(info.get("generation", ""))).observe(time.perf_counter() - self._gc_started)
+            self._pauses.append((str(info.get("generation", "")), time.perf_counter() - self._gc_started))
             self._gc_started = 0.0

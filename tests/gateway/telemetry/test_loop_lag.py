@@ -60,3 +60,39 @@ def test_gc_pauses_are_timed_by_generation():
     before = gen2()
     asyncio.run(collect())
     assert gen2() == before + 1
+
+
+def test_a_collection_inside_a_metric_s_lock_does_not_deadlock():
+    """A collection can start while prometheus_client holds a metric value's lock (a non-reentrant
+    Lock: in multiprocess mode one lock for every value). The pause is observed after it, by the
+    loop, not from inside the collection, which would wait for that lock for ever."""
+    import threading
+
+    from gateway.telemetry.metrics import GC_PAUSE
+
+    def gen2() -> float:
+        return REGISTRY.get_sample_value("fairlane_gc_pause_seconds_count", {"generation": "2"}) or 0.0
+
+    held = GC_PAUSE.labels("2")._sum._lock  # the lock the pause's observation takes
+    collected = threading.Event()
+
+    def collect_holding_the_lock() -> None:
+        with held:
+            gc.collect()
+        collected.set()
+
+    async def run() -> None:
+        monitor = LoopLagMonitor(interval_s=0.005)
+        monitor.start()
+        try:
+            thread = threading.Thread(target=collect_holding_the_lock, daemon=True)
+            thread.start()
+            await asyncio.to_thread(collected.wait, 10)
+            await asyncio.sleep(0.05)  # a few ticks of the monitor: the pause is observed there
+        finally:
+            await monitor.stop()
+
+    before = gen2()
+    asyncio.run(run())
+    assert collected.is_set(), "the collection's callback deadlocked on the metric's lock"
+    assert gen2() == before + 1
