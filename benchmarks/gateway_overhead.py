@@ -195,7 +195,7 @@ def main() -> int:
     parser.add_argument(
         "--requests",
         type=int,
-        default=200,
+        default=1000,
         help="round trips at concurrency 1 (twice as many at --concurrency)",
     )
     parser.add_argument(

@@ -28,7 +28,7 @@ from gateway.api.errors import (
     worker_lost,
 )
 from gateway.api.outcome import RequestOutcome, Status
-from gateway.api.settle import RequestContext, UsageWrite, settle
+from gateway.api.settle import Deferred, RequestContext, settle
 from gateway.api.state import GatewayState
 from gateway.lanes.client import QueueUnavailable, ResultTimeout
 from gateway.lanes.messages import LaneResult
@@ -113,7 +113,7 @@ class Generation:
     finish_reason: str | None = None  # the last choice's, once every relay is done
     failure: Status | None = None  # why the relay stopped before the end
     closed: bool = False
-    usage_write: UsageWrite | None = None  # left by close(after_response=True) to finish()
+    deferred: Deferred | None = None  # report and usage record, left by close(after_response=True)
     finished: bool = False
 
     @property
@@ -267,7 +267,8 @@ class Generation:
         """Cancel what is unfinished, settle the outcome, drop the result streams and record the
         usage (shielded: runs even when the client has gone and this task is being cancelled);
         once. ``after_response``: leave what the response does not wait for (the result streams'
-        deletion, the usage record) to ``finish``, which the caller runs once it is sent."""
+        deletion, the report and the usage record) to ``finish``, which the caller runs once it is
+        sent."""
         if self.closed:
             return
         self.closed = True
@@ -280,17 +281,18 @@ class Generation:
             if self.relay_span is not None:
                 self.relay_span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)
                 self.relay_span.end()
-            self.usage_write = await settle(self.context, outcome, defer_usage=True)
+            self.deferred = await settle(self.context, outcome, defer=True)
         if not after_response:
             await self.finish()
 
     async def finish(self) -> None:
-        """What ``close`` left: the result streams to the lanes' next discard, the usage record; once."""
+        """What ``close`` left: the result streams to the lanes' next discard, the report and the
+        usage record; once."""
         if self.finished:
             return
         self.finished = True
         with anyio.CancelScope(shield=True):
             for relay in self.relays:
                 self.state.lanes.discard_soon(relay.request_id)
-            if self.usage_write is not None:
-                await self.usage_write()
+            if self.deferred is not None:
+                await self.deferred()

@@ -57,13 +57,15 @@ def finish_request(
     prompt_tokens: int,
     completion_tokens: int,
     started: float,
+    ended: float | None = None,
     first_token_at: float | None = None,
     ran: bool = False,
 ) -> None:
     """Count, annotate and log a request that ended with ``status`` (a finish reason, cancelled,
     or an error code). ``ran``: it reached a worker (its duration is observed). Token counts are
-    the usage record's (0 prompt tokens for a request that never ran)."""
-    latency = time.monotonic() - started
+    the usage record's (0 prompt tokens for a request that never ran). ``ended``: when it ended
+    (monotonic; default: now), for a report written after the response."""
+    latency = (time.monotonic() if ended is None else ended) - started
     ttft = first_token_at - started if first_token_at is not None else None
     tenant = str(auth.tenant_id) if tenant_label else ""
     metrics.REQUESTS.labels(tier, status, tenant).inc()

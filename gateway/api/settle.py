@@ -3,10 +3,12 @@ its quota, report it (metrics, span, log line) and write its usage record, in th
 
 The usage record is a database transaction (an insert and the hourly roll-up), shared by the
 records of requests that end within a few milliseconds (gateway/api/usage_writer.py), the costliest
-step of a short request's path. A JSON response does not wait for it: with ``defer_usage`` the
-caller gets the write back and runs it once the response is sent (a Starlette background task,
-which runs before the ASGI call returns). The quota is settled
-before any response, so a client's next request finds its concurrency slot free.
+step of a short request's path. A JSON response waits for neither it nor the report: with
+``defer`` the caller gets both back and runs them once the response is sent (a Starlette
+background task, which runs right after the body is sent and before the ASGI call returns, so the
+request's span is still open); the latency reported and recorded is still the one at settlement.
+The quota is settled before any response, so a client's next request finds its concurrency slot
+free.
 
 ``settle`` runs once per request, shielded from cancellation (the client may be gone): by the
 relay when it closes (gateway/api/relay.py), or by the admission when the request fails before
@@ -45,46 +47,56 @@ class RequestContext:
     admission: Admission | None = None  # None until the quota let it in
 
 
-UsageWrite = Callable[[], Awaitable[None]]
+Deferred = Callable[[], Awaitable[None]]
 
 
-async def settle(
-    context: RequestContext, outcome: RequestOutcome, *, defer_usage: bool = False
-) -> UsageWrite | None:
+async def settle(context: RequestContext, outcome: RequestOutcome, *, defer: bool = False) -> Deferred | None:
     """Settle the quota, report the request and record its usage, all from ``outcome``.
-    ``defer_usage``: return the usage write (None when nothing ran) instead of awaiting it."""
+    ``defer``: return the report and the usage write, to run once the response is sent, instead
+    of running them now."""
     with anyio.CancelScope(shield=True):
-        usage = None
         if context.admission is not None:
             await context.quota.settle(context.admission, outcome)
-            usage = _usage_write(context, outcome)
-        finish_request(
-            span=context.span,
-            tenant_label=context.state.settings.metrics_tenant_label,
-            request_id=context.request_id,
-            auth=context.auth,
-            tier=context.tier,
-            model=context.model,
-            status=outcome.usage_status,
-            prompt_tokens=outcome.charged_prompt_tokens,
-            completion_tokens=outcome.completion_tokens,
-            started=context.started,
-            first_token_at=outcome.first_token_at,
-            ran=context.admission is not None,
-        )
-        if usage is None or defer_usage:
-            return usage
-        await usage()
+        ended = time.monotonic()
+        if defer:
+            return _report_and_record(context, outcome, ended)
+        await _report_and_record(context, outcome, ended)()
         return None
 
 
-def _usage_write(context: RequestContext, outcome: RequestOutcome) -> UsageWrite:
-    """The request's usage record, its latency taken now; written (the replica's UsageWriter, in
-    a batch with the records of requests that ended meanwhile) when awaited."""
-    latency_ms = (time.monotonic() - context.started) * 1000
+def _report_and_record(context: RequestContext, outcome: RequestOutcome, ended: float) -> Deferred:
+    """The request's report (metrics, span, log line) and its usage record, as of ``ended``."""
+
+    async def run() -> None:
+        with anyio.CancelScope(shield=True):
+            finish_request(
+                span=context.span,
+                tenant_label=context.state.settings.metrics_tenant_label,
+                request_id=context.request_id,
+                auth=context.auth,
+                tier=context.tier,
+                model=context.model,
+                status=outcome.usage_status,
+                prompt_tokens=outcome.charged_prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+                started=context.started,
+                ended=ended,
+                first_token_at=outcome.first_token_at,
+                ran=context.admission is not None,
+            )
+            if context.admission is not None:
+                await context.state.usage.write(_usage_row(context, outcome, ended))
+
+    return run
+
+
+def _usage_row(context: RequestContext, outcome: RequestOutcome, ended: float) -> dict:
+    """The request's usage record (written by the replica's UsageWriter, in a batch with the
+    records of requests that ended meanwhile)."""
+    latency_ms = (ended - context.started) * 1000
     ttft_ms = None if outcome.first_token_at is None else (outcome.first_token_at - context.started) * 1000
     auth = context.auth
-    row = dict(
+    return dict(
         request_id=context.request_id,
         tenant_id=auth.tenant_id,
         key_id=auth.key_id,
@@ -96,9 +108,3 @@ def _usage_write(context: RequestContext, outcome: RequestOutcome) -> UsageWrite
         ttft_ms=ttft_ms,
         latency_ms=latency_ms,
     )
-
-    async def record() -> None:
-        with anyio.CancelScope(shield=True):
-            await context.state.usage.write(row)
-
-    return record

@@ -213,7 +213,7 @@ async def _respond(
     except BaseException:
         await generation.finish()
         raise
-    response.background = BackgroundTask(generation.finish)  # the usage record, once the response is sent
+    response.background = BackgroundTask(generation.finish)  # report and usage record, once it is sent
     return response
 
 
