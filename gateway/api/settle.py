@@ -61,31 +61,31 @@ async def settle(context: RequestContext, outcome: RequestOutcome, *, defer: boo
         if defer:
             return _report_and_record(context, outcome, ended)
         await _report_and_record(context, outcome, ended)()
-        return None
+    return None
 
 
 def _report_and_record(context: RequestContext, outcome: RequestOutcome, ended: float) -> Deferred:
-    """The request's report (metrics, span, log line) and its usage record, as of ``ended``."""
+    """The request's report (metrics, span, log line) and its usage record, as of ``ended``; its
+    callers (``settle``, ``Generation.finish``) run it shielded from cancellation."""
 
     async def run() -> None:
-        with anyio.CancelScope(shield=True):
-            finish_request(
-                span=context.span,
-                tenant_label=context.state.settings.metrics_tenant_label,
-                request_id=context.request_id,
-                auth=context.auth,
-                tier=context.tier,
-                model=context.model,
-                status=outcome.usage_status,
-                prompt_tokens=outcome.charged_prompt_tokens,
-                completion_tokens=outcome.completion_tokens,
-                started=context.started,
-                ended=ended,
-                first_token_at=outcome.first_token_at,
-                ran=context.admission is not None,
-            )
-            if context.admission is not None:
-                await context.state.usage.write(_usage_row(context, outcome, ended))
+        finish_request(
+            span=context.span,
+            tenant_label=context.state.settings.metrics_tenant_label,
+            request_id=context.request_id,
+            auth=context.auth,
+            tier=context.tier,
+            model=context.model,
+            status=outcome.usage_status,
+            prompt_tokens=outcome.charged_prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            started=context.started,
+            ended=ended,
+            first_token_at=outcome.first_token_at,
+            ran=context.admission is not None,
+        )
+        if context.admission is not None:
+            await context.state.usage.write(_usage_row(context, outcome, ended))
 
     return run
 

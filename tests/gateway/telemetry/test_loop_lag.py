@@ -45,10 +45,11 @@ def test_a_free_loop_shows_no_long_lag():
     assert _total() - _count("0.25") == slow_before
 
 
-def test_gc_pauses_are_timed_by_generation():
-    def gen2() -> float:
-        return REGISTRY.get_sample_value("fairlane_gc_pause_seconds_count", {"generation": "2"}) or 0.0
+def _gen2() -> float:
+    return REGISTRY.get_sample_value("fairlane_gc_pause_seconds_count", {"generation": "2"}) or 0.0
 
+
+def test_gc_pauses_are_timed_by_generation():
     async def collect() -> None:
         monitor = LoopLagMonitor()
         monitor.start()
@@ -57,9 +58,9 @@ def test_gc_pauses_are_timed_by_generation():
         finally:
             await monitor.stop()
 
-    before = gen2()
+    before = _gen2()
     asyncio.run(collect())
-    assert gen2() == before + 1
+    assert _gen2() == before + 1
 
 
 def test_a_collection_inside_a_metric_s_lock_does_not_deadlock():
@@ -69,9 +70,6 @@ def test_a_collection_inside_a_metric_s_lock_does_not_deadlock():
     import threading
 
     from gateway.telemetry.metrics import GC_PAUSE
-
-    def gen2() -> float:
-        return REGISTRY.get_sample_value("fairlane_gc_pause_seconds_count", {"generation": "2"}) or 0.0
 
     held = GC_PAUSE.labels("2")._sum._lock  # the lock the pause's observation takes
     collected = threading.Event()
@@ -92,7 +90,7 @@ def test_a_collection_inside_a_metric_s_lock_does_not_deadlock():
         finally:
             await monitor.stop()
 
-    before = gen2()
+    before = _gen2()
     asyncio.run(run())
     assert collected.is_set(), "the collection's callback deadlocked on the metric's lock"
-    assert gen2() == before + 1
+    assert _gen2() == before + 1
