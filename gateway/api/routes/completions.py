@@ -23,12 +23,13 @@ from gateway.api.model_selection import select_model
 from gateway.api.prompts import completion_prompt_ids, tokenize
 from gateway.api.quota_service import QuotaDep
 from gateway.api.relay import Generation
+from gateway.api.routes.lean_route import LeanRoute
 from gateway.api.schemas.openai import ChatCompletionRequest, CompletionRequest
 from gateway.api.state import GatewayState
 from gateway.api.tiers import openai_tier, resolve_tier
 from gateway.lanes.messages import LaneAdapter
 
-router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES, route_class=LeanRoute)
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 # With "stream": true the 200 is server-sent events (OpenAI's chunks, then "data: [DONE]").
 STREAMED = {
