@@ -11,6 +11,8 @@
    serving path: HTTP, auth, quotas, lanes, the worker and the relay. p50 and p99 at concurrency 1
    and ``--concurrency`` (closed loop), sent by the lean keep-alive client of
    benchmarks.round_trip (raw HTTP/1.1 on asyncio streams: it leaves the shared cores to the server).
+   The two ways alternate in ``--segments`` segments each, so that a shared host's drift between
+   minutes falls on both.
 2. Stages (the gateway's own path, in process): the route's steps in the order of
    ``gateway.api.admit.start``: auth (``KeyCache.lookup`` on a real SQLite database made by
    tenancy), checks (a worker serves the model, its context length: both cached per replica),
@@ -55,33 +57,36 @@ def round_trips(args, workdir: Path) -> dict:
     # One engine thread (the machine's other core serves the gateway and Redis), a KV cache sized
     # for the tiny model: the same engine settings over HTTP and in process.
     engine = {"num_threads": 1, "dtype": "float32", "num_kv_blocks": KV_BLOCKS}
-    runs: dict = {}
+    runs: dict = {f"{way}_c{c}": [] for c in (1, args.concurrency) for way in ("http", "engine")}
+    llm = LLM(model=model, incremental_text=True, **engine)  # text every step, as the worker's engine
+    params = SamplingParams(max_tokens=1)
     served = serve(model, workdir, env={f"FAIRLANE_ENGINE__{k.upper()}": str(v) for k, v in engine.items()})
     try:
         body = {"model": Path(model).name, "messages": CHAT, "max_tokens": 1}
         for concurrency in (1, args.concurrency):
             n = args.requests * (1 if concurrency == 1 else 2)
-            asyncio.run(
+            asyncio.run(  # warm-up
                 lean_closed_loop(served, body, requests=concurrency * 2, concurrency=concurrency)
-            )  # warm-up
-            runs[f"http_c{concurrency}"] = asyncio.run(
-                lean_closed_loop(served, body, requests=n, concurrency=concurrency)
             )
+            engine_closed_loop(llm, CHAT, params, requests=concurrency * 2, concurrency=concurrency)
+            # Alternating segments of one run: both ways see the same machine (these are shared,
+            # noisy hosts: one way measured minutes after the other can differ by tenths of a ms).
+            for segment in range(args.segments):
+                size = n // args.segments + (segment < n % args.segments)
+                runs[f"http_c{concurrency}"] += asyncio.run(
+                    lean_closed_loop(served, body, requests=size, concurrency=concurrency)
+                )
+                runs[f"engine_c{concurrency}"] += engine_closed_loop(
+                    llm, CHAT, params, requests=size, concurrency=concurrency
+                )
     finally:
         served.stop()
-    llm = LLM(model=model, incremental_text=True, **engine)  # text every step, as the worker's engine
-    params = SamplingParams(max_tokens=1)
-    for concurrency in (1, args.concurrency):
-        n = args.requests * (1 if concurrency == 1 else 2)
-        engine_closed_loop(llm, CHAT, params, requests=concurrency * 2, concurrency=concurrency)  # warm-up
-        runs[f"engine_c{concurrency}"] = engine_closed_loop(
-            llm, CHAT, params, requests=n, concurrency=concurrency
-        )
     return {
         "model": "tiny random Llama (2 layers, hidden 64) with SmolLM2's tokenizer",
         "max_tokens": 1,
         "messages": CHAT,
         "requests_c1": args.requests,
+        "segments": args.segments,
         "latency": {
             name: {
                 "p50_ms": pct(v, 0.50),
@@ -221,6 +226,12 @@ def main() -> int:
     )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(
+        "--segments",
+        type=int,
+        default=10,
+        help="the round trips over HTTP and in process alternate in this many segments of each",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="tracing in the stages measure, off and on in alternating segments of one run: the gateway's "
@@ -235,6 +246,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.requests, args.rate, args.high_rate, args.seconds, args.concurrency = 8, 50.0, 100.0, 0.5, 4
+        args.segments = 2
         args.crossing = min(args.crossing, 1)
     out = out_dir(args, "gateway_overhead")
     server = None
