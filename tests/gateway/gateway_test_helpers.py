@@ -33,6 +33,18 @@ TINY_ENGINE = dict(
 )
 
 
+def chat_body(settings, **extra) -> dict:
+    """A greedy chat request of four tokens (``extra`` overrides or adds fields)."""
+    return {
+        "model": settings.model_name,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "temperature": 0,
+        **extra,
+    }
+
+
 def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

@@ -7,7 +7,7 @@ import json
 from datetime import UTC
 
 import pytest
-from gateway_test_helpers import assert_openai_error, make_tenant_key
+from gateway_test_helpers import assert_openai_error, chat_body, make_tenant_key
 
 
 @pytest.fixture
@@ -20,17 +20,6 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def _chat(settings, **extra) -> dict:
-    return {
-        "model": settings.model_name,
-        "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 4,
-        "ignore_eos": True,
-        "temperature": 0,
-        **extra,
-    }
-
-
 def _events(text: str) -> list:
     lines = [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
@@ -38,7 +27,7 @@ def _events(text: str) -> list:
 
 
 async def test_chat_completion_with_usage(app_client, running_worker, settings, key):
-    response = await app_client.post("/v1/chat/completions", headers=_auth(key), json=_chat(settings))
+    response = await app_client.post("/v1/chat/completions", headers=_auth(key), json=chat_body(settings))
     assert response.status_code == 200, response.text
     body = response.json()
     assert (
@@ -55,7 +44,7 @@ async def test_chat_completion_with_usage(app_client, running_worker, settings, 
 
 
 async def test_streamed_chat_with_include_usage(app_client, running_worker, settings, key):
-    payload = _chat(settings, stream=True, stream_options={"include_usage": True}, service_tier="batch")
+    payload = chat_body(settings, stream=True, stream_options={"include_usage": True}, service_tier="batch")
     response = await app_client.post("/v1/chat/completions", headers=_auth(key), json=payload)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = _events(response.text)
@@ -64,7 +53,8 @@ async def test_streamed_chat_with_include_usage(app_client, running_worker, sett
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
-    plain = (await app_client.post("/v1/chat/completions", headers=_auth(key), json=_chat(settings))).json()
+    answered = await app_client.post("/v1/chat/completions", headers=_auth(key), json=chat_body(settings))
+    plain = answered.json()
     assert text == plain["choices"][0]["message"]["content"]  # greedy: same answer either way
 
 
@@ -115,7 +105,7 @@ async def test_models_and_health(app_client, running_worker, settings, key):
 
 async def test_no_worker_is_503_and_not_ready(app_client, settings, key):
     assert_openai_error(
-        await app_client.post("/v1/chat/completions", headers=_auth(key), json=_chat(settings)),
+        await app_client.post("/v1/chat/completions", headers=_auth(key), json=chat_body(settings)),
         503,
         code="service_unavailable",
     )
@@ -124,10 +114,12 @@ async def test_no_worker_is_503_and_not_ready(app_client, settings, key):
 
 async def test_auth_errors(app_client, settings, key):
     assert_openai_error(
-        await app_client.post("/v1/chat/completions", json=_chat(settings)), 401, code="missing_api_key"
+        await app_client.post("/v1/chat/completions", json=chat_body(settings)), 401, code="missing_api_key"
     )
     assert_openai_error(
-        await app_client.post("/v1/chat/completions", headers=_auth(key[:-2] + "zz"), json=_chat(settings)),
+        await app_client.post(
+            "/v1/chat/completions", headers=_auth(key[:-2] + "zz"), json=chat_body(settings)
+        ),
         401,
         code="invalid_api_key",
     )
@@ -136,7 +128,7 @@ async def test_auth_errors(app_client, settings, key):
 async def test_tier_errors(app_client, settings, key):
     error = assert_openai_error(
         await app_client.post(
-            "/v1/chat/completions", headers=_auth(key), json=_chat(settings, service_tier="priority")
+            "/v1/chat/completions", headers=_auth(key), json=chat_body(settings, service_tier="priority")
         ),
         403,
         param="service_tier",
@@ -145,7 +137,7 @@ async def test_tier_errors(app_client, settings, key):
     assert "priority" in error["message"]
     assert_openai_error(
         await app_client.post(
-            "/v1/chat/completions", headers=_auth(key), json=_chat(settings, service_tier="platinum")
+            "/v1/chat/completions", headers=_auth(key), json=chat_body(settings, service_tier="platinum")
         ),
         400,
         param="service_tier",
@@ -282,7 +274,7 @@ async def test_lane_entry_carries_tenant_tier_and_trace_context(app_client, sett
     request = asyncio.create_task(
         app_client.post(
             "/v1/chat/completions",
-            json=_chat(settings, service_tier="batch", max_tokens=5),
+            json=chat_body(settings, service_tier="batch", max_tokens=5),
             headers={**_auth(key), "traceparent": traceparent},
         )
     )
@@ -315,7 +307,7 @@ async def test_usage_record_has_timings_and_outcome(app_client, running_worker, 
     )
 
     response = await app_client.post(
-        "/v1/chat/completions", headers=_auth(key), json=_chat(settings, service_tier="batch")
+        "/v1/chat/completions", headers=_auth(key), json=chat_body(settings, service_tier="batch")
     )
     assert response.status_code == 200
     engine = make_engine(settings.database_url)

@@ -6,15 +6,8 @@ Redis, real worker, tiny model)."""
 from __future__ import annotations
 
 import pytest
-from gateway_test_helpers import make_tenant_key
 
 from gateway.api import relay
-
-
-@pytest.fixture
-async def key(app_client):
-    _tenant, key = await make_tenant_key(app_client, "acme")
-    return key
 
 
 @pytest.fixture

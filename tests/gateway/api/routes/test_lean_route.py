@@ -8,17 +8,11 @@ from __future__ import annotations
 import fastapi.routing
 import pytest
 from fastapi import Request
-from gateway_test_helpers import make_tenant_key
+from gateway_test_helpers import chat_body
 
 from gateway.api.deps import get_state
 from gateway.api.routes import completions
 from gateway.api.routes.lean_route import LeanRoute, is_json
-
-
-@pytest.fixture
-async def key(app_client):
-    _tenant, key = await make_tenant_key(app_client, "acme")
-    return key
 
 
 @pytest.fixture
@@ -54,16 +48,6 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def _chat(settings) -> dict:
-    return {
-        "model": settings.model_name,
-        "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 3,
-        "ignore_eos": True,
-        "temperature": 0,
-    }
-
-
 def test_the_inference_routes_are_lean():
     assert {route.path: type(route) for route in completions.router.routes} == {
         "/v1/chat/completions": LeanRoute,
@@ -75,7 +59,7 @@ def test_the_inference_routes_are_lean():
 async def test_a_well_formed_request_answers_as_fastapi_s_handler_does(
     app_client, running_worker, settings, key, solved, fastapi_only, path
 ):
-    body = _chat(settings)
+    body = chat_body(settings)
     if path == "/v1/completions":
         body = {k: v for k, v in body.items() if k != "messages"} | {"prompt": "Hi"}
     lean = await app_client.post(path, headers=_auth(key), json=body)
@@ -96,10 +80,10 @@ async def test_a_well_formed_request_answers_as_fastapi_s_handler_does(
 @pytest.mark.parametrize("authorization", [None, "Bearer fl-not-a-key", "Basic abc", "Bearer "])
 async def test_a_refused_key_reads_the_same(app_client, settings, solved, fastapi_only, authorization):
     headers = {} if authorization is None else {"Authorization": authorization}
-    lean = await app_client.post("/v1/chat/completions", headers=headers, json=_chat(settings))
+    lean = await app_client.post("/v1/chat/completions", headers=headers, json=chat_body(settings))
     assert solved == []
     with fastapi_only:
-        full = await app_client.post("/v1/chat/completions", headers=headers, json=_chat(settings))
+        full = await app_client.post("/v1/chat/completions", headers=headers, json=chat_body(settings))
     assert lean.status_code == full.status_code == 401
     assert lean.json() == full.json()
 
@@ -135,7 +119,7 @@ async def test_a_json_subtype_with_parameters_is_lean(app_client, running_worker
     response = await app_client.post(
         "/v1/chat/completions",
         headers=_auth(key) | {"content-type": "application/vnd.api+json; charset=utf-8"},
-        content=json.dumps(_chat(settings)).encode(),
+        content=json.dumps(chat_body(settings)).encode(),
     )
     assert response.status_code == 200, response.text
     assert solved == []
