@@ -13,7 +13,8 @@
    benchmarks.round_trip (raw HTTP/1.1 on asyncio streams: it leaves the shared cores to the server).
    The two ways alternate in ``--segments`` segments each, so that a shared host's drift between
    minutes falls on both.
-2. Stages (the gateway's own path, in process): the route's steps in the order of
+2. Stages (the gateway's own path, in process, on the event loop `fairlane serve` gives its gateway:
+   uvloop where it is installed): the route's steps in the order of
    ``gateway.api.admit.start``: auth (``KeyCache.lookup`` on a real SQLite database made by
    tenancy), checks (a worker serves the model, its context length: both cached per replica),
    quotas (``QuotaService.admit``: one Lua call checking RPM, TPM, concurrency and budgets, which
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import statistics
@@ -47,6 +49,21 @@ from benchmarks.round_trip import engine_closed_loop, lean_closed_loop, serve
 
 CHAT = [{"role": "user", "content": "Say hello in French."}]
 KV_BLOCKS = 1024  # of 16 tokens
+
+
+def serve_s_loop() -> str:
+    """The event loop `fairlane serve` gives its gateway: uvloop where it is installed (the
+    uvicorn settings of gateway/cli/serve.py), else asyncio's."""
+    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+
+
+def on_serve_s_loop(coro):
+    """Run ``coro`` on serve's event loop (``serve_s_loop``)."""
+    if serve_s_loop() == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
 
 
 def round_trips(args, workdir: Path) -> dict:
@@ -257,7 +274,7 @@ def main() -> int:
         server.start()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            staged = asyncio.run(
+            staged = on_serve_s_loop(
                 stages(args, args.redis_url or server.connection_url, f"sqlite:///{tmp}/bench.db")
             )
     finally:
@@ -273,6 +290,7 @@ def main() -> int:
         "machine": {
             **machine(),
             "stages_redis": args.redis_url or "embedded valkey",
+            "stages_loop": serve_s_loop(),
             "load_average_1_5_15": os.getloadavg(),  # other work on the machine during the run
         },
     }
