@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import statistics
@@ -46,20 +45,15 @@ from pathlib import Path
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
 from benchmarks.gateway_path import STAGES, pct, stages
 from benchmarks.round_trip import engine_closed_loop, lean_closed_loop, serve
+from gateway.cli.serve import event_loop
 
 CHAT = [{"role": "user", "content": "Say hello in French."}]
 KV_BLOCKS = 1024  # of 16 tokens
 
 
-def serve_s_loop() -> str:
-    """The event loop `fairlane serve` gives its gateway: uvloop where it is installed (the
-    uvicorn settings of gateway/cli/serve.py), else asyncio's."""
-    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
-
-
 def on_serve_s_loop(coro):
-    """Run ``coro`` on serve's event loop (``serve_s_loop``)."""
-    if serve_s_loop() == "uvloop":
+    """Run ``coro`` on the event loop `fairlane serve` gives its gateway (``event_loop``)."""
+    if event_loop() == "uvloop":
         import uvloop
 
         return uvloop.run(coro)
@@ -290,7 +284,7 @@ def main() -> int:
         "machine": {
             **machine(),
             "stages_redis": args.redis_url or "embedded valkey",
-            "stages_loop": serve_s_loop(),
+            "stages_loop": event_loop(),
             "load_average_1_5_15": os.getloadavg(),  # other work on the machine during the run
         },
     }

@@ -15,8 +15,8 @@ from gateway.api.errors import AuthenticationFailed
 from gateway.api.state import GatewayState
 from gateway.telemetry import tracing
 
-_bearer = HTTPBearer(auto_error=False)
-BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+bearer = HTTPBearer(auto_error=False)  # the Authorization header's bearer token, or None
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
 async def get_state(request: Request) -> GatewayState:

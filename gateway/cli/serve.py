@@ -163,18 +163,25 @@ def _gateway_spawner(settings: ServeSettings, sock: socket.socket):
     return spawn
 
 
-def uvicorn_config(app, settings: ServeSettings):
-    """uvicorn's settings of a gateway process: httptools and uvloop when installed, no access log
-    (the gateway writes its own request line), uvicorn's records through this process's handler."""
-    import uvicorn
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
 
-    def installed(name: str) -> bool:
-        return importlib.util.find_spec(name) is not None
+
+def event_loop() -> str:
+    """The event loop of a gateway process: uvloop when installed, else asyncio's."""
+    return "uvloop" if _installed("uvloop") else "asyncio"
+
+
+def uvicorn_config(app, settings: ServeSettings):
+    """uvicorn's settings of a gateway process: httptools when installed, ``event_loop()``, no
+    access log (the gateway writes its own request line), uvicorn's records through this process's
+    handler."""
+    import uvicorn
 
     return uvicorn.Config(
         app,
-        http="httptools" if installed("httptools") else "h11",
-        loop="uvloop" if installed("uvloop") else "asyncio",
+        http="httptools" if _installed("httptools") else "h11",
+        loop=event_loop(),
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=settings.drain_timeout_s,

@@ -27,7 +27,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
-from gateway.api.deps import _bearer, get_current_key, get_state
+from gateway.api.deps import bearer, get_current_key, get_state
 from gateway.api.quota_service import get_quota_service
 
 PARAMETERS = ("body", "request", "auth", "state", "quota")  # the endpoints' signature, in order
@@ -66,7 +66,7 @@ class LeanRoute(APIRoute):
             except (ValueError, ValidationError):  # JSONDecodeError, UnicodeDecodeError: FastAPI's words
                 return await full(request)
             state = await get_state(request)
-            auth = await get_current_key(state, await _bearer(request))
+            auth = await get_current_key(state, await bearer(request))
             quota = await get_quota_service(request)
             return await endpoint(body, request, auth, state, quota)
 
