@@ -76,6 +76,10 @@ class SharedSettings(BaseSettings):
     # Priority lanes, highest first. OpenAI's "auto"/"default" service_tier means the tenant's default.
     tiers: list[str] = Field(default_factory=lambda: ["priority", "standard", "batch"])
     result_ttl_s: int = 300  # out:{id} streams and cancel marks expire this long after last write
+    # A gateway on the host of a model's only worker hands it each request over a local socket as
+    # the admission queues it, and the idle worker starts its first step before the lane entry
+    # reaches it; it publishes nothing until the entry does (gateway/lanes/hints.py). Linux only.
+    early_start: bool = True
     # Uploaded LoRA adapters (content-addressed; gateways write, workers read). None: {cache dir}/adapters.
     adapter_dir: str | None = None
 

@@ -108,7 +108,14 @@ async def _start(
         # publishes it (the charge is that result's prompt and output tokens), so the concurrency
         # slot is free before the response and the gateway needs no round trip of its own.
         worker_settles = queue_with_admission and plan.lane_requests[0].sampling.n == 1
-        context.admission = await _admit(context, plan, lane_entry, worker_settles)
+        # An idle worker on this host starts the request while the admission queues it (hints.py).
+        hinted = lane_entry is not None and state.lanes.hint(plan.lane_requests[0], *lane_entry)
+        try:
+            context.admission = await _admit(context, plan, lane_entry, worker_settles)
+        except BaseException:
+            if hinted:
+                state.lanes.unhint(model, plan.lane_requests[0].request_id)
+            raise
     except GatewayError as exc:  # refused, or a backend is down: nothing was charged or queued
         await settle(context, RequestOutcome(Status.REFUSED, error_code=status_of(exc)))
         raise

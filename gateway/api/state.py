@@ -62,7 +62,7 @@ class GatewayState:
             db_engine=db_engine,
             session_factory=session_factory,
             tokenizer=load_prompt_tokenizer(settings.engine.model, dummy_config=settings.engine.dummy_config),
-            lanes=LaneClient(redis, result_ttl_s=settings.result_ttl_s),
+            lanes=LaneClient(redis, result_ttl_s=settings.result_ttl_s, early_start=settings.early_start),
             key_cache=KeyCache(session_factory, redis, refresh_s=settings.auth_refresh_s),
             quota_service=QuotaService.open(settings, session_factory),
             slo_gate=SLOGate(

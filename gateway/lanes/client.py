@@ -22,7 +22,17 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.lanes.keys import WORKER_ALIVE_S, as_text, cancel_key, lane_key, out_key, workers_key
+from gateway.lanes import hints
+from gateway.lanes.keys import (
+    WORKER_ALIVE_S,
+    WORKER_INBOX_FIELD,
+    as_text,
+    cancel_key,
+    lane_key,
+    out_key,
+    worker_info_key,
+    workers_key,
+)
 from gateway.lanes.messages import LaneRequest, LaneResult
 from gateway.lanes.result_reader import ResultReader
 
@@ -60,8 +70,20 @@ class QueueUnavailable(Exception):
 class LaneClient:
     """Submit requests to lanes, relay their results, cancel them (async, one per gateway)."""
 
-    def __init__(self, redis: aioredis.Redis, *, result_ttl_s: int = 300, poll_ms: int = POLL_MS) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        result_ttl_s: int = 300,
+        poll_ms: int = POLL_MS,
+        early_start: bool = False,
+    ) -> None:
+        """``early_start``: hint a model's only worker, when it has an inbox on this host
+        (gateway/lanes/hints.py), before each admission."""
         self.redis = redis
+        self.early_start = early_start and hints.supported()
+        self._inboxes: dict[str, str] = {}  # model -> its only live worker's inbox (as last seen)
+        self._hints = hints.Sender()
         self.result_ttl_s = result_ttl_s
         self.poll_ms = poll_ms
         self._worker_seen: dict[str, float] = {}  # model → when a live worker was last seen (monotonic)
@@ -221,6 +243,7 @@ class LaneClient:
             await asyncio.gather(self._discarder, return_exceptions=True)
         await self._flush_discards()
         await self.reader.aclose()
+        self._hints.close()
 
     async def discard(self, request_id: str) -> None:
         """Drop a relayed request's result stream now."""
@@ -258,9 +281,40 @@ class LaneClient:
             return True
         async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
             pipe.time()
-            pipe.zrange(workers_key(model), -1, -1, withscores=True)  # the latest beat
+            pipe.zrange(workers_key(model), -2, -1, withscores=True)  # the two latest beats
             (now_s, _), latest = await pipe.execute()
-        alive = bool(latest) and latest[0][1] >= now_s - WORKER_ALIVE_S
+        alive = bool(latest) and latest[-1][1] >= now_s - WORKER_ALIVE_S
         if alive:
             self._worker_seen[model] = seen
+            only = len(latest) == 1 or latest[0][1] < now_s - WORKER_ALIVE_S
+            if self.early_start:
+                await self._learn_inbox(model, as_text(latest[-1][0]) if only else None)
         return alive
+
+    async def _learn_inbox(self, model: str, worker_id: str | None) -> None:
+        """Where the model's only live worker (``worker_id``; None: several) takes hints, if anywhere."""
+        address = None
+        if worker_id is not None:
+            address = await self.redis.hget(worker_info_key(model, worker_id), WORKER_INBOX_FIELD)
+        if address:
+            self._inboxes[model] = as_text(address)
+        else:
+            self._inboxes.pop(model, None)
+
+    def hint(self, request: LaneRequest, lane: str, fields: dict[str, str]) -> bool:
+        """Hand the model's only worker a copy of ``request``'s lane entry (``lane``, ``fields``)
+        about to be queued (never waits); whether it was sent. Only while this replica relays no
+        other request: the worker is idle then, unless other replicas keep it busy (a busy worker
+        reads no hint; an idle one whose first entry is another's aborts its early step)."""
+        if not self.early_start or self.reader.relaying:  # the worker is likely busy with those
+            return False
+        address = self._inboxes.get(request.model)
+        return address is not None and self._hints.send(
+            address, hints.start_hint(lane, request.request_id, fields)
+        )
+
+    def unhint(self, model: str, request_id: str) -> None:
+        """The hinted request will not be queued (its admission was refused or failed)."""
+        address = self._inboxes.get(model)
+        if address is not None:
+            self._hints.send(address, hints.drop_hint(request_id))

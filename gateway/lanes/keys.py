@@ -20,7 +20,8 @@
 - ``cancel:{request_id}``: set by a gateway whose client went away; workers check it every step.
 - ``workers:{model}``: sorted set of worker ids scored by their last heartbeat (unix seconds),
   so a gateway knows whether the model is served; workers prune ids that stopped beating.
-- ``model:{model}`` (max_model_len) and ``worker:{model}:{worker_id}`` (KV blocks; expires).
+- ``model:{model}`` (max_model_len) and ``worker:{model}:{worker_id}`` (KV blocks, the address of its
+  early-start inbox; expires).
 - ``load:{model}``: hash worker id → ``LoadReport`` (what its SLO-aware engine predicts TTFT
   from), refreshed every ~50 ms by workers whose policy is SLO-aware; read by the door check.
 """
@@ -71,11 +72,12 @@ def model_info_key(model: str) -> str:
 
 def worker_info_key(model: str, worker_id: str) -> str:
     """Hash of one worker's live state (free_blocks, total_blocks, running, live: JSON for the console,
-    gateway/worker/live_stats.py); expires with the worker."""
+    gateway/worker/live_stats.py; inbox: where early-start hints reach it); expires with the worker."""
     return f"worker:{model}:{worker_id}"
 
 
 WORKER_LIVE_FIELD = "live"  # the field of a worker's info hash with its live statistics (JSON)
+WORKER_INBOX_FIELD = "inbox"  # ... and with the address of its early-start inbox (gateway/lanes/hints.py)
 
 
 def load_key(model: str) -> str:

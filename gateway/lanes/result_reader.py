@@ -85,6 +85,11 @@ class ResultReader:
         entries, waiting.entries = waiting.entries, []
         return [[key, entries]] if entries else []
 
+    @property
+    def relaying(self) -> bool:
+        """Whether a registered stream's last result is still to come (its request runs)."""
+        return any(not waiting.finished for waiting in self._streams.values())
+
     def release(self, key: str) -> None:
         """The request is done with ``key`` (relayed to its end, failed or cancelled)."""
         self._streams.pop(key, None)

@@ -101,6 +101,13 @@ LANE_QUEUE = Histogram(
     ("tier",),
     buckets=QUEUE_BUCKETS,
 )
+EARLY_STARTS = Counter(
+    "fairlane_lane_early_starts",
+    "Requests a worker started on a gateway's hint before their lane entry reached it "
+    "(gateway/lanes/hints.py), by outcome: bound (the entry came, what the step made was "
+    "published) or dropped (aborted, nothing published)",
+    ("worker", "outcome"),
+)
 RUNNING = Gauge(
     "fairlane_engine_running_sequences",
     "Sequences in the running batch",

@@ -2,7 +2,8 @@
 
 Every beat, in one round trip: the worker's score in ``workers:{model}`` (and ids that stopped
 beating pruned), the model's max_model_len, the worker's KV blocks, running requests and live
-statistics for the console (gateway/worker/live_stats.py; a hash that expires with it), and an
+statistics for the console (gateway/worker/live_stats.py; a hash that expires with it) and the
+address of its early-start inbox (gateway/lanes/hints.py), and an
 XCLAIM of every entry it runs, which resets their idle time so that
 no other worker mistakes them for a dead worker's.
 """
@@ -20,6 +21,7 @@ from gateway.lanes.keys import (
     GROUP,
     WORKER_ALIVE_S,
     WORKER_FORGOTTEN_S,
+    WORKER_INBOX_FIELD,
     WORKER_LIVE_FIELD,
     as_text,
     model_info_key,
@@ -47,6 +49,7 @@ def beat(worker: Worker, redis: redislib.Redis, rate: PreemptionRate | None = No
             "total_blocks": worker.engine.num_total_blocks,
             "running": len(worker.inflight),
             WORKER_LIVE_FIELD: orjson.dumps(live_stats(worker.engine, rate or PreemptionRate())),
+            **({WORKER_INBOX_FIELD: worker.inbox.address} if worker.inbox is not None else {}),
         },
     )
     pipe.expire(info, int(WORKER_ALIVE_S))

@@ -12,9 +12,10 @@ the worker runs (``stop`` not set): tokens a step produced must not be dropped.
 from __future__ import annotations
 
 import logging
+import select
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -25,6 +26,8 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import Room
+from gateway.lanes.connect import SOCKET_TIMEOUT_S
+from gateway.lanes.hints import Inbox
 from gateway.lanes.keys import (
     GROUP,
     WORKER_FORGOTTEN_S,
@@ -167,18 +170,28 @@ class LaneIO:
             new.extend(LaneEntry(lane, as_text(entry_id), _fields(flat)) for entry_id, flat in entries)
         return claimed + new
 
-    def wait(self) -> list[LaneEntry]:
+    def wait(
+        self, inbox: Inbox | None = None, on_hints: Callable[[list[bytes]], None] | None = None
+    ) -> list[LaneEntry]:
         """Nothing came: block on every lane at once for an entry (one a lane at most), until the
         next look for a dead worker's entries is due (block_ms at most). An entry added meanwhile
         answers the read at once. The same round trip reads the lanes' lengths once the read
-        returns: ``more`` says whether they hold anything beside the entries returned."""
+        returns: ``more`` says whether they hold anything beside the entries returned.
+
+        With an ``inbox`` (gateway/lanes/hints.py), the datagrams that reach it while the read
+        blocks go to ``on_hints`` as they come (it may run an engine step); the read's reply
+        waits on its socket meanwhile."""
         left_ms = self.claim_every_s * 1000 - (time.monotonic() - self._last_claim) * 1000
         block = max(1, min(self.block_ms, int(left_ms) + 1))  # 0 would block for ever
-        pipe = self.redis.pipeline(transaction=False)  # the lengths are read once the read returns
-        pipe.xreadgroup(GROUP, self.worker_id, {lane: ">" for lane in self.lanes}, count=1, block=block)
-        for lane in self.lanes:
-            pipe.xlen(lane)
-        reply, *lengths = pipe.execute()
+        streams = {lane: ">" for lane in self.lanes}
+        if inbox is None or on_hints is None:
+            pipe = self.redis.pipeline(transaction=False)  # the lengths are read once the read returns
+            pipe.xreadgroup(GROUP, self.worker_id, streams, count=1, block=block)
+            for lane in self.lanes:
+                pipe.xlen(lane)
+            reply, *lengths = pipe.execute()
+        else:
+            reply, lengths = self._read_watching(block, inbox, on_hints)
         woke = [
             LaneEntry(as_text(lane), as_text(entry_id), fields)
             for lane, entries in sorted(reply or [], key=lambda r: self.lanes.index(as_text(r[0])))
@@ -188,6 +201,37 @@ class LaneIO:
         # than what this read returned of it holds nothing else to take.
         self.more = any(n > sum(e.lane == lane for e in woke) for lane, n in zip(self.lanes, lengths))
         return woke
+
+    def _read_watching(
+        self, block: int, inbox: Inbox, on_hints: Callable[[list[bytes]], None]
+    ) -> tuple[Any, list[int]]:
+        """``wait``'s read and lengths in one round trip, watching ``inbox`` until the reply is in.
+        The commands go out first, so an entry added while a hint's step runs answers the read
+        (and waits on the socket for the step's end)."""
+        pool = self.redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            read = ["XREADGROUP", "GROUP", GROUP, self.worker_id, "COUNT", 1, "BLOCK", block, "STREAMS"]
+            read += self.lanes + [">"] * len(self.lanes)
+            conn.send_packed_command(conn.pack_commands([read] + [["XLEN", lane] for lane in self.lanes]))
+            deadline = time.monotonic() + block / 1000 + SOCKET_TIMEOUT_S
+            while not conn.can_read(timeout=0):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RedisTimeoutError("Timeout reading from socket")
+                ready, _, _ = select.select([conn._sock, inbox], [], [], left)
+                if inbox in ready:
+                    hints = inbox.receive()
+                    if hints:
+                        on_hints(hints)
+            reply = self.redis.parse_response(conn, "XREADGROUP")
+            lengths = [self.redis.parse_response(conn, "XLEN") for _ in self.lanes]
+        except BaseException:
+            conn.disconnect()  # a reply may be left unread on it
+            raise
+        finally:
+            pool.release(conn)
+        return reply, lengths
 
     @property
     def claim_every_s(self) -> float:

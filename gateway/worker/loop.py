@@ -23,17 +23,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import redis as redislib
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from engine import Engine, EngineError, ErrorCode, LoRARequest, RequestOutput, parse_policy
+from engine import Engine, EngineError, EngineRequest, ErrorCode, LoRARequest, RequestOutput, parse_policy
 from engine.interrupts import Interrupt
 from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
+from gateway.lanes import hints
+from gateway.lanes.hints import Inbox
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
 from gateway.telemetry import metrics, tracing
 from gateway.worker.inflight import InFlight
@@ -47,6 +49,24 @@ REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware policies only)
 INTERRUPT_POLL_S = 0.01  # while a step runs: how often the lanes are read for urgent prompts
 SETTLEMENT = quota_settlement.FIELD.encode()  # a lane entry's field (as Redis returns it)
+# A hint is acted on only for a prompt this short (the step a refused request wastes stays short)
+# and only this soon after its request was made (an older one is stale: its entry came and went).
+EARLY_MAX_PROMPT_TOKENS = 2048
+EARLY_MAX_AGE_S = 0.5
+STARTED_REMEMBERED = 4096  # request ids whose hints are known to be stale
+
+
+@dataclass
+class EarlyStart:
+    """A hinted request the engine runs before its lane entry reached this worker."""
+
+    lane: str
+    version: bytes
+    body: bytes
+    request: LaneRequest
+    taken_at: float  # unix seconds
+    outputs: list[RequestOutput] = field(default_factory=list)  # its step's, published once it is bound
+    entry: LaneEntry | None = None  # its own entry, once it came
 
 
 class AdapterGone(EngineError):
@@ -70,7 +90,9 @@ class Worker:
         claim_idle_ms: int = 3000,
         block_ms: int = BLOCK_MS,
         adapter_dir: str | Path | None = None,
+        inbox: Inbox | None = None,
     ) -> None:
+        """``inbox``: where gateways on this host send early-start hints (gateway/lanes/hints.py)."""
         self.engine, self.model, self.worker_id = engine, model, worker_id
         self.lane_io = LaneIO(
             redis,
@@ -95,6 +117,10 @@ class Worker:
         urgent = {"priority", "vtc"} & set(parse_policy(engine.config.policy))
         self._interrupt = Interrupt(poll=self._poll, deliver=self._deliver) if urgent else None
         self._last_poll = 0.0
+        self.inbox = inbox
+        self._early: EarlyStart | None = None  # a hinted request stepped before its entry came
+        # the ids of the requests started last (their hints, read late, are stale): oldest first
+        self._started: dict[str, None] = {}
 
     def setup(self) -> None:
         self.lane_io.setup()
@@ -156,11 +182,17 @@ class Worker:
         admitted = 0 if empty and not io.backlogged and not io.claim_due() else self._admit(self._take())
         if not self.engine.has_unfinished() and not admitted:
             self._flush()  # what the take dropped or refused goes out before the worker waits
-            woke = self.lane_io.wait()
+            try:
+                woke = self.lane_io.wait(self.inbox, self._on_hints)
+            except BaseException:
+                self._drop_early()
+                raise
+            self._match_early(woke)
             if woke and self.lane_io.more:  # the rest of a burst joins the entries that woke the worker
                 self._admit(woke, then_take=True)
             elif woke:  # the lanes held nothing else: start them now (the step's publish reads their
                 self._admit(woke, fresh=True)  # cancel marks, one round trip before the first token fewer)
+            self._publish_early()
         if not self.engine.has_unfinished():
             self._flush()
             self.publish_load()  # idle: keep the load fresh for the gateways
@@ -244,6 +276,8 @@ class Worker:
         admitted = 0
         for (entry, request), prior in zip(requests, priors):
             if prior.over:
+                if self._early is not None and self._early.entry is entry:
+                    self._drop_early()
                 self._outbox_done.append((entry.lane, entry.entry_id))
             else:
                 admitted += self._start(entry, request, prior)
@@ -251,8 +285,12 @@ class Worker:
 
     def _start(self, entry: LaneEntry, request: LaneRequest, prior: Prior) -> int:
         """Hand one request to the engine; 1 if it runs, 0 if the engine refused it."""
+        self._started[request.request_id] = None
+        if len(self._started) > STARTED_REMEMBERED:
+            del self._started[next(iter(self._started))]
         # TTFT counts from the gateway's enqueue (time in the lane included).
-        taken_at = time.time()
+        early = self._early if self._early is not None and self._early.entry is entry else None
+        taken_at = time.time() if early is None else early.taken_at  # an early start: in the engine
         waited = max(0.0, taken_at - request.enqueued_at)
         if not entry.claimed:
             metrics.LANE_QUEUE.labels(request.tier).observe(waited)
@@ -269,14 +307,8 @@ class Worker:
             else None
         )
         try:
-            self.engine.add(
-                request.to_engine(
-                    priority=self.priorities[entry.lane],
-                    arrival_time=time.monotonic() - waited,
-                    resume_token_ids=prior.resume_token_ids,
-                    lora=self._lora(request),
-                )
-            )
+            if early is None:
+                self.engine.add(self._engine_request(entry.lane, request, waited, prior.resume_token_ids))
         except (AdapterNotFoundError, EngineError) as exc:  # bad input, or SLOUnattainableError
             refusal: Exception = exc
             if isinstance(exc, AdapterNotFoundError):  # deleted while it waited: as if it never existed
@@ -303,6 +335,87 @@ class Worker:
                 settlement=None if entry.claimed or resumed else entry.fields.get(SETTLEMENT),
             )
         return 1
+
+    def _engine_request(
+        self, lane: str, request: LaneRequest, waited: float, resume_token_ids: tuple[int, ...] = ()
+    ) -> EngineRequest:
+        return request.to_engine(
+            priority=self.priorities[lane],
+            arrival_time=time.monotonic() - waited,
+            resume_token_ids=resume_token_ids,
+            lora=self._lora(request),
+        )
+
+    # ---- early starts (gateway/lanes/hints.py) -----------------------------------------------
+    def _on_hints(self, payloads: list[bytes]) -> None:
+        """Datagrams that reached the inbox while the worker waited on its lanes: the first fresh
+        start hint runs its first engine step now (the engine is empty: the worker only waits
+        then), a drop hint for it aborts it."""
+        for payload in reversed(payloads):  # the newest first: older ones may be stale
+            dropped = hints.parse_drop(payload)
+            if dropped is not None:
+                if self._early is not None and self._early.request.request_id == dropped:
+                    self._drop_early()
+                continue
+            hint = hints.parse_start(payload)
+            if hint is not None and self._early is None and hint.request_id not in self._started:
+                self._start_early(hint)
+
+    def _start_early(self, hint: hints.StartHint) -> None:
+        if hint.lane not in self.priorities or self.engine.has_unfinished():
+            return
+        try:
+            request = LaneRequest.decode({"v": hint.version, "body": hint.body})
+        except MessageError:
+            return
+        lane = hint.lane
+        taken_at = time.time()
+        waited = taken_at - request.enqueued_at
+        if len(request.prompt_token_ids) > EARLY_MAX_PROMPT_TOKENS or not 0 <= waited < EARLY_MAX_AGE_S:
+            return  # a long prefill is not risked on a request that may not come; an old hint is stale
+        try:
+            self.engine.add(self._engine_request(lane, request, waited))
+        except (AdapterNotFoundError, EngineError):
+            return  # its entry, when it comes, is refused the usual way
+        self._early = EarlyStart(lane, hint.version, hint.body, request, taken_at)
+        self._early.outputs = self.engine.step()  # no interrupt: the lanes' connection is in a read
+        self.metrics.update()
+
+    def _match_early(self, woke: list[LaneEntry]) -> None:
+        """Bind the early start to its entry among those that woke the worker (the same request,
+        byte for byte), or abort it: its entry did not come with them."""
+        early = self._early
+        if early is None:
+            return
+        for entry in woke:
+            if (
+                not entry.claimed
+                and entry.lane == early.lane
+                and entry.fields.get(b"body") == early.body
+                and entry.fields.get(b"v") == early.version
+            ):
+                early.entry = entry
+                return
+        self._drop_early()
+
+    def _drop_early(self) -> None:
+        """Abort the early start: nothing of it was published."""
+        early, self._early = self._early, None
+        if early is not None:
+            self.engine.abort(early.request.request_id)  # frees its blocks (False: it had finished)
+            metrics.EARLY_STARTS.labels(self.worker_id, "dropped").inc()
+
+    def _publish_early(self) -> None:
+        """Publish what the early start's step produced, now that its entry runs on this worker."""
+        early, self._early = self._early, None
+        if early is None:
+            return
+        if early.request.request_id in self.inflight:
+            metrics.EARLY_STARTS.labels(self.worker_id, "bound").inc()
+            self._publish(early.outputs)
+        else:  # its entry was not started here: the engine must not keep it
+            self._early = early
+            self._drop_early()
 
     def _lora(self, request: LaneRequest) -> LoRARequest | None:
         """The request's adapter as the engine takes it: its folder in the shared store."""

@@ -16,6 +16,7 @@ import redis as redislib
 from prometheus_client import start_http_server
 
 from engine import Engine
+from gateway.lanes import hints
 from gateway.lanes.connect import sync_client
 from gateway.lanes.keys import workers_key
 from gateway.settings import WorkerSettings, load_settings
@@ -78,6 +79,7 @@ def main(engine_overrides: dict | None = None) -> None:
         result_ttl_s=settings.result_ttl_s,
         claim_idle_ms=settings.worker_claim_idle_ms,
         adapter_dir=settings.adapter_store_dir,
+        inbox=hints.open_inbox() if settings.early_start else None,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -108,5 +110,7 @@ def main(engine_overrides: dict | None = None) -> None:
             worker.withdraw_load()
         except (redislib.RedisError, OSError):  # Redis may be going down with us (fairlane serve)
             pass
+        if worker.inbox is not None:
+            worker.inbox.close()
         if traced:
             shutdown_tracing()  # exports the spans still queued

@@ -180,6 +180,48 @@ async def test_redis_killed_during_8_streams_is_restarted_and_service_resumes(se
     assert "redis exited with code -9; restarting" in served.log()
 
 
+def _early_starts(served) -> dict[str, float]:
+    """fairlane_lane_early_starts_total by outcome, summed over workers (serve's /metrics)."""
+    counts = {"bound": 0.0, "dropped": 0.0}
+    for line in httpx.get(served.base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("fairlane_lane_early_starts_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            counts[outcome] += float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+async def test_requests_one_at_a_time_start_early_and_answer_as_the_usual_way_does(served):
+    """serve's default, after the worker and Redis restarts above (the gateway learns the new
+    worker's inbox by itself): a request alone starts on the gateway's hint before its lane entry
+    comes, and answers what a request started the usual way answers (one sent while a stream is
+    relayed, which the gateway does not hint)."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=served.base_url + "/v1", api_key=served.api_key, max_retries=0)
+    ask = dict(
+        model="dummy", prompt="early or not", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
+    await client.completions.create(**ask)  # the gateway sees the worker (and its inbox) again
+    await asyncio.sleep(1.2)
+    before = _early_starts(served)
+    alone = [(await client.completions.create(**ask)).choices[0].text for _ in range(6)]
+    started = _early_starts(served)
+    assert started["bound"] - before["bound"] >= 5 and started["dropped"] == before["dropped"], (
+        before,
+        started,
+    )
+    long = await client.completions.create(**{**ask, "max_tokens": 300}, stream=True)
+    async for _chunk in long:  # relayed from here on: the next request is taken the usual way
+        started = _early_starts(served)
+        usual = (await client.completions.create(**ask)).choices[0].text
+        assert _early_starts(served) == started
+        break
+    async for _chunk in long:
+        pass
+    assert set(alone) == {usual} and usual
+    await client.close()
+
+
 async def test_sigterm_during_8_streams_drains_them_and_stops_everything(tmp_path):
     served = _serve(tmp_path, "sigterm")
     try:

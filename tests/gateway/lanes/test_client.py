@@ -97,3 +97,47 @@ async def test_a_relay_whose_cancellation_was_swallowed_stops_as_cancelled(redis
     finally:
         await lanes.aclose()
         await client.aclose()
+
+
+async def test_a_models_only_live_worker_is_hinted_while_nothing_else_is_relayed(redis_url):
+    from engine import SamplingParams
+    from gateway.lanes import hints
+    from gateway.lanes.keys import WORKER_INBOX_FIELD, lane_key, worker_info_key, workers_key
+    from gateway.lanes.messages import LaneRequest
+
+    if not hints.supported():
+        return
+    client = async_client(redis_url)
+    lanes = LaneClient(client, early_start=True)
+    model, inbox = f"m-{uuid.uuid4().hex[:8]}", hints.open_inbox()
+    assert inbox is not None
+    request = LaneRequest("r1", model, "standard", "1", (1, 2), SamplingParams(max_tokens=1))
+    lane, fields = lane_key(model, "standard"), request.encode()
+    try:
+        now, _ = await client.time()
+        await client.zadd(workers_key(model), {"w1": now})
+        await client.hset(worker_info_key(model, "w1"), WORKER_INBOX_FIELD, inbox.address)
+        assert await lanes.has_worker(model, fresh=True)
+        assert lanes.hint(request, lane, fields)
+        lanes.unhint(model, "r1")
+        start, drop = inbox.receive()
+        assert hints.parse_start(start) == hints.StartHint(lane, "r1", b"2", fields["body"].encode())
+        assert hints.parse_drop(drop) == "r1"
+
+        relayed = asyncio.ensure_future(lanes.reader.read(out_key("other"), "0-0", 5000))
+        await asyncio.sleep(0.05)  # another request of this replica waits for its results
+        assert not lanes.hint(request, lane, fields)
+        relayed.cancel()
+        lanes.reader.release(out_key("other"))
+        assert lanes.hint(request, lane, fields) and len(inbox.receive()) == 1
+
+        await client.zadd(workers_key(model), {"w2": now})  # two live workers: no hint to either
+        assert await lanes.has_worker(model, fresh=True)
+        assert not lanes.hint(request, lane, fields)
+        assert not LaneClient(client).hint(request, lane, fields)  # early starts off: never
+        assert inbox.receive() == []
+    finally:
+        await client.delete(workers_key(model), worker_info_key(model, "w1"))
+        await lanes.aclose()
+        await client.aclose()
+        inbox.close()
