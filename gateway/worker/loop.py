@@ -379,7 +379,6 @@ class Worker:
             return  # its entry, when it comes, is refused the usual way
         self._early = EarlyStart(lane, hint.version, hint.body, request, taken_at)
         self._early.outputs = self.engine.step()  # no interrupt: the lanes' connection is in a read
-        self.metrics.update()
 
     def _match_early(self, woke: list[LaneEntry]) -> None:
         """Bind the early start to its entry among those that woke the worker (the same request,
@@ -404,18 +403,20 @@ class Worker:
         if early is not None:
             self.engine.abort(early.request.request_id)  # frees its blocks (False: it had finished)
             metrics.EARLY_STARTS.labels(self.worker_id, "dropped").inc()
+            self.metrics.update()
 
     def _publish_early(self) -> None:
         """Publish what the early start's step produced, now that its entry runs on this worker."""
         early, self._early = self._early, None
         if early is None:
             return
-        if early.request.request_id in self.inflight:
-            metrics.EARLY_STARTS.labels(self.worker_id, "bound").inc()
-            self._publish(early.outputs)
-        else:  # its entry was not started here: the engine must not keep it
+        if early.request.request_id not in self.inflight:  # its entry was not started here
             self._early = early
             self._drop_early()
+            return
+        metrics.EARLY_STARTS.labels(self.worker_id, "bound").inc()
+        self._publish(early.outputs)
+        self.metrics.update()  # the step's, once its tokens are out (as after any step)
 
     def _lora(self, request: LaneRequest) -> LoRARequest | None:
         """The request's adapter as the engine takes it: its folder in the shared store."""
