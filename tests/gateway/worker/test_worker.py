@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 
+from worker_lanes import greedy as _greedy
 from worker_lanes import results as _results
 from worker_lanes import run_until_done as _run_until_done
 
@@ -37,17 +38,6 @@ def _worker(engine, redis, model, **kw):
     )
     worker.setup()
     return worker
-
-
-def _greedy(engine, prompt, max_tokens):
-    engine.add_request(
-        "ref", list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    )
-    tokens = []
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens += out.new_token_ids
-    return tokens
 
 
 def test_requests_complete_and_lanes_are_emptied(tiny_engine_factory, redis, model_name):

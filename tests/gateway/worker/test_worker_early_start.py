@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 from prometheus_client import REGISTRY
+from worker_lanes import greedy as _greedy
 from worker_lanes import results as _results
 from worker_lanes import run_until_done as _run_until_done
 
@@ -47,17 +48,6 @@ def _queue(redis, request: LaneRequest) -> None:
 def _starts(worker_id: str, outcome: str) -> float:
     labels = {"worker": worker_id, "outcome": outcome}
     return REGISTRY.get_sample_value("fairlane_lane_early_starts_total", labels) or 0.0
-
-
-def _greedy(engine, prompt, max_tokens):
-    engine.add_request(
-        "ref", list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    )
-    tokens = []
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens += out.new_token_ids
-    return tokens
 
 
 def _tokens(redis, rid) -> list[int]:

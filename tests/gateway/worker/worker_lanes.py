@@ -1,8 +1,9 @@
 """What the worker tests read back from Redis: a request's published results, and a worker run until
-its requests are done."""
+its requests are done; and the reference they compare with: an engine's greedy tokens."""
 
 from __future__ import annotations
 
+from engine import SamplingParams
 from gateway.lanes.keys import out_key
 from gateway.lanes.messages import LaneResult
 
@@ -17,3 +18,15 @@ def run_until_done(worker, redis, rids, max_iters=500):
         if all(r and r[-1].done for r in (results(redis, rid) for rid in rids)):
             return
     raise AssertionError("requests did not finish")
+
+
+def greedy(engine, prompt, max_tokens) -> list[int]:
+    """The tokens ``engine`` generates greedily for ``prompt`` on its own (the reference)."""
+    engine.add_request(
+        "ref", list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    )
+    tokens = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += out.new_token_ids
+    return tokens
