@@ -7,6 +7,7 @@ import time
 import uuid
 
 from worker_lanes import greedy as _greedy
+from worker_lanes import make_worker
 from worker_lanes import results as _results
 from worker_lanes import run_until_done as _run_until_done
 
@@ -33,11 +34,7 @@ def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8,
 
 
 def _worker(engine, redis, model, **kw):
-    worker = Worker(
-        engine, redis, model=model, tiers=TIERS, worker_id=kw.pop("worker_id", "w1"), block_ms=10, **kw
-    )
-    worker.setup()
-    return worker
+    return make_worker(engine, redis, model, TIERS, **kw)
 
 
 def test_requests_complete_and_lanes_are_emptied(tiny_engine_factory, redis, model_name):

@@ -11,6 +11,7 @@ import uuid
 import pytest
 from prometheus_client import REGISTRY
 from worker_lanes import greedy as _greedy
+from worker_lanes import make_worker
 from worker_lanes import results as _results
 from worker_lanes import run_until_done as _run_until_done
 
@@ -18,7 +19,6 @@ from engine import SamplingParams
 from gateway.lanes import hints
 from gateway.lanes.keys import cancel_key, lane_key, out_key
 from gateway.lanes.messages import LaneRequest
-from gateway.worker.loop import Worker
 
 pytestmark = pytest.mark.skipif(not hints.supported(), reason="abstract Unix sockets: Linux only")
 TIERS = ["priority", "standard", "batch"]
@@ -60,17 +60,15 @@ def early(tiny_engine_factory, redis, model_name):
     ends it), and a gateway's sender."""
     inbox = hints.open_inbox()
     worker_id = f"w-{uuid.uuid4().hex[:8]}"
-    worker = Worker(
+    worker = make_worker(
         tiny_engine_factory(),
         redis,
-        model=model_name,
-        tiers=TIERS,
+        model_name,
+        TIERS,
         worker_id=worker_id,
-        block_ms=10,
         claim_idle_ms=600_000,
         inbox=inbox,
     )
-    worker.setup()
     worker.run_once()  # the first take, with its look for a dead worker's entries, finds nothing
     worker.lane_io.block_ms = 3000
     sender = hints.Sender()

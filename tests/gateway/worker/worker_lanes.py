@@ -6,10 +6,20 @@ from __future__ import annotations
 from engine import SamplingParams
 from gateway.lanes.keys import out_key
 from gateway.lanes.messages import LaneResult
+from gateway.worker.loop import Worker
 
 
 def results(redis, rid) -> list[LaneResult]:
     return [LaneResult.decode(fields) for _id, fields in redis.xrange(out_key(rid))]
+
+
+def make_worker(engine, redis, model, tiers, **kw) -> Worker:
+    """A worker of ``model`` on ``tiers`` (id ``w1`` unless given; short blocking reads), set up."""
+    worker = Worker(
+        engine, redis, model=model, tiers=tiers, worker_id=kw.pop("worker_id", "w1"), block_ms=10, **kw
+    )
+    worker.setup()
+    return worker
 
 
 def run_until_done(worker, redis, rids, max_iters=500):
