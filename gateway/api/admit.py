@@ -112,9 +112,13 @@ async def _start(
         hinted = lane_entry is not None and state.lanes.hint(plan.lane_requests[0], *lane_entry)
         try:
             context.admission = await _admit(context, plan, lane_entry, worker_settles)
+        except GatewayError as exc:  # refused (over a quota: its retry-after), or a backend is down
+            if hinted:
+                state.lanes.unhint(plan.lane_requests[0], refused_for_s=getattr(exc, "retry_after_s", 0.0))
+            raise
         except BaseException:
             if hinted:
-                state.lanes.unhint(model, plan.lane_requests[0].request_id)
+                state.lanes.unhint(plan.lane_requests[0])
             raise
     except GatewayError as exc:  # refused, or a backend is down: nothing was charged or queued
         await settle(context, RequestOutcome(Status.REFUSED, error_code=status_of(exc)))

@@ -83,6 +83,7 @@ class LaneClient:
         self.redis = redis
         self.early_start = early_start and hints.supported()
         self._inboxes: dict[str, str] = {}  # model -> its only live worker's inbox (as last seen)
+        self._held: dict[str, float] = {}  # tenant -> monotonic time its requests may be hinted again
         self._hints = hints.Sender()
         self.result_ttl_s = result_ttl_s
         self.poll_ms = poll_ms
@@ -308,13 +309,32 @@ class LaneClient:
         reads no hint; an idle one whose first entry is another's aborts its early step)."""
         if not self.early_start or self.reader.relaying:  # the worker is likely busy with those
             return False
+        if len(request.prompt_token_ids) > hints.MAX_PROMPT_TOKENS or self._holding(request.tenant):
+            return False
         address = self._inboxes.get(request.model)
         return address is not None and self._hints.send(
             address, hints.start_hint(lane, request.request_id, fields)
         )
 
-    def unhint(self, model: str, request_id: str) -> None:
-        """The hinted request will not be queued (its admission was refused or failed)."""
-        address = self._inboxes.get(model)
+    def unhint(self, request: LaneRequest, *, refused_for_s: float | None = None) -> None:
+        """The hinted request will not be queued (its admission failed, or refused it: then its
+        tenant's requests are not hinted for ``refused_for_s``, its retry-after, 1 s at least, so
+        that a tenant over its quota does not have the worker run steps for requests it is refused)."""
+        address = self._inboxes.get(request.model)
         if address is not None:
-            self._hints.send(address, hints.drop_hint(request_id))
+            self._hints.send(address, hints.drop_hint(request.request_id))
+        if refused_for_s is not None:
+            if len(self._held) > 10_000:  # many tenants refused at once: forget the ones whose time is up
+                now = time.monotonic()
+                self._held = {t: until for t, until in self._held.items() if until > now}
+            pause = max(hints.HOLD_AFTER_REFUSAL_S, refused_for_s)
+            self._held[request.tenant] = time.monotonic() + pause
+
+    def _holding(self, tenant: str) -> bool:
+        until = self._held.get(tenant)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._held[tenant]
+        return False

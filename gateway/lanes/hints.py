@@ -33,6 +33,10 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 MAX_HINT_BYTES = 60_000  # a larger entry (a long prompt) goes the usual way only
+# Only a short prompt is hinted: the head start (a fraction of a millisecond) matters beside a short
+# step only, and the step a hint whose entry does not come wastes (a refused request's) stays short.
+MAX_PROMPT_TOKENS = 256
+HOLD_AFTER_REFUSAL_S = 1.0  # a tenant refused at admission is not hinted for this long (or its retry-after)
 UNREACHABLE_S = 5.0  # an address that refused a datagram is not tried again for this long
 START, DROP = b"S", b"D"
 # Datagrams the kernel may queue for an inbox before it drops new ones (a busy worker reads none).

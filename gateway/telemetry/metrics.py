@@ -108,6 +108,12 @@ EARLY_STARTS = Counter(
     "published) or dropped (aborted, nothing published)",
     ("worker", "outcome"),
 )
+EARLY_START_DROPPED_TOKENS = Counter(
+    "fairlane_lane_early_start_dropped_tokens",
+    "Prompt tokens the steps of aborted early starts ran through the model or found in the prefix "
+    "cache: engine work (and admissions) no served request accounts for",
+    ("worker",),
+)
 RUNNING = Gauge(
     "fairlane_engine_running_sequences",
     "Sequences in the running batch",

@@ -51,7 +51,7 @@ INTERRUPT_POLL_S = 0.01  # while a step runs: how often the lanes are read for u
 SETTLEMENT = quota_settlement.FIELD.encode()  # a lane entry's field (as Redis returns it)
 # A hint is acted on only for a prompt this short (the step a refused request wastes stays short)
 # and only this soon after its request was made (an older one is stale: its entry came and went).
-EARLY_MAX_PROMPT_TOKENS = 2048
+EARLY_MAX_PROMPT_TOKENS = hints.MAX_PROMPT_TOKENS
 EARLY_MAX_AGE_S = 0.5
 STARTED_REMEMBERED = 4096  # request ids whose hints are known to be stale
 
@@ -66,6 +66,7 @@ class EarlyStart:
     request: LaneRequest
     taken_at: float  # unix seconds
     outputs: list[RequestOutput] = field(default_factory=list)  # its step's, published once it is bound
+    prompt_tokens: int = 0  # of its prompt, what its step ran through the model or found cached
     entry: LaneEntry | None = None  # its own entry, once it came
 
 
@@ -378,7 +379,10 @@ class Worker:
         except (AdapterNotFoundError, EngineError):
             return  # its entry, when it comes, is refused the usual way
         self._early = EarlyStart(lane, hint.version, hint.body, request, taken_at)
+        stats = self.engine.stats
+        before = stats.prefill_tokens + stats.prefix_hit_tokens
         self._early.outputs = self.engine.step()  # no interrupt: the lanes' connection is in a read
+        self._early.prompt_tokens = stats.prefill_tokens + stats.prefix_hit_tokens - before
 
     def _match_early(self, woke: list[LaneEntry]) -> None:
         """Bind the early start to its entry among those that woke the worker (the same request,
@@ -403,6 +407,7 @@ class Worker:
         if early is not None:
             self.engine.abort(early.request.request_id)  # frees its blocks (False: it had finished)
             metrics.EARLY_STARTS.labels(self.worker_id, "dropped").inc()
+            metrics.EARLY_START_DROPPED_TOKENS.labels(self.worker_id).inc(early.prompt_tokens)
             self.metrics.update()
 
     def _publish_early(self) -> None:

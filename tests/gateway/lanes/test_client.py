@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 import redis.asyncio as aioredis
@@ -119,10 +120,22 @@ async def test_a_models_only_live_worker_is_hinted_while_nothing_else_is_relayed
         await client.hset(worker_info_key(model, "w1"), WORKER_INBOX_FIELD, inbox.address)
         assert await lanes.has_worker(model, fresh=True)
         assert lanes.hint(request, lane, fields)
-        lanes.unhint(model, "r1")
+        lanes.unhint(request)
         start, drop = inbox.receive()
         assert hints.parse_start(start) == hints.StartHint(lane, "r1", b"2", fields["body"].encode())
         assert hints.parse_drop(drop) == "r1"
+
+        # a tenant refused at admission is not hinted for its retry-after (1 s at least), others are
+        lanes.unhint(request, refused_for_s=0.0)
+        assert inbox.receive() == [hints.drop_hint("r1")]
+        assert not lanes.hint(request, lane, fields)
+        other = LaneRequest("r2", model, "standard", "2", (1, 2), SamplingParams(max_tokens=1))
+        assert lanes.hint(other, *lanes.entry(other)) and len(inbox.receive()) == 1
+        lanes._held[request.tenant] = time.monotonic()  # its time is up
+        assert lanes.hint(request, lane, fields) and len(inbox.receive()) == 1
+        # a prompt too long for the head start to matter is never hinted
+        long = LaneRequest("r3", model, "standard", "1", tuple(range(300)), SamplingParams(max_tokens=1))
+        assert not lanes.hint(long, *lanes.entry(long)) and inbox.receive() == []
 
         relayed = asyncio.ensure_future(lanes.reader.read(out_key("other"), "0-0", 5000))
         await asyncio.sleep(0.05)  # another request of this replica waits for its results

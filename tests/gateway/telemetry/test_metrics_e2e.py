@@ -185,13 +185,16 @@ def test_metrics_count_a_mixed_load_of_two_tenants_and_tiers(served):
     assert total(samples, "fairlane_engine_kv_blocks_used") == 0
     assert total(samples, "fairlane_engine_kv_blocks_free") == 64
     assert total(samples, "fairlane_engine_running_sequences") == 0
+    # An early start whose entry never came (the request refused at admission: the worker ran its
+    # first step on the gateway's hint, then dropped it) is counted apart, tokens and admission.
     prompt = sum(v for (_, _, kind), v in tokens.items() if kind == "prompt")
-    assert (
-        total(samples, "fairlane_engine_computed_tokens_total", kind="prefill")
-        + total(samples, "fairlane_engine_prefix_cache_hit_tokens_total")
-        == prompt
-    )
-    assert total(samples, "fairlane_engine_admissions_total") == ran
+    dropped = total(samples, "fairlane_lane_early_starts_total", outcome="dropped")
+    assert total(samples, "fairlane_engine_computed_tokens_total", kind="prefill") + total(
+        samples, "fairlane_engine_prefix_cache_hit_tokens_total"
+    ) == prompt + total(samples, "fairlane_lane_early_start_dropped_tokens_total")
+    refused = sum(v for (_, status), v in sent.items() if status == "rate_limit_exceeded")
+    assert dropped <= refused  # only a refused request's early start is dropped here
+    assert total(samples, "fairlane_engine_admissions_total") == ran + dropped
     assert total(samples, "fairlane_engine_preemptions_total") == 0
     steps = total(samples, "fairlane_engine_step_seconds_count")
     assert steps > 0 and total(samples, "fairlane_engine_batch_size_count") == steps

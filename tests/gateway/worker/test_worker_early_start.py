@@ -50,6 +50,11 @@ def _starts(worker_id: str, outcome: str) -> float:
     return REGISTRY.get_sample_value("fairlane_lane_early_starts_total", labels) or 0.0
 
 
+def _dropped_tokens(worker_id: str) -> float:
+    labels = {"worker": worker_id}
+    return REGISTRY.get_sample_value("fairlane_lane_early_start_dropped_tokens_total", labels) or 0.0
+
+
 def _tokens(redis, rid) -> list[int]:
     return [t for r in _results(redis, rid) for t in r.token_ids]
 
@@ -123,7 +128,7 @@ def test_a_drop_hint_aborts_the_early_step_and_nothing_is_published(early, redis
     worker, sender = early
     engine = worker.engine
     request = _request(worker.model)
-    dropped = _starts(worker.worker_id, "dropped")
+    dropped, wasted = _starts(worker.worker_id, "dropped"), _dropped_tokens(worker.worker_id)
     thread = _in_background(
         lambda: _hint(sender, worker.inbox, request),
         0.2,
@@ -134,6 +139,7 @@ def test_a_drop_hint_aborts_the_early_step_and_nothing_is_published(early, redis
     worker.run_once()
     thread.join()
     assert _starts(worker.worker_id, "dropped") == dropped + 1
+    assert _dropped_tokens(worker.worker_id) == wasted + len(PROMPT)  # its prefill, run for nothing
     assert not redis.exists(out_key(request.request_id))
     _run_until_done(worker, redis, list(worker.inflight))
     assert engine.num_free_blocks == engine.num_total_blocks and not engine.has_unfinished()
@@ -181,7 +187,7 @@ def test_a_stale_hint_of_a_request_already_run_is_ignored(early, redis):
 def test_hints_of_another_model_or_a_long_prompt_are_not_started(early, redis, model_name):
     worker, sender = early
     foreign = _request("another-model")
-    long = _request(worker.model, prompt=tuple(range(1, 2100)), max_tokens=1)
+    long = _request(worker.model, prompt=tuple(range(1, hints.MAX_PROMPT_TOKENS + 2)), max_tokens=1)
     ends = _request(worker.model, max_tokens=1)
     thread = _in_background(
         lambda: _hint(sender, worker.inbox, foreign),
