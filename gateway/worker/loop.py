@@ -11,7 +11,11 @@ blocks on its lanes in one XREADGROUP, with no take before it, until an entry ar
 look for a dead worker's entries is due (every claim_idle_ms / 4, BLOCK_MS at most): idle, one take
 and one blocking read per period, no polling. The entries that wake it start at once when the lanes
 hold nothing else: their cancel marks are read by the step's publish (a mark set in the moment they
-waited costs one step, then the abort), not in a round trip before their first token. With
+waited costs one step, then the abort), not in a round trip before their first token. While it
+waits, the worker also reads its inbox (gateway/lanes/hints.py): a gateway on its host hints a
+request as its admission queues it, and the idle worker runs that request's first step at once,
+binding it to its entry when the read returns that entry (byte for byte) and aborting it otherwise;
+nothing of it is published before then. With
 an SLO-aware policy the same round trip refreshes, every ~50 ms, the engine's load in
 ``load:{model}`` for the gateways' door check, and a request the engine refuses for its TTFT target
 (on arrival or at a step start) is published as an error result with code ``slo_unattainable`` and
