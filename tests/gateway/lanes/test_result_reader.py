@@ -111,12 +111,25 @@ async def test_a_stream_asked_past_its_last_result_is_read_again(redis_url):
         await client.aclose()
 
 
+def _named(client) -> str:
+    """Name the client's connections (CLIENT SETNAME), so that this test finds its own among those
+    of the tests running beside it on the same Redis."""
+    name = f"reader-test-{uuid.uuid4().hex[:12]}"
+    client.connection_pool.connection_kwargs["client_name"] = name
+    return name
+
+
+async def _blocked_reads(client, name: str) -> list[dict]:
+    return [c for c in await client.client_list() if c["cmd"] == "xread" and c["name"] == name]
+
+
 async def test_a_redis_error_ends_the_read_of_every_waiting_request(redis_url):
     client = aioredis.Redis.from_url(redis_url)
+    name = _named(client)
     reader = ResultReader(client, batch=16, block_ms=POLL_MS)
     reads = [asyncio.ensure_future(reader.read(f"out:{uuid.uuid4().hex}", "0-0", POLL_MS)) for _ in range(3)]
     await asyncio.sleep(0.2)
-    blocked = [c for c in await client.client_list() if c["cmd"] == "xread"]
+    blocked = await _blocked_reads(client, name)
     assert len(blocked) == 1  # the reader's one blocking read
     await client.client_kill_filter(_id=blocked[0]["id"])  # its connection drops under it
     outcomes = await asyncio.wait_for(asyncio.gather(*reads, return_exceptions=True), 10)
@@ -127,11 +140,13 @@ async def test_a_redis_error_ends_the_read_of_every_waiting_request(redis_url):
 
 async def test_a_client_that_retries_reads_on_after_its_connection_drops(redis_url):
     client = async_client(redis_url)
+    name = _named(client)
     reader = ResultReader(client, batch=16, block_ms=POLL_MS)
     key = f"out:{uuid.uuid4().hex}"
     read = asyncio.ensure_future(reader.read(key, "0-0", 5000))
     await asyncio.sleep(0.2)
-    blocked = [c for c in await client.client_list() if c["cmd"] == "xread"]
+    blocked = await _blocked_reads(client, name)
+    assert len(blocked) == 1
     await client.client_kill_filter(_id=blocked[0]["id"])
     await asyncio.sleep(0.3)  # the retry's backoff, and a new read
     await client.xadd(key, {"v": "1"})
