@@ -53,9 +53,8 @@ REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware policies only)
 INTERRUPT_POLL_S = 0.01  # while a step runs: how often the lanes are read for urgent prompts
 SETTLEMENT = quota_settlement.FIELD.encode()  # a lane entry's field (as Redis returns it)
-# A hint is acted on only for a prompt this short (the step a refused request wastes stays short)
-# and only this soon after its request was made (an older one is stale: its entry came and went).
-EARLY_MAX_PROMPT_TOKENS = hints.MAX_PROMPT_TOKENS
+# A hint is acted on only this soon after its request was made (an older one is stale: its entry
+# came and went), and only for a prompt of hints.MAX_PROMPT_TOKENS at most.
 EARLY_MAX_AGE_S = 0.5
 STARTED_REMEMBERED = 4096  # request ids whose hints are known to be stale
 
@@ -373,16 +372,15 @@ class Worker:
             request = LaneRequest.decode({"v": hint.version, "body": hint.body})
         except MessageError:
             return
-        lane = hint.lane
         taken_at = time.time()
         waited = taken_at - request.enqueued_at
-        if len(request.prompt_token_ids) > EARLY_MAX_PROMPT_TOKENS or not 0 <= waited < EARLY_MAX_AGE_S:
+        if len(request.prompt_token_ids) > hints.MAX_PROMPT_TOKENS or not 0 <= waited < EARLY_MAX_AGE_S:
             return  # a long prefill is not risked on a request that may not come; an old hint is stale
         try:
-            self.engine.add(self._engine_request(lane, request, waited))
+            self.engine.add(self._engine_request(hint.lane, request, waited))
         except (AdapterNotFoundError, EngineError):
             return  # its entry, when it comes, is refused the usual way
-        self._early = EarlyStart(lane, hint.version, hint.body, request, taken_at)
+        self._early = EarlyStart(hint.lane, hint.version, hint.body, request, taken_at)
         stats = self.engine.stats
         before = stats.prefill_tokens + stats.prefix_hit_tokens
         self._early.outputs = self.engine.step()  # no interrupt: the lanes' connection is in a read
