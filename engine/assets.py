@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.chat_tokens import encode_rendered
+
 CACHE_ENV = "FAIRLANE_CACHE_DIR"
 SMOLLM2 = "smollm2"  # the model spec that names the packaged SmolLM2
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -310,7 +312,7 @@ def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tokenize:
         rendered = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, return_dict=False
         )
-        return list(backend.encode(rendered, add_special_tokens=False).ids)
+        return encode_rendered(backend, rendered)  # the pieces seen before: from memory
     out = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=tokenize, return_dict=False
     )
