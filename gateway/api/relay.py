@@ -285,6 +285,11 @@ class Generation:
         if not after_response:
             await self.finish()
 
+    async def end(self) -> None:
+        """``close`` and ``finish``, whichever have not run: everything, now."""
+        await self.close()
+        await self.finish()
+
     async def finish(self) -> None:
         """What ``close`` left: the result streams to the lanes' next discard, the report and the
         usage record; once."""

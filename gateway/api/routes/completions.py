@@ -174,6 +174,7 @@ async def _respond(
             _stream(generation, body, chat, ids, echo, tool_plan),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
+            background=BackgroundTask(generation.end),  # after the stream's end, however it ends
         )
     parts: dict[int, list[str]] = {}  # choice index -> its text pieces
     logprobs: dict[int, list] = {}
@@ -304,6 +305,31 @@ async def _stream(
     echo: Echo | None,
     tool_plan: tools.ToolPlan | None = None,
 ) -> AsyncIterator[bytes]:
+    """A streamed response's body: its chunks, then ``[DONE]`` once the request is settled. The
+    report and the usage record (which waits for its batch's write, ``usage_write_linger_s``)
+    follow the end of the response, as its background task (``Generation.end``)."""
+    try:
+        try:
+            async for piece in _chunks(generation, body, chat, ids, echo, tool_plan):
+                yield piece
+        except GatewayError as exc:
+            yield fmt.sse_error(exc)
+        await generation.close(after_response=True)
+        yield fmt.SSE_DONE
+    except BaseException:  # the client left, or the relay failed: all of it now
+        await generation.end()
+        raise
+
+
+async def _chunks(
+    generation: Generation,
+    body,
+    chat: bool,
+    ids: dict,
+    echo: Echo | None,
+    tool_plan: tools.ToolPlan | None = None,
+) -> AsyncIterator[bytes]:
+    """The stream's SSE chunks, from the relay's results (raises the relay's GatewayError)."""
     chunk = partial(fmt.chat_chunk if chat else fmt.text_chunk, **ids, with_usage_field=body.include_usage)
     tokenizer = generation.state.tokenizer
     want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
@@ -320,70 +346,58 @@ async def _stream(
         offsets[index] = offsets.get(index, 0) + sum(len(t) for t in shaped["tokens"])
         return shaped
 
-    try:
-        if chat:
-            for index in range(body.n or 1):
-                yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}, index=index))
-        tool_output: list[str] = []  # with tools: the whole output, sent as one piece at the end
-        async for result in generation:
-            if result is None:
-                yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
+    if chat:
+        for index in range(body.n or 1):
+            yield fmt.sse(chunk(delta={"role": "assistant", "content": ""}, index=index))
+    tool_output: list[str] = []  # with tools: the whole output, sent as one piece at the end
+    async for result in generation:
+        if result is None:
+            yield fmt.SSE_KEEPALIVE  # a comment line: clients and proxies see the stream alive
+            continue
+        if tool_plan is not None:  # one choice (n > 1 is refused with tools)
+            tool_output.append(result.text)
+            if result.finish_reason is None:
                 continue
-            if tool_plan is not None:  # one choice (n > 1 is refused with tools)
-                tool_output.append(result.text)
-                if result.finish_reason is None:
-                    continue
-                yield fmt.sse(chunk(delta=tools.stream_delta(tool_plan, "".join(tool_output))))
-                result = replace(
-                    result, text="", finish_reason="tool_calls" if tool_plan.called else result.finish_reason
-                )
-            index = result.index
-            if echo is not None and index not in echoed:  # the prompt first, as its own chunk
-                echoed.add(index)
-                text, prompt_ids = echo[generation.prompt_index(index)]
-                scored = list(generation.prompt_logprobs(index) or ()) if want_logprobs else None
-                yield fmt.sse(
-                    chunk(
-                        text=text,
-                        index=index,
-                        logprobs=None
-                        if scored is None
-                        else completion_logprobs(index, scored, prompt_ids[0]),
-                    )
-                )
-            reason = result.finish_reason  # this choice's end (the request's with its last choice)
-            if not result.text and reason is None and not (want_logprobs and result.logprobs):
-                continue  # e.g. a token that completes no character yet
-            content = {"content": result.text} if result.text or reason is None else {}
-            per_chunk_usage = usage_now() if body.continuous_usage else None
-            logprobs = None
-            if want_logprobs:
-                logprobs = (
-                    lp_fmt.chat_logprobs(tokenizer, list(result.logprobs or ()))
-                    if chat
-                    else completion_logprobs(index, list(result.logprobs or ()))
-                )
+            yield fmt.sse(chunk(delta=tools.stream_delta(tool_plan, "".join(tool_output))))
+            result = replace(
+                result, text="", finish_reason="tool_calls" if tool_plan.called else result.finish_reason
+            )
+        index = result.index
+        if echo is not None and index not in echoed:  # the prompt first, as its own chunk
+            echoed.add(index)
+            text, prompt_ids = echo[generation.prompt_index(index)]
+            scored = list(generation.prompt_logprobs(index) or ()) if want_logprobs else None
             yield fmt.sse(
                 chunk(
-                    delta=content, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs, index=index
-                )
-                if chat
-                else chunk(
-                    text=result.text,
-                    reason=reason,
-                    usage_body=per_chunk_usage,
-                    logprobs=logprobs,
+                    text=text,
                     index=index,
+                    logprobs=None if scored is None else completion_logprobs(index, scored, prompt_ids[0]),
                 )
             )
-        if body.include_usage:
-            yield fmt.sse(
-                chunk(delta=None, usage_body=usage_now())
+        reason = result.finish_reason  # this choice's end (the request's with its last choice)
+        if not result.text and reason is None and not (want_logprobs and result.logprobs):
+            continue  # e.g. a token that completes no character yet
+        content = {"content": result.text} if result.text or reason is None else {}
+        per_chunk_usage = usage_now() if body.continuous_usage else None
+        logprobs = None
+        if want_logprobs:
+            logprobs = (
+                lp_fmt.chat_logprobs(tokenizer, list(result.logprobs or ()))
                 if chat
-                else chunk(text=None, usage_body=usage_now())
+                else completion_logprobs(index, list(result.logprobs or ()))
             )
-    except GatewayError as exc:
-        yield fmt.sse_error(exc)
-    finally:
-        await generation.close()
-    yield fmt.SSE_DONE
+        yield fmt.sse(
+            chunk(delta=content, reason=reason, usage_body=per_chunk_usage, logprobs=logprobs, index=index)
+            if chat
+            else chunk(
+                text=result.text,
+                reason=reason,
+                usage_body=per_chunk_usage,
+                logprobs=logprobs,
+                index=index,
+            )
+        )
+    if body.include_usage:
+        yield fmt.sse(
+            chunk(delta=None, usage_body=usage_now()) if chat else chunk(text=None, usage_body=usage_now())
+        )

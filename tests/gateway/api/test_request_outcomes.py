@@ -162,6 +162,25 @@ async def test_finished(quota_settings, module_worker, caplog):
         assert record.request_id == response.headers["x-request-id"]
 
 
+async def test_a_stream_ends_before_its_usage_record_is_written(quota_settings, module_worker, caplog):
+    """[DONE] and the end of the response do not wait for the usage batch (its linger): the record
+    and the log line come after, settled once all the same."""
+    settings = quota_settings.model_copy(update={"usage_write_linger_s": 2.0})
+    async with inproc_gateway(settings, Gateway) as gw:
+        tenant_id, key = await gw.tenant()
+        with _one_settlement("length", "charged"):
+            async with _over_a_socket(gw) as client:
+                body = {"model": gw.model, "prompt": "abc", "max_tokens": 5, "ignore_eos": True, "stream": True}
+                async with client.stream(
+                    "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                ) as response:
+                    lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+                assert lines[-1] == "data: [DONE]"
+                assert gw.records(tenant_id) == []  # still lingering: the stream did not wait for it
+                assert (await gw.quota_usage(tenant_id))["in_flight"] == 0  # settled before [DONE]
+                await _settled_once(gw, caplog, tenant_id, status="length", prompt=None, completion=5)
+
+
 # 0: the client leaves the moment the admission's Lua has queued it, before the gateway has its
 # reply (on Python 3.11 redis-py's send, under wait_for, can swallow that cancellation)
 @pytest.mark.parametrize("poll_s", [0.01, 0])
