@@ -8,6 +8,9 @@ under it. Named ``{method} {route}``; HTTP attributes after the OpenTelemetry co
 
 from __future__ import annotations
 
+import time
+
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,26 +39,32 @@ class TracingMiddleware:
             "url.scheme": scope.get("scheme", "http"),
             "fairlane.request_id": scope.get("state", {}).get("request_id"),
         }
-        with tracing.tracer().start_as_current_span(
+        sent: list[int] = []  # when the response's last byte went out (ns)
+        span = tracing.tracer().start_span(
             f"{method} {path}",
             context=parent,
             kind=SpanKind.SERVER,
-            record_exception=True,
             attributes={k: v for k, v in attributes.items() if v is not None},
-        ) as span:
+        )
 
-            async def traced_send(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    status = message["status"]
-                    span.set_attribute("http.response.status_code", status)
-                    if status >= 500:
-                        span.set_status(StatusCode.ERROR)
-                await send(message)
+        async def traced_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                span.set_attribute("http.response.status_code", status)
+                if status >= 500:
+                    span.set_status(StatusCode.ERROR)
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                sent.append(time.time_ns())
 
-            try:
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=True):
                 await self.app(scope, receive, traced_send)
-            finally:
-                route = scope.get("route")
-                if route is not None and getattr(route, "path", None):
-                    span.update_name(f"{method} {route.path}")
-                    span.set_attribute("http.route", route.path)
+        finally:
+            route = scope.get("route")
+            if route is not None and getattr(route, "path", None):
+                span.update_name(f"{method} {route.path}")
+                span.set_attribute("http.route", route.path)
+            # The report after the response (its background task) adds its attributes while the
+            # span is open; the span's duration is the response's, up to its last byte.
+            span.end(end_time=sent[0] if sent else None)

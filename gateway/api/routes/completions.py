@@ -174,7 +174,7 @@ async def _respond(
             _stream(generation, body, chat, ids, echo, tool_plan),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
-            background=BackgroundTask(generation.end),  # after the stream's end, however it ends
+            background=BackgroundTask(generation.after_response),  # however the stream ends
         )
     parts: dict[int, list[str]] = {}  # choice index -> its text pieces
     logprobs: dict[int, list] = {}
@@ -215,7 +215,7 @@ async def _respond(
     except BaseException:
         await generation.finish()
         raise
-    response.background = BackgroundTask(generation.finish)  # report and usage record, once it is sent
+    response.background = BackgroundTask(generation.after_response)  # report and usage record
     return response
 
 
@@ -307,7 +307,7 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """A streamed response's body: its chunks, then ``[DONE]`` once the request is settled. The
     report and the usage record (which waits for its batch's write, ``usage_write_linger_s``)
-    follow the end of the response, as its background task (``Generation.end``)."""
+    follow the end of the response, as its background task (``Generation.after_response``)."""
     try:
         try:
             async for piece in _chunks(generation, body, chat, ids, echo, tool_plan):
