@@ -257,7 +257,11 @@ class Worker:
         step of work, the result nobody reads). Entries dropped or refused wait in the outbox for
         the step's publish."""
         requests: list[tuple[LaneEntry, LaneRequest]] = []
+        early = self._early
         for entry in entries:
+            if early is not None and early.entry is entry:  # the same bytes, decoded for the hint
+                requests.append((entry, early.request))
+                continue
             try:
                 requests.append((entry, LaneRequest.decode(entry.fields)))
             except MessageError as exc:
