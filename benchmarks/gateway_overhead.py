@@ -9,8 +9,9 @@
    template, generate, detokenize). The model is a tiny random-weight Llama with SmolLM2's real
    tokenizer (vocabulary 49,152), so the engine costs almost nothing and the difference is the
    serving path: HTTP, auth, quotas, lanes, the worker and the relay. p50 and p99 at concurrency 1
-   and ``--concurrency`` (closed loop), sent by the lean keep-alive client of
-   benchmarks.round_trip (raw HTTP/1.1 on asyncio streams: it leaves the shared cores to the server).
+   and ``--concurrency`` (closed loop), and at concurrency 1 streamed (to the response's last
+   chunk, after ``[DONE]``), sent by the lean keep-alive client of benchmarks.round_trip (raw
+   HTTP/1.1 on asyncio streams: it leaves the shared cores to the server).
    The two ways alternate in ``--segments`` segments each, so that a shared host's drift between
    minutes falls on both.
 2. Stages (the gateway's own path, in process, on the event loop `fairlane serve` gives its gateway:
@@ -69,6 +70,7 @@ def round_trips(args, workdir: Path) -> dict:
     # for the tiny model: the same engine settings over HTTP and in process.
     engine = {"num_threads": 1, "dtype": "float32", "num_kv_blocks": KV_BLOCKS}
     runs: dict = {f"{way}_c{c}": [] for c in (1, args.concurrency) for way in ("http", "engine")}
+    runs["http_stream_c1"] = []  # the same request streamed: to the end of the response
     llm = LLM(model=model, incremental_text=True, **engine)  # text every step, as the worker's engine
     params = SamplingParams(max_tokens=1)
     served = serve(model, workdir, env={f"FAIRLANE_ENGINE__{k.upper()}": str(v) for k, v in engine.items()})
@@ -87,6 +89,10 @@ def round_trips(args, workdir: Path) -> dict:
                 runs[f"http_c{concurrency}"] += asyncio.run(
                     lean_closed_loop(served, body, requests=size, concurrency=concurrency)
                 )
+                if concurrency == 1:
+                    runs["http_stream_c1"] += asyncio.run(
+                        lean_closed_loop(served, {**body, "stream": True}, requests=size, concurrency=1)
+                    )
                 runs[f"engine_c{concurrency}"] += engine_closed_loop(
                     llm, CHAT, params, requests=size, concurrency=concurrency
                 )
@@ -162,10 +168,11 @@ def table(result: dict) -> str:
         "| concurrency | HTTP p50 (ms) | HTTP p99 (ms) | in process p50 (ms) | in process p99 (ms) |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for n in (1, c):
-        h, e = trips[f"http_c{n}"], trips[f"engine_c{n}"]
+    for name, n in (("1", 1), ("1, streamed", 1), (str(c), c)):
+        h = trips["http_stream_c1" if "streamed" in name else f"http_c{n}"]
+        e = trips[f"engine_c{n}"]
         rows.append(
-            f"| {n} | {h['p50_ms']:.1f} | {h['p99_ms']:.1f} | {e['p50_ms']:.1f} | {e['p99_ms']:.1f} |"
+            f"| {name} | {h['p50_ms']:.1f} | {h['p99_ms']:.1f} | {e['p50_ms']:.1f} | {e['p99_ms']:.1f} |"
         )
     rows += ["", "| stage | p50 (ms) | p99 (ms) |", "| --- | --- | --- |"]
     staged = result["stages"]
