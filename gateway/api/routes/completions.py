@@ -171,7 +171,7 @@ async def _respond(
     )
     if body.stream:
         return StreamingResponse(
-            _stream(generation, body, chat, ids, echo, tool_plan),
+            _stream(generation, _chunks(generation, body, chat, ids, echo, tool_plan)),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
             background=BackgroundTask(generation.after_response),  # however the stream ends
@@ -297,21 +297,14 @@ def _choice(
     return fmt.Choice(echo[0] + text if echo is not None else text, reason, choice_logprobs)
 
 
-async def _stream(
-    generation: Generation,
-    body,
-    chat: bool,
-    ids: dict,
-    echo: Echo | None,
-    tool_plan: tools.ToolPlan | None = None,
-) -> AsyncIterator[bytes]:
-    """A streamed response's body: its chunks, then ``[DONE]`` once the request is settled. The
+async def _stream(generation: Generation, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A streamed response's body: ``chunks``, then ``[DONE]`` once the request is settled. The
     report and the usage record (which waits for its batch's write, ``usage_write_linger_s``)
     follow the end of the response, as its background task (``Generation.after_response``)."""
     try:
         try:
-            async for piece in _chunks(generation, body, chat, ids, echo, tool_plan):
-                yield piece
+            async for chunk in chunks:
+                yield chunk
         except GatewayError as exc:
             yield fmt.sse_error(exc)
         await generation.close(after_response=True)
