@@ -11,9 +11,10 @@ characters), so a request pays only for the text that is new to this process.
 Only where tokenizing the pieces on their own is exactly what tokenizing the whole does
 (``eligible``): a BPE model, no normalizer, a pre-tokenizer made of byte-level and regex splits
 that prepend no space (GPT-2, Llama 3, Qwen 2 and SmolLM2 tokenizers), and added tokens matched as
-written (none strips the whitespace beside it or matches whole words only). Any other tokenizer
-(a SentencePiece-style metaspace that prepends a space to the first piece only, a normalizer)
-tokenizes the whole rendering, as without the cache.
+written (none strips the whitespace beside it or matches whole words only, all matched on the
+raw text or all on the normalized one). Any other tokenizer (a SentencePiece-style metaspace that
+prepends a space to the first piece only, a normalizer) tokenizes the whole rendering, as without
+the cache.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ def eligible(backend: Any) -> bool:
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     if not steps or not all(_context_free(step) for step in steps):
         return False
-    return all(
-        not (token.get("lstrip") or token.get("rstrip") or token.get("single_word"))
-        for token in spec.get("added_tokens", [])
-    )
+    added = spec.get("added_tokens", [])
+    # The tokenizer splits at the added tokens matched on the raw text first, then at those matched
+    # on the normalized text: one kind only (no normalizer: the same text) is one leftmost-longest pass.
+    if len({bool(token.get("normalized")) for token in added}) > 1:
+        return False
+    return not any(token.get("lstrip") or token.get("rstrip") or token.get("single_word") for token in added)
 
 
 def _context_free(step: dict) -> bool:

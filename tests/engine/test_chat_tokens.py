@@ -19,6 +19,9 @@ LLAMA3_SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# A space before the first piece only.
+METASPACE = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}
+
 
 @pytest.fixture(scope="module")
 def smollm2():
@@ -52,9 +55,15 @@ def _renderings(tokenizer, count: int, seed: int) -> list[str]:
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80))) for _ in range(count)]
 
 
-@pytest.mark.parametrize("kind", ["smollm2", "llama3-style"])
+def _all_normalized(spec: dict) -> None:
+    for token in spec["added_tokens"]:
+        token["normalized"] = True
+
+
+@pytest.mark.parametrize("kind", ["smollm2", "llama3-style", "normalized-tokens"])
 def test_pieces_give_the_ids_of_the_whole(smollm2, kind):
-    backend = smollm2.backend_tokenizer if kind == "smollm2" else _variant(smollm2, _llama3_style)
+    edits = {"llama3-style": _llama3_style, "normalized-tokens": _all_normalized}
+    backend = smollm2.backend_tokenizer if kind == "smollm2" else _variant(smollm2, edits[kind])
     assert eligible(backend)
     cache = PieceCache(backend)
     for text in _renderings(backend, 1500, seed=len(kind)):
@@ -86,13 +95,11 @@ def test_a_chat_prompt_is_tokenized_as_the_template_does_and_its_pieces_remember
     "edit",
     [
         pytest.param(lambda s: s.update(normalizer={"type": "NFKC"}), id="normalizer"),
-        pytest.param(
-            lambda s: s.update(pre_tokenizer={"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}),
-            id="metaspace",
-        ),
+        pytest.param(lambda s: s.update(pre_tokenizer=METASPACE), id="metaspace"),
         pytest.param(lambda s: s["pre_tokenizer"].update(add_prefix_space=True), id="prefix-space"),
         pytest.param(lambda s: s["added_tokens"][1].update(rstrip=True), id="rstrip-token"),
         pytest.param(lambda s: s["added_tokens"][1].update(lstrip=True), id="lstrip-token"),
+        pytest.param(lambda s: s["added_tokens"][1].update(normalized=True), id="mixed-normalized"),
     ],
 )
 def test_other_tokenizers_are_tokenized_whole(smollm2, edit):

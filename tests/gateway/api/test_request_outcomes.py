@@ -170,7 +170,7 @@ async def test_a_stream_ends_before_its_usage_record_is_written(quota_settings, 
         tenant_id, key = await gw.tenant()
         with _one_settlement("length", "charged"):
             async with _over_a_socket(gw) as client:
-                body = {"model": gw.model, "prompt": "abc", "max_tokens": 5, "ignore_eos": True, "stream": True}
+                body = dict(model=gw.model, prompt="abc", max_tokens=5, ignore_eos=True, stream=True)
                 async with client.stream(
                     "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
                 ) as response:
