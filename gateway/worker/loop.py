@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import redis as redislib
@@ -38,10 +38,10 @@ from engine import Engine, EngineError, EngineRequest, ErrorCode, LoRARequest, R
 from engine.interrupts import Interrupt
 from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
-from gateway.lanes import hints
 from gateway.lanes.hints import Inbox
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
 from gateway.telemetry import metrics, tracing
+from gateway.worker.early_start import STARTED_REMEMBERED, EarlyStart, EarlyStarts
 from gateway.worker.inflight import InFlight
 from gateway.worker.lane_io import BLOCK_MS, RETRY_FIRST_S, RETRY_MAX_S, LaneEntry, LaneIO, Prior
 from gateway.worker.results import error_result, output_result
@@ -53,24 +53,6 @@ REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware policies only)
 INTERRUPT_POLL_S = 0.01  # while a step runs: how often the lanes are read for urgent prompts
 SETTLEMENT = quota_settlement.FIELD.encode()  # a lane entry's field (as Redis returns it)
-# A hint is acted on only this soon after its request was made (an older one is stale: its entry
-# came and went), and only for a prompt of hints.MAX_PROMPT_TOKENS at most.
-EARLY_MAX_AGE_S = 0.5
-STARTED_REMEMBERED = 4096  # request ids whose hints are known to be stale
-
-
-@dataclass
-class EarlyStart:
-    """A hinted request the engine runs before its lane entry reached this worker."""
-
-    lane: str
-    version: bytes
-    body: bytes
-    request: LaneRequest
-    taken_at: float  # unix seconds
-    outputs: list[RequestOutput] = field(default_factory=list)  # its step's, published once it is bound
-    prompt_tokens: int = 0  # of its prompt, what its step ran through the model or found cached
-    entry: LaneEntry | None = None  # its own entry, once it came
 
 
 class AdapterGone(EngineError):
@@ -79,7 +61,7 @@ class AdapterGone(EngineError):
     code = ErrorCode.MODEL_NOT_FOUND
 
 
-class Worker:
+class Worker(EarlyStarts):
     """Feeds one engine from the lanes of one model; see the module docstring for one iteration."""
 
     def __init__(
@@ -353,81 +335,6 @@ class Worker:
             resume_token_ids=resume_token_ids,
             lora=self._lora(request),
         )
-
-    # ---- early starts (gateway/lanes/hints.py) -----------------------------------------------
-    def _on_hints(self, payloads: list[bytes]) -> None:
-        """Datagrams that reached the inbox while the worker waited on its lanes: the first fresh
-        start hint runs its first engine step now (the engine is empty: the worker only waits
-        then), a drop hint for it aborts it."""
-        for payload in reversed(payloads):  # the newest first: older ones may be stale
-            dropped = hints.parse_drop(payload)
-            if dropped is not None:
-                if self._early is not None and self._early.request.request_id == dropped:
-                    self._drop_early()
-                continue
-            hint = hints.parse_start(payload)
-            if hint is not None and self._early is None and hint.request_id not in self._started:
-                self._start_early(hint)
-
-    def _start_early(self, hint: hints.StartHint) -> None:
-        if hint.lane not in self.priorities or self.engine.has_unfinished():
-            return
-        try:
-            request = LaneRequest.decode({"v": hint.version, "body": hint.body})
-        except MessageError:
-            return
-        taken_at = time.time()
-        waited = taken_at - request.enqueued_at
-        if len(request.prompt_token_ids) > hints.MAX_PROMPT_TOKENS or not 0 <= waited < EARLY_MAX_AGE_S:
-            return  # a long prefill is not risked on a request that may not come; an old hint is stale
-        try:
-            self.engine.add(self._engine_request(hint.lane, request, waited))
-        except (AdapterNotFoundError, EngineError):
-            return  # its entry, when it comes, is refused the usual way
-        self._early = EarlyStart(hint.lane, hint.version, hint.body, request, taken_at)
-        stats = self.engine.stats
-        before = stats.prefill_tokens + stats.prefix_hit_tokens
-        self._early.outputs = self.engine.step()  # no interrupt: the lanes' connection is in a read
-        self._early.prompt_tokens = stats.prefill_tokens + stats.prefix_hit_tokens - before
-
-    def _match_early(self, woke: list[LaneEntry]) -> None:
-        """Bind the early start to its entry among those that woke the worker (the same request,
-        byte for byte), or abort it: its entry did not come with them."""
-        early = self._early
-        if early is None:
-            return
-        for entry in woke:
-            if (
-                not entry.claimed
-                and entry.lane == early.lane
-                and entry.fields.get(b"body") == early.body
-                and entry.fields.get(b"v") == early.version
-            ):
-                early.entry = entry
-                return
-        self._drop_early()
-
-    def _drop_early(self) -> None:
-        """Abort the early start: nothing of it was published."""
-        early, self._early = self._early, None
-        if early is not None:
-            self.engine.abort(early.request.request_id)  # frees its blocks (False: it had finished)
-            metrics.EARLY_STARTS.labels(self.worker_id, "dropped").inc()
-            metrics.EARLY_START_DROPPED_TOKENS.labels(self.worker_id).inc(early.prompt_tokens)
-            self.metrics.update()
-
-    def _publish_early(self) -> None:
-        """Publish what the early start's step produced, now that its entry runs on this worker."""
-        early, self._early = self._early, None
-        if early is None:
-            return
-        if early.request.request_id not in self.inflight:  # its entry was not started here
-            self._early = early
-            self._drop_early()
-            return
-        metrics.EARLY_STARTS.labels(self.worker_id, "bound").inc()
-        self._publish(early.outputs)
-        self.metrics.update()  # the step's, once its tokens are out (as after any step)
 
     def _lora(self, request: LaneRequest) -> LoRARequest | None:
         """The request's adapter as the engine takes it: its folder in the shared store."""
