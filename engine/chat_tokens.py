@@ -66,13 +66,13 @@ class PieceCache:
 
     def __init__(self, backend: Any, *, max_chars: int = MAX_CHARS) -> None:
         self.backend, self.max_chars = backend, max_chars
-        added = {token.content: int(i) for i, token in backend.get_added_tokens_decoder().items()}
-        self.added = added
+        tokens = backend.get_added_tokens_decoder().items()
+        self.added = {token.content: int(i) for i, token in tokens}
         # The longest first: at one position the tokenizer takes the longest added token there.
-        names = sorted(added, key=len, reverse=True)
+        names = sorted(self.added, key=len, reverse=True)
         self.split = re.compile("(" + "|".join(re.escape(name) for name in names) + ")") if names else None
         self._ids: OrderedDict[str, array] = OrderedDict()
-        self._chars = 0
+        self.chars = 0  # of the pieces held
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -101,15 +101,11 @@ class PieceCache:
             with self._lock:
                 if piece not in self._ids:
                     self._ids[piece] = ids
-                    self._chars += len(piece)
-                    while self._chars > self.max_chars:
+                    self.chars += len(piece)
+                    while self.chars > self.max_chars:
                         old, _ = self._ids.popitem(last=False)
-                        self._chars -= len(old)
+                        self.chars -= len(old)
         return ids
-
-    @property
-    def chars(self) -> int:
-        return self._chars
 
 
 def piece_cache(backend: Any) -> PieceCache | None:

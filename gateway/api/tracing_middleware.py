@@ -39,7 +39,7 @@ class TracingMiddleware:
             "url.scheme": scope.get("scheme", "http"),
             "fairlane.request_id": scope.get("state", {}).get("request_id"),
         }
-        sent: list[int] = []  # when the response's last byte went out (ns)
+        sent_ns: int | None = None  # when the response's last byte went out
         span = tracing.tracer().start_span(
             f"{method} {path}",
             context=parent,
@@ -48,6 +48,7 @@ class TracingMiddleware:
         )
 
         async def traced_send(message: Message) -> None:
+            nonlocal sent_ns
             if message["type"] == "http.response.start":
                 status = message["status"]
                 span.set_attribute("http.response.status_code", status)
@@ -55,7 +56,7 @@ class TracingMiddleware:
                     span.set_status(StatusCode.ERROR)
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
-                sent.append(time.time_ns())
+                sent_ns = time.time_ns()
 
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=True):
@@ -67,4 +68,4 @@ class TracingMiddleware:
                 span.set_attribute("http.route", route.path)
             # The report after the response (its background task) adds its attributes while the
             # span is open; the span's duration is the response's, up to its last byte.
-            span.end(end_time=sent[0] if sent else None)
+            span.end(end_time=sent_ns)
