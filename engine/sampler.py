@@ -35,24 +35,38 @@ def sample_ids(
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
         logits = _top_k_top_p(logits, params)
     probs = torch.softmax(logits, dim=-1)
-    # Gumbel-style draw: argmax(p / E) with E ~ Exp(1) samples from p. A seeded row takes one
-    # 62-bit key a step from its own host generator and hashes (key, token) into its noise on the
-    # device, with integer arithmetic that every device computes alike: a seed gives the same
-    # tokens on any device, and no vocabulary-sized row is drawn on the host.
-    # Greedy rows take greedy_ids below, whatever their noise.
+    # A row without a seed draws one uniform and takes the token where it falls in the row's
+    # cumulative distribution (in float64: a token of probability 1e-12 keeps its share). A seeded
+    # row takes one 62-bit key a step from its own host generator and hashes (key, token) into
+    # exponential noise on the device, argmax(p / E) with E ~ Exp(1), with integer arithmetic that
+    # every device computes alike: a seed gives the same tokens on any device, and no
+    # vocabulary-sized row is drawn on the host. Greedy rows take greedy_ids below.
     S, vocab = probs.shape
     seeded = [i for i, (p, gen) in enumerate(zip(params, generators)) if gen is not None and not p.greedy]
     if len(seeded) < sum(not p.greedy for p in params):
-        noise = _exponential((S, vocab), None, device)
+        sampled = inverse_cdf(probs, torch.rand((S, 1), dtype=torch.float64, device=device))
     else:
-        noise = torch.ones_like(probs)
+        sampled = greedy_ids
     if seeded:
         keys = torch.cat([torch.randint(0, 2**62, (1,), generator=generators[i]) for i in seeded])
         rows = host_to_device(torch.tensor(seeded), device)
-        noise.index_copy_(0, rows, hashed_exponential(host_to_device(keys, device), vocab))
-    sampled = (probs / noise).argmax(dim=-1)
+        noise = hashed_exponential(host_to_device(keys, device), vocab)
+        sampled = sampled.index_copy(0, rows, (probs.index_select(0, rows) / noise).argmax(dim=-1))
     greedy_rows = host_to_device(torch.tensor([p.greedy for p in params]), device)
     return torch.where(greedy_rows, greedy_ids, sampled)
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token of each row [S, V] where ``uniforms`` [S, 1] (float64, in [0, 1)) falls in the
+    row's cumulative distribution: token t when cdf[t-1] <= u * cdf[-1] < cdf[t], so a token of
+    probability 0 is never taken (its cdf equals its predecessor's). Several times cheaper on a CPU
+    than an exponential draw per token (one uniform a row instead of a vocabulary of them)."""
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)
+    total = cdf[:, -1:]
+    # u * total can round up to total, past every token: the largest double below total is still
+    # at or after the last nonzero token's predecessor
+    x = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True).squeeze_(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def hashed_exponential(keys: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -78,16 +92,6 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     x = (((x >> 16) ^ x) * _MIX) & _M32
     x = (((x >> 16) ^ x) * _MIX) & _M32
     return (x >> 16) ^ x
-
-
-def _exponential(
-    shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device
-) -> torch.Tensor:
-    """Exp(1) draws as -log(U), U uniform on (0, 1): the same law as Tensor.exponential_, and on the
-    CPU about six times faster (0.14 ms against 0.8 ms for a 49,152-token row). U is kept above 0,
-    so every draw is finite."""
-    u = torch.rand(shape, generator=generator, device=device)
-    return u.clamp_(min=torch.finfo(u.dtype).tiny).log_().neg_()
 
 
 def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

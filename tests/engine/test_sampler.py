@@ -1,5 +1,7 @@
-"""The sampler: a seeded row's noise is hashed on the device from one key drawn from its host
-generator (no vocabulary-sized host row), with the right law; no step of it waits on the device."""
+"""The sampler: a row without a seed takes the token where one uniform falls in its cumulative
+distribution (float64: no token loses its share, a forbidden one is never taken); a seeded row's
+noise is hashed on the device from one key drawn from its host generator (no vocabulary-sized host
+row); both with the right law, side by side in one batch; no step of it waits on the device."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.request import SamplingParams
-from engine.sampler import _exponential_of_bits, hashed_exponential, sample_ids
+from engine.sampler import _exponential_of_bits, hashed_exponential, inverse_cdf, sample_ids
 
 SYNCING = {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select", "aten::item"}
 
@@ -64,3 +66,39 @@ def test_every_hashed_draw_is_finite_and_positive_at_the_extremes():
     probs = torch.tensor([[0.0, 1.0]])
     noise = _exponential_of_bits(torch.tensor([[2**24 - 1, 2**24 - 1]]))
     assert (probs / noise).argmax(dim=-1).item() == 1
+
+
+def test_unseeded_draws_follow_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = probs.log().repeat(20000, 1)  # the last token: -inf, never taken
+    drawn = sample_ids(logits, [SamplingParams(temperature=1.0)] * 20000, [None] * 20000)
+    freq = torch.bincount(drawn, minlength=5).float() / 20000
+    assert freq[4] == 0 and (freq - probs).abs().max() < 0.015, freq
+
+
+def test_the_inverse_cdf_takes_the_token_a_uniform_falls_in_and_never_a_forbidden_one():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]])
+
+    def pick(u: float) -> int:
+        return inverse_cdf(probs, torch.tensor([[u]], dtype=torch.float64)).item()
+
+    assert [pick(u) for u in (0.0, 0.4999, 0.5, 0.7999, 0.8)] == [1, 1, 3, 3, 4]
+    assert pick(1 - 2**-53) == 4  # u * total may round to total: still the last allowed token
+    # a probability far below float32's resolution at 0.5 keeps its share of the uniforms
+    tiny = torch.tensor([[0.5, 1e-9, 0.5 - 1e-9]])
+    u = (0.5 + 0.5e-9) / tiny.double().sum().item()
+    assert inverse_cdf(tiny, torch.tensor([[u]], dtype=torch.float64)).item() == 1
+
+
+def test_greedy_seeded_and_unseeded_rows_side_by_side():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 49152)
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=1.0)]
+    together = sample_ids(logits, params, [None, torch.Generator().manual_seed(5), None])
+    alone = sample_ids(logits[1:2], params[1:2], [torch.Generator().manual_seed(5)])
+    assert together[0] == logits[0].argmax() and together[1] == alone[0]
+    forbidden = logits.clone()
+    forbidden[2, forbidden[2].topk(49000).indices] = float("-inf")  # 152 tokens left in the last row
+    allowed = set(torch.isfinite(forbidden[2]).nonzero().flatten().tolist())
+    for _ in range(50):
+        assert sample_ids(forbidden, params, [None, None, None])[2].item() in allowed
