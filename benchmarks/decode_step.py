@@ -6,6 +6,7 @@ same step of other checkouts side by side.
     python3 -m benchmarks.decode_step                          # this tree, rows 16, 40, 64, 2 threads
     python3 -m benchmarks.decode_step --against old=/tmp/old   # and another checkout, interleaved
     python3 -m benchmarks.decode_step --torch-profile          # also torch.profiler's ops (shapes)
+    python3 -m benchmarks.decode_step --temperature 1          # sampled rows (no seed), not greedy
     python3 -m benchmarks.decode_step --smoke                  # a tiny random model, seconds
 
 Each (checkout, round) runs in a fresh process with that checkout first on PYTHONPATH; rounds
@@ -35,7 +36,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def measure(rows: int, steps: int, threads: int, model: str, cpu_time: bool, torch_profile: bool) -> dict:
+def measure(
+    rows: int,
+    steps: int,
+    threads: int,
+    model: str,
+    cpu_time: bool,
+    torch_profile: bool,
+    temperature: float = 0.0,
+) -> dict:
     """Per-step ms of decode steps of `rows` sequences (median, and each part's mean)."""
     import torch
 
@@ -46,7 +55,7 @@ def measure(rows: int, steps: int, threads: int, model: str, cpu_time: bool, tor
     llm = LLM(model=model, dtype="bfloat16", num_threads=threads, max_num_seqs=max(rows, 8))
     eng, rng = llm.engine, random.Random(rows)
     vocab = llm.engine.runner.model.embed.shape[0]
-    params = SamplingParams(max_tokens=steps + 32, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=steps + 32, temperature=temperature, ignore_eos=True)
     for i in range(rows):
         prompt = [rng.randrange(100, vocab - 1) for _ in range(rng.randrange(100, 600))]
         eng.add_request(f"d{i}", prompt, params)
@@ -122,6 +131,7 @@ def run_child(tree: Path, args: argparse.Namespace) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--rows", args.rows]
     cmd += ["--steps", str(args.steps), "--threads", str(args.threads), "--model", args.model]
+    cmd += ["--temperature", str(args.temperature)]
     cmd += ["--cpu-time"] * args.cpu_time + ["--torch-profile"] * args.torch_profile
     out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -139,6 +149,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--against", action="append", default=[], metavar="LABEL=PATH")
+    ap.add_argument("--temperature", type=float, default=0.0, help="every row's (0: greedy); no seed")
     ap.add_argument("--cpu-time", action="store_true", help="parts in the calling thread's CPU time")
     ap.add_argument("--torch-profile", action="store_true", help="print torch.profiler's ops (shapes)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -150,7 +161,15 @@ def main(argv=None) -> None:
 
         sys.path.insert(0, str(REPO))
         for rows in map(int, args.rows.split(",")):
-            m = measure(rows, args.steps, args.threads, args.model, args.cpu_time, args.torch_profile)
+            m = measure(
+                rows,
+                args.steps,
+                args.threads,
+                args.model,
+                args.cpu_time,
+                args.torch_profile,
+                args.temperature,
+            )
             print(json.dumps(m), flush=True)
         return
     sys.path.insert(0, str(REPO))
