@@ -13,6 +13,7 @@ fraction of a second.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -128,18 +129,44 @@ def _started(delay_s: float) -> int:
     return 0
 
 
+_pool: ProcessPoolExecutor | None = None  # the client processes, kept from run to run
+
+
+def _clients(n: int) -> ProcessPoolExecutor:
+    """A pool of at least ``n`` client processes, every one started and its imports done. Kept for
+    the next run: a spawned process imports the benchmark's main module again (the engine, torch),
+    seconds of CPU a run on the cores the server uses."""
+    global _pool
+    if _pool is None or _pool._max_workers < n:  # type: ignore[attr-defined]
+        close_clients()
+        _pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"))
+        list(_pool.map(_started, [0.2] * n))  # every process up (each holds one of these at once)
+    return _pool
+
+
+def close_clients() -> None:
+    """Stop the client processes (at the end of the benchmark)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown()
+        _pool = None
+
+
+atexit.register(close_clients)
+
+
 def replay_in_processes(
     base_url: str, model: str, calls: dict[str, tuple[str, list[Call]]], until: float | None, words: list[int]
 ) -> tuple[dict[str, list[Sent]], float]:
-    """Each tenant's ``calls`` (tenant -> (key, calls)) from a client process of its own, on one
-    wall clock; what each saw, and the run's t0 (time.time())."""
+    """Each tenant's ``calls`` (tenant -> (key, calls)) from a client process of its own (an idle
+    process of the pool takes one call at a time), on one wall clock; what each saw, and the run's
+    t0 (time.time())."""
     if not calls:  # a trace with no request in its duration
         return {}, time.time()
-    with ProcessPoolExecutor(max_workers=len(calls), mp_context=get_context("spawn")) as pool:
-        list(pool.map(_started, [0.2] * len(calls)))  # every process up and its imports done
-        t0 = time.time() + START_AHEAD_S
-        futures = {
-            tenant: pool.submit(_client_process, base_url, model, key, tenant_calls, until, t0, words)
-            for tenant, (key, tenant_calls) in calls.items()
-        }
-        return {tenant: future.result() for tenant, future in futures.items()}, t0
+    pool = _clients(len(calls))
+    t0 = time.time() + START_AHEAD_S
+    futures = {
+        tenant: pool.submit(_client_process, base_url, model, key, tenant_calls, until, t0, words)
+        for tenant, (key, tenant_calls) in calls.items()
+    }
+    return {tenant: future.result() for tenant, future in futures.items()}, t0

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import sched_http_timeline as timeline
+from benchmarks.sched_http_client import close_clients
 from benchmarks.sched_http_driver import TIERS, Server, replay, service
 from engine.sim import SimReport
 
@@ -83,6 +84,7 @@ class HTTP:
         return self
 
     def __exit__(self, *exc) -> None:
+        close_clients()
         for server in self.servers.values():
             server.served.stop()
         if exc[0] is None and not self.keep_logs:
