@@ -26,10 +26,10 @@ def sample_ids(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
     """As `sample`, the ids left on the logits' device: [S] int64."""
-    greedy_ids = argmax_rows(logits)
-    if all(p.greedy for p in params):
-        return greedy_ids
-    device = logits.device
+    greedy = [p.greedy for p in params]
+    if all(greedy):
+        return argmax_rows(logits)
+    raw, device = logits, logits.device
     temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=logits.dtype)
     logits = logits / host_to_device(temps, device)[:, None]
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
@@ -40,20 +40,21 @@ def sample_ids(
     # row takes one 62-bit key a step from its own host generator and hashes (key, token) into
     # exponential noise on the device, argmax(p / E) with E ~ Exp(1), with integer arithmetic that
     # every device computes alike: a seed gives the same tokens on any device, and no
-    # vocabulary-sized row is drawn on the host. Greedy rows take greedy_ids below.
+    # vocabulary-sized row is drawn on the host. Greedy rows take the argmax of their logits below.
     S, vocab = probs.shape
     seeded = [i for i, (p, gen) in enumerate(zip(params, generators)) if gen is not None and not p.greedy]
-    if len(seeded) < sum(not p.greedy for p in params):
+    if len(seeded) < greedy.count(False):
         sampled = inverse_cdf(probs, torch.rand((S, 1), dtype=torch.float64, device=device))
     else:
-        sampled = greedy_ids
+        sampled = torch.zeros(S, dtype=torch.int64, device=device)
     if seeded:
         keys = torch.cat([torch.randint(0, 2**62, (1,), generator=generators[i]) for i in seeded])
         rows = host_to_device(torch.tensor(seeded), device)
         noise = hashed_exponential(host_to_device(keys, device), vocab)
         sampled = sampled.index_copy(0, rows, (probs.index_select(0, rows) / noise).argmax(dim=-1))
-    greedy_rows = host_to_device(torch.tensor([p.greedy for p in params]), device)
-    return torch.where(greedy_rows, greedy_ids, sampled)
+    if not any(greedy):  # no argmax over rows that sample
+        return sampled
+    return torch.where(host_to_device(torch.tensor(greedy), device), argmax_rows(raw), sampled)
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
