@@ -34,40 +34,74 @@ def sample_ids(
     logits = logits / host_to_device(temps, device)[:, None]
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
         logits = _top_k_top_p(logits, params)
-    probs = torch.softmax(logits, dim=-1)
     # A row without a seed draws one uniform and takes the token where it falls in the row's
-    # cumulative distribution (in float64: a token of probability 1e-12 keeps its share). A seeded
-    # row takes one 62-bit key a step from its own host generator and hashes (key, token) into
-    # exponential noise on the device, argmax(p / E) with E ~ Exp(1), with integer arithmetic that
-    # every device computes alike: a seed gives the same tokens on any device, and no
-    # vocabulary-sized row is drawn on the host. Greedy rows take the argmax of their logits below.
-    S, vocab = probs.shape
+    # cumulative distribution (inverse_cdf). A seeded row takes one 62-bit key a step from its own
+    # host generator and hashes (key, token) into exponential noise on the device, argmax(p / E)
+    # with E ~ Exp(1), with integer arithmetic that every device computes alike: a seed gives the
+    # same tokens on any device, and no vocabulary-sized row is drawn on the host. Greedy rows take
+    # the argmax of their logits below.
+    S, vocab = logits.shape
     seeded = [i for i, (p, gen) in enumerate(zip(params, generators)) if gen is not None and not p.greedy]
-    if len(seeded) < greedy.count(False):
-        sampled = inverse_cdf(probs, torch.rand((S, 1), dtype=torch.float64, device=device))
-    else:
-        sampled = torch.zeros(S, dtype=torch.int64, device=device)
     if seeded:
         keys = torch.cat([torch.randint(0, 2**62, (1,), generator=generators[i]) for i in seeded])
         rows = host_to_device(torch.tensor(seeded), device)
         noise = hashed_exponential(host_to_device(keys, device), vocab)
-        sampled = sampled.index_copy(0, rows, (probs.index_select(0, rows) / noise).argmax(dim=-1))
+        seeded_ids = (torch.softmax(logits.index_select(0, rows), dim=-1) / noise).argmax(dim=-1)
+    if len(seeded) < greedy.count(False):
+        # exp(l - max l): the softmax's numerators, in place (``logits`` is this function's own
+        # tensor by now); the normalization is the cumulative sum's last value
+        weights = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
+        sampled = inverse_cdf(weights, torch.rand((S, 1), dtype=torch.float64, device=device))
+    else:
+        sampled = torch.zeros(S, dtype=torch.int64, device=device)
+    if seeded:
+        sampled = sampled.index_copy(0, rows, seeded_ids)
     if not any(greedy):  # no argmax over rows that sample
         return sampled
     return torch.where(host_to_device(torch.tensor(greedy), device), argmax_rows(raw), sampled)
 
 
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """The token of each row [S, V] where ``uniforms`` [S, 1] (float64, in [0, 1)) falls in the
-    row's cumulative distribution: token t when cdf[t-1] <= u * cdf[-1] < cdf[t], so a token of
-    probability 0 is never taken (its cdf equals its predecessor's). Several times cheaper on a CPU
-    than an exponential draw per token (one uniform a row instead of a vocabulary of them)."""
-    cdf = probs.to(torch.float64).cumsum_(dim=-1)
+CDF_BLOCK = 256  # tokens a block of inverse_cdf's first level, at most
+
+
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token of each row of ``weights`` [S, V] (fp32, >= 0, each row's sum > 0; a row's scale
+    does not matter) where ``uniforms`` [S, 1] (float64, in [0, 1)) falls in the row's cumulative
+    distribution, in two levels: blocks of up to CDF_BLOCK tokens by their sums (float32 sums, float64
+    cumulative sums), then the token inside the chosen block by its float64 cumulative sum, the
+    uniform's place in the block rescaled to the block's float64 total. Each token's share of the
+    uniforms is its weight's share up to the float32 rounding of its block's sum (about 1e-7
+    relative, the order of the fp32 softmax's own): a token of probability 1e-9 beside one of 0.5
+    keeps its share, and a token of weight 0 is never taken (its cumulative sum equals its
+    predecessor's). Neither level makes a float64 copy of the whole row: on a CPU, several times
+    cheaper than one cumulative sum over the row, and than an exponential draw per token."""
+    S, vocab = weights.shape
+    # the largest power of two up to CDF_BLOCK that divides the vocabulary (151,936 = 1,187 x 128),
+    # else CDF_BLOCK and the row padded with zeros (never taken): a copy of the whole batch
+    size = next((b for b in (CDF_BLOCK, CDF_BLOCK // 2, CDF_BLOCK // 4) if vocab % b == 0), CDF_BLOCK)
+    nb = -(-vocab // size)
+    if vocab != nb * size:
+        weights = torch.nn.functional.pad(weights, (0, nb * size - vocab))
+    blocks = weights.view(S, nb, size)
+    sums = blocks.sum(dim=-1).to(torch.float64)  # [S, nb]
+    cdf = sums.cumsum(dim=-1)
+    x = uniforms * cdf[:, -1:]
+    j = _below_search(cdf, x)  # [S, 1]: the block
+    before = torch.where(j > 0, cdf.gather(1, (j - 1).clamp_(min=0)), 0.0)
+    share = (x - before) / sums.gather(1, j)  # the uniform's place in its block, in [0, 1)
+    inner = blocks.gather(1, j[:, :, None].expand(S, 1, size)).view(S, size)
+    inner = inner.to(torch.float64).cumsum_(dim=-1)
+    k = _below_search(inner, share * inner[:, -1:])
+    return (j * size + k).squeeze_(1).clamp_(max=vocab - 1)
+
+
+def _below_search(cdf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose ``cdf`` exceeds ``x`` [S, 1], with x kept below the row's
+    total (x may round up to it: the largest double below the total still falls at or after the
+    last positive entry's predecessor)."""
     total = cdf[:, -1:]
-    # u * total can round up to total, past every token: the largest double below total is still
-    # at or after the last nonzero token's predecessor
-    x = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, x, right=True).squeeze_(1).clamp_(max=probs.shape[-1] - 1)
+    x = torch.minimum(x, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True).clamp_(max=cdf.shape[-1] - 1)
 
 
 def hashed_exponential(keys: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """The sampler: a row without a seed takes the token where one uniform falls in its cumulative
-distribution (float64: no token loses its share, a forbidden one is never taken); a seeded row's
+distribution (no token loses its share, a forbidden one is never taken); a seeded row's
 noise is hashed on the device from one key drawn from its host generator (no vocabulary-sized host
 row); both with the right law, side by side in one batch; no step of it waits on the device."""
 
@@ -76,18 +76,43 @@ def test_unseeded_draws_follow_the_distribution():
     assert freq[4] == 0 and (freq - probs).abs().max() < 0.015, freq
 
 
+def _pick(weights: torch.Tensor, u: float) -> int:
+    return inverse_cdf(weights, torch.tensor([[u]], dtype=torch.float64)).item()
+
+
+def _share(weights: torch.Tensor, token: int) -> float:
+    """The length of the uniforms in [0, 1) that inverse_cdf maps to ``token`` (it is monotone)."""
+
+    def first_reaching(t: int) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(64):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if _pick(weights, mid) >= t else (mid, hi)
+        return hi
+
+    return first_reaching(token + 1) - first_reaching(token)
+
+
 def test_the_inverse_cdf_takes_the_token_a_uniform_falls_in_and_never_a_forbidden_one():
-    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]])
+    weights = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]])  # padded to a block of 256 zeros
+    assert [_pick(weights, u) for u in (0.0, 0.4999, 0.5001, 0.7999, 0.8001)] == [1, 1, 3, 3, 4]
+    assert _pick(weights, 1 - 2**-53) == 4  # u * total may round to total: still the last allowed token
+    for vocab in (151936, 1001):  # blocks of 128; a padded last block
+        row = torch.zeros(1, vocab)
+        row[0, [5, 700, vocab - 3]] = torch.tensor([2.0, 1.0, 1.0])
+        picks = {_pick(row, u / 64) for u in range(64)} | {_pick(row, 1 - 2**-53)}
+        assert picks == {5, 700, vocab - 3}
 
-    def pick(u: float) -> int:
-        return inverse_cdf(probs, torch.tensor([[u]], dtype=torch.float64)).item()
 
-    assert [pick(u) for u in (0.0, 0.4999, 0.5, 0.7999, 0.8)] == [1, 1, 3, 3, 4]
-    assert pick(1 - 2**-53) == 4  # u * total may round to total: still the last allowed token
-    # a probability far below float32's resolution at 0.5 keeps its share of the uniforms
-    tiny = torch.tensor([[0.5, 1e-9, 0.5 - 1e-9]])
-    u = (0.5 + 0.5e-9) / tiny.double().sum().item()
-    assert inverse_cdf(tiny, torch.tensor([[u]], dtype=torch.float64)).item() == 1
+def test_every_token_keeps_its_share_of_the_uniforms_down_to_1e_9():
+    # a 1e-9 token right after a 0.5 one in the same block, another alone in its block: a float32
+    # cumulative sum gives the first none of the uniforms (0.5 + 1e-9 rounds to 0.5)
+    weights = torch.zeros(1, 49152)
+    weights[0, [1000, 1001, 5000, 40000]] = torch.tensor([0.5, 1e-9, 1e-9, 0.25])
+    total = weights.double().sum().item()
+    for token in (1000, 1001, 5000, 40000):
+        want = weights[0, token].item() / total
+        assert abs(_share(weights, token) - want) <= 1e-6 * want, token
 
 
 def test_greedy_seeded_and_unseeded_rows_side_by_side():
