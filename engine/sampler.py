@@ -73,8 +73,10 @@ def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     uniforms is its weight's share up to the float32 rounding of its block's sum (about 1e-7
     relative, the order of the fp32 softmax's own): a token of probability 1e-9 beside one of 0.5
     keeps its share, and a token of weight 0 is never taken (its cumulative sum equals its
-    predecessor's). Neither level makes a float64 copy of the whole row: on a CPU, several times
-    cheaper than one cumulative sum over the row, and than an exponential draw per token."""
+    predecessor's). No float64 copy of the batch is made: sample_ids over 64 rows of 49,152 takes
+    5.8 ms with it against 35.8 ms with an exponential draw per token, one CPU thread
+    (benchmarks/sampling.py).
+    """
     S, vocab = weights.shape
     # the largest power of two up to CDF_BLOCK that divides the vocabulary (151,936 = 1,187 x 128),
     # else CDF_BLOCK and the row padded with zeros (never taken): a copy of the whole batch
