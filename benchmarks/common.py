@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -164,3 +165,27 @@ def result_line(stdout: str) -> dict:
     if not lines:
         raise RuntimeError(f"no result line in the runner's output: {stdout[-2000:]}")
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+def checkouts(against: list[str]) -> dict[str, Path]:
+    """The trees a side-by-side benchmark runs: this one ("this"), then each ``LABEL=PATH`` of its
+    ``--against`` options (another checkout, e.g. from `git archive COMMIT | tar -x -C PATH`)."""
+    return {"this": RESULTS.parent.parent} | {
+        a.split("=", 1)[0]: Path(a.split("=", 1)[1]).resolve() for a in against
+    }
+
+
+def in_checkout(
+    tree: Path, script: str, args: list[str], *, env: dict[str, str] | None = None, echo_stderr: bool = False
+) -> list[dict]:
+    """Run ``script`` (a file of this tree) with ``args`` in a fresh process, with ``tree`` first on
+    PYTHONPATH and as its folder, so that it measures that checkout's engine; the JSON objects of
+    the lines of its stdout that start with "{". ``echo_stderr``: print the end of its stderr."""
+    full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(tree)}
+    cmd = [sys.executable, str(Path(script).resolve()), *args]
+    out = subprocess.run(cmd, cwd=tree, env=full_env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{tree}: {out.stderr[-3000:]}")
+    if echo_stderr:
+        print(out.stderr[-20000:])
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -70,14 +68,11 @@ def measure(rows: int, layers: int, reps: int, threads: int, shuffle: bool) -> d
 
 def run_child(tree: Path, args: argparse.Namespace) -> list[dict]:
     """measure() for each row count in a fresh process with `tree`'s engine first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--rows", args.rows]
-    cmd += ["--layers", str(args.layers), "--reps", str(args.reps), "--threads", str(args.threads)]
-    cmd += ["--shuffle"] * args.shuffle
-    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{tree}: {out.stderr[-3000:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    from benchmarks.common import in_checkout
+
+    cmd = ["--child", "--rows", args.rows, "--layers", str(args.layers), "--reps", str(args.reps)]
+    cmd += ["--threads", str(args.threads)] + ["--shuffle"] * args.shuffle
+    return in_checkout(tree, __file__, cmd)
 
 
 def main(argv=None) -> None:
@@ -98,11 +93,11 @@ def main(argv=None) -> None:
             print(json.dumps(measure(rows, args.layers, args.reps, args.threads, args.shuffle)), flush=True)
         return
     sys.path.insert(0, str(REPO))
-    from benchmarks.common import done, machine, out_dir
+    from benchmarks.common import checkouts, done, machine, out_dir
 
     if args.smoke:
         args.rows, args.layers, args.reps, args.rounds = "4", 2, 2, 1
-    trees = {"this": REPO} | {a.split("=", 1)[0]: Path(a.split("=", 1)[1]).resolve() for a in args.against}
+    trees = checkouts(args.against)
     runs: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in range(args.rounds):
         for label, tree in trees.items():

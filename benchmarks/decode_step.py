@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -128,17 +126,12 @@ class wrapped:
 
 def run_child(tree: Path, args: argparse.Namespace) -> list[dict]:
     """measure() for each row count in a fresh process with `tree`'s engine first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--rows", args.rows]
-    cmd += ["--steps", str(args.steps), "--threads", str(args.threads), "--model", args.model]
-    cmd += ["--temperature", str(args.temperature)]
+    from benchmarks.common import in_checkout
+
+    cmd = ["--child", "--rows", args.rows, "--steps", str(args.steps), "--threads", str(args.threads)]
+    cmd += ["--model", args.model, "--temperature", str(args.temperature)]
     cmd += ["--cpu-time"] * args.cpu_time + ["--torch-profile"] * args.torch_profile
-    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{tree}: {out.stderr[-3000:]}")
-    if args.torch_profile:
-        print(out.stderr[-20000:])
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return in_checkout(tree, __file__, cmd, echo_stderr=args.torch_profile)
 
 
 def main(argv=None) -> None:
@@ -173,11 +166,11 @@ def main(argv=None) -> None:
             print(json.dumps(m), flush=True)
         return
     sys.path.insert(0, str(REPO))
-    from benchmarks.common import done, machine, out_dir, tiny_model
+    from benchmarks.common import checkouts, done, machine, out_dir, tiny_model
 
     if args.smoke:
         args.rows, args.steps, args.rounds, args.model = "4,8", 3, 1, tiny_model()
-    trees = {"this": REPO} | {a.split("=", 1)[0]: Path(a.split("=", 1)[1]).resolve() for a in args.against}
+    trees = checkouts(args.against)
     runs: dict[str, list[list[dict]]] = defaultdict(list)
     for r in range(args.rounds):
         for label, tree in trees.items():

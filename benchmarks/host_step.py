@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -154,14 +152,11 @@ def _kv_bytes_per_token() -> int:
 
 def run_child(tree: Path, batches: list[int], context: int, steps: int, block_size: int) -> list[dict]:
     """measure() for each batch in a fresh process with `tree`'s engine first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, str(Path(__file__).resolve()), "--child", "--context", str(context)]
-    args += ["--block-size", str(block_size)]
+    from benchmarks.common import in_checkout
+
+    args = ["--child", "--context", str(context), "--block-size", str(block_size)]
     args += ["--steps", str(steps), "--batches", ",".join(map(str, batches))]
-    out = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{tree}: {out.stderr[-3000:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return in_checkout(tree, __file__, args, env={"OMP_NUM_THREADS": "1"})
 
 
 def summarize(rounds: list[list[dict]]) -> dict:
@@ -239,11 +234,11 @@ def main(argv=None) -> None:
             print(json.dumps(measure(batch, args.context, args.steps, args.block_size)), flush=True)
         return
     sys.path.insert(0, str(REPO))
-    from benchmarks.common import done, machine, out_dir
+    from benchmarks.common import checkouts, done, machine, out_dir
 
     if args.smoke:
         batches, args.context, args.steps, args.rounds = [1, 4], 64, 10, 1
-    trees = {"this": REPO} | {a.split("=", 1)[0]: Path(a.split("=", 1)[1]).resolve() for a in args.against}
+    trees = checkouts(args.against)
     rounds: dict[str, list[list[dict]]] = defaultdict(list)
     for r in range(args.rounds):
         for label, tree in trees.items():

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -50,13 +49,11 @@ def measure(vocab: int, rows: int, calls: int) -> float:
 
 
 def run_child(tree: Path, args: argparse.Namespace) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--calls", str(args.calls)]
-    cmd += ["--vocabs", args.vocabs, "--rows", args.rows]
-    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"{tree}: {out.stderr[-3000:]}")
-    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+    """measure() for each case in a fresh process with `tree`'s engine first on the path."""
+    from benchmarks.common import in_checkout
+
+    cmd = ["--child", "--calls", str(args.calls), "--vocabs", args.vocabs, "--rows", args.rows]
+    return in_checkout(tree, __file__, cmd)[0]
 
 
 def main(argv=None) -> None:
@@ -82,11 +79,11 @@ def main(argv=None) -> None:
         print(json.dumps(out), flush=True)
         return
     sys.path.insert(0, str(REPO))
-    from benchmarks.common import done, machine, out_dir
+    from benchmarks.common import checkouts, done, machine, out_dir
 
     if args.smoke:
         args.vocabs, args.rows, args.calls, args.rounds = "4096", "1,4", 3, 1
-    trees = {"this": REPO} | {a.split("=", 1)[0]: Path(a.split("=", 1)[1]).resolve() for a in args.against}
+    trees = checkouts(args.against)
     runs: dict[str, list[dict]] = defaultdict(list)
     for r in range(args.rounds):
         for label, tree in trees.items():
