@@ -129,7 +129,7 @@ def _started(delay_s: float) -> int:
     return 0
 
 
-_pool: ProcessPoolExecutor | None = None  # the client processes, kept from run to run
+_pool: tuple[ProcessPoolExecutor, int] | None = None  # the client processes and their number, kept
 
 
 def _clients(n: int) -> ProcessPoolExecutor:
@@ -137,18 +137,18 @@ def _clients(n: int) -> ProcessPoolExecutor:
     the next run: a spawned process imports the benchmark's main module again (the engine, torch),
     seconds of CPU a run on the cores the server uses."""
     global _pool
-    if _pool is None or _pool._max_workers < n:  # type: ignore[attr-defined]
+    if _pool is None or _pool[1] < n:
         close_clients()
-        _pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"))
-        list(_pool.map(_started, [0.2] * n))  # every process up (each holds one of these at once)
-    return _pool
+        _pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn")), n
+        list(_pool[0].map(_started, [0.2] * n))  # every process up (each holds one of these at once)
+    return _pool[0]
 
 
 def close_clients() -> None:
     """Stop the client processes (at the end of the benchmark)."""
     global _pool
     if _pool is not None:
-        _pool.shutdown()
+        _pool[0].shutdown()
         _pool = None
 
 
