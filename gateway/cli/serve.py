@@ -270,6 +270,11 @@ def main(args: argparse.Namespace) -> int:
             embedded = EmbeddedRedis()
             supervisor.add("redis", embedded.spawn, first_backoff_s=0.2)
             settings = settings.model_copy(update={"redis_url": embedded.url})
+        # The workers start now: they need Redis, not the database, and their start (torch, the
+        # weights) overlaps the gateway's own (the app's import, the migrations, the demo key).
+        spawn_worker = _worker_spawner(settings, settings.redis_url)
+        for i in range(settings.workers):
+            supervisor.add(f"worker-{i}", spawn_worker, wait=False)
         from gateway.api.app import create_app
         from tenancy import upgrade
 
@@ -283,9 +288,6 @@ def main(args: argparse.Namespace) -> int:
                 f"  redis: {settings.redis_url}{' (embedded)' if embedded else ''}",
                 flush=True,
             )
-        spawn_worker = _worker_spawner(settings, settings.redis_url)
-        for i in range(settings.workers):
-            supervisor.add(f"worker-{i}", spawn_worker, wait=False)
         spawn_gateway = _gateway_spawner(settings, sock)
         gateways = [f"gateway-{i}" for i in range(1, settings.gateway_workers)]  # this process is gateway 0
         for name in gateways:  # each drains its requests for drain_timeout_s when told to stop
