@@ -189,3 +189,13 @@ def in_checkout(
     if echo_stderr:
         print(out.stderr[-20000:])
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def grouped_bars(ax, groups: list[str], series: dict[str, list[float]], fontsize: int = 7) -> None:
+    """One bar per series in each group, side by side on matplotlib axes ``ax``: the groups' names
+    under their bars, a legend of the series."""
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar([g + i * width for g in range(len(groups))], values, width, label=label)
+    ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))], groups, fontsize=fontsize)
+    ax.legend(fontsize=fontsize)

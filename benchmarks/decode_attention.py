@@ -138,16 +138,19 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks.common import grouped_bars
+
     trees = result["trees"]
     rows = list(trees["this"])
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    width = 0.8 / len(trees)
-    for i, (label, t) in enumerate(trees.items()):
-        ax.bar([k + i * width for k in range(len(rows))], [t[n]["ms"] for n in rows], width, label=label)
-    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))], [f"{n} rows" for n in rows])
+    grouped_bars(
+        ax,
+        [f"{n} rows" for n in rows],
+        {label: [t[n]["ms"] for n in rows] for label, t in trees.items()},
+        fontsize=8,
+    )
     ax.set_ylabel(f"ms per {result['args']['layers']} layers' calls")
     ax.set_title("bf16 paged decode kernel (median of rounds)", fontsize=9)
-    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import add_common_args, done, machine, out_dir
+from benchmarks.common import add_common_args, done, grouped_bars, machine, out_dir
 
 GAPS_MS = (0.0, 1.0, 5.0, 50.0)
 SCRIPT = (
@@ -130,18 +130,13 @@ def plot(result: dict, path: Path) -> None:
 
     rows, gaps = result["median_us"], result["gaps_ms"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.8 / len(gaps)
-    for j, gap in enumerate(gaps):
-        ax.bar(
-            [i + j * width for i in range(len(rows))],
-            [rows[name][str(gap)] for name in rows],
-            width,
-            label=f"after {gap:g} ms idle" if gap else "back to back",
-        )
-    ax.set_xticks([i + width * (len(gaps) - 1) / 2 for i in range(len(rows))], list(rows), fontsize=8)
+    series = {
+        f"after {gap:g} ms idle" if gap else "back to back": [rows[name][str(gap)] for name in rows]
+        for gap in gaps
+    }
+    grouped_bars(ax, list(rows), series, fontsize=8)
     ax.set_ylabel("median µs per call")
     ax.set_title(f"One operation after an idle pause ({result['machine']['cpu']})", fontsize=9)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -120,18 +120,15 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks.common import grouped_bars
+
     labels = list(result["ms"])
     cases = list(result["ms"]["this"])
     fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(cases), 3.6))
-    width = 0.8 / len(labels)
-    for i, label in enumerate(labels):
-        xs = [c + i * width for c in range(len(cases))]
-        ax.bar(xs, [result["ms"][label][c] for c in cases], width, label=label)
-    ax.set_xticks([c + width * (len(labels) - 1) / 2 for c in range(len(cases))], cases, fontsize=7)
+    grouped_bars(ax, cases, {label: [result["ms"][label][c] for c in cases] for label in labels})
     ax.set_yscale("log")
     ax.set_ylabel("ms per sample_ids call")
     ax.set_title("unseeded sampling, temperature 1, one thread (median of rounds)", fontsize=9)
-    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
