@@ -27,12 +27,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import redis as redislib
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import Engine, EngineError, EngineRequest, ErrorCode, LoRARequest, RequestOutput, parse_policy
 from engine.interrupts import Interrupt
@@ -44,12 +41,12 @@ from gateway.telemetry import metrics, tracing
 from gateway.worker.early_start import STARTED_REMEMBERED, EarlyStart, EarlyStarts
 from gateway.worker.inflight import InFlight
 from gateway.worker.lane_io import BLOCK_MS, RETRY_FIRST_S, RETRY_MAX_S, LaneEntry, LaneIO, Prior
-from gateway.worker.results import error_result, output_result
+from gateway.worker.publishing import REDIS_DOWN, Publishing
+from gateway.worker.results import error_result
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
 from quotas import settlement as quota_settlement
 
 log = logging.getLogger(__name__)
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 LOAD_EVERY_S = 0.05  # how often the engine's load is published (SLO-aware policies only)
 INTERRUPT_POLL_S = 0.01  # while a step runs: how often the lanes are read for urgent prompts
 SETTLEMENT = quota_settlement.FIELD.encode()  # a lane entry's field (as Redis returns it)
@@ -61,7 +58,7 @@ class AdapterGone(EngineError):
     code = ErrorCode.MODEL_NOT_FOUND
 
 
-class Worker(EarlyStarts):
+class Worker(EarlyStarts, Publishing):
     """Feeds one engine from the lanes of one model; see the module docstring for one iteration."""
 
     def __init__(
@@ -343,83 +340,3 @@ class Worker(EarlyStarts):
         return LoRARequest(
             name=f"{request.lora.id}:{request.lora.name}", path=str(self.adapters.path(request.lora.sha256))
         )
-
-    # ---- results ---------------------------------------------------------------------------
-    def _publish(self, outputs: list[RequestOutput], *, watch_cancels: bool = True) -> None:
-        """Publish a step's outputs and the outbox, ACK what ended, refresh the load, and abort what
-        was cancelled (``watch_cancels``): one MULTI/EXEC, and one more for the aborts when there are any."""
-        results, done = self._outbox, self._outbox_done
-        self._outbox, self._outbox_done = [], []
-        served: dict[tuple[str, str], float] = {}  # (lane, tenant) -> output service, VTC-weighted
-        settlements: list[tuple[bytes, int]] = []
-        w_out = self.engine.config.vtc_output_weight
-        with self.lock:
-            for out in outputs:
-                running = self.inflight.get(out.request_id)
-                if running is None:  # aborted since it was scheduled
-                    continue
-                if running.trace is not None:
-                    running.trace.output(out)
-                    if out.done:
-                        running.trace.finish(
-                            out, status=out.finish_reason or "error", num_output_tokens=out.num_output_tokens
-                        )
-                offsets = running.offset, running.offset_of(out.index)
-                no_text = self.engine.tokenizer is None
-                settles = out.done and out.error is None and running.settlement is not None
-                if settles:
-                    settlements.append((running.settlement, out.num_prompt_tokens + out.num_output_tokens))
-                results.append(
-                    output_result(self.worker_id, out, *offsets, text_of_ids=no_text, quota_settled=settles)
-                )
-                running.advance(out.index, len(out.new_token_ids))
-                key = (running.lane, running.tenant)
-                served[key] = served.get(key, 0.0) + w_out * len(out.new_token_ids) / running.weight
-                if out.done:
-                    done.append((running.lane, running.entry_id))
-                    del self.inflight[out.request_id]
-            watched = list(self.inflight) if watch_cancels else []
-        try:
-            load = self._load()
-            cancelled = self.lane_io.publish(
-                results, done=done, load=load, watch=watched, served=served, settlements=settlements
-            )
-        except REDIS_DOWN:
-            if watch_cancels:
-                raise
-            # with the step's own results; their gateways settle what this publish would have
-            unsettled = [replace(r, quota_settled=False) if r.quota_settled else r for r in results]
-            self._outbox[:0], self._outbox_done[:0] = unsettled, done
-            log.warning("a nested step's results wait for the step's publish: Redis is unavailable")
-            return
-        for request_id, flagged in zip(watched, cancelled):
-            if flagged:
-                self._cancel(request_id)
-        self._flush()
-
-    def _flush(self) -> None:
-        """Publish the outbox (dropped, refused and aborted requests) now, in one MULTI/EXEC."""
-        if self._outbox or self._outbox_done:
-            results, done = self._outbox, self._outbox_done
-            self._outbox, self._outbox_done = [], []
-            self.lane_io.publish(results, done=done)
-
-    def _cancel(self, request_id: str) -> None:
-        """Abort a cancelled request; its last result waits in the outbox."""
-        events = self.engine.take_events(request_id)
-        self.engine.abort(request_id)  # frees its blocks now
-        with self.lock:
-            running = self.inflight.pop(request_id)
-        if running.trace is not None:
-            running.trace.events(events)
-            running.trace.aborted()
-        self._outbox.append(
-            LaneResult(
-                request_id=request_id,
-                done=True,
-                finish_reason="abort",
-                offset=running.offset,
-                worker=self.worker_id,
-            )
-        )
-        self._outbox_done.append((running.lane, running.entry_id))
