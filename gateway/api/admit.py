@@ -11,7 +11,6 @@ instead of a broken stream. Every way out settles the request's outcome once (ga
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -24,15 +23,15 @@ from opentelemetry.trace import SpanKind
 from engine import EngineError, SamplingParams, check_context
 from gateway.api.auth import AuthContext
 from gateway.api.errors import GatewayError, SLOUnattainable, no_worker, refused_by_engine_checks
+from gateway.api.first_results import Failed, first_results, outcome_before_first_results, result_stream
 from gateway.api.model_selection import adapter_model_name
 from gateway.api.outcome import RequestOutcome, Status
 from gateway.api.prompts import relay_ids, resolve_max_tokens
 from gateway.api.quota_service import QuotaService
-from gateway.api.relay import Generation, Relay, lane_error, refusal_status, relay_failure
+from gateway.api.relay import Generation, Relay, lane_error, refusal_status
 from gateway.api.request_telemetry import request_attributes, status_of
 from gateway.api.settle import RequestContext, settle
 from gateway.api.state import GatewayState
-from gateway.lanes.client import QueueUnavailable, ResultTimeout
 from gateway.lanes.messages import LaneAdapter, LaneRequest, LaneResult
 from gateway.settings import ApiSettings
 from gateway.telemetry import tracing
@@ -134,13 +133,13 @@ async def _start(
             state.slo_gate.note_queued(ask.tier, len(lane_request.prompt_token_ids))
         if context.span is not None:
             relay_span = tracing.tracer().start_span("lane.relay")
-        streams = [_results(state, r.request_id, epoch) for r in plan.lane_requests]
-        firsts = await _first_results(state, streams, got)
+        streams = [result_stream(state, r.request_id, epoch) for r in plan.lane_requests]
+        firsts = await first_results(state, streams, got)
     except BaseException as exc:  # admitted, then not every first result: what ran is charged
         if relay_span is not None:
             relay_span.end()
         await _settle_before_first_results(context, plan, exc, got)
-        if isinstance(exc, _Failed):
+        if isinstance(exc, Failed):
             raise exc.error from exc.__cause__
         raise
     tracing.set_attributes({"fairlane.quota.decision": "allowed"}, context.span)
@@ -192,32 +191,7 @@ async def _settle_before_first_results(
         if not isinstance(exc, SLOUnattainable):  # refused at the door: nothing was queued
             for lane_request in plan.lane_requests:
                 context.state.lanes.cancel_soon(lane_request.request_id)
-        await settle(context, _outcome_before_first_results(exc, got))
-
-
-class _Failed(Exception):
-    """The relay failed before the first results: its status and the client's error."""
-
-    def __init__(self, status: Status, error: GatewayError) -> None:
-        super().__init__(error.message)
-        self.status, self.error = status, error
-
-
-def _outcome_before_first_results(exc: BaseException, got: dict[int, LaneResult]) -> RequestOutcome:
-    if isinstance(exc, _Failed):
-        status = exc.status
-    elif isinstance(exc, SLOUnattainable):  # refused at the door: nothing was queued
-        status = Status.SLO_REFUSED
-    elif isinstance(exc, Exception):
-        status = Status.ERROR
-    else:  # cancelled: the client left
-        status = Status.CANCELLED_BEFORE_FIRST_TOKEN
-    ran = [result for result in got.values() if result.kind != "error"]  # one prompt: none
-    return RequestOutcome(
-        status,
-        prompt_tokens=sum(result.num_prompt_tokens for result in ran),
-        completion_tokens=sum(result.num_output_tokens for result in ran),
-    )
+        await settle(context, outcome_before_first_results(exc, got))
 
 
 def slo_targets(auth: AuthContext, tier: str, settings: ApiSettings) -> tuple[float | None, float | None]:
@@ -357,48 +331,3 @@ async def _door_check(context: RequestContext, plan: LanePlan) -> None:
         }
         tracing.set_attributes(verdict)
         tracing.set_attributes(verdict, context.span)
-
-
-def _results(state: GatewayState, request_id: str, epoch: str) -> AsyncIterator[LaneResult | None]:
-    settings = state.settings
-    return state.lanes.results(
-        request_id,
-        timeout_s=settings.request_timeout_s,
-        idle_timeout_s=settings.stream_idle_timeout_s,
-        keepalive_s=settings.sse_keepalive_s,
-        epoch=epoch,
-    ).__aiter__()
-
-
-async def _first_results(
-    state: GatewayState, streams: list[AsyncIterator[LaneResult | None]], got: dict[int, LaneResult]
-) -> list[LaneResult]:
-    """The first result of each stream (keep-alives skipped), waited for together; each lands in
-    ``got`` (stream position → result) as it comes, so that a failure knows which prompts ran.
-    A relay failure is raised as ``_Failed`` (its status and the client's error)."""
-    try:
-        return await _wait_first_results(streams, got)
-    except (ResultTimeout, QueueUnavailable) as exc:
-        status, error = await relay_failure(state, exc)
-        raise _Failed(status, error) from exc
-
-
-async def _wait_first_results(
-    streams: list[AsyncIterator[LaneResult | None]], got: dict[int, LaneResult]
-) -> list[LaneResult]:
-
-    async def first(i: int, stream: AsyncIterator[LaneResult | None]) -> LaneResult:
-        result = await anext(stream)
-        while result is None:  # keep-alives before the first result: a response has not started
-            result = await anext(stream)
-        got[i] = result
-        return result
-
-    if len(streams) == 1:
-        return [await first(0, streams[0])]
-    tasks = [asyncio.ensure_future(first(i, stream)) for i, stream in enumerate(streams)]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:  # one failed, or the client left: the others stop waiting
-        for task in tasks:
-            task.cancel()
