@@ -32,8 +32,9 @@ def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
     """A config dtype as torch's. "auto": the fastest measured dtype for the device
     (docs/performance.md, "Which dtype auto picks"): bfloat16 on a CUDA GPU with bf16; on an x86
     CPU, bfloat16 where it has native bf16 dot products (AVX512-BF16 or AMX-BF16: the bf16 C linear,
-    faster than float32 in batched steps), else float32 (AVX2, where oneDNN emulates bf16, measured
-    6x slower than float32; AVX-512 without BF16, where bf16 would run without the own kernels); on
+    faster than float32 in batched steps), else float32 (AVX2, where bf16 has no dot products: torch's
+    bf16 matmul measured 6x slower than float32 and the own AVX2 bf16 kernel still slower than the
+    fp32 one; AVX-512 without BF16 alike); on
     other CPUs, bfloat16 where oneDNN reports native bf16."""
     if name != "auto":
         return TORCH_DTYPES[name]

@@ -1,11 +1,13 @@
-"""bf16 linears on CPUs with AVX512-BF16: `csrc/bf16_linear.c` (`vdpbf16ps`).
+"""bf16 linears on CPUs with AVX512-BF16 (`vdpbf16ps`) or AVX2: `csrc/bf16_linear.c`.
 
 The weight is packed once, at load, into panels of 32 output channels with pairs of k side by
 side, [ceil(N / 32), K / 2, 32, 2]: per pair of k the kernel loads the panel's 64 weights and adds
 x[k] w[n, k] + x[k+1] w[n, k+1] into fp32 sums (one instruction per 16 channels and row), then
-rounds each output to bf16 once, as torch's bf16 matmul does. The panels are the only copy of the
-weight. Where the CPU lacks AVX512-BF16 (AVX2 machines), without a C compiler, or when K is odd,
-`BF16Panels.make` answers None and the layer keeps torch's matmul.
+rounds each output to bf16 once, as torch's bf16 matmul does. Where the CPU has AVX2 and FMA but
+not AVX512-BF16 the same panels run an AVX2 micro-kernel that widens each weight to fp32 as it
+loads it (the same sums of exact products, fp32 FMAs). The panels are the only copy of the weight.
+Without either, without a C compiler, or when K is odd, `BF16Panels.make` answers None and the
+layer keeps torch's matmul.
 
 On CPUs with AMX (Intel Sapphire Rapids and later) AMX tiles outrun this kernel from a few rows on
 (measured on a 2-core Xeon with AMX, SmolLM2's shapes, oneDNN time over the C kernel's: 1.1-1.4 at
@@ -54,7 +56,7 @@ def onednn_rows(cpu_amx: bool | None) -> int | None:
 
 
 def bf16_library() -> ctypes.CDLL | None:
-    """The bf16 C kernel where the CPU runs it (AVX512-BF16), else None."""
+    """The bf16 C kernel where the CPU runs it (AVX512-BF16, or AVX2 and FMA), else None."""
     lib = native.library(
         SOURCE,
         {

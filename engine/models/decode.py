@@ -183,7 +183,7 @@ class DecodeForward:
             dense = all(type(lin) is Linear and lin.has_cpu_kernel for lin in lins)
             if not isinstance(model.ops, CPUOps) or not (int8 or dense):
                 return None
-        elif model.dtype == torch.bfloat16:  # every projection in the AVX512-BF16 kernel
+        elif model.dtype == torch.bfloat16:  # every projection in the bf16 C kernel (AVX512-BF16 or AVX2)
             int8 = False
             if not all(type(lin) is Linear and lin.bf16 is not None for lin in lins):
                 return None

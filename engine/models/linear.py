@@ -6,11 +6,11 @@ x NR channels in vector registers, one FMA chain per output over k: every panel 
 stream (a decode step reads each weight once), no horizontal sums, and a row's result does not
 depend on its batch. The panels are the only copy of the weight (`Linear.weight` unpacks one).
 Measurements in docs/performance.md.
-bf16 on CPU with AVX512-BF16 and the own kernels on: `csrc/bf16_linear.c` over panels packed
-once (engine/models/bf16_linear.py); with AMX, calls of `ONEDNN_MIN_ROWS` to `BF16Panels.amx_max_rows` rows
-run csrc/bf16_amx.c's AMX tiles over the same panels, and calls of more rows a second,
-oneDNN-packed copy of the weight. Other bf16 on CPU: oneDNN's blocked weight layout lets its
-AMX / AVX-512 kernels skip the per-call reorder that `F.linear` pays; on the 2-core Xeon we
+bf16 on CPU with AVX512-BF16 or AVX2 and the own kernels on: `csrc/bf16_linear.c` over panels
+packed once (engine/models/bf16_linear.py); with AMX, calls of `ONEDNN_MIN_ROWS` to
+`BF16Panels.amx_max_rows` rows run csrc/bf16_amx.c's AMX tiles over the same panels, and calls of
+more rows a second, oneDNN-packed copy of the weight. Other bf16 on CPU: oneDNN's blocked weight
+layout lets its AMX / AVX-512 kernels skip the per-call reorder that `F.linear` pays; on the 2-core Xeon we
 measured 1.4x (batch 64) to 1.9x (LM head) faster matmuls with bit-identical results. Everywhere
 else (GPU, no oneDNN, no C compiler) it is plain `F.linear`.
 """
@@ -95,7 +95,7 @@ class Linear:
         self.lib = None
         self.panels: torch.Tensor | None = None
         self._bias: torch.Tensor | None = None
-        self.bf16 = BF16Panels.make(weight, bias) if cpu_kernel else None  # AVX512-BF16 CPUs
+        self.bf16 = BF16Panels.make(weight, bias) if cpu_kernel else None  # AVX512-BF16 or AVX2 CPUs
         self.out_features = weight.shape[0]
         self.nbytes = weight.numel() * weight.element_size()  # the weight as stored (padding apart)
         if cpu_kernel and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2:

@@ -1,7 +1,7 @@
 """The numeric paths of the engine that the suite runs, whatever `dtype: auto` and the attention
 backend's `auto` pick on the machine in front of it: fp32 with and without the C kernels, bf16
-(forced: emulated by oneDNN where the CPU lacks AVX512-BF16, slower but the same arithmetic) with the
-C kernels alone and with oneDNN's (AMX) linears for many rows, INT8,
+(forced; on a CPU without AVX512-BF16 the C linears widen bf16 to fp32 with AVX2, the same
+arithmetic) with the C kernels alone and with oneDNN's (AMX) linears for many rows, INT8,
 and each attention backend (C, torch, Triton in its interpreter).
 
 Tests take a path with `@pytest.mark.parametrize("path", PATHS, ids=str)` (or a subset) and build

@@ -1,19 +1,31 @@
-"""bf16 linears on CPU (engine/models/bf16_linear.py): where the CPU has AVX512-BF16 the C kernel
-(`vdpbf16ps` over packed panels) agrees with torch's bf16 matmul within bf16 rounding, for any
-batch, ragged output widths and a bias; elsewhere the layer keeps torch's matmul. With AMX
-(`cpu_amx`, forced here on any CPU) calls of 3 rows or more go to a oneDNN copy of the weight."""
+"""bf16 linears on CPU (engine/models/bf16_linear.py): where the CPU has AVX512-BF16 (`vdpbf16ps`)
+or AVX2 (fp32 FMAs over the widened weights) the C kernel over packed panels agrees with torch's
+bf16 matmul within bf16 rounding, for any batch, ragged output widths and a bias; elsewhere the
+layer keeps torch's matmul. The AVX2 kernel is also built and checked on AVX-512 CPUs. With AMX
+(`cpu_amx`, forced here on any CPU whose oneDNN packs bf16) calls of 3 rows or more go to a oneDNN
+copy of the weight."""
 
 from __future__ import annotations
+
+import ctypes
+import platform
+import shutil
+import subprocess
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from engine import native
 from engine.models import bf16_linear
-from engine.models.linear import Linear
+from engine.models.linear import Linear, _onednn_pack
 
 HAS_BF16 = bf16_linear.bf16_library() is not None
-needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the CPU has no AVX512-BF16")
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the CPU has neither AVX512-BF16 nor AVX2")
+# oneDNN packs bf16 weights only with AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: not on AVX2 CPUs
+ONEDNN_BF16 = (
+    torch.backends.mkldnn.is_available() and _onednn_pack(torch.zeros(32, 32).bfloat16(), None) is not None
+)
 HAS_AMX = HAS_BF16 and bool(bf16_linear.bf16_library().bf16_amx_available())
 needs_amx = pytest.mark.skipif(not HAS_AMX, reason="the CPU (or the compiler) has no AMX")
 
@@ -53,7 +65,7 @@ def test_a_row_does_not_depend_on_its_batch():
 
 
 @needs_bf16
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+@pytest.mark.skipif(not ONEDNN_BF16, reason="torch without oneDNN, or a oneDNN that packs no bf16 here")
 @pytest.mark.parametrize("bias", [False, True])
 def test_with_amx_few_rows_run_the_kernel_and_many_run_onednn(bias):
     torch.manual_seed(1)
@@ -117,3 +129,44 @@ def test_without_the_kernel_the_layer_is_torch():
     assert layer.bf16 is None
     assert torch.equal(layer(x), F.linear(x, w))
     assert bf16_linear.BF16Panels.make(torch.randn(4, 7).bfloat16(), None) is None  # odd K: torch
+
+
+@pytest.fixture(scope="module")
+def avx2_lib(tmp_path_factory) -> ctypes.CDLL:
+    """bf16_linear.c built for AVX2 + FMA alone (x86-64-v3), whatever this CPU has beyond them."""
+    tmp_path = tmp_path_factory.mktemp("avx2")
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None or platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("needs gcc on an x86-64 CPU with AVX2")
+    flags = [f for f in native.FLAGS if not f.startswith("-march")] + ["-march=x86-64-v3"]
+    lib_path = tmp_path / "bf16_linear_avx2.so"
+    subprocess.run([cc, *flags, "-shared", "-o", str(lib_path), str(bf16_linear.SOURCE)], check=True)
+    lib = ctypes.CDLL(str(lib_path))
+    lib.bf16_linear.restype, lib.bf16_linear.argtypes = None, [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    lib.bf16_panel_width.restype = lib.bf16_linear_available.restype = ctypes.c_int
+    return lib
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 97, 200])
+@pytest.mark.parametrize("N,K,bias", [(32, 64, False), (70, 96, True), (1536, 576, False), (100, 2, True)])
+def test_avx2_kernel_matches_torch_within_bf16_rounding(avx2_lib, M, N, K, bias):
+    """The AVX2 micro-kernel (built for x86-64-v3 on any AVX2 CPU, AVX-512 ones included): the same
+    panels, fp32 sums of exact products rounded once, within one bf16 step of the exact value and,
+    where this CPU also runs the AVX512-BF16 kernel, within one bf16 step of it."""
+    lib = avx2_lib
+    assert lib.bf16_linear_available() == 1 and lib.bf16_panel_width() == 32
+    torch.manual_seed(M * 7 + N + K)
+    w, x = torch.randn(N, K).bfloat16(), torch.randn(M, K).bfloat16()
+    b = torch.randn(N).bfloat16() if bias else None
+    panels = bf16_linear.pack(w, 32)
+    y = torch.empty(M, N, dtype=torch.bfloat16)
+    lib.bf16_linear(x.data_ptr(), panels.data_ptr(), b.data_ptr() if bias else None, y.data_ptr(), M, N, K, 2)
+    exact = F.linear(x.double(), w.double(), b.double() if bias else None)
+    assert ((y.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3 * K**0.5).all()
+    rounded = F.linear(x.float(), w.float(), b.float() if bias else None).bfloat16()
+    # torch's fp32 sums rounded once: the same but where another summation order crosses a tie
+    assert (y != rounded).float().mean() <= 1e-3
+    if HAS_BF16:
+        native_y = Linear(w, b, cpu_amx=False)(x)
+        apart = (y.double() - native_y.double()).abs()
+        assert (apart <= native_y.double().abs() * 2**-7 + 1e-3 * K**0.5).all()
