@@ -189,9 +189,11 @@ class Limiter:
         return keys, args
 
     async def aclose(self) -> None:
-        """Wait for background refunds (of cancelled admissions); call at shutdown."""
+        """Wait for background refunds (of cancelled admissions) and close the scripts' connection;
+        call at shutdown."""
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self.scripts.aclose()
 
     def _in_background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)

@@ -11,6 +11,7 @@ instead of a broken stream. Every way out settles the request's outcome once (ga
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -121,6 +122,10 @@ async def _start(
             raise
     except GatewayError as exc:  # refused, or a backend is down: nothing was charged or queued
         await settle(context, RequestOutcome(Status.REFUSED, error_code=status_of(exc)))
+        raise
+    except asyncio.CancelledError as exc:
+        if context.admission is not None:  # admitted as the client left (_admit)
+            await _settle_before_first_results(context, plan, exc, {})
         raise
     got: dict[int, LaneResult] = {}  # the first results that came back, by prompt
     relay_span = None
@@ -291,9 +296,14 @@ async def _admit(
     lane_entry: tuple[str, dict[str, str]] | None,
     worker_settles: bool,
 ):
-    """The quota admission (queueing ``lane_entry`` with it when the quota service can)."""
-    try:
-        return await context.quota.admit(
+    """The quota admission (queueing ``lane_entry`` with it when the quota service can).
+
+    A client that leaves while the admission is on its way does not cut it short: the script may
+    have charged and queued already, so the call is finished (bounded by the quota client's
+    timeout) and its admission set on ``context`` before the cancel goes on, for the caller to
+    settle as cancelled (refunded, the lane entry cancelled, the request recorded)."""
+    call = asyncio.ensure_future(
+        context.quota.admit(
             auth=context.auth,
             request_id=context.request_id,
             tier=context.tier,
@@ -302,12 +312,23 @@ async def _admit(
             lane_entry=lane_entry,
             worker_settles=worker_settles,
         )
+    )
+    try:
+        return await asyncio.shield(call)
     except GatewayError:
         tracing.set_attributes({"fairlane.quota.decision": "refused"}, context.span)
         raise
+    except asyncio.CancelledError:
+        with anyio.CancelScope(shield=True):
+            try:
+                context.admission = await call
+            except Exception:  # refused or failed: nothing was charged; an entry may be queued
+                with contextlib.suppress(Exception):
+                    await context.state.lanes.cancel(context.request_id)
+        raise
     except BaseException:
-        # Cancelled (the client left) or failed on the way: the limiter refunds what it may have
-        # charged; the request may be in its lane already, so tell the workers to drop it.
+        # Failed on the way: the limiter refunds what it may have charged; the request may be in
+        # its lane already, so tell the workers to drop it.
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await context.state.lanes.cancel(context.request_id)
         raise
