@@ -100,10 +100,12 @@ class RespConnection:
         timeout: float | None = 0.5,
         connect_timeout: float | None = 0.5,
         retries: int = 1,
+        client_name: str | None = None,
     ) -> None:
         self.host, self.port, self.path, self.db = host, port, path, db
         self.username, self.password = username, password
         self.timeout, self.connect_timeout, self.retries = timeout, connect_timeout, retries
+        self.client_name = client_name
         self._protocol: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Future | None = None
@@ -130,6 +132,7 @@ class RespConnection:
             timeout=kwargs.get("socket_timeout"),
             connect_timeout=kwargs.get("socket_connect_timeout") or kwargs.get("socket_timeout"),
             retries=retry.get_retries() if retry is not None else 0,
+            client_name=kwargs.get("client_name"),
         )
 
     async def execute(self, *args: Any) -> Any:
@@ -208,6 +211,8 @@ class RespConnection:
                 await self._handshake(protocol, "AUTH", *auth)
             if self.db:
                 await self._handshake(protocol, "SELECT", self.db)
+            if self.client_name:
+                await self._handshake(protocol, "CLIENT", "SETNAME", self.client_name)
         except BaseException:
             protocol.fail(RedisConnectionError("handshake failed"))
             raise

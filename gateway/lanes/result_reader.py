@@ -15,6 +15,13 @@ instead of waking one that only waits on finished streams (a round trip and a re
 
 ``read`` answers as ``XREAD`` does for one stream (``[[key, entries]]``, or ``[]`` when nothing
 came within its timeout); a Redis error ends the current read of every request with that error.
+
+The blocking reads go over a connection of the reader's own (quotas/resp.py: a few dozen µs of
+Python a read instead of redis-py's pool and parser callbacks, which a request at concurrency 1 pays
+after every idle pause), retried as the lanes client retries a command (connect.py: an XREAD only
+reads, so a read cut by a dropped connection is simply sent again, as many times as the client
+retries); a TLS client reads through
+redis-py.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+
+from gateway.lanes.connect import BACKOFF_BASE_S, BACKOFF_CAP_S, ERRORS
+from quotas.resp import RespConnection
 
 WAKE_TTL_MS = 60_000  # the wake stream outlives a reader that died by this much at most
 
@@ -60,6 +70,10 @@ class ResultReader:
         self._task: asyncio.Task | None = None
         self._reading: set[str] = set()  # the streams of the read in flight
         self._woken = False
+        self._lean = RespConnection.for_client(redis)
+        self._retries = 0
+        if self._lean is not None:  # a read is retried whole (_xread), connecting included
+            self._retries, self._lean.retries = self._lean.retries, 0
 
     async def read(self, key: str, last_id: str, timeout_ms: int) -> list:
         """``key``'s entries after ``last_id`` (``[[key, entries]]``), or ``[]`` after ``timeout_ms``."""
@@ -106,7 +120,7 @@ class ResultReader:
             self._reading, self._woken = set(streams), False
             streams[self.wake_key] = self._wake_id
             try:
-                reply: Any = await self.redis.xread(streams, block=self.block_ms, count=self.batch)
+                reply: Any = await self._xread(streams)
             except Exception as exc:  # every waiting request fails its read with it, as its own XREAD would
                 self._reading = set()
                 for waiting in self._streams.values():
@@ -126,6 +140,25 @@ class ResultReader:
                     target.ready.set()
         self._reading = set()
 
+    async def _xread(self, streams: dict[Any, Any]) -> Any:
+        """One blocking XREAD of ``streams`` as redis-py's ``xread`` answers it
+        (``[[key, [(id, {field: value})]]]``; ``[]``: nothing within the block)."""
+        if self._lean is None:
+            return await self.redis.xread(streams, block=self.block_ms, count=self.batch)
+        args = ("XREAD", "COUNT", self.batch, "BLOCK", self.block_ms, "STREAMS", *streams, *streams.values())
+        for attempt in range(self._retries + 1):
+            try:
+                reply = await self._lean.execute(*args)
+                break
+            except ERRORS:
+                if attempt == self._retries:
+                    raise
+                await asyncio.sleep(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))
+        return [
+            [key, [(i, dict(zip(kv[::2], kv[1::2], strict=True))) for i, kv in entries]]
+            for key, entries in reply or ()
+        ]
+
     async def aclose(self) -> None:
         """Stop reading and drop the wake stream (at shutdown)."""
         self._streams.clear()
@@ -136,3 +169,5 @@ class ResultReader:
             self._task = None
         with contextlib.suppress(Exception):
             await self.redis.delete(self.wake_key)
+        if self._lean is not None:
+            await self._lean.aclose()

@@ -190,3 +190,15 @@ async def test_scripts_take_the_lean_path_where_they_can(backend):
     finally:
         await scripts.aclose()
         await client.aclose()
+
+
+async def test_the_client_name_of_the_pool_names_the_connection(backend):
+    client = connect(backend.url)
+    client.connection_pool.connection_kwargs["client_name"] = "resp-named"
+    lean = RespConnection.for_client(client)
+    assert lean is not None
+    try:
+        assert await lean.execute("CLIENT", "GETNAME") == b"resp-named"
+    finally:
+        await lean.aclose()
+        await client.aclose()
