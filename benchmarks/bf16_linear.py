@@ -1,8 +1,9 @@
 """bf16 linears on the CPU as a decode step runs them: SmolLM2-135M's 30 layers of projections and
 its LM head (each weight its own copy, 212 MB + 57 MB, read in the model's order, so weights come
 from memory as in a step), at several row counts, for each kernel the CPU has: oneDNN over its
-packed copy (torch.ops.mkldnn._linear_pointwise, where torch has oneDNN), bf16_amx.c's AMX tiles
-and bf16_linear.c's `vdpbf16ps` kernel over the panels. Per shape: ms per call (median over
+packed copy (torch.ops.mkldnn._linear_pointwise, where torch's oneDNN packs bf16; elsewhere torch's
+F.linear), bf16_amx.c's AMX tiles and bf16_linear.c's kernel over the panels (`vdpbf16ps`, or
+its AVX2 variant on CPUs without AVX512-BF16). Per shape: ms per call (median over
 steps of the mean over its 30 layers) and GB/s of weight read; also the per-call cost of a tiny
 linear (16 x 32, cache-hot), what a call costs beyond its weight.
 
@@ -24,6 +25,7 @@ from collections import defaultdict
 import torch
 
 from benchmarks.common import add_common_args, done, machine, out_dir
+from engine.device import cpu_flags
 from engine.models.linear import Linear
 
 # SmolLM2-135M: hidden 576, intermediate 1536, 9 query heads and 3 KV heads of 64, vocabulary 49152
@@ -36,11 +38,15 @@ def kernels(layer: Linear) -> dict:
     out: dict = {}
     if layer.packed is not None:
         out["oneDNN"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, layer.packed, None, "none", [], "")
+    else:  # oneDNN packs no bf16 here (AVX2): torch's matmul, over a plain copy of the weight
+        weight = layer.weight.clone()
+        out["torch F.linear"] = lambda x: torch.nn.functional.linear(x, weight)
     bf16 = layer.bf16
     if bf16 is not None and bf16.lib.bf16_amx_available():
         out["AMX (bf16_amx.c)"] = lambda x: bf16.run(x, amx=True)
     if bf16 is not None:
-        out["vdpbf16ps (bf16_linear.c)"] = lambda x: bf16.run(x, amx=False)
+        isa = "vdpbf16ps" if "avx512_bf16" in cpu_flags() else "AVX2"
+        out[f"{isa} (bf16_linear.c)"] = lambda x: bf16.run(x, amx=False)
     return out
 
 
