@@ -7,8 +7,15 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.models.bf16_linear import bf16_library
+from engine.models.linear import _onednn_pack
 
-needs_bf16_kernel = pytest.mark.skipif(bf16_library() is None, reason="the CPU lacks AVX512-BF16")
+needs_bf16_kernel = pytest.mark.skipif(bf16_library() is None, reason="the CPU lacks AVX512-BF16 and AVX2")
+# oneDNN packs bf16 weights only with AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: on AVX2 CPUs `cpu_amx`
+# has no oneDNN copy to hand rows to, and every bf16 linear is the C kernel's
+needs_onednn_bf16 = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or _onednn_pack(torch.zeros(32, 32).bfloat16(), None) is None,
+    reason="oneDNN packs no bf16 weights on this CPU",
+)
 needs_amx = pytest.mark.skipif(
     bf16_library() is None or not bf16_library().bf16_amx_available(), reason="the CPU lacks AMX"
 )
@@ -88,6 +95,7 @@ def test_where_it_applies(tiny_model_dir):
 
 
 @needs_bf16_kernel
+@needs_onednn_bf16
 def test_with_amx_linears_the_one_call_takes_small_batches_only(tiny_model_dir):
     """Where oneDNN's AMX linears take calls of many rows, a decode step of 8 rows or more runs the
     per-operator forward (faster there), fewer rows the one call."""
