@@ -10,7 +10,8 @@ import time
 
 class RoundTrips:
     """Counts the gateway's Redis round trips in this process while entered: each command, and each
-    pipeline or script call, is one write of a packed command to a connection (redis-py asyncio)."""
+    pipeline or script call, is one write of a packed command to a connection (redis-py asyncio's,
+    or the lean connection of the quota scripts and the result reader, quotas/resp.py)."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -18,18 +19,29 @@ class RoundTrips:
     def __enter__(self) -> RoundTrips:
         from redis.asyncio.connection import AbstractConnection
 
+        from quotas.resp import RespConnection
+
         self._cls, self._send = AbstractConnection, AbstractConnection.send_packed_command
-        send, counter = self._send, self
+        self._execute = RespConnection.execute
+        send, execute, counter = self._send, self._execute, self
 
         async def counted(conn, *args, **kwargs):
             counter.count += 1
             return await send(conn, *args, **kwargs)
 
+        async def counted_lean(conn, *args):
+            counter.count += 1
+            return await execute(conn, *args)
+
         AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+        RespConnection.execute = counted_lean  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc) -> None:
+        from quotas.resp import RespConnection
+
         self._cls.send_packed_command = self._send  # type: ignore[method-assign]
+        RespConnection.execute = self._execute  # type: ignore[method-assign]
 
 
 class LoopWatch:
