@@ -19,19 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
+#include "../../models/csrc/bf16.h"
 
 /* token t's cache slot; block_size is a power of two (CacheConfig), so no division (an integer
  * division a token cost as much as the rest of its scores) */

@@ -19,6 +19,8 @@
  * elsewhere `bf16_amx_available() == 0`. */
 #include <stdint.h>
 
+#include "bf16.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -46,13 +48,6 @@ int bf16_panel_width(void) { return 32; }
 
 int bf16_linear_available(void) { return 1; }
 
-static inline float bias_to_f32(uint16_t v) {
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* R rows of x (ldx bf16 apart) against one panel: y[i * ldy + j] = bf16(x_i . w_j + bias[j]) */
 static inline __attribute__((always_inline)) void ukernel(const uint16_t *restrict x, long ldx,
                                                           const uint16_t *restrict panel,
@@ -76,7 +71,7 @@ static inline __attribute__((always_inline)) void ukernel(const uint16_t *restri
     __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
     if (bias) {
         float bf[NR] = {0};
-        for (int j = 0; j < nvalid; j++) bf[j] = bias_to_f32(bias[j]);
+        for (int j = 0; j < nvalid; j++) bf[j] = bf16_to_f32(bias[j]);
         b0 = _mm512_loadu_ps(bf), b1 = _mm512_loadu_ps(bf + 16);
     }
     for (int i = 0; i < R; i++) {
@@ -129,20 +124,6 @@ void bf16_linear(const uint16_t *restrict x, const uint16_t *restrict packed, co
 
 int bf16_linear_available(void) { return 1; }
 
-static inline float widen_bf16(uint16_t v) {
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t round_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
 static inline __attribute__((always_inline)) void ukernel(const float *restrict x, long ldx,
                                                           const uint16_t *restrict panel,
                                                           const uint16_t *restrict bias, uint16_t *restrict y,
@@ -167,11 +148,11 @@ static inline __attribute__((always_inline)) void ukernel(const float *restrict 
     }
     float b[NR] = {0};
     if (bias)
-        for (int j = 0; j < nvalid; j++) b[j] = widen_bf16(bias[j]);
+        for (int j = 0; j < nvalid; j++) b[j] = bf16_to_f32(bias[j]);
     for (int i = 0; i < R; i++) {
         float out[NR];
         for (int v = 0; v < 4; v++) _mm256_storeu_ps(out + 8 * v, _mm256_add_ps(acc[i][v], _mm256_loadu_ps(b + 8 * v)));
-        for (int j = 0; j < nvalid; j++) y[i * ldy + j] = round_to_bf16(out[j]);
+        for (int j = 0; j < nvalid; j++) y[i * ldy + j] = f32_to_bf16(out[j]);
     }
 }
 
@@ -182,7 +163,7 @@ void bf16_linear(const uint16_t *restrict x, const uint16_t *restrict packed, co
     const int panels = (N + NR - 1) / NR, mblocks = (M + MB - 1) / MB;
     float *xf = malloc((size_t)M * K * sizeof(float));
     if (!xf) return; /* out of memory: y is left as allocated (the caller's torch.empty) */
-    for (long i = 0; i < (long)M * K; i++) xf[i] = widen_bf16(x[i]);
+    for (long i = 0; i < (long)M * K; i++) xf[i] = bf16_to_f32(x[i]);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
     for (int mb = 0; mb < mblocks; mb++)
         for (int p = 0; p < panels; p++) {
