@@ -20,8 +20,7 @@ The blocking reads go over a connection of the reader's own (quotas/resp.py: a f
 Python a read instead of redis-py's pool and parser callbacks, which a request at concurrency 1 pays
 after every idle pause), retried as the lanes client retries a command (connect.py: an XREAD only
 reads, so a read cut by a dropped connection is simply sent again, as many times as the client
-retries); a TLS client reads through
-redis-py.
+retries); a TLS client reads through redis-py.
 """
 
 from __future__ import annotations
