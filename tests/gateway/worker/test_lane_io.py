@@ -350,3 +350,90 @@ async def test_a_publish_settles_quotas_and_loads_the_script_where_redis_lost_it
         await client.aclose()
         sync.close()
         server.stop()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_the_wait_and_the_publish_read_and_write_the_same_on_resp2_and_resp3(
+    redis_url, redis, model_name, protocol
+):
+    """The raw read and transaction (hiredis-packed, without redis-py's callbacks) give a client
+    of either protocol the same entries, and write what redis-py's commands would."""
+    client = redislib.Redis.from_url(redis_url, protocol=protocol)
+    try:
+        io = LaneIO(client, model=model_name, tiers=TIERS, worker_id="w1", block_ms=50)
+        io.setup()
+        assert io.wait() == [] and not io.more  # nothing came: the read timed out
+        request = _request(model_name, "standard")
+        second = _request(model_name, "standard")
+        lane = lane_key(model_name, "standard")
+        redis.xadd(lane, request.encode())
+        redis.xadd(lane, second.encode())
+        (woke,) = io.wait()
+        assert (woke.lane, woke.claimed) == (lane, False)
+        assert woke.fields == {k.encode(): v.encode() for k, v in request.encode().items()}
+        assert LaneRequest.decode(woke.fields) == request and io.more  # the second still waits
+        redis.set(cancel_key(second.request_id), 1)
+        first = LaneResult(request_id=request.request_id, token_ids=(1, 2), text="hi", done=True)
+        io.fair = True
+        flags = io.publish(
+            [first],
+            done=[(lane, woke.entry_id)],
+            load="load-1",
+            watch=[request.request_id, second.request_id],
+            served={(lane, "acme"): 1.5},
+        )
+        assert flags == [False, True]
+        (published,) = redis.xrange(out_key(request.request_id))
+        assert LaneResult.decode(published[1]) == first
+        assert 0 < redis.ttl(out_key(request.request_id)) <= io.result_ttl_s
+        assert redis.xlen(lane) == 1 and _pending(redis, model_name, "standard") == 0  # ACKed, deleted
+        assert redis.hget(io.load_key, "w1") == b"load-1"
+        assert float(redis.hget(io.fair_keys[lane][1], "acme")) == 1.5  # the tenant's counter
+    finally:
+        client.close()
+        _cleanup(redis, [request.request_id, second.request_id])
+
+
+def test_an_error_reply_inside_the_publish_is_raised_once_the_rest_ran(redis, model_name):
+    """A command that fails inside the MULTI/EXEC (a load key of the wrong type) does not undo the
+    others (Redis transactions do not roll back): the result is out, the error raised, and the
+    connection stays in step for the next publish."""
+    io = LaneIO(redis, model=model_name, tiers=TIERS, worker_id="w1")
+    redis.set(io.load_key, "not a hash")
+    try:
+        with pytest.raises(redislib.ResponseError, match="WRONGTYPE"):
+            io.publish([LaneResult(request_id="r-wrongtype", done=True)], load="load")
+        assert len(redis.xrange(out_key("r-wrongtype"))) == 1
+        redis.delete(io.load_key)
+        assert io.publish([LaneResult(request_id="r-after", done=True)], load="load", watch=["r-after"]) == [
+            False
+        ]
+        assert redis.hget(io.load_key, "w1") == b"load"
+    finally:
+        _cleanup(redis, ["r-wrongtype", "r-after"])
+
+
+def test_a_command_redis_refuses_to_queue_discards_the_whole_transaction(redis, model_name):
+    io = LaneIO(redis, model=model_name, tiers=TIERS, worker_id="w1")
+    key = out_key(f"r-{uuid.uuid4().hex[:8]}")
+    with pytest.raises(redislib.ResponseError, match="wrong number of arguments"):
+        io._transaction([("XADD", key, "*", "v", "1"), ("SET", key)])
+    assert not redis.exists(key)  # EXECABORT: nothing ran
+    assert io._transaction([("PING",)]) == [b"PONG"]  # every reply was read: the connection is in step
+
+
+def test_a_publish_on_a_connection_redis_closed_goes_out_once_on_a_new_one(redis_url, redis, model_name):
+    """The worker's pooled connection killed by the server (a restart, a CLIENT KILL) between two
+    publishes: the next publish reconnects and its result is appended once."""
+    client = redislib.Redis.from_url(redis_url, client_name=f"w-{model_name}")
+    try:
+        io = LaneIO(client, model=model_name, tiers=TIERS, worker_id="w1")
+        io.stop = threading.Event()
+        assert io.publish([LaneResult(request_id=f"{model_name}-a")]) == []
+        (ours,) = [c["id"] for c in redis.client_list() if c["name"] == f"w-{model_name}"]
+        assert redis.client_kill_filter(_id=ours) == 1  # only this test's connection (others share Redis)
+        io.publish([LaneResult(request_id=f"{model_name}-b", done=True)])
+        assert len(redis.xrange(out_key(f"{model_name}-b"))) == 1
+    finally:
+        client.close()
+        _cleanup(redis, [f"{model_name}-a", f"{model_name}-b"])
