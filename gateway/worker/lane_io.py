@@ -7,12 +7,6 @@ load and the cancel marks, in one MULTI/EXEC round trip).
 
 Every write that carries an engine step's tokens is retried through a Redis outage for as long as
 the worker runs (``stop`` not set): tokens a step produced must not be dropped.
-
-The two round trips on every short request's path, the idle worker's blocking read and the publish,
-go out packed by hiredis on one of redis-py's connections and come back as hiredis parses them,
-without redis-py's pipeline and reply callbacks: the same bytes on the wire for a fraction of the
-Python, which runs cold after the worker waited (benchmarks/idle_wakeup.py). redis-py still owns
-the connections (connecting, credentials, health checks, timeouts) and its error classes.
 """
 
 from __future__ import annotations
@@ -26,10 +20,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import hiredis
 import redis as redislib
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import Room
@@ -70,25 +63,9 @@ class LaneEntry:
     claimed: bool = False
 
 
-def _fields(flat: list[Any] | None) -> dict[Any, Any]:
-    """A stream entry's fields as a script or a read returns them (field, value, ...), as
-    redis-py's dict (an entry deleted while it was pending has none)."""
-    return dict(zip(flat[::2], flat[1::2])) if flat else {}
-
-
-def _pack(commands: Sequence[tuple[Any, ...]]) -> list[bytes]:
-    """Commands in Redis's wire format, packed in C, as one buffer: one write (one round trip)."""
-    return [b"".join(hiredis.pack_command(command) for command in commands)]
-
-
-def _streams(reply: Any) -> list[tuple[Any, list[Any]]]:
-    """An XREAD(GROUP) reply as (stream, entries) pairs: a map in RESP3, pairs in RESP2, None for
-    nothing."""
-    if reply is None:
-        return []
-    return (
-        list(reply.items()) if isinstance(reply, dict) else [(stream, entries) for stream, entries in reply]
-    )
+def _fields(flat: list[Any]) -> dict[Any, Any]:
+    """A stream entry's fields as a script returns them (field, value, ...), as redis-py's dict."""
+    return dict(zip(flat[::2], flat[1::2]))
 
 
 @dataclass(frozen=True)
@@ -206,11 +183,19 @@ class LaneIO:
         waits on its socket meanwhile."""
         left_ms = self.claim_every_s * 1000 - (time.monotonic() - self._last_claim) * 1000
         block = max(1, min(self.block_ms, int(left_ms) + 1))  # 0 would block for ever
-        reply, lengths = self._read_watching(block, inbox, on_hints)
+        streams = {lane: ">" for lane in self.lanes}
+        if inbox is None or on_hints is None:
+            pipe = self.redis.pipeline(transaction=False)  # the lengths are read once the read returns
+            pipe.xreadgroup(GROUP, self.worker_id, streams, count=1, block=block)
+            for lane in self.lanes:
+                pipe.xlen(lane)
+            reply, *lengths = pipe.execute()
+        else:
+            reply, lengths = self._read_watching(block, inbox, on_hints)
         woke = [
-            LaneEntry(as_text(lane), as_text(entry_id), _fields(flat))
-            for lane, entries in sorted(_streams(reply), key=lambda r: self.lanes.index(as_text(r[0])))
-            for entry_id, flat in entries
+            LaneEntry(as_text(lane), as_text(entry_id), fields)
+            for lane, entries in sorted(reply or [], key=lambda r: self.lanes.index(as_text(r[0])))
+            for entry_id, fields in entries
         ]
         # A lane keeps every entry until it ends (waiting, backlogged or running): a lane no longer
         # than what this read returned of it holds nothing else to take.
@@ -218,30 +203,29 @@ class LaneIO:
         return woke
 
     def _read_watching(
-        self, block: int, inbox: Inbox | None, on_hints: Callable[[list[bytes]], None] | None
+        self, block: int, inbox: Inbox, on_hints: Callable[[list[bytes]], None]
     ) -> tuple[Any, list[int]]:
-        """``wait``'s read and lengths in one round trip (the raw replies), watching ``inbox``, if
-        any, until the reply is in. The commands go out first, so an entry added while a hint's
-        step runs answers the read (and waits on the socket for the step's end)."""
+        """``wait``'s read and lengths in one round trip, watching ``inbox`` until the reply is in.
+        The commands go out first, so an entry added while a hint's step runs answers the read
+        (and waits on the socket for the step's end)."""
         pool = self.redis.connection_pool
         conn = pool.get_connection()
         try:
-            read: tuple[str | int, ...] = ("XREADGROUP", "GROUP", GROUP, self.worker_id, "COUNT", 1)
-            read += ("BLOCK", block, "STREAMS", *self.lanes, *[">"] * len(self.lanes))
-            conn.send_packed_command(_pack([read, *(("XLEN", lane) for lane in self.lanes)]))
-            if inbox is not None and on_hints is not None:
-                deadline = time.monotonic() + block / 1000 + SOCKET_TIMEOUT_S
-                while not conn.can_read(timeout=0):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise RedisTimeoutError("Timeout reading from socket")
-                    ready, _, _ = select.select([conn._sock, inbox], [], [], left)
-                    if inbox in ready:
-                        hints = inbox.receive()
-                        if hints:
-                            on_hints(hints)
-            reply = conn.read_response()  # without an inbox: blocks up to the socket timeout
-            lengths = [conn.read_response() for _ in self.lanes]
+            read = ["XREADGROUP", "GROUP", GROUP, self.worker_id, "COUNT", 1, "BLOCK", block, "STREAMS"]
+            read += self.lanes + [">"] * len(self.lanes)
+            conn.send_packed_command(conn.pack_commands([read] + [["XLEN", lane] for lane in self.lanes]))
+            deadline = time.monotonic() + block / 1000 + SOCKET_TIMEOUT_S
+            while not conn.can_read(timeout=0):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RedisTimeoutError("Timeout reading from socket")
+                ready, _, _ = select.select([conn._sock, inbox], [], [], left)
+                if inbox in ready:
+                    hints = inbox.receive()
+                    if hints:
+                        on_hints(hints)
+            reply = self.redis.parse_response(conn, "XREADGROUP")
+            lengths = [self.redis.parse_response(conn, "XLEN") for _ in self.lanes]
         except BaseException:
             conn.disconnect()  # a reply may be left unread on it
             raise
@@ -322,42 +306,40 @@ class LaneIO:
         encoded load, each ``served`` (lane, tenant): output service added to the tenant's virtual
         counter of the lane (fair takes only: take.lua charged the prompt), each of ``settlements``
         (a lane entry's quota settlement, tokens used) settled; returns whether each request of
-        ``watch`` has a cancel mark. An error reply of any command but a settlement is raised once
-        the transaction is through."""
-        commands: list[tuple[Any, ...]] = []
+        ``watch`` has a cancel mark."""
+        pipe = self.redis.pipeline(transaction=True)
         for result in results:
             key = out_key(result.request_id)
-            fields = result.encode()
-            commands.append(("XADD", key, "*", "v", fields["v"], "body", fields["body"]))
-            commands.append(("EXPIRE", key, self.result_ttl_s))
+            pipe.xadd(key, result.encode())
+            pipe.expire(key, self.result_ttl_s)
         for lane, entry_id in done:
             if entry_id is not None:
-                commands.append(("XACK", lane, GROUP, entry_id))
-                commands.append(("XDEL", lane, entry_id))
+                pipe.xack(lane, GROUP, entry_id)
+                pipe.xdel(lane, entry_id)
         if load is not None:
-            commands.append(("HSET", self.load_key, self.worker_id, load))
+            pipe.hset(self.load_key, self.worker_id, load)
         for (lane, tenant), service in (served or {}).items() if self.fair else ():
             if service and lane in self.fair_keys:
                 backlog, counters = self.fair_keys[lane]
-                commands.append(("HINCRBYFLOAT", counters, tenant, repr(float(service))))
-                # while it waits there
-                commands.append(("ZADD", backlog, "XX", "INCR", repr(float(service)), tenant))
+                pipe.hincrbyfloat(counters, tenant, service)
+                pipe.zadd(backlog, {tenant: service}, xx=True, incr=True)  # while it waits there
         settles = []  # (position in the transaction, KEYS, ARGV)
         for spec, used in settlements:
             keys, args = quota_settlement.settle_call(spec, used)
-            settles.append((len(commands), keys, args))
-            commands.append(("EVALSHA", quota_settlement.SHA, len(keys), *keys, *args))
+            settles.append((len(pipe), keys, args))
+            pipe.evalsha(quota_settlement.SHA, len(keys), *keys, *args)
         if watch:
-            commands.append(("MGET", *(cancel_key(request_id) for request_id in watch)))
-        if not commands:
+            pipe.mget([cancel_key(request_id) for request_id in watch])
+        if not len(pipe):
             return []
-        replies = self._execute(commands)
-        self._settle_again(replies, settles)
+        replies = self._execute(pipe, raise_on_error=not settles)
+        if settles:
+            self._settle_again(replies, settles)
         return [flag is not None for flag in replies[-1]] if watch else []
 
     def _settle_again(self, replies: list, settles: list[tuple[int, list[str], list[Any]]]) -> None:
-        """Raise the transaction's first error reply other than a settlement's; then settle with
-        the script's text where Redis did not know it (restarted or flushed: NOSCRIPT)."""
+        """Settle with the script's text where Redis did not know it (restarted or flushed:
+        NOSCRIPT), once the transaction is through; any other error is the transaction's."""
         at = {position for position, _, _ in settles}
         failed = next((r for i, r in enumerate(replies) if i not in at and isinstance(r, Exception)), None)
         if failed is not None:
@@ -373,51 +355,23 @@ class LaneIO:
             if isinstance(error, Exception):  # its lease expires by itself (the quota's lease_ttl)
                 log.error("quota settlement by the worker failed: %s", error)
 
-    def _execute(self, commands: Sequence[tuple[Any, ...]]) -> list:
-        """Run ``commands`` in one MULTI/EXEC, retrying with backoff through a Redis outage for as
-        long as the worker runs. A transaction retried after an unanswered EXEC may apply twice,
-        which readers tolerate (results carry offsets)."""
+    def _execute(self, pipe: Any, *, raise_on_error: bool = True) -> list:
+        """Run a pipeline, retrying with backoff through a Redis outage for as long as the worker
+        runs. A MULTI/EXEC retried after an unanswered EXEC may apply twice, which readers
+        tolerate (results carry offsets)."""
+        commands = list(pipe.command_stack)  # execute() empties the stack, even when it fails
         wait = RETRY_FIRST_S
         while True:
             try:
-                return self._transaction(commands)
+                return pipe.execute(raise_on_error=raise_on_error)
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 if self.stop.is_set():
                     raise
                 log.warning("redis unavailable (%s); publishing again in %.2f s", exc, wait)
                 self.stop.wait(wait)
                 wait = min(wait * 2, RETRY_MAX_S)
-
-    def _transaction(self, commands: Sequence[tuple[Any, ...]]) -> list:
-        """MULTI, ``commands``, EXEC in one write on one of the client's connections; EXEC's
-        replies as Redis sent them, an error reply as its redis-py exception (not raised). A
-        command Redis refused to queue (nothing ran) is raised, as redis-py's pipeline does."""
-        pool = self.redis.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_packed_command(_pack([("MULTI",), *commands, ("EXEC",)]))
-            refused: ResponseError | None = None
-            for _ in range(len(commands) + 1):  # MULTI's OK, then each command's QUEUED
-                try:
-                    conn.read_response()
-                except ResponseError as exc:
-                    refused = refused or exc
-            try:
-                replies = conn.read_response()
-            except ResponseError:  # EXECABORT: the transaction was discarded
-                if refused is not None:
-                    raise refused from None
-                raise
-        except ResponseError:
-            raise  # every reply was read: the connection is in step
-        except BaseException:
-            conn.disconnect()  # replies may be left unread on it
-            raise
-        finally:
-            pool.release(conn)
-        if not isinstance(replies, list):  # nil: aborted (no WATCH here, so never expected)
-            raise ResponseError(f"the publish transaction was aborted: EXEC answered {replies!r}")
-        return replies
+                pipe.reset()
+                pipe.command_stack.extend(commands)
 
     # ---- housekeeping ----------------------------------------------------------------------
     def write_load(self, encoded: str) -> None:
