@@ -18,6 +18,7 @@ import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -61,6 +62,19 @@ class _OwnYamlSource(YamlConfigSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return {k: v for k, v in super().__call__().items() if k in self.settings_cls.model_fields}
+
+
+def resp2_shapes(url: str | None) -> str | None:
+    """A Redis URL whose redis-py client answers in the reply shapes the lanes and the quotas read:
+    redis-py's default or ``protocol=2``. An explicit ``protocol=3`` makes redis-py hand back
+    RESP3's own shapes (a stream read as a map, say), which they do not read: refused at start."""
+    if url is not None:
+        for value in parse_qs(urlsplit(url).query).get("protocol", []):
+            if value.strip() != "2":
+                raise ValueError(
+                    f"a Redis URL with protocol={value} is not supported: leave protocol out (or set 2)"
+                )
+    return url
 
 
 class SharedSettings(BaseSettings):
@@ -122,6 +136,8 @@ class SharedSettings(BaseSettings):
     @classmethod
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    _redis_url = field_validator("redis_url")(resp2_shapes)
 
     @model_validator(mode="before")
     @classmethod
@@ -221,6 +237,8 @@ class ApiSettings(SharedSettings):
     quota_redis_url: str | None = None  # None: the lanes' Redis (redis_url)
     quota_key_prefix: str = "fairlane:quota"  # deployments (or tests) sharing one Redis need their own
     quota_lease_ttl_s: float = Field(900.0, gt=0)  # a concurrency slot outlives a crashed gateway this long
+
+    _quota_redis_url = field_validator("quota_redis_url")(resp2_shapes)
 
     @model_validator(mode="after")
     def _check_api(self) -> ApiSettings:

@@ -198,3 +198,15 @@ def test_slo_settings_from_yaml_and_env(monkeypatch, tmp_path):
 def test_bad_slo_settings_are_refused(fields, match):
     with pytest.raises(ValidationError, match=match):
         ApiSettings(admin_token=STRONG, **fields)
+
+
+@pytest.mark.parametrize("field", ["redis_url", "quota_redis_url"])
+def test_a_redis_url_asking_for_resp3_shapes_is_refused(field):
+    """redis-py hands back RESP3's own reply shapes only when the URL asks for protocol=3; the
+    lanes read stream replies in RESP2's (a worker's wait would fail on the first entry)."""
+    with pytest.raises(ValidationError, match="protocol=3 is not supported"):
+        ApiSettings(dev=True, **{field: "redis://127.0.0.1:6379/0?protocol=3"})
+    for url in ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0?protocol=2", "unix:///tmp/r.sock?db=1"):
+        assert getattr(ApiSettings(dev=True, **{field: url}), field) == url
+    with pytest.raises(ValidationError, match="protocol=3 is not supported"):
+        WorkerSettings(redis_url="redis://127.0.0.1:6379/0?db=0&protocol=3")
