@@ -129,24 +129,44 @@ def family_model(family: str, *, smoke: bool = False) -> str:
 
 
 def machine() -> dict:
-    """The CPU model (lscpu), cores, Python and the date of the run."""
+    """The CPU (lscpu's model name, family, model, caches and the ISA extensions the engine's
+    paths choose by), cores, Python and the date of the run: "AMD EPYC" alone names Zen 3, 4 and 5."""
     return {
-        "cpu": cpu_name(),
+        **cpu_details(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
     }
 
 
-def cpu_name() -> str:
+# The flags `dtype: auto` and the C kernels choose by (engine/device.py, engine/models/*.c).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+LSCPU_FIELDS = {
+    "Model name": "cpu",
+    "CPU family": "cpu_family",
+    "Model": "cpu_model",
+    "L2 cache": "l2_cache",
+    "L3 cache": "l3_cache",
+}
+
+
+def cpu_details() -> dict:
+    """lscpu's fields of LSCPU_FIELDS and the ISA_FLAGS the CPU has; the platform's processor name
+    alone where lscpu is missing."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
     except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or platform.machine()
+        return {"cpu": platform.processor() or platform.machine()}
+    found: dict = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in LSCPU_FIELDS:
+            found.setdefault(LSCPU_FIELDS[key.strip()], value.strip())
+        elif key.strip() == "Flags":
+            flags = set(value.split())
+            found["isa"] = [f for f in ISA_FLAGS if f in flags]
+    found.setdefault("cpu", platform.processor() or platform.machine())
+    return found
 
 
 def done(path: Path) -> None:
