@@ -40,7 +40,8 @@ from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageE
 from gateway.telemetry import metrics, tracing
 from gateway.worker.early_start import STARTED_REMEMBERED, EarlyStart, EarlyStarts
 from gateway.worker.inflight import InFlight
-from gateway.worker.lane_io import BLOCK_MS, RETRY_FIRST_S, RETRY_MAX_S, LaneEntry, LaneIO, Prior
+from gateway.worker.lane_io import BLOCK_MS, LaneEntry, LaneIO, Prior
+from gateway.worker.lane_out import RETRY_FIRST_S, RETRY_MAX_S
 from gateway.worker.publishing import REDIS_DOWN, Publishing
 from gateway.worker.results import error_result
 from gateway.worker.telemetry import EngineMetrics, RequestTrace

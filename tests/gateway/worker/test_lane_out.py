@@ -1,5 +1,6 @@
-"""LaneIO's Redis contract, apart from the engine: the publish's MULTI/EXEC (quota settlements in
-it, an error reply inside it, a connection Redis closed before it) and the idle worker's read, on
+"""The worker's writes to its lanes (LaneOut, gateway/worker/lane_out.py) as Redis sees them, apart
+from the engine: the publish's MULTI/EXEC (quota settlements in it, an error reply inside it, a
+connection Redis closed before it), and beside it the idle worker's read (LaneIO.wait), on
 redis-py's default client and a RESP2 one."""
 
 from __future__ import annotations
