@@ -151,20 +151,20 @@ LSCPU_FIELDS = {
 
 
 def cpu_details() -> dict:
-    """lscpu's fields of LSCPU_FIELDS and the ISA_FLAGS the CPU has; the platform's processor name
-    alone where lscpu is missing."""
+    """lscpu's fields of LSCPU_FIELDS (the platform's processor name alone where lscpu is missing)
+    and the ISA_FLAGS the CPU has, as the engine reads them (engine.device.cpu_flags)."""
+    from engine.device import cpu_flags
+
+    flags = cpu_flags()
+    found: dict = {"isa": [f for f in ISA_FLAGS if f in flags]}
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        return {"cpu": platform.processor() or platform.machine()}
-    found: dict = {}
+        out = ""
     for line in out.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in LSCPU_FIELDS:
             found.setdefault(LSCPU_FIELDS[key.strip()], value.strip())
-        elif key.strip() == "Flags":
-            flags = set(value.split())
-            found["isa"] = [f for f in ISA_FLAGS if f in flags]
     found.setdefault("cpu", platform.processor() or platform.machine())
     return found
 
