@@ -221,7 +221,7 @@ class ApiSettings(SharedSettings):
     # Prompts of one /v1/completions request (a list of prompts: each its own engine request).
     max_prompts_per_request: int = Field(64, ge=1)
     # Usage records wait this long for others to share their transaction (gateway/api/usage_writer.py);
-    # a replica that dies loses at most this much of them. 0: each write starts at once.
+    # a replica that dies loses the records not written yet. 0: each write starts at once.
     usage_write_linger_s: float = Field(0.02, ge=0, le=5)
     auth_refresh_s: float = 0.25  # how often a replica checks Redis for key/tenant invalidations
 
