@@ -170,11 +170,11 @@ def load_tokenizer(model: str, *, cache: str | os.PathLike | None = None) -> Any
     A GGUF model's tokenizer comes from its converted folder when the engine has converted it,
     else from a tokenizer-only conversion (about 10 s, once), so gateways never load weights.
     """
-    from transformers import AutoTokenizer
-
     source = resolve_model(model)
     if source.kind == DUMMY:
         return None
+    from transformers import AutoTokenizer  # imports torch (through its configuration modules)
+
     if source.kind == "folder":
         return AutoTokenizer.from_pretrained(source.files) if has_tokenizer(source.files) else None
     for folder in (converted_dir(source, cache), tokenizer_dir(source, cache)):
