@@ -27,7 +27,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
-from benchmarks.sched_inprocess import InProcess
 from benchmarks.sched_service import max_gap
 from engine.sim import backlog, bursty_trace, poisson_trace
 
@@ -343,6 +342,10 @@ def main() -> None:
         with HTTP(ENGINE, spans=not args.no_spans, keep_logs=args.keep_logs) as d:
             measure(args, d, backlog_n, capacity_n)
     else:
+        # imported here: --http's client processes (spawned) import this module again, and the
+        # engine (torch) would cost each of them seconds of CPU on the server's cores
+        from benchmarks.sched_inprocess import InProcess
+
         measure(args, InProcess(ENGINE, interrupt=not args.no_interrupt), backlog_n, capacity_n)
 
 
