@@ -13,7 +13,7 @@ SWAP_TESTS = "tests/engine/test_swap.py"  # 9 tests, 3 on each of two paths
 def test_the_engine_paths_run_are_listed_under_xdist():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "XDIST"))}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", SWAP_TESTS],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", SWAP_TESTS],
         cwd=REPO,
         env=env,
         capture_output=True,
