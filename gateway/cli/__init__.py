@@ -1,7 +1,7 @@
 """The ``fairlane`` command: argparse subcommands (serve, worker, generate, admin), each in its own module.
 
 Subcommand modules are imported when their command runs: ``fairlane generate`` loads the engine
-(torch), ``fairlane serve`` does not.
+(torch), ``fairlane serve`` does not (gateway/cli/torch_free.py).
 """
 
 from __future__ import annotations

@@ -19,10 +19,13 @@ def main() -> int:
     parser.add_argument("--fd", type=int, required=True, help="the listening socket's file descriptor")
     args = parser.parse_args()
     from gateway.cli.serve import SETTINGS_ENV, uvicorn_config
+    from gateway.cli.torch_free import tokenizer_without_torch, torch_free
     from gateway.settings import ServeSettings, load_settings
     from gateway.telemetry.logs import setup_logging
 
     settings = load_settings(ServeSettings, "fairlane gateway", **json.loads(os.environ.pop(SETTINGS_ENV)))
+    if tokenizer_without_torch(settings.engine.model):
+        torch_free()
     setup_logging(settings, "gateway")
     sock = socket.socket(fileno=args.fd)
     import uvicorn

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 
+from gateway.cli.torch_free import tokenizer_without_torch, torch_free
 from gateway.settings import ServeSettings, load_settings
 from gateway.telemetry import multiproc
 from gateway.telemetry.logs import setup_logging
@@ -245,6 +246,8 @@ def main(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 1
+    if tokenizer_without_torch(settings.engine.model):
+        torch_free()  # this gateway process; the workers are processes of their own
     refused = _refuse_model(settings.engine.model)
     if refused:
         print(

@@ -1,6 +1,7 @@
 """`fairlane serve --gateway-workers 2`: two gateway processes on one port, each answering alone
 while the other is stopped (SIGSTOP: its connections wait in the shared socket's backlog until the
-other accepts them), and both gone when serve stops."""
+other accepts them), and both gone when serve stops. Neither loads torch (gateway/cli/torch_free.py),
+though the model's config and tokenizer are read through transformers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 
 import httpx
 from serve_process import free_port, start
+
+from benchmarks.common import tiny_model
 
 STOPPED_FOR_S = 20.0  # a request must be answered by the process left running within this
 
@@ -39,7 +42,7 @@ def test_two_gateway_processes_share_the_port_and_each_answers(tmp_path):
     import re
 
     port = free_port()
-    env = {"FAIRLANE_ENGINE__MODEL": "dummy", "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'f.db'}"}
+    env = {"FAIRLANE_ENGINE__MODEL": tiny_model(), "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'f.db'}"}
     served = start(
         ["serve", "--dev", "--port", str(port), "--workers", "0", "--gateway-workers", "2"],
         env,
@@ -49,6 +52,9 @@ def test_two_gateway_processes_share_the_port_and_each_answers(tmp_path):
     try:
         other = _wait_for(served, "gateway-1")
         key = re.search(r"demo API key:\s+(\S+)", served.log()).group(1)
+        for pid in (other, served.process.pid):
+            with open(f"/proc/{pid}/maps") as maps:
+                assert "libtorch" not in maps.read(), f"gateway process {pid} loaded torch"
         for stopped in (other, served.process.pid):  # each process answers with the other stopped
             os.kill(stopped, signal.SIGSTOP)
             try:
