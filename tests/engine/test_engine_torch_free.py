@@ -1,11 +1,9 @@
 """The engine's plain-Python half loads without torch: the scheduler and its policies, the simulator,
 the configs, requests and errors, and the public names a gateway imports from `engine`."""
 
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fresh_python import ROOT, run_fresh
+
 PLAIN = ["engine.config", "engine.request", "engine.errors", "engine.block_manager"] + sorted(
     ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
     for folder in ("engine/scheduler", "engine/sim")
@@ -39,26 +37,9 @@ print(",".join(heavy) or "none")
 
 def test_the_plain_python_half_of_the_engine_loads_no_torch():
     assert "engine.scheduler.registry" in PLAIN and "engine.sim.scenarios" in PLAIN
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK, ",".join(PUBLIC), *PLAIN],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-1] == "none", f"loaded {done.stdout.split()[-1]}"
+    loaded = run_fresh(CHECK, ",".join(PUBLIC), *PLAIN).stdout.split()[-1]
+    assert loaded == "none", f"loaded {loaded}"
 
 
 def test_the_check_sees_torch_when_it_is_loaded():
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK, "Engine"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "torch" in done.stdout.split()[-1].split(",")
+    assert "torch" in run_fresh(CHECK, "Engine").stdout.split()[-1].split(",")

@@ -4,11 +4,7 @@ start many)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.fresh_python import run_fresh
 
 CHECK = """
 import sys
@@ -23,16 +19,7 @@ print(",".join(sorted(m for m in ("torch", "transformers") if m in sys.modules))
 
 
 def _heavy_modules(code: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.split()[-1]
+    return run_fresh(code).stdout.split()[-1]
 
 
 def test_a_dummy_models_tokenizer_loads_neither_transformers_nor_torch():

@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 from benchmarks.common import tiny_model
 from engine import assets
 from engine.models.check import check_folder
 from gateway.cli.torch_free import tokenizer_without_torch, torch_free
+from tests.fresh_python import run_fresh
 
-ROOT = Path(__file__).resolve().parents[3]
 TEXTS = ["The quick brown fox, in 3 words: jumps über everything.", "<|im_start|>user\nhi<|im_end|>\n"]
 CHAT = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi <|im_end|> there"}]
 
 CHECK = """
 import json, sys
 from gateway.cli.torch_free import tokenizer_without_torch, torch_free
+from tests.fresh_python import run_fresh
 assert torch_free()
 from engine import assets
 from engine.models.check import check_folder
@@ -48,15 +47,7 @@ print(json.dumps({
 
 def test_the_check_and_the_tokenizer_without_torch_equal_them_with_it():
     folder = tiny_model()
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK, folder, json.dumps(TEXTS), json.dumps(CHAT)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_fresh(CHECK, folder, json.dumps(TEXTS), json.dumps(CHAT))
     assert "PyTorch was not found" not in done.stderr  # transformers' notice, filtered
     seen = json.loads(done.stdout.splitlines()[-1])
     tokenizer = assets.load_tokenizer(folder)  # this process has torch
