@@ -1,7 +1,6 @@
 """The engine's plain-Python half loads without torch: the scheduler and its policies, the simulator,
 the configs, requests and errors, and the public names a gateway imports from `engine`."""
 
-
 from tests.fresh_python import ROOT, run_fresh
 
 PLAIN = ["engine.config", "engine.request", "engine.errors", "engine.block_manager"] + sorted(
