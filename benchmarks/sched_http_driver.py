@@ -19,10 +19,6 @@ from pathlib import Path
 
 import httpx
 
-# transformers' lazy first import is not thread-safe ("cannot import name 'AutoTokenizer'"): done
-# here, before the two servers' threads each load the tokenizer (engine.assets.load_tokenizer)
-from transformers import AutoTokenizer  # noqa: F401
-
 from benchmarks.round_trip import Served, serve
 from benchmarks.sched_http_client import TIERS, Call, Sent, replay_calls, replay_in_processes
 from benchmarks.sched_prompts import word_ids

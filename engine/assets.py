@@ -164,6 +164,9 @@ def has_tokenizer(folder: Path) -> bool:
     return any((folder / name).exists() for name in TOKENIZER_FILES)
 
 
+_TRANSFORMERS_IMPORT = threading.Lock()  # threads that load tokenizers at once ("cannot import name")
+
+
 def load_tokenizer(model: str, *, cache: str | os.PathLike | None = None) -> Any | None:
     """The transformers tokenizer of a model spec; None for "dummy" and folders without one.
 
@@ -173,7 +176,8 @@ def load_tokenizer(model: str, *, cache: str | os.PathLike | None = None) -> Any
     source = resolve_model(model)
     if source.kind == DUMMY:
         return None
-    from transformers import AutoTokenizer  # imports torch (through its configuration modules)
+    with _TRANSFORMERS_IMPORT:  # its lazy module's first import is not thread-safe
+        from transformers import AutoTokenizer  # imports torch where installed (its config modules)
 
     if source.kind == "folder":
         return AutoTokenizer.from_pretrained(source.files) if has_tokenizer(source.files) else None
