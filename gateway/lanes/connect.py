@@ -23,13 +23,15 @@ HEALTH_CHECK_S = 15  # a connection idle this long is PINGed before reuse (a dea
 ERRORS = (ConnectionError, TimeoutError, OSError)
 
 
-def _options() -> dict:
-    return dict(
+def _options(url: str) -> dict:
+    options = dict(
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=SOCKET_TIMEOUT_S,
         health_check_interval=HEALTH_CHECK_S,
-        socket_keepalive=True,
     )
+    if not url.startswith("unix:"):  # a TCP option: redis-py's unix-socket connections refuse it
+        options["socket_keepalive"] = True
+    return options
 
 
 def sync_client(url: str) -> redislib.Redis:
@@ -39,7 +41,7 @@ def sync_client(url: str) -> redislib.Redis:
     retry = Retry(
         ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES, supported_errors=ERRORS
     )
-    return redislib.Redis.from_url(url, retry=retry, **_options())
+    return redislib.Redis.from_url(url, retry=retry, **_options(url))
 
 
 def async_client(url: str, *, max_connections: int = 4096) -> aioredis.Redis:
@@ -52,4 +54,4 @@ def async_client(url: str, *, max_connections: int = 4096) -> aioredis.Redis:
         RETRIES,
         supported_errors=ERRORS,  # type: ignore[arg-type]  # OSError too, which redis-py's annotation leaves out
     )
-    return aioredis.Redis.from_url(url, retry=retry, max_connections=max_connections, **_options())
+    return aioredis.Redis.from_url(url, retry=retry, max_connections=max_connections, **_options(url))
