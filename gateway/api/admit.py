@@ -13,18 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import EngineError, SamplingParams, check_context
 from gateway.api.auth import AuthContext
-from gateway.api.errors import GatewayError, SLOUnattainable, no_worker, refused_by_engine_checks
-from gateway.api.first_results import Failed, first_results, outcome_before_first_results, result_stream
+from gateway.api.errors import (
+    ClientClosedRequest,
+    GatewayError,
+    SLOUnattainable,
+    no_worker,
+    refused_by_engine_checks,
+)
+from gateway.api.first_results import (
+    ClientGone,
+    Failed,
+    first_results,
+    outcome_before_first_results,
+    result_stream,
+)
 from gateway.api.model_selection import adapter_model_name
 from gateway.api.outcome import RequestOutcome, Status
 from gateway.api.prompts import relay_ids, resolve_max_tokens
@@ -36,6 +51,8 @@ from gateway.api.state import GatewayState
 from gateway.lanes.messages import LaneAdapter, LaneRequest, LaneResult
 from gateway.settings import ApiSettings
 from gateway.telemetry import tracing
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,9 @@ class GenerationRequest:
     prompt_param: str = "messages"  # the body field the prompt came in (error bodies name it)
     traceparent: str | None = None
     adapter: LaneAdapter | None = None
+    # whether the client has gone (the request's ``is_disconnected``), asked while the first results
+    # are awaited: a request whose client left before them is cancelled then, not once they come
+    disconnected: Callable[[], Awaitable[bool]] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,13 +159,15 @@ async def _start(
         if context.span is not None:
             relay_span = tracing.tracer().start_span("lane.relay")
         streams = [result_stream(state, r.request_id, epoch) for r in plan.lane_requests]
-        firsts = await first_results(state, streams, got)
+        firsts = await first_results(state, streams, got, ask.disconnected)
     except BaseException as exc:  # admitted, then not every first result: what ran is charged
         if relay_span is not None:
             relay_span.end()
         await _settle_before_first_results(context, plan, exc, got)
         if isinstance(exc, Failed):
             raise exc.error from exc.__cause__
+        if isinstance(exc, ClientGone):
+            raise ClientClosedRequest("The client closed the request before its first results.") from None
         raise
     tracing.set_attributes({"fairlane.quota.decision": "allowed"}, context.span)
     generation = Generation(context=context, relays=_relays(plan, firsts, streams), relay_span=relay_span)
@@ -193,10 +215,23 @@ async def _settle_before_first_results(
     context: RequestContext, plan: LanePlan, exc: BaseException, got: dict[int, LaneResult]
 ) -> None:
     with anyio.CancelScope(shield=True):
+        published = None
         if not isinstance(exc, SLOUnattainable):  # refused at the door: nothing was queued
+            lanes = context.state.lanes
             for lane_request in plan.lane_requests:
-                context.state.lanes.cancel_soon(lane_request.request_id)
-        await settle(context, outcome_before_first_results(exc, got))
+                lanes.cancel_soon(lane_request.request_id)
+            if not (isinstance(exc, Failed) and exc.status is Status.REDIS_LOST):
+                published = await _published(context, plan)
+        await settle(context, outcome_before_first_results(exc, got, published))
+
+
+async def _published(context: RequestContext, plan: LanePlan) -> list[list[LaneResult]] | None:
+    """What the workers published for each prompt of ``plan`` (None: Redis did not answer)."""
+    try:
+        return await context.state.lanes.published([r.request_id for r in plan.lane_requests])
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        log.warning("request %s: charged as relayed (redis unavailable: %s)", context.request_id, exc)
+        return None
 
 
 def slo_targets(auth: AuthContext, tier: str, settings: ApiSettings) -> tuple[float | None, float | None]:

@@ -77,6 +77,12 @@ class UnprocessableEntity(GatewayError):
     status_code, error_type, code = 422, "invalid_request_error", "invalid_value"
 
 
+class ClientClosedRequest(GatewayError):
+    """499: the client left before the response started (nobody reads this error)."""
+
+    status_code, error_type, code = CLIENT_CLOSED_REQUEST, "invalid_request_error", "client_closed_request"
+
+
 class RateLimited(GatewayError):
     status_code, error_type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
 
 import anyio
 from opentelemetry.trace import Span
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import ErrorCode
 from gateway.api.errors import (
@@ -34,6 +37,7 @@ from gateway.lanes.client import QueueUnavailable, ResultTimeout
 from gateway.lanes.messages import LaneResult
 from gateway.telemetry import metrics
 
+log = logging.getLogger(__name__)
 # The report and the usage record of a sent response wait this long: a client that sends its next
 # request as soon as it has a response (one at a time: a chat UI, an agent's loop) finds the event
 # loop free, not busy with the last one's bookkeeping (0.15 ms of each round trip at concurrency 1
@@ -76,6 +80,19 @@ async def relay_failure(
     return Status.WORKER_LOST, worker_lost(model)
 
 
+def tally(results: Iterable[LaneResult], choice_tokens: dict[int, int]) -> int | None:
+    """Add the output tokens ``results`` report to ``choice_tokens`` (choice index -> tokens: the
+    most any result says, as each result counts its choice's tokens so far); the prompt tokens they
+    report, or None when none of them ran (error results only, or none)."""
+    prompt: int | None = None
+    for result in results:
+        if result.kind == "error":
+            continue
+        prompt = max(prompt or 0, result.num_prompt_tokens)
+        choice_tokens[result.index] = max(choice_tokens.get(result.index, 0), result.num_output_tokens)
+    return prompt
+
+
 def refusal_status(result: LaneResult) -> Status:
     """The status of a request a worker refused with the error result ``result``."""
     return Status.SLO_REFUSED if result.error_code == ErrorCode.SLO_UNATTAINABLE else Status.WORKER_REFUSED
@@ -103,6 +120,14 @@ class Relay:
     @property
     def completion_tokens(self) -> int:
         return sum(self.choice_tokens.values())
+
+    def count_published(self, results: list[LaneResult]) -> None:
+        """Count what its result stream holds beyond what the relay read (a prompt that ran ahead
+        of the relay while the client left or another prompt failed): it ran, and is charged."""
+        prompt = tally(results, self.choice_tokens)
+        if prompt is not None:
+            self.ran = True
+            self.prompt_tokens = prompt or self.prompt_tokens
 
 
 @dataclass
@@ -279,17 +304,30 @@ class Generation:
             return
         self.closed = True
         with anyio.CancelScope(shield=True):
-            outcome = self.outcome()
             lanes = self.state.lanes
-            for relay in self.relays:
-                if not relay.done or outcome.status is Status.REDIS_LOST:
-                    lanes.cancel_soon(relay.request_id)
+            unfinished = [relay for relay in self.relays if not relay.done]
+            for relay in self.relays if self.failure is Status.REDIS_LOST else unfinished:
+                lanes.cancel_soon(relay.request_id)
+            if unfinished and self.failure is not Status.REDIS_LOST:
+                await self._count_published(unfinished)
+            outcome = self.outcome()
             if self.relay_span is not None:
                 self.relay_span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)
                 self.relay_span.end()
             self.deferred = await settle(self.context, outcome, defer=True)
         if not after_response:
             await self.finish()
+
+    async def _count_published(self, relays: list[Relay]) -> None:
+        """Charge what the workers published for unfinished prompts that their relays did not read:
+        one round trip (a result published after it, as the cancel reaches the worker, is not)."""
+        try:
+            published = await self.state.lanes.published([relay.request_id for relay in relays])
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("request %s: charged as relayed (redis unavailable: %s)", self.request_id, exc)
+            return
+        for relay, results in zip(relays, published):
+            relay.count_published(results)
 
     async def end(self) -> None:
         """``close`` and ``finish``, whichever have not run: everything, now."""

@@ -12,6 +12,7 @@ A cancel that Redis cannot take now is retried in the background until it can.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -33,7 +34,7 @@ from gateway.lanes.keys import (
     worker_info_key,
     workers_key,
 )
-from gateway.lanes.messages import LaneRequest, LaneResult
+from gateway.lanes.messages import LaneRequest, LaneResult, MessageError
 from gateway.lanes.result_reader import ResultReader
 
 WORKER_SEEN_S = 1.0  # a replica trusts a live worker it saw this long without asking Redis again
@@ -210,6 +211,22 @@ class LaneClient:
                 yield result
                 if result.done:
                     return
+
+    async def published(self, request_ids: list[str]) -> list[list[LaneResult]]:
+        """Every result published so far for each request (its result stream as it stands), in one
+        round trip; an entry that does not decode is left out."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.xrange(out_key(request_id))
+            replies = await pipe.execute()
+        published = []
+        for entries in replies:
+            results = []
+            for _entry_id, fields in entries:
+                with contextlib.suppress(MessageError):
+                    results.append(LaneResult.decode(fields))
+            published.append(results)
+        return published
 
     async def cancel(self, request_id: str) -> None:
         """Ask whichever worker holds the request to abort it (seen within one engine step)."""

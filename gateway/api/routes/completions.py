@@ -19,6 +19,7 @@ from gateway.api.admit import GenerationRequest, start
 from gateway.api.auth import AuthContext
 from gateway.api.deps import CurrentKey, StateDep
 from gateway.api.errors import CLIENT_CLOSED_REQUEST, ERROR_RESPONSES, GatewayError, InvalidRequest
+from gateway.api.first_results import DISCONNECT_POLL_S
 from gateway.api.model_selection import select_model
 from gateway.api.prompts import completion_prompt_ids, tokenize
 from gateway.api.quota_service import QuotaDep
@@ -30,7 +31,6 @@ from gateway.api.tiers import openai_tier, resolve_tier
 from gateway.lanes.messages import LaneAdapter
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES, route_class=LeanRoute)
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 # With "stream": true the 200 is server-sent events (OpenAI's chunks, then "data: [DONE]").
 STREAMED = {
     200: {
@@ -105,6 +105,7 @@ async def chat_completions(
         sampling_options=options,
         traceparent=request.headers.get("traceparent"),
         adapter=adapter,
+        disconnected=request.is_disconnected,
     )
     generation = await start(state, quota, auth, ask)
     return await _respond(generation, body, request, chat=True, tool_plan=tool_plan)
@@ -142,6 +143,7 @@ async def completions(
         prompt_param="prompt",
         traceparent=request.headers.get("traceparent"),
         adapter=adapter,
+        disconnected=request.is_disconnected,
     )
     generation = await start(state, quota, auth, ask)
     return await _respond(generation, body, request, chat=False, echo=echo)

@@ -24,7 +24,8 @@ from gateway_test_helpers import (
 )
 from prometheus_client import REGISTRY
 
-from gateway.lanes.keys import lane_key, model_info_key, workers_key
+from gateway.lanes.keys import cancel_key, lane_key, model_info_key, out_key, workers_key
+from gateway.lanes.messages import LaneRequest, LaneResult
 
 SETTLEMENTS = "fairlane_quota_settlements_total"
 BUDGET = {"daily_token_budget": 10**6, "requests_per_minute": 1000}
@@ -324,3 +325,78 @@ async def test_redis_lost_mid_stream_is_charged_what_was_relayed(
         process.kill()
         process.wait()
         server.remove()
+
+
+async def test_a_client_that_leaves_while_its_request_waits_is_refunded_and_it_never_runs(
+    quota_settings, tiny_engine_factory, redis, caplog
+):
+    """Queued behind others (here: nobody reads the lane yet), a request whose client leaves is
+    cancelled while it waits for its first result, not once that comes: refunded at once, and the
+    worker that takes it later drops it without running it."""
+    settings = _own_model(quota_settings)
+    model = settings.model_name
+    redis.zadd(workers_key(model), {"announced-only": time.time()})
+    try:
+        async with inproc_gateway(settings, Gateway) as gw, _over_a_socket(gw) as client:
+            tenant_id, key = await gw.tenant()
+            with _one_settlement("cancelled", "refunded"):
+                body = {"model": gw.model, "prompt": "abc", "max_tokens": 5}
+                leaving = asyncio.create_task(
+                    client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+                )
+                while not redis.xlen(lane_key(model, "standard")):
+                    await asyncio.sleep(0.01)
+                leaving.cancel()  # the connection closes
+                await asyncio.gather(leaving, return_exceptions=True)
+                await _settled_once(gw, caplog, tenant_id, status="cancelled", prompt=0, completion=0)
+            ((_entry_id, fields),) = redis.xrange(lane_key(model, "standard"))
+            request_id = LaneRequest.decode(fields).request_id
+            assert redis.exists(cancel_key(request_id))
+            with inproc_worker(tiny_engine_factory(num_threads=None), settings) as (worker, _client):
+                for _ in range(200):
+                    if not redis.xlen(lane_key(model, "standard")):
+                        break
+                    await asyncio.sleep(0.02)
+                assert redis.xlen(lane_key(model, "standard")) == 0  # taken and dropped
+                assert redis.xlen(out_key(request_id)) == 0 and not worker.engine.has_unfinished()
+    finally:
+        _forget_model(redis, model)
+
+
+async def test_a_client_that_leaves_a_request_of_several_prompts_is_charged_what_they_ran(
+    quota_settings, tiny_engine_factory, redis, caplog
+):
+    """Several prompts, one engine sequence at a time: the first prompt runs to its end while the
+    last waits for its first token. The client leaves then: the request is cancelled, and charged
+    every token its prompts generated, not only the first ones the gateway had read."""
+    settings = _own_model(quota_settings)
+    model = settings.model_name
+    try:
+        async with inproc_gateway(settings, Gateway) as gw, _over_a_socket(gw) as client:
+            tenant_id, key = await gw.tenant()
+            with inproc_worker(tiny_engine_factory(num_threads=None, max_num_seqs=1), settings) as _:
+                body = {
+                    "model": gw.model,
+                    "prompt": ["abc", "def", "ghi"],
+                    "max_tokens": 40,
+                    "ignore_eos": True,
+                }
+                leaving = asyncio.create_task(
+                    client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+                )
+                while not redis.xrange(lane_key(model, "standard")):
+                    await asyncio.sleep(0.005)
+                ((_entry_id, fields), *_) = redis.xrange(lane_key(model, "standard"))
+                first_prompt = LaneRequest.decode(fields).request_id
+                while not any(  # the first prompt's last token is out
+                    LaneResult.decode(f).done for _id, f in redis.xrange(out_key(first_prompt))
+                ):
+                    await asyncio.sleep(0.005)
+                leaving.cancel()
+                await asyncio.gather(leaving, return_exceptions=True)
+                record = await _settled_once(
+                    gw, caplog, tenant_id, status="cancelled", prompt=None, completion=None
+                )
+    finally:
+        _forget_model(redis, model)
+    assert record.completion_tokens >= 40 and record.prompt_tokens > 0
