@@ -72,6 +72,7 @@ class GenerationRequest:
     # whether the client has gone (the request's ``is_disconnected``), asked while the first results
     # are awaited: a request whose client left before them is cancelled then, not once they come
     disconnected: Callable[[], Awaitable[bool]] | None = None
+    structured_param: str | None = None  # where the output constraint came from, when not response_format
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ async def _start(
     if refused is not None:  # refused by the worker (bad input, or its SLO): settled by close()
         generation.failure = refusal_status(refused)
         await generation.close()
-        raise lane_error(refused, ask.prompt_param)
+        raise lane_error(refused, ask.prompt_param, ask.structured_param)
     return generation
 
 

@@ -22,6 +22,7 @@ from tenancy import ConflictError, NotFoundError, TenancyError
 
 log = logging.getLogger(__name__)
 SLO_UNATTAINABLE = ErrorCode.SLO_UNATTAINABLE.value  # the code of a request refused for its TTFT target
+INVALID_JSON = "We could not parse the JSON body of your request."
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a response nobody is listening to any more
 NO_WORKER_RETRY_S = 5  # retry-after when no worker serves the model (workers start in seconds)
 REDIS_DOWN_RETRY_S = 2  # retry-after when the lanes' Redis does not answer
@@ -232,8 +233,8 @@ def _describe_validation(exc: RequestValidationError) -> GatewayError:
     ]
     param = ".".join(loc) or None
     kind = first.get("type", "")
-    if kind in ("json_invalid", "json_type"):
-        return InvalidRequest("We could not parse the JSON body of your request.", code="invalid_json")
+    if kind in ("json_invalid", "json_type") or (kind == "missing" and param is None):  # missing: no body
+        return InvalidRequest(INVALID_JSON, code="invalid_json")
     if kind == "missing":
         message = f"Missing required parameter: '{param}'."
     elif kind == "extra_forbidden":

@@ -45,8 +45,12 @@ log = logging.getLogger(__name__)
 AFTER_RESPONSE_DELAY_S = 0.002
 
 
-def lane_error(result: LaneResult, prompt_param: str = "messages") -> GatewayError:
-    """The HTTP error of a worker's error result: 503 + retry-after for an SLO refusal, else 400."""
+def lane_error(
+    result: LaneResult, prompt_param: str = "messages", structured_param: str | None = None
+) -> GatewayError:
+    """The HTTP error of a worker's error result: 503 + retry-after for an SLO refusal, else 400.
+    ``prompt_param``, ``structured_param``: the request fields the prompt and the output constraint
+    came in, named in place of the engine's "prompt" and "response_format"."""
     if result.error_code == ErrorCode.SLO_UNATTAINABLE:
         return SLOUnattainable(
             result.error_message or "The request cannot meet its latency target now.",
@@ -56,10 +60,13 @@ def lane_error(result: LaneResult, prompt_param: str = "messages") -> GatewayErr
         return NotFound(
             result.error_message or "The model does not exist.", param="model", code=ErrorCode.MODEL_NOT_FOUND
         )
+    param = result.error_param
+    if param == "prompt":
+        param = prompt_param
+    elif param == "response_format" and structured_param is not None:
+        param = structured_param
     return InvalidRequest(
-        result.error_message or "The engine refused the request.",
-        param=prompt_param if result.error_param == "prompt" else result.error_param,
-        code=result.error_code,
+        result.error_message or "The engine refused the request.", param=param, code=result.error_code
     )
 
 

@@ -121,6 +121,13 @@ class ToolPlan:
         ]
         return StructuredSpec.json_schema(variants[0] if len(variants) == 1 else {"anyOf": variants})
 
+    @property
+    def schema_param(self) -> str:
+        """The request field a forced call's constraint is reported against when the engine refuses
+        it (a schema its grammar compiler rejects): the chosen function's parameters, or all tools."""
+        chosen = [i for i, f in enumerate(self.functions) if self.choice in ("required", f.name)]
+        return f"tools[{chosen[0]}].function.parameters" if len(chosen) == 1 else "tools"
+
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, OpenAI tool_calls) of the output; no calls: (text, [])."""
         names = {function.name for function in self.functions}

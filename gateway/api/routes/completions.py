@@ -106,6 +106,7 @@ async def chat_completions(
         traceparent=request.headers.get("traceparent"),
         adapter=adapter,
         disconnected=request.is_disconnected,
+        structured_param=tool_plan.schema_param if tool_plan is not None and tool_plan.forced else None,
     )
     generation = await start(state, quota, auth, ask)
     return await _respond(generation, body, request, chat=True, tool_plan=tool_plan)

@@ -6,8 +6,9 @@ dependencies), validates the body through its field wrapper and assembles the en
 arguments: about 0.2 ms of CPU per request on a 2-core EPYC, on the path of every generation.
 ``LeanRoute`` does the same work directly for a well-formed request of the shape the inference
 endpoints take, ``(body, request, auth, state, quota)``: the body read, parsed as JSON and
-validated by the endpoint's own model, the key checked by the same dependency functions, in the
-same order, and the endpoint called.
+validated by the endpoint's own model, the key checked by the same dependency functions (before
+the body is parsed, as OpenAI's API does: a bad key is a 401 whatever the body), and the endpoint
+called.
 
 Whatever it does not expect it hands to FastAPI's own handler, with the body already read: a
 content type that is not JSON, a body that does not parse or validate (so every error body is
@@ -28,6 +29,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from gateway.api.deps import bearer, get_current_key, get_state
+from gateway.api.errors import INVALID_JSON, InvalidRequest
 from gateway.api.quota_service import get_quota_service
 
 PARAMETERS = ("body", "request", "auth", "state", "quota")  # the endpoints' signature, in order
@@ -60,13 +62,16 @@ class LeanRoute(APIRoute):
         async def handler(request: Request) -> Response:
             if request.app.dependency_overrides or not is_json(request.headers.get("content-type")):
                 return await full(request)
+            state = await get_state(request)
+            # the key before the body (OpenAI's order): a bad key is a 401 whatever the body holds
+            auth = await get_current_key(state, await bearer(request))
             raw = await request.body()  # kept on the request: FastAPI's handler reads it again
             try:
                 body = model.model_validate(json.loads(raw))
             except (ValueError, ValidationError):  # JSONDecodeError, UnicodeDecodeError: FastAPI's words
                 return await full(request)
-            state = await get_state(request)
-            auth = await get_current_key(state, await bearer(request))
+            except RecursionError:  # nested deeper than the parser goes (FastAPI's would say 500)
+                raise InvalidRequest(INVALID_JSON, code="invalid_json") from None
             quota = await get_quota_service(request)
             return await endpoint(body, request, auth, state, quota)
 

@@ -206,6 +206,22 @@ async def test_malformed_json_and_wrong_content(app_client, key):
         code="invalid_json",
     )
     assert_openai_error(await app_client.post("/v1/completions", headers=headers, content=b"\xff\xfe"), 400)
+    # no body at all, and one nested deeper than the JSON parser goes (it raises RecursionError)
+    assert_openai_error(
+        await app_client.post("/v1/chat/completions", headers=headers, content=b""), 400, code="invalid_json"
+    )
+    deep = b'{"model": "m", "messages": [], "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert_openai_error(
+        await app_client.post("/v1/chat/completions", headers=headers, content=deep), 400, code="invalid_json"
+    )
+
+
+async def test_a_bad_key_is_401_whatever_the_body(app_client):
+    headers = {**_auth("fl-abcdefgh_" + "x" * 43), "content-type": "application/json"}
+    for content in (b'{"model": ', b"", b"[" * 100_000):
+        assert_openai_error(
+            await app_client.post("/v1/chat/completions", headers=headers, content=content), 401
+        )
 
 
 async def test_prompt_over_the_context(app_client, running_worker, settings, key):

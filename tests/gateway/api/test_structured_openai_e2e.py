@@ -264,6 +264,20 @@ def test_a_schema_xgrammar_refuses_is_a_400_and_charges_nothing(server, client):
     assert (
         request_usage_records(server, err.value.response.headers["x-request-id"]) == []
     )  # refused before the quota
+    # the same schema as a forced tool's parameters: the error names that tool's field
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "g", "parameters": bad["json_schema"]["schema"]}},
+    ]
+    for choice, param in (
+        ({"type": "function", "function": {"name": "g"}}, "tools[1].function.parameters"),
+        ("required", "tools"),
+    ):
+        with pytest.raises(openai.BadRequestError, match="minimum greater than maximum") as err:
+            client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=8, tools=tools, tool_choice=choice
+            )
+        assert err.value.param == param
 
 
 WEATHER_ARGS = {
