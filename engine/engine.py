@@ -4,6 +4,7 @@ table of the requests it holds. A step is schedule (engine/scheduler) → run (e
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import replace
@@ -195,8 +196,8 @@ class Engine:
                 f"request {request_id!r} is already in the engine", param="request_id"
             )
         self.validate(prompt_token_ids, params, resume_token_ids)
-        if weight <= 0:
-            raise InvalidRequestError("weight must be positive", param="weight")
+        if not (isinstance(weight, int | float) and 0 < weight < math.inf):  # NaN, None: no
+            raise InvalidRequestError("weight must be a positive, finite number", param="weight")
         lora = acquire_adapter(self.lora, lora)
         seq = Sequence(
             request_id=request_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import cast
 
@@ -12,6 +13,7 @@ from tenancy.errors import ConflictError, NotFoundError, ValidationError
 from tenancy.models import TENANT_ACTIVE, TENANT_DISABLED, Tenant
 
 DEFAULT_ALLOWED_TIERS = ("standard", "batch")
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0  # fair-share weights: a 10^4 spread, no underflow
 _UNSET = object()
 
 
@@ -26,8 +28,14 @@ def _check_tiers(default_tier: str, allowed_tiers: Sequence[str]) -> None:
 
 
 def _check_target(value: float | None, param: str) -> None:
-    if value is not None and value <= 0:
-        raise ValidationError(f"{param} must be a positive number of seconds", param=param)
+    if value is not None and not (0 < value < math.inf):  # NaN fails too
+        raise ValidationError(f"{param} must be a positive, finite number of seconds", param=param)
+
+
+def _check_weight(weight: float) -> None:
+    """A fair-share weight the engine can divide by: positive and finite (NaN is neither)."""
+    if not (MIN_WEIGHT <= weight <= MAX_WEIGHT):
+        raise ValidationError(f"weight must be between {MIN_WEIGHT} and {MAX_WEIGHT}", param="weight")
 
 
 def create_tenant(
@@ -41,8 +49,7 @@ def create_tenant(
     tpot_target_s: float | None = None,
 ) -> Tenant:
     """A new tenant; its latency targets (seconds), when given, replace its tiers' for its requests."""
-    if weight <= 0:
-        raise ValidationError("weight must be positive", param="weight")
+    _check_weight(weight)
     _check_tiers(default_tier, allowed_tiers)
     _check_target(ttft_target_s, "ttft_target_s")
     _check_target(tpot_target_s, "tpot_target_s")
@@ -106,8 +113,7 @@ def update_tenant(
             raise ConflictError(f"tenant {name!r} already exists", param="name")
         tenant.name = name
     if weight is not None:
-        if weight <= 0:
-            raise ValidationError("weight must be positive", param="weight")
+        _check_weight(weight)
         tenant.weight = weight
     if status is not None:
         if status not in (TENANT_ACTIVE, TENANT_DISABLED):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from datetime import UTC, datetime
@@ -72,11 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for action in ("create", "update"):
         p = tenants.add_parser(action, help=f"{action} a tenant")
         p.add_argument("tenant", help="name (create) or name or id (update)")
-        p.add_argument("--weight", type=float, help="share of the engine under contention")
+        p.add_argument("--weight", type=_finite, help="share of the engine under contention")
         p.add_argument("--default-tier")
         p.add_argument("--allowed-tiers", type=_tiers, help="comma-separated")
-        p.add_argument("--ttft-target", type=float, help="seconds; over the tier's")
-        p.add_argument("--tpot-target", type=float, help="seconds; over the tier's")
+        p.add_argument("--ttft-target", type=_finite, help="seconds; over the tier's")
+        p.add_argument("--tpot-target", type=_finite, help="seconds; over the tier's")
         if action == "update":
             p.add_argument("--name", help="rename")
             status = p.add_mutually_exclusive_group()
@@ -125,13 +126,28 @@ def _backend(args: argparse.Namespace):
     return HttpBackend(args.url, token)
 
 
+def _finite(text: str) -> float:
+    """A number argument: nan and inf are refused (no weight or latency target takes them)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 def _tenant_id(backend, ref: str) -> int:
     from gateway.cli.admin_backends import AdminError
 
-    for tenant in backend.tenants():
-        if tenant["name"] == ref or str(tenant["id"]) == ref:
-            return tenant["id"]
-    raise AdminError(f"tenant {ref!r} not found")
+    tenants = backend.tenants()
+    by_name = [t["id"] for t in tenants if t["name"] == ref]
+    by_id = [t["id"] for t in tenants if str(t["id"]) == ref]
+    if by_name and by_id and by_name != by_id:  # a tenant named "1" and the tenant whose id is 1
+        raise AdminError(
+            f"{ref!r} is the name of tenant {by_name[0]} and the id of tenant {by_id[0]}: "
+            "rename the first, or give the second's name"
+        )
+    if not (by_name or by_id):
+        raise AdminError(f"tenant {ref!r} not found")
+    return (by_name or by_id)[0]
 
 
 def _tenant_fields(args: argparse.Namespace) -> dict:

@@ -45,7 +45,21 @@ def test_invalid_values_are_refused(session):
     with pytest.raises(ValidationError) as excinfo:
         create_tenant(session, name="t", default_tier="priority", allowed_tiers=["standard"])
     assert excinfo.value.param == "default_tier"
+    # every way in (the admin CLI's database backend included) gets the API's bounds: a NaN weight
+    # reached the lanes as null and killed the engine worker; an infinite target read back as "none"
+    for weight in (float("nan"), float("inf"), 0.001, 101.0):
+        with pytest.raises(ValidationError) as excinfo:
+            create_tenant(session, name="w", weight=weight)
+        assert excinfo.value.param == "weight"
+    for target in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValidationError) as excinfo:
+            create_tenant(session, name="w", ttft_target_s=target)
+        assert excinfo.value.param == "ttft_target_s"
     assert list_tenants(session) == []
+    tenant = create_tenant(session, name="ok")
+    for fields in ({"weight": float("nan")}, {"tpot_target_s": float("inf")}):
+        with pytest.raises(ValidationError):
+            update_tenant(session, tenant_id=tenant.id, **fields)
 
 
 def test_update_changes_only_given_fields(session):

@@ -8,11 +8,12 @@ from typing import Annotated
 from fastapi import Path
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from tenancy.tenants import MAX_WEIGHT, MIN_WEIGHT  # fair-share weights: a 10^4 spread, no underflow
+
 DB_INT_MAX = 2**31 - 1  # INTEGER columns (ids, most quota limits): a larger value is a 422, never an overflow
 DB_BIGINT_MAX = 2**63 - 1  # BIGINT columns (token budgets)
 DB_ID_MAX = DB_INT_MAX
 DbId = Annotated[int, Path(ge=1, le=DB_ID_MAX, description="A database id.")]
-MIN_WEIGHT, MAX_WEIGHT = 0.01, 100.0  # fair-share weights: a 10^4 spread, no underflow
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -38,11 +39,15 @@ class TenantCreate(_Strict):
     ttft_target_s: float | None = Field(
         None,
         gt=0,
+        allow_inf_nan=False,
         description="Time-to-first-token target (s) of this "
         "tenant's requests, over its tier's; null: the tier's.",
     )
     tpot_target_s: float | None = Field(
-        None, gt=0, description="Time-per-output-token target (s), over its tier's; null: the tier's."
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Time-per-output-token target (s), over its tier's; null: the tier's.",
     )
 
 
@@ -52,8 +57,12 @@ class TenantUpdate(_Strict):
     default_tier: str | None = None
     allowed_tiers: list[str] | None = Field(None, min_length=1)
     status: str | None = Field(None, pattern="^(active|disabled)$")
-    ttft_target_s: float | None = Field(None, gt=0, description="null clears it (the tier's applies).")
-    tpot_target_s: float | None = Field(None, gt=0, description="null clears it (the tier's applies).")
+    ttft_target_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="null clears it (the tier's applies)."
+    )
+    tpot_target_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="null clears it (the tier's applies)."
+    )
 
 
 class TenantPublic(BaseModel):

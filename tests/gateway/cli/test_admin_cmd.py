@@ -125,6 +125,15 @@ def _walk(capsys, target: list[str], database_url: str) -> dict:
     assert code == 1 and "already exists" in err
     code, _, err = admin(capsys, *target, "quotas", "set", "nobody", "--rpm", "1")
     assert code == 1 and "not found" in err
+    # a tenant whose name is another's id: a reference to it is refused, never resolved to either
+    code, out, _ = admin(capsys, *target, "tenants", "create", str(tenant["id"]))
+    assert code == 0
+    code, _, err = admin(capsys, *target, "keys", "create", str(tenant["id"]), "--name", "which")
+    assert code == 1 and "the id of tenant" in err
+    for flag in ("--weight", "--ttft-target"):
+        with pytest.raises(SystemExit):  # argparse refuses it: nothing reaches the backend
+            admin(capsys, *target, "tenants", "create", "w", flag, "nan")
+        assert "not a finite number" in capsys.readouterr().err
     return {"tenant": tenant, "key": key}
 
 

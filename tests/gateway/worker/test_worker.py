@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 
+import pytest
 from worker_lanes import greedy as _greedy
 from worker_lanes import make_worker
 from worker_lanes import results as _results
@@ -93,6 +94,33 @@ def test_invalid_request_comes_back_as_an_error_result(tiny_engine_factory, redi
     assert "maximum context length" in error.error_message
     assert redis.xlen(lane_key(model_name, "standard")) == 0
     redis.delete(out_key(rid))
+
+
+@pytest.mark.parametrize("weight", [None, float("nan"), 0.0])
+def test_an_entry_whose_weight_is_no_number_is_an_error_result_not_a_dead_worker(
+    tiny_engine_factory, redis, model_name, weight
+):
+    """A tenant weight stored as NaN went into lane entries as null, and the engine's comparison
+    raised out of the worker: it died, and each worker that claimed the entry after it died too."""
+    worker = _worker(tiny_engine_factory(), redis, model_name)
+    bad = f"req-{uuid.uuid4().hex[:12]}"
+    request = LaneRequest(
+        request_id=bad,
+        model=model_name,
+        tier="standard",
+        tenant="acme",
+        prompt_token_ids=(5, 6, 7, 8),
+        sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+        weight=weight,  # type: ignore[arg-type]
+    )
+    redis.xadd(lane_key(model_name, "standard"), request.encode())
+    good = _submit(redis, model_name, max_tokens=4)
+    _run_until_done(worker, redis, [bad, good])
+    (error,) = _results(redis, bad)
+    assert error.kind == "error" and error.error_param == "weight"
+    assert [r.num_output_tokens for r in _results(redis, good)][-1] == 4
+    assert redis.xlen(lane_key(model_name, "standard")) == 0
+    redis.delete(out_key(bad), out_key(good))
 
 
 def test_a_dead_workers_request_is_claimed_and_resumed(tiny_engine_factory, redis, model_name):
