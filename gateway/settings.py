@@ -89,7 +89,9 @@ class SharedSettings(BaseSettings):
     served_model_name: str | None = None  # the name clients call the model by (default: from engine.model)
     # Priority lanes, highest first. OpenAI's "auto"/"default" service_tier means the tenant's default.
     tiers: list[str] = Field(default_factory=lambda: ["priority", "standard", "batch"])
-    result_ttl_s: int = 300  # out:{id} streams and cancel marks expire this long after last write
+    result_ttl_s: int = Field(
+        300, ge=1
+    )  # out:{id} streams and cancel marks expire this long after last write
     # A gateway on the host of a model's only worker hands it each request over a local socket as
     # the admission queues it, and the idle worker starts its first step before the lane entry
     # reaches it; it publishes nothing until the entry does (gateway/lanes/hints.py). Linux only.
@@ -177,11 +179,22 @@ class SharedSettings(BaseSettings):
 class WorkerSettings(SharedSettings):
     """An engine worker (``fairlane worker``, or started by ``fairlane serve``)."""
 
-    worker_claim_idle_ms: int = 3000  # a lane entry idle this long belongs to a dead worker
-    worker_heartbeat_s: float = 0.5
+    worker_claim_idle_ms: int = Field(3000, ge=1)  # a lane entry idle this long belongs to a dead worker
+    worker_heartbeat_s: float = Field(0.5, gt=0, allow_inf_nan=False)
     # /metrics of a separately started worker (fairlane serve's workers report through its gateway).
     worker_metrics_port: int = Field(9400, ge=0, le=65535)  # 0: no endpoint
     worker_metrics_host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _check_worker(self) -> WorkerSettings:
+        # a worker re-claims the entries it runs every heartbeat: an idle bound below two beats
+        # makes live workers take each other's (and their own) entries as a dead worker's
+        if self.worker_claim_idle_ms < 2000 * self.worker_heartbeat_s:
+            raise ValueError(
+                f"worker_claim_idle_ms ({self.worker_claim_idle_ms}) must be at least two heartbeats "
+                f"(worker_heartbeat_s {self.worker_heartbeat_s}: {2000 * self.worker_heartbeat_s:.0f} ms)"
+            )
+        return self
 
 
 class ApiSettings(SharedSettings):
@@ -191,12 +204,12 @@ class ApiSettings(SharedSettings):
     admin_token: str = ""
     database_url: str = "sqlite:///fairlane.db"
     host: str = "127.0.0.1"
-    port: int = 8000
-    max_body_bytes: int = 1_000_000
+    port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(1_000_000, ge=1)
     max_adapter_bytes: int = Field(
         512 << 20, gt=0
     )  # an adapter upload's weights file (its body may be this + 1 MiB)
-    max_tokens_default: int = 256
+    max_tokens_default: int = Field(256, ge=1)
     # The replica's Redis connections: its one result reader's blocking XREAD, and one per command
     # in flight (admissions, settlements, cancels) at a time (Redis's own maxclients: 10,000).
     redis_max_connections: int = Field(4096, ge=8)

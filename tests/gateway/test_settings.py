@@ -200,6 +200,26 @@ def test_bad_slo_settings_are_refused(fields, match):
         ApiSettings(admin_token=STRONG, **fields)
 
 
+# Values that started a server on which every request hung, failed or was cut to one token, or a
+# worker that spun: refused at start.
+@pytest.mark.parametrize(
+    "cls, fields",
+    [
+        (ApiSettings, {"result_ttl_s": 0}),
+        (ApiSettings, {"max_tokens_default": 0}),
+        (ApiSettings, {"max_body_bytes": 0}),
+        (ApiSettings, {"port": 65537}),
+        (ApiSettings, {"port": 0}),
+        (WorkerSettings, {"worker_heartbeat_s": 0}),
+        (WorkerSettings, {"worker_claim_idle_ms": -1}),
+        (WorkerSettings, {"worker_claim_idle_ms": 900, "worker_heartbeat_s": 0.5}),  # under two beats
+    ],
+)
+def test_values_no_server_can_run_with_are_refused(cls, fields):
+    with pytest.raises(ValidationError):
+        cls(admin_token=STRONG, **fields) if cls is ApiSettings else cls(**fields)
+
+
 @pytest.mark.parametrize("field", ["redis_url", "quota_redis_url"])
 def test_a_redis_url_asking_for_resp3_shapes_is_refused(field):
     """redis-py hands back RESP3's own reply shapes only when the URL asks for protocol=3; the
