@@ -35,6 +35,14 @@ def resolve_tier(auth: AuthContext, requested: str | None, tiers: list[str]) -> 
         )
     else:
         tier = requested
+    if tier not in tiers:  # the tenant's default, from before the server's tiers changed: no worker reads it
+        raise PermissionDenied(
+            f"Tenant {auth.tenant_name!r} defaults to service_tier {tier!r}, which this server does not "
+            f"serve (its tiers: {', '.join(tiers)}): name a service_tier, or have the operator change "
+            "the tenant's default tier.",
+            param="service_tier",
+            code="tier_not_served",
+        )
     if tier not in auth.allowed_tiers:
         raise PermissionDenied(
             f"Tenant {auth.tenant_name!r} may not use service_tier {tier!r}; "
