@@ -4,7 +4,9 @@ A replica caches each key's AuthContext (or its absence) by the key's hash. Any 
 revoke access (key revoked, tenant disabled or updated) bumps ``auth:generation`` in Redis; every
 replica reads that counter at most every ``refresh_s`` (0.25 s by default) on its request path and
 drops its whole cache when it moved, so a revoked key stops working everywhere within 1 s. Quota
-changes bump it too: the context carries the key's max_tokens cap.
+changes bump it too: the context carries the key's max_tokens cap. A change made in the database
+without the bump (``fairlane admin --database-url`` without ``--redis-url``, or by hand) is seen
+when the entry is read again: no entry is used longer than ``max_age_s`` (60 s) after its read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tenancy import authenticate_key, get_quota, hash_key, touch_api_key
 
 GENERATION_KEY = "auth:generation"
 TOUCH_EVERY_S = 60.0  # last_used_at is written at most this often per key
+MAX_AGE_S = 60.0  # a cached key is read from the database again this long after its last read
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,12 @@ class KeyCache:
         *,
         refresh_s: float = 0.25,
         max_entries: int = 10_000,
+        max_age_s: float = MAX_AGE_S,
     ) -> None:
         self.session_factory, self.redis = session_factory, redis
-        self.refresh_s, self.max_entries = refresh_s, max_entries
-        self._entries: OrderedDict[str, AuthContext | None] = OrderedDict()
+        self.refresh_s, self.max_entries, self.max_age_s = refresh_s, max_entries, max_age_s
+        # digest -> (its context, None for no such key; monotonic time it was read)
+        self._entries: OrderedDict[str, tuple[AuthContext | None, float]] = OrderedDict()
         self._generation: bytes | None = None
         self._checked_at = float("-inf")
         self._touched: dict[int, float] = {}
@@ -77,9 +82,10 @@ class KeyCache:
         """The caller's context, or None for a wrong, revoked or disabled key."""
         await self._refresh()
         digest = hash_key(key)
-        if digest in self._entries:
+        entry = self._entries.get(digest)
+        if entry is not None and time.monotonic() - entry[1] < self.max_age_s:
             self._entries.move_to_end(digest)
-            context = self._entries[digest]
+            context = entry[0]
         else:  # one database read per key however many requests miss it at once (a cold replica)
             if digest not in self._loading:
                 self._loading[digest] = asyncio.ensure_future(self._load_into_cache(digest, key))
@@ -100,10 +106,11 @@ class KeyCache:
             self._generation = generation
 
     async def _load_into_cache(self, digest: str, key: str) -> AuthContext | None:
-        generation = self._generation
+        generation, read_at = self._generation, time.monotonic()
         context = await run_in_threadpool(self._load, key)
         if generation == self._generation:  # else an invalidation raced with the load
-            self._entries[digest] = context
+            self._entries[digest] = (context, read_at)
+            self._entries.move_to_end(digest)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
         return context

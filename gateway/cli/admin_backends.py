@@ -68,7 +68,8 @@ class HttpBackend:
 class DatabaseBackend:
     """Straight on the database. With ``redis_url`` (the gateways' Redis) revocations, tenant changes
     and quotas are pushed to every gateway at once, as the REST API does; without it gateways see a
-    quota only when they load it (a scope they have not seen) and other changes at their next refresh."""
+    quota only when they load it (a scope they have not seen) and other changes within their key
+    cache's max age (60 s: gateway/api/auth.py)."""
 
     def __init__(self, database_url: str, *, redis_url: str | None = None, quota_prefix: str = "") -> None:
         from tenancy import make_engine, make_session_factory
@@ -88,7 +89,10 @@ class DatabaseBackend:
 
     def _push(self, *, tenant_id: int | None = None, key_id: int | None = None, quota=None) -> None:
         if not self.redis_url:
-            print("note: no --redis-url: gateways pick this up at their next refresh", file=sys.stderr)
+            print(
+                "note: no --redis-url: gateways see this within 60 s (their key cache's max age)",
+                file=sys.stderr,
+            )
             return
 
         async def push() -> None:

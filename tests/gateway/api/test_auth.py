@@ -103,3 +103,17 @@ async def test_cache_serves_repeat_lookups_without_the_database(session_factory,
     await aredis.incr(GENERATION_KEY)
     cache._checked_at = float("-inf")  # as if refresh_s had passed
     assert await cache.lookup(created.key) is None
+
+
+async def test_a_change_made_without_the_redis_bump_is_seen_within_the_max_age(session_factory, aredis):
+    """`fairlane admin --database-url` without --redis-url revokes in the database only: no replica
+    hears of it, and a cached key used to work until the gateway restarted."""
+    with session_factory() as session:
+        tenant = create_tenant(session, name=f"t{uuid.uuid4().hex[:6]}")
+        created = create_api_key(session, tenant_id=tenant.id)
+    cache = KeyCache(session_factory, aredis, max_age_s=0.3)
+    assert await cache.lookup(created.key) is not None
+    with session_factory() as session:
+        revoke_api_key(session, key_id=created.api_key.id)
+    assert await cache.lookup(created.key) is not None  # still cached
+    assert 0.1 < await _wait_until_refused(cache, created.key, limit_s=2.0) < 1.0
