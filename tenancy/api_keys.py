@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from tenancy.errors import NotFoundError
+from tenancy.errors import NotFoundError, ValidationError
 from tenancy.keys import generate_key, key_prefix, verify_key
 from tenancy.models import ApiKey, Tenant, utcnow
 from tenancy.tenants import get_tenant
 
 DEFAULT_SCOPES = ("inference",)
+# what a key may do: call the OpenAI API (/v1), and manage its own tenant's LoRA adapters
+SCOPES = ("inference", "adapters")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,11 @@ class CreatedApiKey:
 def create_api_key(
     session: Session, *, tenant_id: int, name: str = "", scopes: Sequence[str] = DEFAULT_SCOPES
 ) -> CreatedApiKey:
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown:
+        raise ValidationError(
+            f"unknown scopes {unknown}: a key's scopes are among {list(SCOPES)}", param="scopes"
+        )
     get_tenant(session, tenant_id=tenant_id)
     while True:  # a prefix collision is astronomically rare (62**8); draw again if it happens
         generated = generate_key()

@@ -11,9 +11,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from gateway.api.auth import AuthContext
-from gateway.api.errors import AuthenticationFailed
+from gateway.api.errors import AuthenticationFailed, PermissionDenied
 from gateway.api.state import GatewayState
 from gateway.telemetry import tracing
+
+INFERENCE_SCOPE = "inference"  # what an API key needs for the OpenAI API (tenancy.api_keys.SCOPES)
 
 bearer = HTTPBearer(auto_error=False)  # the Authorization header's bearer token, or None
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
@@ -47,6 +49,11 @@ async def get_current_key(state: StateDep, credentials: BearerDep) -> AuthContex
         if context is None:
             raise AuthenticationFailed("Incorrect API key provided, or the key was revoked.")
         tracing.set_attributes({"fairlane.tenant.id": str(context.tenant_id)})
+    if INFERENCE_SCOPE not in context.scopes:
+        raise PermissionDenied(
+            f"This API key may not call the API: it needs the '{INFERENCE_SCOPE}' scope.",
+            code="missing_scope",
+        )
     return context
 
 

@@ -8,6 +8,7 @@ from sqlalchemy import select
 from tenancy import (
     ApiKey,
     NotFoundError,
+    ValidationError,
     authenticate_key,
     create_api_key,
     create_tenant,
@@ -21,13 +22,16 @@ from tenancy import (
 
 def test_create_returns_secret_once_and_stores_only_its_hash(session):
     tenant = create_tenant(session, name="acme")
-    created = create_api_key(session, tenant_id=tenant.id, name="ci", scopes=["inference", "usage"])
+    created = create_api_key(session, tenant_id=tenant.id, name="ci", scopes=["inference", "adapters"])
     assert created.key.startswith(created.api_key.prefix + "_")
     stored = session.scalar(select(ApiKey).where(ApiKey.id == created.api_key.id))
     assert stored.secret_hash == hash_key(created.key)
     assert created.key not in {stored.prefix, stored.secret_hash, stored.name}
-    assert stored.scopes == ["inference", "usage"]
+    assert stored.scopes == ["inference", "adapters"]
     assert not hasattr(stored, "key")
+    with pytest.raises(ValidationError) as refused:  # a scope nothing checks would grant nothing
+        create_api_key(session, tenant_id=tenant.id, scopes=["inference", "usage"])
+    assert refused.value.param == "scopes"
 
 
 def test_authenticate_good_wrong_and_malformed_keys(session):

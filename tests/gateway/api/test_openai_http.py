@@ -7,7 +7,7 @@ import json
 from datetime import UTC
 
 import pytest
-from gateway_test_helpers import assert_openai_error, chat_body, make_tenant_key
+from gateway_test_helpers import admin_headers, assert_openai_error, chat_body, make_tenant_key
 
 
 @pytest.fixture
@@ -123,6 +123,22 @@ async def test_auth_errors(app_client, settings, key):
         401,
         code="invalid_api_key",
     )
+
+
+async def test_a_key_without_the_inference_scope_may_not_call_the_api(app_client, settings):
+    tenant, _key = await make_tenant_key(app_client, "scoped")
+    keys = f"/admin/tenants/{tenant['id']}/keys"
+    created = await app_client.post(keys, json={"scopes": ["adapters"]}, headers=admin_headers())
+    assert created.status_code == 201, created.text
+    adapters_only = created.json()["key"]
+    for call in (
+        app_client.post("/v1/chat/completions", headers=_auth(adapters_only), json=chat_body(settings)),
+        app_client.get("/v1/models", headers=_auth(adapters_only)),
+    ):
+        assert_openai_error(await call, 403, code="missing_scope")
+    for scopes in (["admin"], ["inference", "everything"]):  # only known scopes are given out
+        refused = await app_client.post(keys, json={"scopes": scopes}, headers=admin_headers())
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "scopes"
 
 
 async def test_tier_errors(app_client, settings, key):
