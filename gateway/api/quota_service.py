@@ -161,6 +161,15 @@ class QuotaService:
         )
         return cls(limiter, queues_lanes=url == settings.redis_url, tally=RefusalTally(session_factory))
 
+    async def answers(self) -> bool:
+        """Whether the quota Redis answers a PING (True without quotas)."""
+        if self.limiter is None:
+            return True
+        try:
+            return bool(await self.limiter.redis.ping())
+        except Exception:  # any failure: it does not answer
+            return False
+
     async def admit(
         self,
         *,

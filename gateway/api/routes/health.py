@@ -1,5 +1,6 @@
-"""Liveness (/health, always open) and readiness (/ready: Redis, database and a worker answer, and
-under ``fairlane serve`` no supervised process in a crash loop)."""
+"""Liveness (/health, always open) and readiness (/ready: Redis, database and a worker answer, a
+separate quota Redis too when quotas refuse without it, and under ``fairlane serve`` no supervised
+process in a crash loop)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ async def ready(state: StateDep, request: Request) -> JSONResponse:
         checks["database"] = await run_in_threadpool(db_ok)
     except Exception:
         checks["database"] = False
+    settings = state.settings
+    if settings.quota_redis_url and settings.quota_on_redis_error == "closed":  # its own, and it gates
+        checks["quota_redis"] = await state.quota_service.answers()  # every admission
     try:
         checks["worker"] = checks["redis"] and await state.lanes.has_worker(state.settings.model_name)
     except Exception:

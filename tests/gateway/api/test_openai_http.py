@@ -293,6 +293,25 @@ async def test_redis_down_is_503_not_500(settings, free_tcp_port):
             assert (await client.get("/ready")).json()["checks"]["redis"] is False
 
 
+@pytest.mark.parametrize("on_error, ready", [("closed", False), ("open", True)])
+async def test_a_separate_quota_redis_that_is_down_is_not_ready_when_it_refuses(
+    settings, free_tcp_port, on_error, ready
+):
+    """Quotas on a Redis of their own that does not answer: with quota_on_redis_error closed every
+    request is refused (503), so the replica is not ready (it said ready, and a load balancer kept
+    sending it traffic); open admits without quotas, and it is."""
+    import httpx
+
+    from gateway.api.app import create_app
+
+    down = f"redis://127.0.0.1:{free_tcp_port}/0"
+    app = create_app(settings.model_copy(update={"quota_redis_url": down, "quota_on_redis_error": on_error}))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as client:
+            checks = (await client.get("/ready")).json()["checks"]
+    assert checks["redis"] is True and checks.get("quota_redis", True) is ready
+
+
 async def test_lane_entry_carries_tenant_tier_and_trace_context(app_client, settings, redis):
     import asyncio
     import time
