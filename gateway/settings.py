@@ -80,8 +80,14 @@ def resp2_shapes(url: str | None) -> str | None:
 class SharedSettings(BaseSettings):
     """What every process reads: where Redis is, the model and its engine, the lanes."""
 
+    # hide_input_in_errors: an error names the setting and the rule, never the value (a Redis or
+    # database URL's password, the admin token)
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED, extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=NESTED,
+        extra="forbid",
+        frozen=True,
+        hide_input_in_errors=True,
     )
 
     redis_url: str | None = None  # None: `fairlane serve` starts an embedded server

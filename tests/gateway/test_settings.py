@@ -9,7 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from engine import EngineConfig
-from gateway.settings import ApiSettings, ServeSettings, UnknownSetting, WorkerSettings, check_known_keys
+from gateway.settings import (
+    ApiSettings,
+    ServeSettings,
+    UnknownSetting,
+    WorkerSettings,
+    check_known_keys,
+    load_settings,
+)
 
 STRONG = "a-strong-admin-token-1234567890"
 
@@ -230,3 +237,9 @@ def test_a_redis_url_asking_for_resp3_shapes_is_refused(field):
         assert getattr(ApiSettings(dev=True, **{field: url}), field) == url
     with pytest.raises(ValidationError, match="protocol=3 is not supported"):
         WorkerSettings(redis_url="redis://127.0.0.1:6379/0?db=0&protocol=3")
+    # the error a start prints names the setting, not its value: the URL's password stays out
+    with pytest.raises(SystemExit) as refused:
+        load_settings(
+            WorkerSettings, "fairlane worker", redis_url="redis://:s3cret@127.0.0.1:6379/0?protocol=3"
+        )
+    assert "protocol=3 is not supported" in str(refused.value) and "s3cret" not in str(refused.value)
