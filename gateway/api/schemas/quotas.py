@@ -16,24 +16,27 @@ class QuotaSet(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    requests_per_minute: int | None = Field(None, ge=0, le=MAX_RATE, description=f"Requests/min. {_LIMIT}")
+    requests_per_minute: int | None = Field(
+        None, strict=True, ge=0, le=MAX_RATE, description=f"Requests/min. {_LIMIT}"
+    )
     tokens_per_minute: int | None = Field(
         None,
+        strict=True,
         ge=0,
         le=MAX_RATE,
         description=f"Prompt + max_tokens per minute (corrected to use at the end). {_LIMIT}",
     )
     max_concurrency: int | None = Field(
-        None, ge=0, le=DB_INT_MAX, description=f"Requests in flight. {_LIMIT}"
+        None, strict=True, ge=0, le=DB_INT_MAX, description=f"Requests in flight. {_LIMIT}"
     )
     daily_token_budget: int | None = Field(
-        None, ge=0, le=DB_BIGINT_MAX, description=f"Tokens per UTC day. {_LIMIT}"
+        None, strict=True, ge=0, le=DB_BIGINT_MAX, description=f"Tokens per UTC day. {_LIMIT}"
     )
     monthly_token_budget: int | None = Field(
-        None, ge=0, le=DB_BIGINT_MAX, description=f"Tokens per UTC month. {_LIMIT}"
+        None, strict=True, ge=0, le=DB_BIGINT_MAX, description=f"Tokens per UTC month. {_LIMIT}"
     )
     max_tokens_per_request: int | None = Field(
-        None, ge=0, le=DB_INT_MAX, description=f"Cap on a request's max_tokens. {_LIMIT}"
+        None, strict=True, ge=0, le=DB_INT_MAX, description=f"Cap on a request's max_tokens. {_LIMIT}"
     )
     allowed_tiers: list[str] | None = Field(
         None, description="Service tiers this scope may use. None: every tier."

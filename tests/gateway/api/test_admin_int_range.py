@@ -53,6 +53,9 @@ async def test_row7_quota_limits_beyond_their_columns_are_422_and_the_largest_ar
     for name, largest in LIMITS.items():
         response = await app_client.put(url, json={name: largest + 1}, headers=admin_headers())
         assert_openai_error(response, 422)
+        for not_an_integer in (True, "5", 5.0):  # strict: true was stored as a limit of 1
+            response = await app_client.put(url, json={name: not_an_integer}, headers=admin_headers())
+            assert_openai_error(response, 422, param=name)
     response = await app_client.put(url, json=LIMITS, headers=admin_headers())
     assert response.status_code == 200, response.text
     stored = (await app_client.get(url, headers=admin_headers())).json()
