@@ -259,6 +259,13 @@ class ApiSettings(SharedSettings):
 
     _quota_redis_url = field_validator("quota_redis_url")(resp2_shapes)
 
+    @field_validator("admin_token")
+    @classmethod
+    def _stripped(cls, token: str) -> str:
+        """Without the whitespace around it: a token read from a secret file ends with a newline,
+        which no client sends (every admin call was a 401)."""
+        return token.strip()
+
     @model_validator(mode="after")
     def _check_api(self) -> ApiSettings:
         if not self.dev and (

@@ -44,6 +44,14 @@ def test_weak_admin_token_is_refused(monkeypatch, token):
         ApiSettings()
 
 
+def test_the_admin_token_is_read_without_the_newline_a_secret_file_ends_with(monkeypatch):
+    monkeypatch.setenv("FAIRLANE_ADMIN_TOKEN", STRONG + "\n")
+    assert ApiSettings().admin_token == STRONG
+    monkeypatch.setenv("FAIRLANE_ADMIN_TOKEN", "  short  \n")
+    with pytest.raises(ValidationError):  # and a short one padded to length is still short
+        ApiSettings()
+
+
 def test_dev_mode_allows_an_empty_token():
     assert ApiSettings(dev=True).admin_token == ""
 
