@@ -78,9 +78,10 @@ def _settings(args: argparse.Namespace) -> ServeSettings:
         overrides["engine"] = engine
     if args.dev:
         overrides["dev"] = True
-        if not os.environ.get("FAIRLANE_ADMIN_TOKEN"):
-            overrides["admin_token"] = "fl-admin-" + secrets.token_urlsafe(24)
-    return load_settings(ServeSettings, "fairlane serve", **overrides)
+    settings = load_settings(ServeSettings, "fairlane serve", **overrides)
+    if settings.dev and not settings.admin_token:  # --dev, or FAIRLANE_DEV=true, with no token set
+        settings = settings.model_copy(update={"admin_token": "fl-admin-" + secrets.token_urlsafe(24)})
+    return settings
 
 
 def bind(host: str, port: int) -> socket.socket:
