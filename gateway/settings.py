@@ -53,8 +53,20 @@ ENGINE_FIELDS = frozenset(field.name for field in dataclasses.fields(EngineConfi
 
 
 def config_file() -> Path | None:
-    path = Path(os.environ.get("FAIRLANE_CONFIG", DEFAULT_CONFIG_FILE))
-    return path if path.is_file() else None
+    """The YAML file: the one FAIRLANE_CONFIG names (set empty: none), else configs/fairlane.yaml
+    when it is there. A file FAIRLANE_CONFIG names that is not there stops the start (a typo in its
+    path ran with every setting at its default)."""
+    named = os.environ.get("FAIRLANE_CONFIG")
+    if named is None:
+        return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+    if not named.strip():
+        return None
+    path = Path(named)
+    if not path.is_file():
+        raise UnknownSetting(
+            f"FAIRLANE_CONFIG names {named!r}, which is not a file (set it empty for no file)"
+        )
+    return path
 
 
 class _OwnYamlSource(YamlConfigSettingsSource):

@@ -28,13 +28,25 @@ def clean_env(monkeypatch, tmp_path):
     for name in list(os.environ):
         if name.startswith("FAIRLANE_") and not name.startswith("FAIRLANE_TEST_"):
             monkeypatch.delenv(name)
-    monkeypatch.setenv("FAIRLANE_CONFIG", str(tmp_path / "absent.yaml"))
+    monkeypatch.setenv("FAIRLANE_CONFIG", "")
 
 
 def _yaml(monkeypatch, tmp_path, text: str) -> None:
     config = tmp_path / "fairlane.yaml"
     config.write_text(text)
     monkeypatch.setenv("FAIRLANE_CONFIG", str(config))
+
+
+def test_a_config_file_named_but_missing_stops_the_start(monkeypatch, tmp_path):
+    """A typo in FAIRLANE_CONFIG's path used to start with every setting at its default."""
+    monkeypatch.setenv("FAIRLANE_CONFIG", str(tmp_path / "txet.yaml"))
+    with pytest.raises(SystemExit, match="which is not a file"):
+        load_settings(WorkerSettings, "fairlane worker")
+    monkeypatch.setenv("FAIRLANE_CONFIG", str(tmp_path))  # a folder is no file either
+    with pytest.raises(SystemExit, match="which is not a file"):
+        load_settings(WorkerSettings, "fairlane worker")
+    monkeypatch.setenv("FAIRLANE_CONFIG", "")  # empty: no file, by choice
+    assert WorkerSettings().worker_heartbeat_s == 0.5
 
 
 @pytest.mark.parametrize("token", ["", "changeme", "admin", "short"])

@@ -23,7 +23,7 @@ def start_fp32_server(tmp) -> Served:
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
         "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "128",
-        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_CONFIG": "",
         "FAIRLANE_REDIS_URL": "",
         "FAIRLANE_MAX_PROMPTS_PER_REQUEST": str(MAX_PROMPTS),
     }

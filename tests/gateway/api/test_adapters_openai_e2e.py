@@ -95,7 +95,7 @@ def server(tmp_path_factory, offline, dtype):
         "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "256",
         "FAIRLANE_ADAPTER_DIR": str(tmp / "adapters"),
-        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_CONFIG": "",
         "FAIRLANE_REDIS_URL": "",
     }
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)

@@ -30,7 +30,7 @@ def server(tmp_path_factory):
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
         "FAIRLANE_ENGINE__MAX_NUM_SEQS": "8",
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "128",
-        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_CONFIG": "",
     }
     env = {**env, "FAIRLANE_REDIS_URL": ""}  # empty: the embedded server
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)

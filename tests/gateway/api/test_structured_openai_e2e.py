@@ -124,7 +124,7 @@ def server(tmp_path_factory):
         "FAIRLANE_ENGINE__MAX_NUM_SEQS": "16",
         "FAIRLANE_ENGINE__DTYPE": "float32",
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "22",
-        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_CONFIG": "",
         "FAIRLANE_REDIS_URL": "",
     }
     served = start(["serve", "--dev", "--port", str(port)], env, str(tmp / "serve.log"), port=port)

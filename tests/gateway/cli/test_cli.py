@@ -9,7 +9,7 @@ from serve_process import REPO, fairlane_command
 
 
 def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": REPO, "FAIRLANE_CONFIG": "/nonexistent.yaml", **env}
+    full_env = {**os.environ, "PYTHONPATH": REPO, "FAIRLANE_CONFIG": "", **env}
     full_env.pop("FAIRLANE_DEV", None)
     return subprocess.run(
         [*fairlane_command(), *args], env=full_env, cwd=REPO, capture_output=True, text=True, timeout=120

@@ -59,7 +59,7 @@ def cluster(tmp_path_factory, redis_url):
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "256",
         "FAIRLANE_ENGINE__MAX_NUM_SEQS": "48",
         "FAIRLANE_WORKER_CLAIM_IDLE_MS": "1500",
-        "FAIRLANE_CONFIG": "/nonexistent",
+        "FAIRLANE_CONFIG": "",
         "FAIRLANE_QUOTA_KEY_PREFIX": f"fairlane:quota:{model}",
     }  # tenant ids repeat across test databases
     procs = {}

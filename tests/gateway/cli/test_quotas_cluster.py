@@ -44,7 +44,7 @@ def gateways(tmp_path_factory, redis_url, tiny_engine_factory):
         "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
         "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN,
         "FAIRLANE_QUOTA_KEY_PREFIX": prefix,
-        "FAIRLANE_CONFIG": "/nonexistent",
+        "FAIRLANE_CONFIG": "",
     }
     settings = ApiSettings(
         admin_token=ADMIN_TOKEN,

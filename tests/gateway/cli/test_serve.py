@@ -11,7 +11,7 @@ from gateway.cli.serve import _settings
 
 @pytest.fixture
 def no_config(monkeypatch, tmp_path):
-    monkeypatch.setenv("FAIRLANE_CONFIG", str(tmp_path / "absent.yaml"))
+    monkeypatch.setenv("FAIRLANE_CONFIG", "")
     monkeypatch.delenv("FAIRLANE_ADMIN_TOKEN", raising=False)
     monkeypatch.delenv("FAIRLANE_DEV", raising=False)
 

@@ -56,7 +56,7 @@ def serve_env(tmp: Path, model: Path) -> dict[str, str]:
         "FAIRLANE_ENGINE__DTYPE": "float32",
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "64",
-        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_CONFIG": "",
         "FAIRLANE_REDIS_URL": "",  # the embedded server
     }
 

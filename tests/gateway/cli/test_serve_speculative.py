@@ -70,7 +70,7 @@ def test_standard_tier_speculates_and_batch_tier_does_not(tmp_path):
         "FAIRLANE_ENGINE__SPECULATIVE_CONFIG": json.dumps(SPEC),
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "64",
-        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_CONFIG": "",
         "FAIRLANE_REDIS_URL": "",  # the embedded server
     }
     server = start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "log"), port=port)

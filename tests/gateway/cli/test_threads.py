@@ -27,7 +27,7 @@ def clean_env(monkeypatch, tmp_path):
             or name == "OMP_WAIT_POLICY"
         ):
             monkeypatch.delenv(name)
-    monkeypatch.setenv("FAIRLANE_CONFIG", str(tmp_path / "absent.yaml"))
+    monkeypatch.setenv("FAIRLANE_CONFIG", "")
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("console")
     port = free_port()
     env = {
-        "FAIRLANE_CONFIG": "/nonexistent.yaml",
+        "FAIRLANE_CONFIG": "",
         "FAIRLANE_REDIS_URL": "",  # the embedded server
         "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
         "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN,

@@ -43,7 +43,7 @@ def env_for(tmp, redis_url, model) -> dict:
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "64",
         "FAIRLANE_METRICS_TENANT_LABEL": "true",
-        "FAIRLANE_CONFIG": "/nonexistent",
+        "FAIRLANE_CONFIG": "",
     }
 
 

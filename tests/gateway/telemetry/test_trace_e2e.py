@@ -53,7 +53,7 @@ def traced(tmp_path_factory, redis_url):
             "OTEL_BSP_SCHEDULE_DELAY": "100",
             "FAIRLANE_LOG_LEVEL": "DEBUG",
             "FAIRLANE_LOG_FORMAT": "json",
-            "FAIRLANE_CONFIG": "/nonexistent",
+            "FAIRLANE_CONFIG": "",
         }
         served = start(["serve", "--port", str(port)], env, str(tmp / "serve.log"), port=port)
         try:

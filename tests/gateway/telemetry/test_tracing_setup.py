@@ -27,7 +27,7 @@ def run(code: str, **env) -> str:
         text=True,
         cwd=REPO,
         timeout=120,
-        env={**clean, "PYTHONPATH": REPO, "FAIRLANE_CONFIG": "/nonexistent", **env},
+        env={**clean, "PYTHONPATH": REPO, "FAIRLANE_CONFIG": "", **env},
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
