@@ -84,6 +84,28 @@ def _settings(args: argparse.Namespace) -> ServeSettings:
     return settings
 
 
+def _migrate(upgrade, url: str) -> None:
+    """Bring the database to the current schema, or stop naming what is wrong with it in one line
+    (a database that is not there, a server that does not answer, a URL SQLAlchemy cannot use)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    try:
+        shown = make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        raise SystemExit(f"fairlane serve: FAIRLANE_DATABASE_URL is not a database URL: {url!r}") from None
+    try:
+        upgrade(url)
+    except (SQLAlchemyError, ImportError) as exc:
+        reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+        hint = ""
+        if shown.startswith("postgres:"):
+            hint = " (SQLAlchemy names PostgreSQL postgresql://; use postgresql+psycopg://...)"
+        elif isinstance(exc, ImportError):
+            hint = " (fairlane ships the psycopg driver: postgresql+psycopg://...)"
+        raise SystemExit(f"fairlane serve: cannot use the database {shown}: {reason}{hint}") from None
+
+
 def bind(host: str, port: int) -> socket.socket:
     """The gateway's listening socket, bound now (uvicorn serves on it later)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -282,7 +304,7 @@ def main(args: argparse.Namespace) -> int:
         from gateway.api.app import create_app
         from tenancy import upgrade
 
-        upgrade(settings.database_url)
+        _migrate(upgrade, settings.database_url)
         if settings.dev:
             key = _demo_key(settings.database_url)
             base = f"http://{settings.host}:{settings.port}"

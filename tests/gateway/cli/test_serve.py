@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.cli import build_parser
-from gateway.cli.serve import _settings
+from gateway.cli.serve import _migrate, _settings
 
 
 @pytest.fixture
@@ -30,3 +30,26 @@ def test_dev_mode_without_a_token_gets_one_made(no_config, monkeypatch, how):
 def test_a_token_given_is_kept_in_dev_mode(no_config, monkeypatch):
     monkeypatch.setenv("FAIRLANE_ADMIN_TOKEN", "a-token-of-my-own-1234")
     assert _settings(build_parser().parse_args(["serve", "--dev"])).admin_token == "a-token-of-my-own-1234"
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        (
+            "postgresql+psycopg://postgres:pw@127.0.0.1:{port}/test",
+            "postgres:***@127.0.0.1",
+        ),  # password hidden
+        ("postgres://postgres@127.0.0.1:{port}/test", "use postgresql+psycopg://"),
+        ("postgresql+asyncpg://postgres@127.0.0.1:{port}/test", "ships the psycopg driver"),
+        ("not a url", "is not a database URL"),
+    ],
+)
+def test_a_database_serve_cannot_use_stops_it_in_one_line(free_tcp_port, url, says):
+    """A database URL that cannot work printed SQLAlchemy's or Alembic's traceback (129 lines)."""
+    from tenancy import upgrade
+
+    with pytest.raises(SystemExit) as stopped:
+        _migrate(upgrade, url.format(port=free_tcp_port))  # nothing listens on the port
+    message = str(stopped.value)
+    assert message.startswith("fairlane serve: ") and says in message and "\n" not in message
+    assert ":pw@" not in message
