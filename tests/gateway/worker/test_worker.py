@@ -20,7 +20,7 @@ from gateway.worker.loop import Worker
 TIERS = ["priority", "standard", "batch"]
 
 
-def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8, request_id=None):
+def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8, request_id=None, weight=1.0):
     rid = request_id or f"req-{uuid.uuid4().hex[:12]}"
     req = LaneRequest(
         request_id=rid,
@@ -29,6 +29,7 @@ def _submit(redis, model, tier="standard", *, prompt=(5, 6, 7, 8), max_tokens=8,
         tenant="acme",
         prompt_token_ids=tuple(prompt),
         sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        weight=weight,
     )
     redis.xadd(lane_key(model, tier), req.encode())
     return rid
@@ -103,17 +104,7 @@ def test_an_entry_whose_weight_is_no_number_is_an_error_result_not_a_dead_worker
     """A tenant weight stored as NaN went into lane entries as null, and the engine's comparison
     raised out of the worker: it died, and each worker that claimed the entry after it died too."""
     worker = _worker(tiny_engine_factory(), redis, model_name)
-    bad = f"req-{uuid.uuid4().hex[:12]}"
-    request = LaneRequest(
-        request_id=bad,
-        model=model_name,
-        tier="standard",
-        tenant="acme",
-        prompt_token_ids=(5, 6, 7, 8),
-        sampling=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
-        weight=weight,  # type: ignore[arg-type]
-    )
-    redis.xadd(lane_key(model_name, "standard"), request.encode())
+    bad = _submit(redis, model_name, max_tokens=4, weight=weight)
     good = _submit(redis, model_name, max_tokens=4)
     _run_until_done(worker, redis, [bad, good])
     (error,) = _results(redis, bad)
