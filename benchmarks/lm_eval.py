@@ -62,7 +62,7 @@ def serve_fp32(model: str, workdir: Path) -> Served:
             "FAIRLANE_ENGINE__DTYPE": "float32",
             "FAIRLANE_ENGINE__NUM_THREADS": "1",
             "FAIRLANE_ADMIN_TOKEN": admin,
-            "FAIRLANE_CONFIG": "/nonexistent.yaml",
+            "FAIRLANE_CONFIG": "",
         },
     )
     try:
