@@ -106,15 +106,34 @@ async def _wait_first_results(
         return [await first(0, streams[0])]
     tasks = [asyncio.ensure_future(first(i, stream)) for i, stream in enumerate(streams)]
     waiting = tasks[0] if len(tasks) == 1 else asyncio.gather(*tasks)
+    # The client is asked only once the wait has lasted DISCONNECT_POLL_S (a timer, not a task: the
+    # results of most requests come first); when it has gone, the wait is cancelled, not this task.
+    gone, loop, checks = False, asyncio.get_running_loop(), set()
+
+    async def check() -> None:
+        nonlocal gone, timer
+        assert disconnected is not None
+        if await disconnected():
+            gone = True
+            waiting.cancel()
+        elif not waiting.done():
+            timer = loop.call_later(DISCONNECT_POLL_S, start_check)
+
+    def start_check() -> None:
+        task = loop.create_task(check())
+        checks.add(task)
+        task.add_done_callback(checks.discard)
+
+    timer = loop.call_later(DISCONNECT_POLL_S, start_check) if disconnected is not None else None
     try:
-        while disconnected is not None:
-            done, _ = await asyncio.wait((waiting,), timeout=DISCONNECT_POLL_S)
-            if done:
-                break
-            if await disconnected():
-                raise ClientGone
         firsts = await waiting
         return [firsts] if len(tasks) == 1 else list(firsts)
+    except asyncio.CancelledError:
+        if gone:
+            raise ClientGone from None
+        raise
     finally:  # one failed, or the client left: the others stop waiting
-        for task in tasks:
+        if timer is not None:
+            timer.cancel()
+        for task in (*tasks, *checks):
             task.cancel()
