@@ -4,7 +4,6 @@ table of the requests it holds. A step is schedule (engine/scheduler) → run (e
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import replace
@@ -196,7 +195,7 @@ class Engine:
                 f"request {request_id!r} is already in the engine", param="request_id"
             )
         self.validate(prompt_token_ids, params, resume_token_ids)
-        if not (isinstance(weight, int | float) and 0 < weight < math.inf):  # NaN, None: no
+        if not (isinstance(weight, int | float) and 0 < weight < float("inf")):  # NaN, None: no
             raise InvalidRequestError("weight must be a positive, finite number", param="weight")
         lora = acquire_adapter(self.lora, lora)
         seq = Sequence(

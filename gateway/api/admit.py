@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,8 +20,6 @@ from typing import Any
 import anyio
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import EngineError, SamplingParams, check_context
 from gateway.api.auth import AuthContext
@@ -44,15 +41,13 @@ from gateway.api.model_selection import adapter_model_name
 from gateway.api.outcome import RequestOutcome, Status
 from gateway.api.prompts import relay_ids, resolve_max_tokens
 from gateway.api.quota_service import QuotaService
-from gateway.api.relay import Generation, Relay, lane_error, refusal_status
+from gateway.api.relay import Generation, Relay, lane_error, read_published, refusal_status
 from gateway.api.request_telemetry import request_attributes, status_of
 from gateway.api.settle import RequestContext, settle
 from gateway.api.state import GatewayState
 from gateway.lanes.messages import LaneAdapter, LaneRequest, LaneResult
 from gateway.settings import ApiSettings
 from gateway.telemetry import tracing
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -222,17 +217,8 @@ async def _settle_before_first_results(
             for lane_request in plan.lane_requests:
                 lanes.cancel_soon(lane_request.request_id)
             if not (isinstance(exc, Failed) and exc.status is Status.REDIS_LOST):
-                published = await _published(context, plan)
+                published = await read_published(context, [r.request_id for r in plan.lane_requests])
         await settle(context, outcome_before_first_results(exc, got, published))
-
-
-async def _published(context: RequestContext, plan: LanePlan) -> list[list[LaneResult]] | None:
-    """What the workers published for each prompt of ``plan`` (None: Redis did not answer)."""
-    try:
-        return await context.state.lanes.published([r.request_id for r in plan.lane_requests])
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        log.warning("request %s: charged as relayed (redis unavailable: %s)", context.request_id, exc)
-        return None
 
 
 def slo_targets(auth: AuthContext, tier: str, settings: ApiSettings) -> tuple[float | None, float | None]:

@@ -100,6 +100,16 @@ def tally(results: Iterable[LaneResult], choice_tokens: dict[int, int]) -> int |
     return prompt
 
 
+async def read_published(context: RequestContext, request_ids: list[str]) -> list[list[LaneResult]] | None:
+    """Every result the workers published so far for each of a request's engine requests, in one
+    round trip; None when Redis does not answer (the request is then charged as relayed)."""
+    try:
+        return await context.state.lanes.published(request_ids)
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        log.warning("request %s: charged as relayed (redis unavailable: %s)", context.request_id, exc)
+        return None
+
+
 def refusal_status(result: LaneResult) -> Status:
     """The status of a request a worker refused with the error result ``result``."""
     return Status.SLO_REFUSED if result.error_code == ErrorCode.SLO_UNATTAINABLE else Status.WORKER_REFUSED
@@ -328,12 +338,8 @@ class Generation:
     async def _count_published(self, relays: list[Relay]) -> None:
         """Charge what the workers published for unfinished prompts that their relays did not read:
         one round trip (a result published after it, as the cancel reaches the worker, is not)."""
-        try:
-            published = await self.state.lanes.published([relay.request_id for relay in relays])
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            log.warning("request %s: charged as relayed (redis unavailable: %s)", self.request_id, exc)
-            return
-        for relay, results in zip(relays, published):
+        published = await read_published(self.context, [relay.request_id for relay in relays])
+        for relay, results in zip(relays, published or ()):
             relay.count_published(results)
 
     async def end(self) -> None:

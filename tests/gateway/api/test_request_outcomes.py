@@ -375,12 +375,7 @@ async def test_a_client_that_leaves_a_request_of_several_prompts_is_charged_what
         async with inproc_gateway(settings, Gateway) as gw, _over_a_socket(gw) as client:
             tenant_id, key = await gw.tenant()
             with inproc_worker(tiny_engine_factory(num_threads=None, max_num_seqs=1), settings) as _:
-                body = {
-                    "model": gw.model,
-                    "prompt": ["abc", "def", "ghi"],
-                    "max_tokens": 40,
-                    "ignore_eos": True,
-                }
+                body = dict(model=gw.model, prompt=["abc", "def", "ghi"], max_tokens=40, ignore_eos=True)
                 leaving = asyncio.create_task(
                     client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
                 )
