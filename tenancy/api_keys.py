@@ -13,9 +13,10 @@ from tenancy.keys import generate_key, key_prefix, verify_key
 from tenancy.models import ApiKey, Tenant, utcnow
 from tenancy.tenants import get_tenant
 
-DEFAULT_SCOPES = ("inference",)
 # what a key may do: call the OpenAI API (/v1), and manage its own tenant's LoRA adapters
-SCOPES = ("inference", "adapters")
+INFERENCE_SCOPE, ADAPTER_SCOPE = "inference", "adapters"
+SCOPES = (INFERENCE_SCOPE, ADAPTER_SCOPE)
+DEFAULT_SCOPES = (INFERENCE_SCOPE,)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from gateway.api.auth import AuthContext
 from gateway.api.errors import AuthenticationFailed, PermissionDenied
 from gateway.api.state import GatewayState
 from gateway.telemetry import tracing
-
-INFERENCE_SCOPE = "inference"  # what an API key needs for the OpenAI API (tenancy.api_keys.SCOPES)
+from tenancy.api_keys import INFERENCE_SCOPE  # what an API key needs for the OpenAI API
 
 bearer = HTTPBearer(auto_error=False)  # the Authorization header's bearer token, or None
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]

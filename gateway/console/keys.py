@@ -15,9 +15,9 @@ from gateway.api.schemas.quotas import QuotaSet
 from gateway.console.session import PREFIX, Change, SignedIn
 from gateway.console.views import ACTION_ERRORS, error_text, number, render, tier_shares
 from tenancy import get_api_key, get_tenant, list_api_keys
+from tenancy.api_keys import SCOPES
 
 router = APIRouter()
-SCOPES = ("inference", "adapters")
 LIMITS = (  # (field, label, the live usage shown beside it)
     ("requests_per_minute", "Requests per minute", "requests"),
     ("tokens_per_minute", "Tokens per minute", "tokens"),

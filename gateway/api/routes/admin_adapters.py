@@ -34,12 +34,12 @@ from gateway.api.errors import (
 from gateway.api.schemas.admin import ADAPTER_NAME_PATTERN, AdapterPublic, AdaptersPublic, DbId
 from gateway.api.state import GatewayState
 from tenancy import get_adapter_by_id, get_tenant, list_adapters
+from tenancy.api_keys import ADAPTER_SCOPE  # an API key with it may manage its own tenant's adapters
 
 # Tenant keys with the adapters scope may call these too: 403 for a key without it.
 router = APIRouter(
     prefix="/admin", tags=["admin: adapters"], responses=error_responses(400, 401, 403, 404, 409, 413, 422)
 )
-ADAPTER_SCOPE = "adapters"  # an API key with it may manage its own tenant's adapters
 UPLOAD_OVERHEAD_BYTES = (
     1 << 20
 )  # an upload's body beyond its weights: the config, the name, multipart framing
