@@ -1,4 +1,7 @@
-"""OpenAI-compatible request bodies (chat and completions). Unknown OpenAI fields are ignored.
+"""OpenAI-compatible request bodies (chat and completions). A field neither OpenAI's schema for the
+endpoint nor our extensions name is a 400 (OpenAI's "Unrecognized request argument supplied"), and
+one we know but do not honour is a 400 naming it: nothing a client sends is silently ignored, unless
+it cannot change the output (``user``, ``metadata``; docs/api.md lists them).
 
 Every integer is bounded (a JSON number no 64-bit field can hold is a 422, never an overflow
 further on) and strict (``true`` is not 1); every string must be encodable as UTF-8 (a lone
@@ -68,7 +71,9 @@ class ChatMessage(BaseModel):
 
 
 class _GenerationRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are kept (model_extra) so that the route refuses them with a 400 naming one;
+    # the OpenAPI document says they are not allowed.
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
     model: str
     max_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)  # and <= the context (checked with the prompt)
@@ -82,7 +87,9 @@ class _GenerationRequest(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     service_tier: Text | None = None
-    user: Text | None = None
+    user: Text | None = None  # no effect (tenants are known by their key)
+    safety_identifier: Text | None = None  # OpenAI's successor of user: no effect
+    prompt_cache_key: Text | None = None  # no effect (the prefix cache needs no key)
     # Ranges are checked by the engine's SamplingParams (a 400 naming the parameter), logit_bias
     # keys against the vocabulary by the route.
     presence_penalty: Float | None = None
@@ -115,14 +122,20 @@ class _GenerationRequest(BaseModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def _refuse_unknown(self) -> None:
+        """400 for a field this endpoint does not know (OpenAI's message), naming the first one."""
+        for name in self.model_extra or {}:
+            raise InvalidRequest(
+                f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
+            )
+
     def _refuse_unsupported(self) -> None:
+        self._refuse_unknown()
+        chat = isinstance(self, ChatCompletionRequest)
         unsupported = {
-            "tools": bool(self.tools)
-            and not isinstance(self, ChatCompletionRequest),  # chat: gateway/api/tools.py
-            "tool_choice": self.tool_choice not in (None, "none")
-            and not isinstance(self, ChatCompletionRequest),
-            "parallel_tool_calls": self.parallel_tool_calls is not None
-            and not isinstance(self, ChatCompletionRequest),
+            "tools": self.tools is not None and not chat,  # chat: gateway/api/tools.py
+            "tool_choice": self.tool_choice is not None and not chat,
+            "parallel_tool_calls": self.parallel_tool_calls is not None and not chat,
             "functions": bool(self.functions),
             "function_call": self.function_call not in (None, "none"),
             "audio": self.audio is not None,
@@ -214,6 +227,26 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool | None = None
     top_logprobs: Int | None = None
+    metadata: dict[str, Any] | None = None  # no effect: completions are never stored
+    # Fields of /v1/completions that chat has not: their defaults are accepted, anything else is a 400.
+    best_of: Int | None = None
+    echo: bool | None = None
+    suffix: Text | None = None
+
+    def _refuse_unsupported(self) -> None:
+        super()._refuse_unsupported()
+        completions_only = {
+            "best_of": self.best_of not in (None, 1),
+            "echo": bool(self.echo),
+            "suffix": bool(self.suffix),
+        }
+        for name, used in completions_only.items():
+            if used:
+                raise InvalidRequest(
+                    f"'{name}' is not supported on /v1/chat/completions (it is a /v1/completions parameter).",
+                    param=name,
+                    code="unsupported_parameter",
+                )
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -105,8 +105,18 @@ CHAT_BAD = [
     ({"reasoning_effort": "low"}, "reasoning_effort"),
     ({"web_search_options": {}}, "web_search_options"),
     ({"store": True}, "store"),
+    ({"foo": 1}, "foo"),  # unknown: OpenAI's "Unrecognized request argument supplied"
+    ({"best_of": 2}, "best_of"),  # parameters of /v1/completions only
+    ({"echo": True}, "echo"),
+    ({"suffix": "end"}, "suffix"),
+    ({"min_p": 0.1}, "min_p"),  # a vLLM extension this server does not implement
 ]
 COMPLETION_BAD = [
+    ({"top_logprobs": 2}, "top_logprobs"),  # a chat parameter
+    ({"tools": []}, "tools"),
+    ({"tool_choice": "none"}, "tool_choice"),
+    ({"metadata": {"a": "b"}}, "metadata"),
+    ({"foo": None}, "foo"),
     ({"logprobs": 6}, "logprobs"),
     ({"logprobs": -1}, "logprobs"),
     ({"best_of": 2, "n": 3}, "best_of"),
@@ -125,6 +135,43 @@ async def test_bad_values_are_400_and_charge_nothing(gw, tenant):
     usage = await gw.quota_usage(tenant_id)
     assert usage["requests"]["remaining"] == 100 and usage["daily"]["used"] == 0 and usage["in_flight"] == 0
     assert gw.records(tenant_id) == []
+
+
+async def test_unknown_fields_name_the_field(gw, tenant):
+    _, key = tenant
+    error = assert_openai_error(await gw.chat(key, foo=1), 400, param="foo", code="unknown_parameter")
+    assert error["message"] == "Unrecognized request argument supplied: foo"
+    assert error["type"] == "invalid_request_error"
+    error = assert_openai_error(await gw.chat(key, echo=True), 400, param="echo")
+    assert "not supported" in error["message"] and error["code"] == "unsupported_parameter"
+
+
+async def test_fields_with_no_effect_are_accepted(gw, tenant):
+    """OpenAI's fields that cannot change the output, the defaults of /v1/completions-only fields
+    on chat, and the extensions this server implements: a 200 each."""
+    _, key = tenant
+    chat_ok = {
+        "user": "u",
+        "metadata": {"k": "v"},
+        "store": False,
+        "safety_identifier": "s",
+        "prompt_cache_key": "p",
+        "best_of": 1,
+        "echo": False,
+        "suffix": None,
+        "top_k": 5,
+        "repetition_penalty": 1.1,
+        "min_tokens": 1,
+        "ignore_eos": True,
+        "stream_options": None,
+    }
+    for name, value in chat_ok.items():
+        response = await gw.chat(key, max_tokens=2, **{name: value})
+        assert response.status_code == 200, (name, response.text)
+    response = await gw.complete(
+        key, "hello", max_tokens=2, user="u", best_of=1, echo=False, top_k=5, min_tokens=1, seed=3
+    )
+    assert response.status_code == 200, response.text
 
 
 async def test_chat_logprobs_shape_streamed_and_not(gw, tenant):
