@@ -23,8 +23,10 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -50,6 +52,7 @@ SERVER_TARGETS = ("tier_ttft_targets", "tier_tpot_targets")
 # EngineConfig itself, validated by pydantic (its __post_init__ checks included); unknown fields refused.
 EngineSection = pydantic_dataclass(EngineConfig, frozen=True, config=ConfigDict(extra="forbid"))
 ENGINE_FIELDS = frozenset(field.name for field in dataclasses.fields(EngineConfig))
+REDIS_SCHEMES = ("redis", "rediss", "unix")  # what redis-py's from_url takes
 
 
 def config_file() -> Path | None:
@@ -63,24 +66,65 @@ def config_file() -> Path | None:
         return None
     path = Path(named)
     if not path.is_file():
-        raise UnknownSetting(
+        raise SettingRefused(
             f"FAIRLANE_CONFIG names {named!r}, which is not a file (set it empty for no file)"
         )
     return path
 
 
+def read_config(path: Path) -> dict[str, Any]:
+    """The YAML file's settings, or SettingRefused naming the file and what is wrong with it (a
+    parse error's line and column; a top level that is not a mapping)."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise SettingRefused(f"{path} is not valid YAML: {problem}{where}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingRefused(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise SettingRefused(f"{path} must hold a mapping of settings, not a {type(data).__name__}")
+    return data
+
+
 class _OwnYamlSource(YamlConfigSettingsSource):
     """The YAML file, keys of this process only (the file is shared by every process)."""
+
+    def _read_file(self, file_path: Path) -> dict[str, Any]:
+        return read_config(file_path)
 
     def __call__(self) -> dict[str, Any]:
         return {k: v for k, v in super().__call__().items() if k in self.settings_cls.model_fields}
 
 
-def resp2_shapes(url: str | None) -> str | None:
-    """A Redis URL whose redis-py client answers in the reply shapes the lanes and the quotas read:
-    redis-py's default or ``protocol=2``. An explicit ``protocol=3`` makes redis-py hand back
+class _EnvSource(EnvSettingsSource):
+    """FAIRLANE_* variables; a list or mapping setting that is not JSON is refused naming the
+    variable (pydantic-settings' own error named neither it nor the rule)."""
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        try:
+            return super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError:
+            name = f"{ENV_PREFIX}{field_name.upper()}"
+            example = '{"a": 1}' if "dict" in str(field.annotation) else '["a", "b"]'
+            raise SettingRefused(
+                f"{name} must be JSON, as every list or mapping setting is in the environment "
+                f"(e.g. {name}='{example}')"
+            ) from None
+
+
+def redis_url_form(url: str | None) -> str | None:
+    """A Redis URL redis-py can use (redis://, rediss:// or unix://; an http:// URL stopped the
+    gateway with redis-py's traceback), whose client answers in the reply shapes the lanes and the
+    quotas read: redis-py's default or ``protocol=2``. An explicit ``protocol=3`` makes redis-py hand back
     RESP3's own shapes (a stream read as a map, say), which they do not read: refused at start."""
     if url is not None:
+        if urlsplit(url).scheme.lower() not in REDIS_SCHEMES:
+            raise ValueError("a Redis URL must start with redis://, rediss:// or unix://")
         for value in parse_qs(urlsplit(url).query).get("protocol", []):
             if value.strip() != "2":
                 raise ValueError(
@@ -157,7 +201,7 @@ class SharedSettings(BaseSettings):
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    _redis_url = field_validator("redis_url")(resp2_shapes)
+    _redis_url = field_validator("redis_url")(redis_url_form)
 
     @model_validator(mode="before")
     @classmethod
@@ -187,7 +231,7 @@ class SharedSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
         path = config_file()
         if path is not None:
             sources.append(_OwnYamlSource(settings_cls, yaml_file=path))
@@ -269,7 +313,7 @@ class ApiSettings(SharedSettings):
     quota_key_prefix: str = "fairlane:quota"  # deployments (or tests) sharing one Redis need their own
     quota_lease_ttl_s: float = Field(900.0, gt=0)  # a concurrency slot outlives a crashed gateway this long
 
-    _quota_redis_url = field_validator("quota_redis_url")(resp2_shapes)
+    _quota_redis_url = field_validator("quota_redis_url")(redis_url_form)
 
     @field_validator("admin_token")
     @classmethod
@@ -325,19 +369,36 @@ PROCESS_SETTINGS: tuple[type[SharedSettings], ...] = (ApiSettings, WorkerSetting
 S = TypeVar("S", bound=SharedSettings)
 
 
-class UnknownSetting(Exception):
-    """A FAIRLANE_* variable or a YAML key that no fairlane process reads (not a ValueError, so that
-    pydantic lets it through as it is: the message names the key and how to set what was meant)."""
+class SettingRefused(Exception):
+    """Settings no process can start with, found before their values are validated: a YAML file
+    that is missing, not YAML or not a mapping, a list or mapping variable that is not JSON (not a
+    ValueError, so that pydantic lets it through as it is: the message names the file or variable)."""
+
+
+class UnknownSetting(SettingRefused):
+    """A FAIRLANE_* variable or a YAML key that no fairlane process reads (the message names the key
+    and how to set what was meant)."""
 
 
 def load_settings(cls: type[S], prog: str, **overrides: Any) -> S:
-    """``cls`` from the environment, the YAML file and ``overrides``, or exit naming what is wrong."""
+    """``cls`` from the environment, the YAML file and ``overrides``, or exit naming what is wrong
+    in one line (exit status 1)."""
     try:
         return cls(**overrides)
-    except UnknownSetting as exc:
+    except SettingRefused as exc:
         raise SystemExit(f"{prog}: {exc}") from None
     except ValidationError as exc:
-        raise SystemExit(f"{prog}: invalid settings:\n{exc}") from None
+        raise SystemExit(f"{prog}: {describe_invalid(exc)}") from None
+
+
+def describe_invalid(exc: ValidationError) -> str:
+    """Each error as the setting it is about and the rule, on one line (never the value)."""
+    parts = []
+    for error in exc.errors():
+        loc = ".".join(str(part) for part in error["loc"])
+        rule = str(error["msg"]).splitlines()[0].removeprefix("Value error, ")
+        parts.append(f"invalid setting {loc}: {rule}" if loc else f"invalid settings: {rule}")
+    return "; ".join(parts)
 
 
 def known_keys() -> frozenset[str]:
@@ -363,10 +424,7 @@ def check_known_keys(environ: dict[str, str] | None = None, path: Path | None = 
         raise UnknownSetting(f"unknown setting {name}; {_hint(key, env=True)}")
     if path is None:
         return
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise UnknownSetting(f"{path} must hold a mapping of settings, not a {type(data).__name__}")
-    for key, value in data.items():
+    for key, value in read_config(path).items():
         if key not in keys:
             raise UnknownSetting(f"unknown key {key!r} in {path}; {_hint(str(key), env=False)}")
         if key == "engine" and isinstance(value, dict):

@@ -263,3 +263,36 @@ def test_a_redis_url_asking_for_resp3_shapes_is_refused(field):
             WorkerSettings, "fairlane worker", redis_url="redis://:s3cret@127.0.0.1:6379/0?protocol=3"
         )
     assert "protocol=3 is not supported" in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+# Each printed a traceback (redis-py's, PyYAML's, pydantic-settings') instead of one line.
+@pytest.mark.parametrize(
+    "env, yaml_text, says",
+    [
+        ({"FAIRLANE_REDIS_URL": "http://u:s3cret@127.0.0.1:6379/0"}, None, "setting redis_url: a Redis URL"),
+        ({"FAIRLANE_QUOTA_REDIS_URL": "http://127.0.0.1:6379/0"}, None, "setting quota_redis_url: a Redis"),
+        ({}, "port: [1\n  bad: : x\n", "fairlane.yaml is not valid YAML: expected ',' or ']'"),
+        ({}, "- port\n- 80\n", "fairlane.yaml must hold a mapping of settings, not a list"),
+        ({"FAIRLANE_TIERS": "gold"}, None, "FAIRLANE_TIERS must be JSON"),
+        ({"FAIRLANE_TIER_TTFT_TARGETS": "gold=1"}, None, "FAIRLANE_TIER_TTFT_TARGETS must be JSON"),
+    ],
+)
+def test_settings_that_cannot_be_read_stop_the_start_in_one_line(monkeypatch, tmp_path, env, yaml_text, says):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if yaml_text is not None:
+        _yaml(monkeypatch, tmp_path, yaml_text)
+    with pytest.raises(SystemExit) as refused:
+        load_settings(ServeSettings, "fairlane serve", dev=True)
+    message = str(refused.value)
+    assert message.startswith("fairlane serve: ") and says in message
+    assert "\n" not in message and "s3cret" not in message
+
+
+def test_every_invalid_setting_is_named_on_one_line():
+    with pytest.raises(SystemExit) as refused:
+        load_settings(ServeSettings, "fairlane serve", dev=True, port=0, result_ttl_s=0)
+    assert str(refused.value) == (
+        "fairlane serve: invalid setting result_ttl_s: Input should be greater than or equal to 1; "
+        "invalid setting port: Input should be greater than or equal to 1"
+    )
