@@ -43,7 +43,7 @@ TokenId = Annotated[int, Strict(), Field(ge=0, le=TOKEN_ID_MAX)]
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # usage on every chunk (vLLM's extension)
+    continuous_usage_stats: bool = False  # with include_usage: usage on every chunk (vLLM's extension)
 
 
 class ContentPart(BaseModel):
@@ -199,14 +199,14 @@ class _GenerationRequest(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(
-            self.stream_options
-            and (self.stream_options.include_usage or self.stream_options.continuous_usage_stats)
-        )
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     @property
     def continuous_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+        """Usage on every chunk: continuous_usage_stats together with include_usage (vLLM's rule;
+        alone it does nothing)."""
+        options = self.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
 
 
 def _logit_bias(bias: dict[str, float]) -> tuple[tuple[int, float], ...]:

@@ -84,6 +84,26 @@ async def test_streamed_completion_with_continuous_usage(app_client, running_wor
     }
 
 
+async def test_continuous_usage_stats_alone_sends_no_usage(app_client, running_worker, settings, key):
+    """vLLM's rule: continuous_usage_stats adds usage to every chunk only with include_usage."""
+    for path, body in (
+        ("/v1/completions", {"prompt": "abc"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+    ):
+        payload = body | {
+            "model": settings.model_name,
+            "max_tokens": 3,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"continuous_usage_stats": True},
+        }
+        response = await app_client.post(path, headers=_auth(key), json=payload)
+        assert response.status_code == 200, response.text
+        events = _events(response.text)
+        assert all(e.get("usage") is None for e in events), events
+        assert all(e["choices"] for e in events)  # no usage-only chunk at the end
+
+
 async def test_completion_accepts_token_ids(app_client, running_worker, settings, key):
     payload = {"model": settings.model_name, "prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": True}
     body = (await app_client.post("/v1/completions", headers=_auth(key), json=payload)).json()
