@@ -2,8 +2,8 @@
 database (SQLite unless FAIRLANE_DATABASE_URL, migrated at start), engine worker processes and the
 gateway. ``--dev`` generates an admin token and a demo tenant key and prints both.
 
-Order of a start: settings, then the port (bound before anything else: a taken port stops serve at
-once, naming it, with nothing started or printed), the model check (a checkpoint the engine cannot
+Order of a start: settings, then the port (bound before anything else: a port it cannot bind stops
+serve at once, saying why, with nothing started or printed), the model check (a checkpoint the engine cannot
 serve exactly stops serve there, naming what is unsupported, with nothing started), then Redis, the
 database, the workers and the gateway. The workers and the embedded Redis run under a supervisor
 that restarts them when they die (gateway/cli/supervisor.py). On SIGTERM or SIGINT the gateway stops
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.util
 import json
 import logging
@@ -120,6 +121,31 @@ def bind(host: str, port: int) -> socket.socket:
         raise
     sock.set_inheritable(False)
     return sock
+
+
+def _first_unprivileged_port() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1024
+
+
+def cannot_listen(host: str, port: int, exc: OSError) -> str:
+    """serve's one line for a port it could not bind, saying why by errno."""
+    where = f"fairlane serve: cannot listen on {host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return f"{where}: the host {host!r} is not an address or a name this machine resolves (--host)"
+    if exc.errno == errno.EADDRINUSE:
+        return f"{where}: port {port} is taken by another server (choose another with --port)"
+    if exc.errno == errno.EACCES:
+        return (
+            f"{where}: permission denied: ports below {_first_unprivileged_port()} need privileges "
+            "on this host (choose a higher one with --port)"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: {host} is not an address of this host (--host; 0.0.0.0 listens on every one)"
+    return f"{where}: {exc.strerror or exc}"
 
 
 def _demo_key(database_url: str) -> str:
@@ -262,12 +288,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         sock = bind(settings.host, settings.port)
     except OSError as exc:
-        print(
-            f"fairlane serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc} "
-            f"(is port {settings.port} taken by another server?)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(cannot_listen(settings.host, settings.port, exc), file=sys.stderr, flush=True)
         return 1
     if tokenizer_without_torch(settings.engine.model):
         torch_free()  # this gateway process; the workers are processes of their own

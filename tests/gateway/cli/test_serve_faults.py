@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -241,6 +242,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _serve_once(tmp_path, *args: str, wrap: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, str]:
+    env = {**os.environ, "PYTHONPATH": REPO, **_env(tmp_path)}
+    result = subprocess.run(
+        [*wrap, *fairlane_command(), "serve", "--dev", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result, result.stdout + result.stderr
+
+
 def test_a_taken_port_stops_serve_at_once_naming_it(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -263,3 +277,24 @@ def test_a_taken_port_stops_serve_at_once_naming_it(tmp_path):
     assert "fl-" not in output and "admin token" not in output and "Traceback" not in output  # no key printed
     assert not (tmp_path / "fairlane.db").exists()  # nothing started
     assert took < 10, f"took {took:.1f} s"  # ~1 s on an idle machine: Python's start and the settings
+
+
+def test_an_address_not_on_this_host_is_named_as_such(tmp_path):
+    """Every bind error said "is port N taken by another server?", whatever the errno."""
+    result, output = _serve_once(tmp_path, "--host", "192.0.2.1", "--port", str(free_port()))  # TEST-NET-1
+    assert result.returncode == 1 and "192.0.2.1 is not an address of this host" in output
+    assert "taken" not in output and "Traceback" not in output and len(output.strip().splitlines()) == 1
+    result, output = _serve_once(tmp_path, "--host", "no-such-host.invalid", "--port", "8000")
+    assert result.returncode == 1 and "'no-such-host.invalid' is not an address or a name" in output
+
+
+def test_a_privileged_port_is_named_as_such(tmp_path):
+    """EACCES: run without the capability to bind ports below 1024 (setpriv drops it, also for root)."""
+    setpriv = shutil.which("setpriv")
+    with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as f:
+        if setpriv is None or int(f.read()) <= 81:
+            pytest.skip("needs setpriv and a host where port 81 is privileged")
+    drop = (setpriv, "--inh-caps=-net_bind_service", "--bounding-set=-net_bind_service")
+    result, output = _serve_once(tmp_path, "--port", "81", wrap=drop)
+    assert result.returncode == 1 and "permission denied: ports below" in output and "taken" not in output
+    assert len(output.strip().splitlines()) == 1
