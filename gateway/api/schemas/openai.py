@@ -212,7 +212,8 @@ class _GenerationRequest(BaseModel):
 def _logit_bias(bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
     pairs = []
     for token, value in bias.items():
-        if not token.strip().isdigit() or int(token) > TOKEN_ID_MAX:
+        # ASCII digits only: str.isdigit() takes " 1", "１" (full width) and "²", and int() strips
+        if not (token.isascii() and token.isdigit()) or int(token) > TOKEN_ID_MAX:
             raise InvalidRequest(f"logit_bias keys must be token ids, got {token!r}.", param="logit_bias")
         if not -100 <= value <= 100:
             raise InvalidRequest(

@@ -90,6 +90,12 @@ CHAT_BAD = [
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {" 1": 1}}, "logit_bias"),  # only ASCII decimal digits name a token
+    ({"logit_bias": {"1 ": 1}}, "logit_bias"),
+    ({"logit_bias": {"\uff11": 1}}, "logit_bias"),  # a full-width 1
+    ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a superscript 2
+    ({"logit_bias": {"+1": 1}}, "logit_bias"),
+    ({"logit_bias": {"1_0": 1}}, "logit_bias"),
     ({"logit_bias": {"5": 101}}, "logit_bias"),
     ({"logit_bias": {str(VOCAB): 1}}, "logit_bias"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
