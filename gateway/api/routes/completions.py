@@ -71,14 +71,12 @@ async def chat_completions(
     adapter = await _check_model(state, auth, body.model, body.top_k)
     tier = resolve_tier(auth, body.service_tier, state.settings.tiers)
     options = body.sampling_options()  # refuse unsupported options before tokenizing
+    body.check_messages()
     _check_token_ids(state, body)
     tool_plan = tools.plan(body.tools, body.tool_choice, parallel=body.parallel_tool_calls)
     if tool_plan is not None and (body.n or 1) > 1:
         raise InvalidRequest("n > 1 cannot be combined with tools: send n requests.", param="n")
-    messages = [
-        tools.render_history(m.as_template_input(), (m.model_extra or {}).get("tool_calls"))
-        for m in body.messages
-    ]
+    messages = [tools.render_history(m.as_template_input(), m.tool_calls) for m in body.messages]
     if tool_plan is not None:
         messages = tool_plan.render(messages)
         if tool_plan.forced:  # required / a named function: one call, constrained by its schema

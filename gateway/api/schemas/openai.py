@@ -59,6 +59,51 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
+    tool_calls: Any = None  # an assistant's earlier calls (checked by gateway/api/tools.py)
+    tool_call_id: Text | None = None  # a tool message's answer to one of them
+
+    def check(self, index: int, previous: ChatMessage | None) -> None:
+        """400 for what OpenAI refuses in messages[index], naming the field (messages[1].content):
+        content is required but on an assistant message with tool_calls; a tool message answers a
+        call (tool_call_id) of the assistant message before it."""
+        at = f"messages[{index}]"
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            what = "Missing required parameter" if "content" not in self.model_fields_set else "Invalid null"
+            hint = " (an assistant message needs content or tool_calls)" if self.role == "assistant" else ""
+            raise InvalidRequest(f"{what}: '{at}.content'{hint}.", param=f"{at}.content")
+        if isinstance(self.content, list):
+            if not self.content:
+                raise InvalidRequest(
+                    f"Invalid value for '{at}.content': an empty array of content parts.",
+                    param=f"{at}.content",
+                )
+            for j, part in enumerate(self.content):
+                if part.type != "text":
+                    raise InvalidRequest(
+                        f"Only text content parts are supported, got {part.type!r}.",
+                        param=f"{at}.content[{j}].type",
+                    )
+                if part.text is None:
+                    raise InvalidRequest(
+                        f"Missing required parameter: '{at}.content[{j}].text'.",
+                        param=f"{at}.content[{j}].text",
+                    )
+        if self.tool_calls is not None and self.role != "assistant":
+            raise InvalidRequest(
+                f"Only assistant messages carry tool_calls ('{at}' is a {self.role} message).",
+                param=f"{at}.tool_calls",
+            )
+        if self.role != "tool":
+            return
+        if not self.tool_call_id:
+            raise InvalidRequest(
+                f"Missing required parameter: '{at}.tool_call_id'.", param=f"{at}.tool_call_id"
+            )
+        if previous is None or not (previous.role == "tool" or previous.tool_calls):
+            raise InvalidRequest(
+                "Messages with role 'tool' must be a response to a preceding message with 'tool_calls'.",
+                param=f"{at}.role",
+            )
 
     def as_template_input(self) -> dict[str, Any]:
         content = self.content
@@ -251,6 +296,11 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def check_messages(self) -> None:
+        """400 naming the first message OpenAI would refuse (ChatMessage.check)."""
+        for i, message in enumerate(self.messages):
+            message.check(i, self.messages[i - 1] if i else None)
 
     def _logprob_options(self) -> dict[str, Any]:
         if self.top_logprobs is not None:

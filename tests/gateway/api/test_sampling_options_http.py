@@ -152,6 +152,55 @@ async def test_unknown_fields_name_the_field(gw, tenant):
     assert "not supported" in error["message"] and error["code"] == "unsupported_parameter"
 
 
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+USER = {"role": "user", "content": "Hi"}
+MESSAGES_BAD = [
+    ([{"role": "user"}], "messages[0].content"),
+    ([{"role": "system", "content": None}, USER], "messages[0].content"),
+    ([USER, {"role": "developer"}], "messages[1].content"),
+    ([USER, {"role": "assistant"}], "messages[1].content"),
+    ([USER, {"role": "assistant", "content": None, "tool_calls": []}], "messages[1].content"),
+    ([USER, {"role": "user", "content": []}], "messages[1].content"),
+    ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text"),
+    ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
+    ([{"role": "user", "content": "Hi", "tool_calls": [CALL]}], "messages[0].tool_calls"),
+    (
+        [USER, {"role": "assistant", "tool_calls": [CALL]}, {"role": "tool", "content": "1"}],
+        "messages[2].tool_call_id",
+    ),
+    (
+        [USER, {"role": "assistant", "tool_calls": [CALL]}, {"role": "tool", "tool_call_id": "call_1"}],
+        "messages[2].content",
+    ),
+    ([USER, {"role": "tool", "tool_call_id": "call_1", "content": "1"}], "messages[1].role"),
+]
+
+
+async def test_bad_messages_are_400_naming_the_message(gw, tenant):
+    tenant_id, key = tenant
+    for messages, param in MESSAGES_BAD:
+        assert_openai_error(await gw.chat(key, messages=messages), 400, param=param)
+    usage = await gw.quota_usage(tenant_id)
+    assert usage["requests"]["remaining"] == 100 and usage["daily"]["used"] == 0
+    good = [
+        [{"role": "system", "content": ""}, USER],
+        [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        [
+            USER,
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            *[{"role": "tool", "tool_call_id": "call_1", "content": c} for c in ("1", "2")],
+        ],
+        [
+            USER,
+            {"role": "assistant", "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+        ],
+    ]
+    for messages in good:
+        response = await gw.chat(key, messages=messages, max_tokens=1)
+        assert response.status_code == 200, (messages, response.text)
+
+
 async def test_fields_with_no_effect_are_accepted(gw, tenant):
     """OpenAI's fields that cannot change the output, the defaults of /v1/completions-only fields
     on chat, and the extensions this server implements: a 200 each."""
