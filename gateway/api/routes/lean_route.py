@@ -10,10 +10,12 @@ validated by the endpoint's own model, the key checked by the same dependency fu
 the body is parsed, as OpenAI's API does: a bad key is a 401 whatever the body), and the endpoint
 called.
 
-Whatever it does not expect it hands to FastAPI's own handler, with the body already read: a
-content type that is not JSON, a body that does not parse or validate (so every error body is
-FastAPI's, word for word), or dependency overrides (tests). A request either handler serves gets
-the same response; the OpenAPI schema is the route's, since the route itself is FastAPI's.
+The body is read as JSON whatever its content type says, as OpenAI's API reads it (``curl -d``
+sends ``application/x-www-form-urlencoded``; FastAPI alone would answer 422): the request goes on
+declared ``application/json``. Whatever it does not expect it hands to FastAPI's own handler, with
+the body already read: a body that does not parse or validate (so every error body is FastAPI's,
+word for word), or dependency overrides (tests). A request either handler serves gets the same
+response; the OpenAPI schema is the route's, since the route itself is FastAPI's.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ def is_json(content_type: str | None) -> bool:
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
+def _declared_json(request: Request) -> Request:
+    """The same request (its body not read yet), its content type application/json."""
+    scope = dict(request.scope)  # shallow: the state (request id) and the app are the same objects
+    headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+    scope["headers"] = [*headers, (b"content-type", b"application/json")]
+    return Request(scope, request.receive)
+
+
 class LeanRoute(APIRoute):
     """An APIRoute whose endpoint takes ``PARAMETERS`` (checked when the route is made)."""
 
@@ -60,7 +70,9 @@ class LeanRoute(APIRoute):
             raise TypeError(f"{endpoint.__name__}'s body must be a pydantic model, not {model!r}")
 
         async def handler(request: Request) -> Response:
-            if request.app.dependency_overrides or not is_json(request.headers.get("content-type")):
+            if not is_json(request.headers.get("content-type")):
+                request = _declared_json(request)
+            if request.app.dependency_overrides:
                 return await full(request)
             state = await get_state(request)
             # the key before the body (OpenAI's order): a bad key is a 401 whatever the body holds

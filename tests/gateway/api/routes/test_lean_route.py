@@ -1,7 +1,8 @@
 """The inference routes' lean handler serves a well-formed request without FastAPI's dependency
 solver and answers exactly as FastAPI's own handler does; whatever it does not expect (a body that
-does not parse or validate, another content type, dependency overrides) goes to FastAPI's handler
-(in-process gateway, real Redis, real worker, tiny model)."""
+does not parse or validate, dependency overrides) goes to FastAPI's handler. The body is JSON
+whatever its content type says, as OpenAI reads it (in-process gateway, real Redis, real worker,
+tiny model)."""
 
 from __future__ import annotations
 
@@ -96,8 +97,9 @@ async def test_a_refused_key_reads_the_same(app_client, settings, solved, fastap
         (b'{"model": "m", "messages": [], "max_tokens": "many"}', "application/json"),
         (b"[1, 2]", "application/json"),  # not an object
         (b"\xff\xfe", "application/json"),  # not UTF-8
-        (b'{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}', "text/plain"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}', None),
+        (b'{"model": "m", "messages": [', "text/plain"),
+        (b'{"model": "m", "messages": []}', None),
+        (b"model=m", "application/x-www-form-urlencoded"),
     ],
 )
 async def test_what_it_does_not_expect_reads_as_fastapi_s_handler_answers_it(
@@ -111,6 +113,27 @@ async def test_what_it_does_not_expect_reads_as_fastapi_s_handler_answers_it(
     assert lean.status_code in (400, 422), lean.text
     assert lean.json() == full.json()
     assert lean.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+async def test_a_json_body_is_json_whatever_its_content_type(
+    app_client, running_worker, settings, key, solved, fastapi_only, content_type
+):
+    """OpenAI reads the body as JSON whatever the content type says (`curl -d` without -H sends a
+    form's); so do both handlers."""
+    import json
+
+    headers = _auth(key) | ({"content-type": content_type} if content_type else {})
+    content = json.dumps(chat_body(settings)).encode()
+    lean = await app_client.post("/v1/chat/completions", headers=headers, content=content)
+    assert lean.status_code == 200, lean.text
+    assert solved == []
+    with fastapi_only:
+        full = await app_client.post("/v1/chat/completions", headers=headers, content=content)
+    assert full.status_code == 200, full.text
+    assert lean.json()["choices"] == full.json()["choices"]
+    bad = await app_client.post("/v1/completions", headers=headers, content=b'{"model": ')
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json", bad.text
 
 
 async def test_a_json_subtype_with_parameters_is_lean(app_client, running_worker, settings, key, solved):
