@@ -64,6 +64,7 @@ def _check_token_ids(state: GatewayState, body) -> None:
 
 
 @router.post("/chat/completions", responses=STREAMED)
+@router.post("/chat/completions/", include_in_schema=False)  # served, not redirected (a 307)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, auth: CurrentKey, state: StateDep, quota: QuotaDep
 ):
@@ -111,6 +112,7 @@ async def chat_completions(
 
 
 @router.post("/completions", responses=STREAMED)
+@router.post("/completions/", include_in_schema=False)
 async def completions(
     body: CompletionRequest, request: Request, auth: CurrentKey, state: StateDep, quota: QuotaDep
 ):

@@ -1,5 +1,6 @@
 """OpenAI-compatible GET /v1/models: the served base model and the calling tenant's LoRA adapters
-(``<base>:<adapter name>``), never another tenant's."""
+(``<base>:<adapter name>``), never another tenant's. HEAD answers as GET (the server sends no
+body), and a path with a trailing slash is served as the path without (never a 307 redirect)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def _model_card(
 
 
 @router.get("/models")
+@router.get("/models/", include_in_schema=False)
+@router.head("/models", include_in_schema=False)
+@router.head("/models/", include_in_schema=False)
 async def list_models(auth: CurrentKey, state: StateDep) -> dict:
     """Lists the models this deployment serves to the caller: the base model and its tenant's adapters."""
     base = state.settings.model_name
@@ -44,6 +48,9 @@ async def list_models(auth: CurrentKey, state: StateDep) -> dict:
 
 
 @router.get("/models/{model}")
+@router.get("/models/{model}/", include_in_schema=False)
+@router.head("/models/{model}", include_in_schema=False)
+@router.head("/models/{model}/", include_in_schema=False)
 async def get_model(model: str, auth: CurrentKey, state: StateDep) -> dict:
     """Retrieves one model (the base model or one of the caller's adapters)."""
     adapter = await select_model(state, auth, model)

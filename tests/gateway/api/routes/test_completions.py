@@ -63,3 +63,15 @@ async def test_several_prompts_whose_outputs_all_came_at_once(
     assert [c["index"] for c in choices] == [0, 1]
     assert all(c["text"].count(" t") == 1 and c["finish_reason"] == "length" for c in choices)
     assert response.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions/", "/v1/completions/"])
+async def test_a_trailing_slash_is_served_not_redirected(app_client, running_worker, settings, key, path):
+    body = {"model": settings.model_name, "max_tokens": 2, "ignore_eos": True, "temperature": 0}
+    body |= (
+        {"prompt": "Hi"} if path == "/v1/completions/" else {"messages": [{"role": "user", "content": "Hi"}]}
+    )
+    slashed = await app_client.post(path, headers=_auth(key), json=body)
+    assert slashed.status_code == 200, slashed.text
+    plain = await app_client.post(path.rstrip("/"), headers=_auth(key), json=body)
+    assert slashed.json()["choices"] == plain.json()["choices"]

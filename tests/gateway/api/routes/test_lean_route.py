@@ -52,7 +52,9 @@ def _auth(key: str) -> dict[str, str]:
 def test_the_inference_routes_are_lean():
     assert {route.path: type(route) for route in completions.router.routes} == {
         "/v1/chat/completions": LeanRoute,
+        "/v1/chat/completions/": LeanRoute,  # a trailing slash is served, not redirected
         "/v1/completions": LeanRoute,
+        "/v1/completions/": LeanRoute,
     }
 
 
