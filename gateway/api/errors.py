@@ -13,7 +13,9 @@ import math
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -279,8 +281,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
+    @app.exception_handler(RedisResponseError)
     async def _redis_down(_request: Request, exc: Exception) -> JSONResponse:
-        log.error("redis unavailable: %s", exc)
+        if isinstance(exc, RedisAuthenticationError):  # not an outage: it lasts until the URL is fixed
+            log.error(
+                "redis unavailable: authentication to Redis failed (check the Redis URL's user and "
+                "password): %s",
+                exc,
+            )
+        elif isinstance(exc, RedisResponseError):  # e.g. a database number the server does not have
+            log.error("redis unavailable: Redis refused a command: %s", exc)
+        else:
+            log.error("redis unavailable: %s", exc)
         return error_response(
             ServiceUnavailable(
                 "The request queue is unavailable; retry shortly.",

@@ -3,10 +3,12 @@ database (SQLite unless FAIRLANE_DATABASE_URL, migrated at start), engine worker
 gateway. ``--dev`` generates an admin token and a demo tenant key and prints both.
 
 Order of a start: settings, then the port (bound before anything else: a port it cannot bind stops
-serve at once, saying why, with nothing started or printed), the model check (a checkpoint the engine cannot
-serve exactly stops serve there, naming what is unsupported, with nothing started), then Redis, the
-database, the workers and the gateway. The workers and the embedded Redis run under a supervisor
-that restarts them when they die (gateway/cli/supervisor.py). On SIGTERM or SIGINT the gateway stops
+serve at once, saying why, with nothing started or printed), the model check (a checkpoint the
+engine cannot serve exactly stops serve there, naming what is unsupported, with nothing started),
+the Redis it was given (a password, user or database number the server refuses stops serve there:
+gateway/cli/redis_check.py), then the embedded Redis, the database, the workers and the gateway.
+The workers and the embedded Redis run under a supervisor that restarts them when they die
+(gateway/cli/supervisor.py). On SIGTERM or SIGINT the gateway stops
 accepting and lets in-flight requests finish for up to ``drain_timeout_s``, then the workers stop,
 then Redis, its temporary folder is removed and serve exits 0. The workers read the same environment
 and YAML file; what the command line overrides and the Redis it started reach them as FAIRLANE_*
@@ -282,6 +284,21 @@ def _refuse_model(model: str) -> str | None:
     return None
 
 
+def _refuse_redis(settings: ServeSettings) -> str | None:
+    """Why a Redis the settings name can never serve (its password, user or database number
+    refused), or None (gateway/cli/redis_check.py). The embedded one is serve's own."""
+    from gateway.cli.redis_check import redis_refusal
+
+    for setting, url in (
+        ("FAIRLANE_REDIS_URL", settings.redis_url),
+        ("FAIRLANE_QUOTA_REDIS_URL", settings.quota_redis_url),
+    ):
+        refused = url and redis_refusal(url, setting)
+        if refused:
+            return refused
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     settings = _settings(args)
     setup_logging(settings, "gateway")
@@ -299,6 +316,11 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        sock.close()
+        return 1
+    refused = _refuse_redis(settings)
+    if refused:
+        print(f"fairlane serve: {refused}", file=sys.stderr, flush=True)
         sock.close()
         return 1
     for sig in STOP_SIGNALS:
@@ -323,6 +345,7 @@ def main(args: argparse.Namespace) -> int:
         for i in range(settings.workers):
             supervisor.add(f"worker-{i}", spawn_worker, wait=False)
         from gateway.api.app import create_app
+        from gateway.cli.redis_check import shown_url
         from tenancy import upgrade
 
         _migrate(upgrade, settings.database_url)
@@ -332,7 +355,7 @@ def main(args: argparse.Namespace) -> int:
             print(
                 f"fairlane dev mode\n  admin token:  {settings.admin_token}\n  demo API key: {key}\n"
                 f"  OpenAI base URL: {base}/v1   docs: {base}/docs   model: {settings.model_name}\n"
-                f"  redis: {settings.redis_url}{' (embedded)' if embedded else ''}",
+                f"  redis: {shown_url(settings.redis_url)}{' (embedded)' if embedded else ''}",
                 flush=True,
             )
         spawn_gateway = _gateway_spawner(settings, sock)
