@@ -6,7 +6,8 @@ Order of a start: settings, then the port (bound before anything else: a port it
 serve at once, saying why, with nothing started or printed), the model check (a checkpoint the
 engine cannot serve exactly stops serve there, naming what is unsupported, with nothing started),
 the Redis it was given (a password, user or database number the server refuses stops serve there:
-gateway/cli/redis_check.py), then the embedded Redis, the database, the workers and the gateway.
+gateway/cli/redis_check.py) and a CUDA engine.device torch cannot see (gateway/cli/device_check.py),
+then the embedded Redis, the database, the workers and the gateway.
 The workers and the embedded Redis run under a supervisor that restarts them when they die
 (gateway/cli/supervisor.py). On SIGTERM or SIGINT the gateway stops
 accepting and lets in-flight requests finish for up to ``drain_timeout_s``, then the workers stop,
@@ -299,6 +300,22 @@ def _refuse_redis(settings: ServeSettings) -> str | None:
     return None
 
 
+def _refusal(settings: ServeSettings) -> str | None:
+    """Why serve cannot work with these settings, in one line, or None: the model, the Redis it was
+    given, the engine's device (checked in a child process beside the other two: it imports torch)."""
+    from gateway.cli.device_check import start_device_probe
+
+    probe = start_device_probe(settings.engine.device, settings.workers)
+    try:
+        refused = _refuse_model(settings.engine.model)
+        if refused:
+            return f"cannot serve model {settings.engine.model!r}: {refused}"
+        return _refuse_redis(settings) or (probe.refusal() if probe else None)
+    finally:
+        if probe is not None:
+            probe.close()
+
+
 def main(args: argparse.Namespace) -> int:
     settings = _settings(args)
     setup_logging(settings, "gateway")
@@ -309,16 +326,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     if tokenizer_without_torch(settings.engine.model):
         torch_free()  # this gateway process; the workers are processes of their own
-    refused = _refuse_model(settings.engine.model)
-    if refused:
-        print(
-            f"fairlane serve: cannot serve model {settings.engine.model!r}: {refused}",
-            file=sys.stderr,
-            flush=True,
-        )
-        sock.close()
-        return 1
-    refused = _refuse_redis(settings)
+    refused = _refusal(settings)
     if refused:
         print(f"fairlane serve: {refused}", file=sys.stderr, flush=True)
         sock.close()
