@@ -363,7 +363,7 @@ def main(args: argparse.Namespace) -> int:
             print(
                 f"fairlane dev mode\n  admin token:  {settings.admin_token}\n  demo API key: {key}\n"
                 f"  OpenAI base URL: {base}/v1   docs: {base}/docs   model: {settings.model_name}\n"
-                f"  redis: {shown_url(settings.redis_url)}{' (embedded)' if embedded else ''}",
+                f"  redis: {shown_url(str(settings.redis_url))}{' (embedded)' if embedded else ''}",
                 flush=True,
             )
         spawn_gateway = _gateway_spawner(settings, sock)
