@@ -16,8 +16,8 @@ from engine.request_table import RequestTable
 from engine.scheduler import Scheduler
 
 
-def later_choices(first: Sequence, acquire_lora: Callable[[], str | None]) -> list[Sequence]:
-    """Choices 1..n-1 of `first`'s request (each pins the adapter again through `acquire_lora`)."""
+def later_choices(first: Sequence, pin_lora: Callable[[], str | None]) -> list[Sequence]:
+    """Choices 1..n-1 of `first`'s request (each pins the adapter again through `pin_lora`)."""
     params, request_id = first.params, first.request_id
     choices = []
     for i in range(1, params.n):
@@ -33,7 +33,7 @@ def later_choices(first: Sequence, acquire_lora: Callable[[], str | None]) -> li
                 priority=first.priority,
                 arrival_time=first.arrival_time,
                 tpot_target_s=first.tpot_target_s,
-                lora=acquire_lora(),
+                lora=pin_lora(),
                 group=request_id,
                 index=i,
             )

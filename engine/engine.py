@@ -20,7 +20,7 @@ from engine.errors import DuplicateRequestError, InvalidRequestError, SLOUnattai
 from engine.interrupts import Interrupt, Interrupts
 from engine.kv_cache import make_block_manager
 from engine.loader import load_model
-from engine.lora.request import LoRARequest, acquire_adapter
+from engine.lora.request import LoRARequest, acquire_adapter, pin_again
 from engine.model_runner import ModelRunner
 from engine.output import OutputProcessor
 from engine.prompt_checks import check_context, check_prompt, check_token_ids
@@ -229,7 +229,7 @@ class Engine:
         self._track(seq, len(resume_token_ids))
         self.requests.add(seq)
         if params.n > 1:
-            later = later_choices(seq, lambda: acquire_adapter(self.lora, lora))
+            later = later_choices(seq, lambda: pin_again(self.lora, lora))
             for choice in later:
                 self._track(choice)
             self.choices.add(seq, later)
@@ -252,8 +252,7 @@ class Engine:
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks. False if it is unknown or already done."""
         seq_ids, unstarted = self.choices.end(request_id)  # every choice of an n > 1 request
-        for choice in unstarted:
-            self.output.release(choice)
+        self.output.release_unstarted(unstarted)
         found = False
         for seq_id in seq_ids:
             seq = self.requests.get(seq_id)

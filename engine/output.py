@@ -135,9 +135,7 @@ class OutputProcessor:
         """A waiting request the policy refused (it would miss its TTFT target): finished, no tokens."""
         seq.finish_reason = FinishReason.SLO_UNATTAINABLE
         seq.record("slo_refused")
-        _, unstarted = self.choices.end(seq.request_id)
-        for choice in unstarted:
-            self.release(choice)
+        self.release_unstarted(self.choices.end(seq.request_id)[1])
         self.release(seq)
         return self._ended(seq, error)
 
@@ -172,6 +170,14 @@ class OutputProcessor:
             self.scheduler.finish(seq)
         if self.requests.forget(seq) and seq.lora is not None and self.lora is not None:
             self.lora.release(seq.lora)  # unpin the adapter in host memory
+
+    def release_unstarted(self, choices: list[Sequence]) -> None:
+        """Choices 1..n-1 of a request that ends before they joined the scheduler: released, and the
+        adapter pin each took (engine/choices.py) dropped; they were never in the table."""
+        for choice in choices:
+            self.release(choice)
+            if choice.lora is not None and self.lora is not None:
+                self.lora.release(choice.lora)
 
 
 def _merge(out: RequestOutput, more: RequestOutput) -> None:

@@ -70,6 +70,12 @@ class LoRAManager:
         self._trim_host()
         return uid
 
+    def pin(self, uid: str) -> str:
+        """Pin an adapter already pinned (in the host cache) once more; returns its uid."""
+        assert self.pins[uid] > 0, f"adapter {uid} is not pinned"
+        self.pins[uid] += 1
+        return uid
+
     def release(self, uid: str) -> None:
         """A request that pinned `uid` finished or was aborted."""
         self.pins[uid] -= 1

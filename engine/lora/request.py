@@ -23,6 +23,8 @@ class AdapterPins(Protocol):
 
     def acquire(self, lora: str | LoRARequest) -> str: ...
 
+    def pin(self, uid: str) -> str: ...
+
 
 def acquire_adapter(manager: AdapterPins | None, lora: object) -> str | None:
     """The uid of the adapter a request names (a folder path or a LoRARequest; None: no adapter),
@@ -36,3 +38,11 @@ def acquire_adapter(manager: AdapterPins | None, lora: object) -> str | None:
     if not isinstance(lora, (str, LoRARequest)):
         raise InvalidRequestError("lora must be an adapter folder path or a LoRARequest", param="lora")
     return manager.acquire(lora)
+
+
+def pin_again(manager: AdapterPins | None, uid: str | None) -> str | None:
+    """Pin an adapter that `acquire_adapter` pinned for the same request once more (the other
+    choices of an n > 1 request): by its uid, without looking at its folder again."""
+    if uid is None or manager is None:
+        return None
+    return manager.pin(uid)

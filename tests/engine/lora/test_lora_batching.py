@@ -117,3 +117,22 @@ def test_host_cache_keeps_pinned_and_drops_least_recent(tiny_model_dir, adapters
     eng.add_request("old", [3, 4, 5], params, lora=str(adapters[0]))  # dropped: read again
     assert eng.lora.host_loads == loads + 1
     eng.abort("old")
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_n_choices_on_an_adapter(tiny_model_dir, peft, adapters, named):
+    # Every choice of an n > 1 request runs on the request's adapter: choices 1..n-1 pinned it again
+    # by its uid taken for a folder path, an AdapterNotFoundError after choice 0 was already queued.
+    eng = Engine(model=str(tiny_model_dir), dtype="float32", max_loras=2, max_lora_rank=8)
+    prompt, a = PROMPTS[0], adapters[1]
+    lora = LoRARequest("all", str(a)) if named else str(a)
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, n=3)
+    eng.add_request("r", prompt, params, lora=lora)
+    tokens: dict[int, list[int]] = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            tokens.setdefault(o.index, []).extend(o.new_token_ids)
+    assert tokens == {i: peft.greedy(a, prompt, 5) for i in range(3)}
+    eng.add_request("gone", prompt, params, lora=lora)  # aborted before choices 1..2 start
+    eng.abort("gone")
+    assert not eng.lora.pins and eng.num_free_blocks == eng.num_total_blocks
