@@ -122,7 +122,7 @@ def redis_url_form(url: str | None) -> str | None:
     gateway with redis-py's traceback), whose client answers in the reply shapes the lanes and the
     quotas read: redis-py's default or ``protocol=2``. An explicit ``protocol=3`` makes redis-py hand back
     RESP3's own shapes (a stream read as a map, say), which they do not read: refused at start."""
-    if url is not None:
+    if url:  # empty: the embedded server
         if urlsplit(url).scheme.lower() not in REDIS_SCHEMES:
             raise ValueError("a Redis URL must start with redis://, rediss:// or unix://")
         for value in parse_qs(urlsplit(url).query).get("protocol", []):

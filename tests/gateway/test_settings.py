@@ -253,7 +253,8 @@ def test_a_redis_url_asking_for_resp3_shapes_is_refused(field):
     lanes read stream replies in RESP2's (a worker's wait would fail on the first entry)."""
     with pytest.raises(ValidationError, match="protocol=3 is not supported"):
         ApiSettings(dev=True, **{field: "redis://127.0.0.1:6379/0?protocol=3"})
-    for url in ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0?protocol=2", "unix:///tmp/r.sock?db=1"):
+    urls = ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0?protocol=2", "unix:///tmp/r.sock?db=1", "")
+    for url in urls:  # empty: the embedded server
         assert getattr(ApiSettings(dev=True, **{field: url}), field) == url
     with pytest.raises(ValidationError, match="protocol=3 is not supported"):
         WorkerSettings(redis_url="redis://127.0.0.1:6379/0?db=0&protocol=3")
