@@ -7,17 +7,28 @@ is any JSON object."""
 
 from __future__ import annotations
 
+import json
+
 import xgrammar as xgr
 
 from engine.errors import InvalidRequestError
 from engine.structured.spec import StructuredSpec
+from engine.structured.unenforced import unenforced_keyword
 
 ANY_OBJECT = '{"type": "object"}'
 
 
 def to_grammar(spec: StructuredSpec) -> xgr.Grammar:
     """The spec's grammar (a few ms at most, no tokenizer). InvalidRequestError naming xgrammar's
-    reason when it refuses the schema, pattern or grammar."""
+    reason when it refuses the schema, pattern or grammar, or naming a schema keyword it would
+    accept and not enforce (engine/structured/unenforced.py)."""
+    if spec.kind == "json_schema":
+        found = unenforced_keyword(json.loads(spec.value))
+        if found:
+            raise InvalidRequestError(
+                f"invalid JSON schema: {found} is not supported: the output could not be held to it",
+                param=spec.param,
+            )
     try:
         if spec.kind == "json_object":
             return xgr.Grammar.from_json_schema(ANY_OBJECT, any_whitespace=False, strict_mode=False)

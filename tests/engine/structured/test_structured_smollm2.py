@@ -325,6 +325,7 @@ def test_a_cold_grammar_is_held_and_the_cache_hits_after(smollm2):
     "spec",
     [
         StructuredSpec.json_schema({"type": "integer", "minimum": 3, "maximum": 1}),
+        StructuredSpec.json_schema({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
         StructuredSpec("regex", "[a-"),
         StructuredSpec("grammar", 'root ::= "a" rest'),
     ],
