@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from contextlib import asynccontextmanager
 
@@ -31,6 +32,7 @@ from gateway.settings import ApiSettings, load_settings
 from gateway.telemetry import gc_policy, tracing
 from gateway.telemetry.loop_lag import LoopLagMonitor
 
+SETTLE_GRACE_S = 5.0  # how long a stopping app waits for the requests cancelled at the drain's end
 # FastAPI releases with native OpenTelemetry (a `telemetry` argument) would add a second server span,
 # spans per dependency, and log records of validation failures that may quote the request body
 # (a prompt): this gateway's own spans (TracingMiddleware and the request path's) replace them.
@@ -47,6 +49,17 @@ NATIVE_TELEMETRY_OFF = (
     if "telemetry" in inspect.signature(FastAPI).parameters
     else {}
 )
+
+
+async def _cancelled_requests_settle(timeout_s: float = SETTLE_GRACE_S) -> None:
+    """Wait for the requests the server cancelled as it stops, up to ``timeout_s``: uvicorn cancels
+    those still running when its drain times out and closes the app at once, while each still
+    settles (shielded: quota, report, usage record); closing the usage writer first lost their
+    records. A cancelled task is one whose cancellation is pending (``Task.cancelling()``)."""
+    me = asyncio.current_task()
+    cancelled = {t for t in asyncio.all_tasks() if t is not me and t.cancelling()}
+    if cancelled:
+        await asyncio.wait(cancelled, timeout=timeout_s)
 
 
 def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | None = None) -> FastAPI:
@@ -68,6 +81,7 @@ def create_app(settings: ApiSettings | None = None, *, supervisor: Supervised | 
         finally:
             gc_policy.thaw(thresholds)
             await lag.stop()
+            await _cancelled_requests_settle()
             await app.state.gateway.close()
             if traced:
                 await run_in_threadpool(tracing.shutdown_tracing)  # exports what is queued

@@ -14,8 +14,12 @@ cannot be opened) releases its callers at once (usage is bookkeeping, never a re
 and keeps its records: they go in the next write, tried again after ``RETRY_FIRST_S``, doubling to
 ``RETRY_MAX_S``, with every record that ended meanwhile, up to ``MAX_PENDING`` records (the oldest
 beyond that are dropped, logged). Any other failure (a record the database refuses) drops that
-batch, logged, so one bad record never holds up the rest. ``aclose`` makes one last try. A replica
-that dies loses the records it has not written yet: one batch, or what piled up during an outage.
+batch, logged, so one bad record never holds up the rest. ``aclose`` makes one last try. A writer
+cancelled with records in hand (the event loop ending: records of requests cancelled when a
+server's drain timed out arrive as it closes) writes them at once, blocking, before it ends: a
+batch its thread may have committed meanwhile is skipped by the database (one record a request).
+A replica that dies loses the records it has not written yet: one batch, or what piled up during
+an outage.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class UsageWriter:
         self._rows: list[Mapping[str, Any]] = []
         self._waiting: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._writing: list[Mapping[str, Any]] = []  # the batch in the thread now
         self._closing = asyncio.Event()  # set by aclose: the retry's wait ends, the next failure drops
         self.writes = 0  # transactions run (what a batch saves: requests recorded / writes)
         self.dropped = 0  # records given up on (refused, or beyond MAX_PENDING in an outage)
@@ -68,16 +73,26 @@ class UsageWriter:
         await asyncio.shield(done)  # a cancelled caller leaves its record to the write
 
     async def _run(self) -> None:
+        try:
+            await self._write_all()
+        except asyncio.CancelledError:
+            self._flush_now()
+            raise
+
+    async def _write_all(self) -> None:
         retry_s = RETRY_FIRST_S
         while self._rows:
             if self.linger_s:
                 await asyncio.sleep(self.linger_s)
             rows, waiting = self._rows, self._waiting
             self._rows, self._waiting = [], []
+            self._writing = rows
             try:
                 await run_in_threadpool(self._write, rows)
+                self._writing = []
                 retry_s = RETRY_FIRST_S
             except Exception as exc:  # usage is bookkeeping: never fail the requests because of it
+                self._writing = []
                 if not _unreachable(exc) or self._closing.is_set():
                     self.dropped += len(rows)
                     log.exception("could not record the usage of %d requests", len(rows))
@@ -93,8 +108,22 @@ class UsageWriter:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), retry_s)
                 retry_s = min(retry_s * 2, RETRY_MAX_S)
-            finally:
+            finally:  # cancelled in the thread's wait: the batch stays in _writing for _flush_now
                 _release(waiting)
+
+    def _flush_now(self) -> None:
+        """Write every record in hand here, blocking the loop (it is ending): the batch in the
+        thread (the database skips it if the thread committed it) and those waiting their turn."""
+        rows, waiting = self._writing + self._rows, self._waiting
+        self._writing, self._rows, self._waiting = [], [], []
+        if rows:
+            try:
+                self._write(rows)
+                log.info("cancelled: wrote the usage of %d requests before stopping", len(rows))
+            except Exception:
+                self.dropped += len(rows)
+                log.exception("cancelled: could not record the usage of %d requests", len(rows))
+        _release(waiting)
 
     def _keep(self, rows: list[Mapping[str, Any]]) -> None:
         """Put a failed batch back ahead of what ended since, up to MAX_PENDING records."""

@@ -147,3 +147,21 @@ def test_records_beyond_the_bound_are_dropped_oldest_first(monkeypatch, caplog):
         writer._keep([_row(1, i) for i in (0, 1, 2)])  # the failed batch
     assert [r["request_id"] for r in writer._rows] == ["w1", "w2", "w3", "w4"]
     assert writer.dropped == 1 and "dropped the 1 oldest" in caplog.text
+
+
+@pytest.mark.parametrize("linger_s", [0.0, 0.5])  # cancelled with a batch in its thread / lingering
+def test_records_in_hand_when_the_loop_ends_are_written(session_factory, linger_s):
+    """The event loop ends (asyncio.run cancels what is left) with records the writer holds: those
+    of requests cancelled when serve's drain timed out, which settle as the app closes. They were
+    lost to the CancelledError; the writer now writes them before it ends."""
+    tenant_id = _tenant(session_factory)
+
+    async def main() -> UsageWriter:
+        writer = UsageWriter(session_factory, linger_s=linger_s)
+        for i in range(5):
+            asyncio.get_running_loop().create_task(writer.write(_row(tenant_id, i)))
+        await asyncio.sleep(0.01)  # the writes queued and the writer started: the loop ends here
+        return writer
+
+    writer = asyncio.run(main())
+    assert _count(session_factory) == (5, 5) and writer.dropped == 0

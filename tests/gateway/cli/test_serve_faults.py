@@ -9,6 +9,7 @@ greedy answers do not depend on the batch a request runs in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -298,3 +299,38 @@ def test_a_privileged_port_is_named_as_such(tmp_path):
     result, output = _serve_once(tmp_path, "--port", "81", wrap=drop)
     assert result.returncode == 1 and "permission denied: ports below" in output and "taken" not in output
     assert len(output.strip().splitlines()) == 1
+
+
+async def test_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path):
+    """SIGTERM with 40 streams queued behind one running sequence and a 0.5 s drain: uvicorn cancels
+    the requests still running and closes the app at once; each settles (shielded) as it closes.
+    Their usage records were lost (the usage writer closed first, then was cancelled with them)."""
+    port = free_port()
+    env = {**_env(tmp_path), "FAIRLANE_DRAIN_TIMEOUT_S": "0.5", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "1"}
+    served = wait_ready(
+        start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
+    )
+    try:
+        body = {"model": "dummy", "prompt": "p", "max_tokens": MAX_TOKENS, "stream": True, "ignore_eos": True}
+        headers = {"Authorization": f"Bearer {served.api_key}"}
+
+        async def one(http: httpx.AsyncClient) -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                async with http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+                    async for _ in r.aiter_lines():
+                        pass
+
+        async with httpx.AsyncClient(base_url=served.base_url, timeout=60) as http:
+            tasks = [asyncio.create_task(one(http)) for _ in range(40)]
+            await asyncio.sleep(1.0)
+            os.kill(served.process.pid, signal.SIGTERM)
+            await asyncio.gather(*tasks)
+        assert served.process.wait(timeout=60) == 0
+        finished = [json.loads(line) for line in served.log().splitlines() if '"request finished"' in line]
+        cancelled = {f["request_id"] for f in finished if f["status"] == "cancelled"}
+        assert cancelled, "no request was cancelled at the drain's end: make them longer"
+        records = _usage(tmp_path)
+        assert {r for r in cancelled if r in records} == cancelled  # every one recorded
+        assert all(records[r].status == "cancelled" for r in cancelled)
+    finally:
+        served.stop()
