@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from tenancy.errors import ValidationError
 from tenancy.models import Quota
-from tenancy.tenants import get_tenant
+from tenancy.tenants import check_distinct_tiers, get_tenant
 
 QUOTA_FIELDS = (
     "requests_per_minute",
@@ -37,6 +37,7 @@ def set_quota(session: Session, *, tenant_id: int, key_id: int | None = None, **
     for name, value in limits.items():
         if isinstance(value, int) and value < 0:
             raise ValidationError(f"{name} must not be negative", param=name)
+    check_distinct_tiers(limits.get("allowed_tiers"))
     get_tenant(session, tenant_id=tenant_id)
     row = get_quota(session, tenant_id=tenant_id, key_id=key_id)
     if row is None:

@@ -27,6 +27,17 @@ def _check_tiers(default_tier: str, allowed_tiers: Sequence[str]) -> None:
         )
 
 
+def check_distinct_tiers(allowed_tiers: Sequence[str] | None) -> None:
+    """Refuse a tier named twice (it was stored as given, twice): a list of tiers is a set."""
+    if allowed_tiers is None:
+        return
+    seen: set[str] = set()
+    for tier in allowed_tiers:
+        if tier in seen:
+            raise ValidationError(f"allowed_tiers names {tier!r} more than once", param="allowed_tiers")
+        seen.add(tier)
+
+
 def _check_target(value: float | None, param: str) -> None:
     if value is not None and not (0 < value < math.inf):  # NaN fails too
         raise ValidationError(f"{param} must be a positive, finite number of seconds", param=param)
@@ -50,6 +61,7 @@ def create_tenant(
 ) -> Tenant:
     """A new tenant; its latency targets (seconds), when given, replace its tiers' for its requests."""
     _check_weight(weight)
+    check_distinct_tiers(allowed_tiers)
     _check_tiers(default_tier, allowed_tiers)
     _check_target(ttft_target_s, "ttft_target_s")
     _check_target(tpot_target_s, "tpot_target_s")
@@ -119,6 +131,7 @@ def update_tenant(
         if status not in (TENANT_ACTIVE, TENANT_DISABLED):
             raise ValidationError(f"status must be {TENANT_ACTIVE!r} or {TENANT_DISABLED!r}", param="status")
         tenant.status = status
+    check_distinct_tiers(allowed_tiers)  # only a new list: one stored before this check stays usable
     new_default = default_tier if default_tier is not None else tenant.default_tier
     new_allowed = list(allowed_tiers) if allowed_tiers is not None else list(tenant.allowed_tiers)
     _check_tiers(new_default, new_allowed)

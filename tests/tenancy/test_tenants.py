@@ -95,3 +95,19 @@ def test_disable_and_list(session):
     assert get_tenant(session, tenant_id=a.id).status == "disabled"
     with pytest.raises(ValidationError):
         update_tenant(session, tenant_id=a.id, status="deleted")
+
+
+def test_a_tier_named_twice_is_refused(session):
+    """allowed_tiers ["batch", "batch"] was stored as given (tenants and quotas)."""
+    from tenancy import set_quota
+
+    with pytest.raises(ValidationError, match="'batch' more than once") as excinfo:
+        create_tenant(session, name="t", default_tier="batch", allowed_tiers=["batch", "batch"])
+    assert excinfo.value.param == "allowed_tiers" and list_tenants(session) == []
+    tenant = create_tenant(session, name="t")
+    with pytest.raises(ValidationError, match="'standard' more than once"):
+        update_tenant(session, tenant_id=tenant.id, allowed_tiers=["standard", "batch", "standard"])
+    with pytest.raises(ValidationError, match="'batch' more than once") as excinfo:
+        set_quota(session, tenant_id=tenant.id, allowed_tiers=["batch", "batch"])
+    assert excinfo.value.param == "allowed_tiers"
+    assert update_tenant(session, tenant_id=tenant.id, weight=2.0).allowed_tiers == ["standard", "batch"]
