@@ -32,7 +32,7 @@ def _store(state: StateDep) -> QuotaStore:
 
 
 def _validated(body: QuotaSet, state: StateDep) -> dict:
-    check_tiers(state, body.allowed_tiers, list(body.tier_shares or {}))
+    check_tiers(state, allowed_tiers=body.allowed_tiers, tier_shares=list(body.tier_shares or {}))
     limits = body.model_dump()
     try:
         QuotaLimits.from_row(limits)

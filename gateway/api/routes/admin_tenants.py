@@ -19,20 +19,21 @@ router = APIRouter(
 )
 
 
-def check_tiers(state: StateDep, *tier_lists: list[str] | str | None) -> None:
+def check_tiers(state: StateDep, **fields: list[str] | str | None) -> None:
+    """Each field's tiers (a name or a list of names) are this deployment's; the error names the field."""
     known = state.settings.tiers
-    for tiers in tier_lists:
+    for field, tiers in fields.items():
         for tier in [tiers] if isinstance(tiers, str) else tiers or []:
             if tier not in known:
                 raise UnprocessableEntity(
-                    f"Unknown tier {tier!r}: this deployment has {', '.join(known)}.", param="allowed_tiers"
+                    f"Unknown tier {tier!r}: this deployment has {', '.join(known)}.", param=field
                 )
 
 
 @router.post("", status_code=201, response_model=TenantPublic)
 def create(body: TenantCreate, session: SessionDep, state: StateDep):
     """Create a tenant."""
-    check_tiers(state, body.allowed_tiers, body.default_tier)
+    check_tiers(state, allowed_tiers=body.allowed_tiers, default_tier=body.default_tier)
     return create_tenant(session, **body.model_dump())
 
 
@@ -52,7 +53,7 @@ def get(tenant_id: DbId, session: SessionDep):
 @router.patch("/{tenant_id}", response_model=TenantPublic)
 async def update(tenant_id: DbId, body: TenantUpdate, session: SessionDep, state: StateDep):
     """Change a tenant's name, weight, tiers or status; takes effect on every replica within 1 s."""
-    check_tiers(state, body.allowed_tiers, body.default_tier)
+    check_tiers(state, allowed_tiers=body.allowed_tiers, default_tier=body.default_tier)
     tenant = await run_in_threadpool(
         lambda: update_tenant(session, tenant_id=tenant_id, **body.model_dump(exclude_unset=True))
     )

@@ -52,7 +52,14 @@ async def test_tenant_input_is_validated(app_client):
         await app_client.post("/admin/tenants", headers=h, json={"name": "bad name!"}), 422, param="name"
     )
     assert_openai_error(
-        await app_client.post("/admin/tenants", headers=h, json={"name": "x", "allowed_tiers": ["gold"]}), 422
+        await app_client.post("/admin/tenants", headers=h, json={"name": "x", "allowed_tiers": ["gold"]}),
+        422,
+        param="allowed_tiers",
+    )
+    assert_openai_error(  # an unknown tier is named by the field it is in
+        await app_client.post("/admin/tenants", headers=h, json={"name": "x", "default_tier": "gold"}),
+        422,
+        param="default_tier",
     )
     assert_openai_error(
         await app_client.post("/admin/tenants", headers=h, json={"name": "x", "default_tier": "priority"}),

@@ -171,6 +171,12 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
         ("/admin/keys/999999/quota", {}, 404),
     ]:
         assert_openai_error(await gw.http.put(path, json=body, headers=admin), status)
+    for body, param in [
+        ({"allowed_tiers": ["gold"]}, "allowed_tiers"),
+        ({"tier_shares": {"gold": 0.5}}, "tier_shares"),
+    ]:
+        refused = await gw.http.put(f"/admin/tenants/{tid}/quota", json=body, headers=admin)
+        assert_openai_error(refused, 422, param=param)  # the field with the unknown tier
     assert_openai_error(await gw.http.get("/admin/keys/999999/quota/usage", headers=admin), 404)
     assert_openai_error(await gw.http.get(f"/admin/tenants/{tid}/quota"), 401)
     assert_openai_error(
