@@ -25,6 +25,7 @@
 --           requests limit, remaining, reset µs, tokens limit, remaining, reset µs,
 --           [entry id: with KEYS[2], when admitted]}
 --          (-1 in the six header fields: that rate is not limited)
+--          (admitted: the rates with this request charged; refused: the rates as they are)
 --          status 1 admitted and charged; 0 refused, nothing charged;
 --          -1 the limits hash of `scope` is missing, nothing charged (caller loads, retries)
 --          (limit 'cancelled': the reservation was refunded already, see settle.lua)
@@ -44,7 +45,10 @@ local writes = {}            -- deferred charges, applied only if nothing refuse
 local record = {cost, day, month, '-', '-', '-', '-', '-', '-', '-', '-',
                 '-', '-', '-', '-', '-', '-', '-', '-'}  -- see the header
 local R, RT, T, TT, L, LT, D, M = 0, 1, 2, 3, 4, 5, 6, 7  -- record words, after 3 + 8 × scope
-local info = {}              -- info.req / info.tok = {limit, remaining, reset}: strictest
+-- info.req / info.tok = {limit, remaining, reset}: the strictest bucket once this request is
+-- charged (an admission's headers); held: the same as the buckets are now, nothing charged (a
+-- refusal's headers: a refused request takes nothing from the rates it passed)
+local info, held = {}, {}
 
 local function refuse(limit, scope, retry)
   if refusal == nil or (refusal[3] ~= -1 and (retry == -1 or retry > refusal[3])) then
@@ -52,10 +56,10 @@ local function refuse(limit, scope, retry)
   end
 end
 
-local function note(kind, lim, remaining, reset)
-  local cur = info[kind]
+local function note(into, kind, lim, remaining, reset)
+  local cur = into[kind]
   if cur == nil or remaining < cur[2] or (remaining == cur[2] and reset > cur[3]) then
-    info[kind] = {lim, remaining, reset}
+    into[kind] = {lim, remaining, reset}
   end
 end
 
@@ -87,9 +91,10 @@ end
 local function rate(scope, limit, kind, name, lim, n, s_tat, s_frac, s_lim, sets, word)
   if lim == nil then return nil end
   local tat, frac = gcra_load(s_tat, s_frac, s_lim, lim, now)
+  note(held, kind, lim, gcra_view(tat, frac, lim, now))
   local ok, retry
   ok, retry, tat, frac = gcra_check(tat, frac, lim, n, now)
-  note(kind, lim, gcra_view(tat, frac, lim, now))
+  note(info, kind, lim, gcra_view(tat, frac, lim, now))
   if not ok then
     refuse(limit, scope, retry)
   elseif n > 0 then
@@ -188,11 +193,12 @@ for s, base in ipairs(bases) do
     tonumber(lim[6]))
 end
 
-local req, tok = info.req or {-1, -1, -1}, info.tok or {-1, -1, -1}
 if refusal ~= nil then
+  local req, tok = held.req or {-1, -1, -1}, held.tok or {-1, -1, -1}
   return {0, refusal[1], refusal[2], refusal[3], req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 end
 
+local req, tok = info.req or {-1, -1, -1}, info.tok or {-1, -1, -1}
 local entry = false
 if KEYS[2] then
   -- Queue the caller's entry, first: an error here leaves nothing charged.

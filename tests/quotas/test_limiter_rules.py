@@ -190,3 +190,17 @@ async def test_an_admission_queues_its_stream_entry_and_a_refusal_queues_nothing
     assert [(entry_id.decode(), fields) for entry_id, fields in entries] == [
         (first.entry_id, {b"body": b"one"})
     ]
+
+
+async def test_a_refusal_reports_the_rates_as_they_are(store, limiter):
+    """The x-ratelimit-* of a refusal show what is left now, not what the refused request would
+    have left: a request refused by tokens/min did not take one of the requests/min (it was
+    reported one short, with a reset 6 s too late)."""
+    await store.put("acme", QuotaLimits(requests_per_minute=10, tokens_per_minute=100))
+    assert (await limiter.admit(Demand("acme", 40, 0), now=START)).allowed
+    assert (await limiter.admit(Demand("acme", 40, 0), now=START)).allowed
+    refused = await limiter.admit(Demand("acme", 40, 0), now=START)
+    assert (refused.allowed, refused.limit) == (False, "tokens_per_minute")
+    usage = await store.usage("acme", now=START)
+    assert refused.requests == usage.requests and refused.requests.remaining == 8
+    assert refused.tokens == usage.tokens and refused.tokens.remaining == 20
