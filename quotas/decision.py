@@ -83,9 +83,17 @@ class Decision:
         whose = "API key" if self.scope == "key" else "organization"
         if self.retry_after is None:
             return f"Request refused by the {whose}'s {what}: it can never be admitted as sent."
+        if self.limit in _PERIODS:  # hours away: a duration, not 6.82e+04s
+            from .headers import format_duration  # headers.py builds on this module
+
+            return (
+                f"The {whose}'s {what} is spent for this request; it renews at the end of the UTC "
+                f"{_PERIODS[self.limit]}, in {format_duration(self.retry_after)}."
+            )
         return f"Rate limit reached for the {whose}'s {what}. Please try again in {self.retry_after:.3g}s."
 
 
+_PERIODS = {"daily_budget": "day", "monthly_budget": "month"}
 _WORDS = {
     "requests_per_minute": "requests per minute",
     "tokens_per_minute": "tokens per minute (prompt + max_tokens)",

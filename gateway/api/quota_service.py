@@ -10,7 +10,7 @@ key's both apply) and maps a refusal to its HTTP error here, in one place (quota
 | daily / monthly token budget | 429 | ``insufficient_quota`` (+ retry-after: the period's end) |
 | tokens per minute, request above the whole limit | 429 | ``rate_limit_exceeded``, no retry-after |
 | max_tokens per request | 400 | param ``max_tokens`` |
-| service tier not in the quota | 403 | param ``service_tier`` |
+| service tier not in the quota | 403 | ``tier_not_allowed``, param ``service_tier`` |
 | quota Redis unreachable (fail-closed) | 503 | ``quota_unavailable`` (+ retry-after) |
 
 A request admitted here and then refused for its latency target (the SLO door check, or the
@@ -119,13 +119,15 @@ def tenancy_loader(session_factory: sessionmaker[Session]) -> Loader:
     return loader
 
 
-def refusal(decision: Decision, headers: dict[str, str]) -> Exception:
+def refusal(decision: Decision, headers: dict[str, str], tier: str) -> Exception:
     """The HTTP error of a refused decision (the table in the module docstring)."""
     message = decision.message
     if decision.limit == "max_tokens":
         return InvalidRequest(message, param="max_tokens", headers=headers)
-    if decision.limit == "tier":
-        return PermissionDenied(message, param="service_tier", headers=headers)
+    if decision.limit == "tier":  # the code tiers.py gives a tier the tenant may not use
+        whose = "API key" if decision.scope == "key" else "organization"
+        message = f"The {whose}'s quota does not allow service_tier {tier!r}."
+        return PermissionDenied(message, param="service_tier", code="tier_not_allowed", headers=headers)
     if decision.limit in ("daily_budget", "monthly_budget"):
         return InsufficientQuota(message, headers=headers)
     return RateLimited(message, headers=headers)
@@ -229,7 +231,7 @@ class QuotaService:
             metrics.QUOTA_REFUSALS.labels(tier, decision.limit or "unknown").inc()
             if self.tally is not None:
                 self.tally.note(auth.tenant_id, auth.key_id)
-            raise refusal(decision, admission.headers)
+            raise refusal(decision, admission.headers, tier)
         admission.reservation = decision.reservation
         admission.queued = decision.entry_id is not None
         admission.worker_settles = admission.queued and worker_settles

@@ -70,3 +70,15 @@ def test_permanent_refusal_has_no_retry_after():
 )
 def test_retry_headers(seconds, header):
     assert retry_headers(seconds) == header
+
+
+def test_a_spent_budget_says_when_it_renews_as_a_duration():
+    """A budget renews hours away: its message was 'Please try again in 6.82e+04s.'"""
+    d = Decision(False, limit="daily_budget", scope="tenant", retry_after=68209.6)
+    assert d.message == (
+        "The organization's daily token budget is spent for this request; it renews at the end of "
+        "the UTC day, in 18h56m49.6s."
+    )
+    monthly = Decision(False, limit="monthly_budget", scope="key", retry_after=3600)
+    assert monthly.message.startswith("The API key's monthly token budget")
+    assert "month, in 1h0m0s" in monthly.message

@@ -156,11 +156,15 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
     assert key_usage["key_id"] == key_id and key_usage["daily"]["remaining"] == 500 - used
 
     # Changes are in force at the next request: the tier and the key's budget.
-    assert_openai_error(await gw.chat(key, service_tier="priority"), 403, param="service_tier")
+    # The tenant may use priority, its quota may not: the code a tier not allowed has everywhere.
+    refused = await gw.chat(key, service_tier="priority")
+    assert_openai_error(refused, 403, param="service_tier", code="tier_not_allowed")
+    assert "service_tier 'priority'" in refused.json()["error"]["message"]
     await gw.http.put(f"/admin/keys/{key_id}/quota", json={"daily_token_budget": used}, headers=admin)
     spent = await gw.chat(key)
     assert_openai_error(spent, 429, code="insufficient_quota")
     assert spent.json()["error"]["type"] == "insufficient_quota" and int(spent.headers["retry-after"]) >= 1
+    assert "renews at the end of the UTC day" in spent.json()["error"]["message"]
 
     for path, body, status in [
         (f"/admin/tenants/{tid}/quota", {"allowed_tiers": ["gold"]}, 422),
