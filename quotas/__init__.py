@@ -21,7 +21,7 @@ tenant may spend a whole minute's allowance at once, then one unit per 60 s / li
 from .client import connect
 from .decision import Decision, LimitName, RateInfo, Reservation, SettleOutcome, Usage
 from .errors import QuotaBackendUnavailable, QuotaError, QuotaNotConfigured
-from .headers import format_duration, rate_limit_headers, retry_headers
+from .headers import format_duration, rate_limit_headers, refunded, retry_headers
 from .keys import KeySpace
 from .limiter import Limiter, Loader
 from .limits import Demand, Enqueue, QuotaLimits
@@ -47,5 +47,6 @@ __all__ = [
     "connect",
     "format_duration",
     "rate_limit_headers",
+    "refunded",
     "retry_headers",
 ]

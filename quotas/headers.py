@@ -14,8 +14,11 @@ never comes before the window has room.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from .decision import Decision, RateInfo
+
+WINDOW_S = 60.0  # the rate window (gcra.lua's WINDOW)
 
 
 def format_duration(seconds: float) -> str:
@@ -50,6 +53,20 @@ def retry_headers(retry_after: float) -> dict[str, str]:
     """``retry-after`` (integer seconds, rounded up, at least 1) and ``retry-after-ms``."""
     ms = max(1, math.ceil(round(retry_after * 1000, 6)))
     return {"retry-after": str(max(1, math.ceil(ms / 1000))), "retry-after-ms": str(ms)}
+
+
+def refunded(decision: Decision, tokens: int) -> Decision:
+    """An admitted decision's rates once its reservation is refunded: one request and ``tokens``
+    back in each bucket (settle.lua moves each TAT back by as much; exact while nothing else was
+    charged meanwhile), so that an error answered after the refund shows them as they are."""
+    return replace(decision, requests=_back(decision.requests, 1), tokens=_back(decision.tokens, tokens))
+
+
+def _back(info: RateInfo | None, units: int) -> RateInfo | None:
+    if info is None or info.limit <= 0:
+        return info
+    reset = max(0.0, info.reset_after - units * WINDOW_S / info.limit)
+    return RateInfo(info.limit, min(info.limit, info.remaining + units), reset)
 
 
 def rate_limit_headers(decision: Decision) -> dict[str, str]:

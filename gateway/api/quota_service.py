@@ -68,6 +68,7 @@ from quotas import (
     SettleOutcome,
     connect,
     rate_limit_headers,
+    refunded,
     retry_headers,
 )
 from tenancy import get_quota
@@ -91,6 +92,7 @@ class Admission:
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
     reservation: Reservation | None = None  # None: quotas off (no limiter)
+    decision: Decision | None = None  # the admission's (its rates: the headers)
     queued: bool = False  # the admission also queued the request in its lane
     # its lane entry carries its settlement: the worker settles it with its last result
     worker_settles: bool = False
@@ -232,7 +234,7 @@ class QuotaService:
             if self.tally is not None:
                 self.tally.note(auth.tenant_id, auth.key_id)
             raise refusal(decision, admission.headers, tier)
-        admission.reservation = decision.reservation
+        admission.reservation, admission.decision = decision.reservation, decision
         admission.queued = decision.entry_id is not None
         admission.worker_settles = admission.queued and worker_settles
         if decision.reservation is not None and decision.reservation.charged:
@@ -255,6 +257,10 @@ class QuotaService:
         if outcome.quota_settled and admission.worker_settles:
             return
         result = await self._settle_once(reservation, outcome)
+        if result == "settled" and not outcome.ran and admission.decision is not None:
+            # refunded: an error answered from here on shows the rates with this request given back
+            admission.headers = rate_limit_headers(refunded(admission.decision, reservation.reserved_tokens))
+            publish(admission.headers)
         if result == "unavailable":
             task = asyncio.ensure_future(self._settle_later(admission.request_id, reservation, outcome))
             self._retries.add(task)

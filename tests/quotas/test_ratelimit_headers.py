@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quotas import Decision, RateInfo, format_duration, rate_limit_headers, retry_headers
+from quotas import Decision, RateInfo, format_duration, rate_limit_headers, refunded, retry_headers
 
 
 @pytest.mark.parametrize(
@@ -82,3 +82,10 @@ def test_a_spent_budget_says_when_it_renews_as_a_duration():
     monthly = Decision(False, limit="monthly_budget", scope="key", retry_after=3600)
     assert monthly.message.startswith("The API key's monthly token budget")
     assert "month, in 1h0m0s" in monthly.message
+
+
+def test_a_refund_gives_the_headers_their_request_and_tokens_back():
+    d = Decision(True, requests=RateInfo(10, 8, 12.0), tokens=RateInfo(600, 100, 59.0))
+    back = refunded(d, 40)
+    assert back.requests == RateInfo(10, 9, 6.0) and back.tokens == RateInfo(600, 140, 55.0)
+    assert refunded(Decision(True, tokens=RateInfo(600, 590, 1.0)), 40).tokens == RateInfo(600, 600, 0.0)

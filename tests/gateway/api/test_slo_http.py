@@ -105,6 +105,9 @@ def _assert_slo_refusal(response: httpx.Response) -> None:
     assert error["type"] == "server_error" and "time-to-first-token" in error["message"]
     assert int(response.headers["retry-after"]) >= 1
     assert response.headers["x-ratelimit-limit-requests"] == "1000"  # it went through the quota check
+    # refunded before the answer: its headers count it back (they said 999 left, the usage API 1000)
+    assert response.headers["x-ratelimit-remaining-requests"] == "1000"
+    assert response.headers["x-ratelimit-reset-requests"] == "0ms"
 
 
 def _assert_refunded(records, charged) -> None:
