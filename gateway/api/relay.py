@@ -22,9 +22,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import ErrorCode
 from gateway.api.errors import (
+    NO_WORKER_RETRY_S,
     GatewayError,
     InvalidRequest,
     NotFound,
+    ServiceUnavailable,
     SLOUnattainable,
     engine_timeout,
     queue_lost,
@@ -48,13 +50,20 @@ AFTER_RESPONSE_DELAY_S = 0.002
 def lane_error(
     result: LaneResult, prompt_param: str = "messages", structured_param: str | None = None
 ) -> GatewayError:
-    """The HTTP error of a worker's error result: 503 + retry-after for an SLO refusal, else 400.
+    """The HTTP error of a worker's error result: 503 + retry-after for an SLO refusal and for a
+    request its dead worker's successor could not resume (``worker_lost``), else 400.
     ``prompt_param``, ``structured_param``: the request fields the prompt and the output constraint
     came in, named in place of the engine's "prompt" and "response_format"."""
     if result.error_code == ErrorCode.SLO_UNATTAINABLE:
         return SLOUnattainable(
             result.error_message or "The request cannot meet its latency target now.",
             retry_after_s=result.retry_after_s or 1.0,
+        )
+    if result.error_code == ErrorCode.WORKER_LOST:  # an n > 1 request its dead worker had started
+        return ServiceUnavailable(
+            result.error_message or "The engine worker running this request stopped; retry it.",
+            code=ErrorCode.WORKER_LOST.value,
+            headers={"retry-after": str(NO_WORKER_RETRY_S)},
         )
     if result.error_code == ErrorCode.MODEL_NOT_FOUND:  # its adapter was deleted while it waited
         return NotFound(
@@ -112,6 +121,8 @@ async def read_published(context: RequestContext, request_ids: list[str]) -> lis
 
 def refusal_status(result: LaneResult) -> Status:
     """The status of a request a worker refused with the error result ``result``."""
+    if result.error_code == ErrorCode.WORKER_LOST:
+        return Status.WORKER_LOST
     return Status.SLO_REFUSED if result.error_code == ErrorCode.SLO_UNATTAINABLE else Status.WORKER_REFUSED
 
 

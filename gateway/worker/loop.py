@@ -59,6 +59,19 @@ class AdapterGone(EngineError):
     code = ErrorCode.MODEL_NOT_FOUND
 
 
+class ChoicesLost(EngineError):
+    """An n > 1 request whose dead worker had published tokens: the engine resumes one sequence
+    from its tokens, not several choices, so the request ends (503, retry-after) instead."""
+
+    code = ErrorCode.WORKER_LOST
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The engine worker running this request stopped after it had produced tokens, and a "
+            "request with n > 1 cannot be resumed on another worker; retry it."
+        )
+
+
 class Worker(EarlyStarts, Publishing):
     """Feeds one engine from the lanes of one model; see the module docstring for one iteration."""
 
@@ -295,6 +308,8 @@ class Worker(EarlyStarts, Publishing):
             else None
         )
         try:
+            if resumed and request.sampling.n > 1:
+                raise ChoicesLost()
             if early is None:
                 self.engine.add(self._engine_request(entry.lane, request, waited, prior.resume_token_ids))
         except (AdapterNotFoundError, EngineError) as exc:  # bad input, or SLOUnattainableError
@@ -308,7 +323,8 @@ class Worker(EarlyStarts, Publishing):
                 )
             if trace is not None:
                 trace.refused(refusal)
-            self._outbox.append(error_result(self.worker_id, request.request_id, refusal, offset=resumed))
+            offset = 0 if isinstance(exc, ChoicesLost) else resumed  # choice 0's tokens (all of n = 1)
+            self._outbox.append(error_result(self.worker_id, request.request_id, refusal, offset=offset))
             self._outbox_done.append((entry.lane, entry.entry_id))
             return 0
         with self.lock:

@@ -153,6 +153,39 @@ async def test_a_worker_killed_during_8_streams_is_restarted_and_every_stream_re
     assert all(records[r["request_id"]].completion_tokens == MAX_TOKENS for r in disturbed)
 
 
+async def test_a_worker_killed_during_n_gt_1_requests_ends_them_with_a_503_worker_lost(served):
+    """The engine resumes one sequence, not n choices: an n = 2 request its worker died in was a
+    400 invalid_request ("resume_token_ids cannot continue an n > 1 request"), the client's fault."""
+    headers = {"Authorization": f"Bearer {served.api_key}"}
+    body = {"model": "dummy", "prompt": "two", "max_tokens": MAX_TOKENS, "ignore_eos": True, "n": 2}
+    worker = _processes(served)["worker-0"]
+    async with httpx.AsyncClient(base_url=served.base_url, timeout=120) as http:
+        plain = asyncio.create_task(http.post("/v1/completions", json=body, headers=headers))
+        streamed = {"events": [], "status": None}
+        async with http.stream(
+            "POST", "/v1/completions", json={**body, "stream": True}, headers=headers
+        ) as r:
+            streamed["status"], streamed["request_id"] = r.status_code, r.headers["x-request-id"]
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    streamed["events"].append(line[len("data: ") :])
+                    if len(streamed["events"]) == 10:
+                        os.kill(worker["pid"], signal.SIGKILL)
+        response = await plain
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "worker_lost" and response.headers["retry-after"]
+    assert streamed["status"] == 200 and streamed["events"][-1] == "[DONE]"
+    error = json.loads(streamed["events"][-2])["error"]
+    assert error["code"] == "worker_lost" and error["type"] == "server_error", error
+    records = _usage(served.extra["tmp"])
+    assert records[streamed["request_id"]].status == "worker_lost"
+    assert records[response.headers["x-request-id"]].status == "worker_lost"
+    deadline = time.monotonic() + 30
+    while _processes(served)["worker-0"]["state"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 async def test_redis_killed_during_8_streams_is_restarted_and_service_resumes(served):
     redis = _processes(served)["redis"]
     results = await _streams(served, during=lambda: os.kill(redis["pid"], signal.SIGKILL))

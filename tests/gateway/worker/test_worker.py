@@ -136,6 +136,29 @@ def test_a_dead_workers_request_is_claimed_and_resumed(tiny_engine_factory, redi
     redis.delete(out_key(rid))
 
 
+def test_a_dead_workers_n_gt_1_request_ends_worker_lost_not_invalid(tiny_engine_factory, redis, model_name):
+    """The engine resumes one sequence, not n choices: the survivor's engine refused the claimed
+    n = 3 request as the client's error (invalid_request on resume_token_ids, a 400 over HTTP)."""
+    engine = tiny_engine_factory()
+    dead = _worker(tiny_engine_factory(), redis, model_name, worker_id="dead")
+    survivor = _worker(engine, redis, model_name, worker_id="survivor", claim_idle_ms=1500)
+    rid = f"req-{uuid.uuid4().hex[:12]}"
+    sampling = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, n=3)
+    request = LaneRequest(rid, model_name, "standard", "acme", (9, 8, 7, 6, 5), sampling)
+    redis.xadd(lane_key(model_name, "standard"), request.encode())
+    for _ in range(6):
+        dead.run_once()
+    assert any(r.token_ids for r in _results(redis, rid))
+    time.sleep(1.6)
+    _run_until_done(survivor, redis, [rid])
+    last = _results(redis, rid)[-1]
+    assert last.kind == "error" and last.done and last.worker == "survivor"
+    assert last.error_code == "worker_lost" and "n > 1 cannot be resumed" in (last.error_message or "")
+    assert redis.xpending(lane_key(model_name, "standard"), "workers")["pending"] == 0
+    assert survivor.inflight == {} and engine.num_free_blocks == engine.num_total_blocks
+    redis.delete(out_key(rid))
+
+
 def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, redis, model_name):
     engine = tiny_engine_factory()
     gone = _worker(engine, redis, model_name, worker_id="gone")
