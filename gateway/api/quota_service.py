@@ -121,10 +121,16 @@ def tenancy_loader(session_factory: sessionmaker[Session]) -> Loader:
     return loader
 
 
-def refusal(decision: Decision, headers: dict[str, str], tier: str) -> Exception:
-    """The HTTP error of a refused decision (the table in the module docstring)."""
+def refusal(decision: Decision, headers: dict[str, str], tier: str, max_tokens: int) -> Exception:
+    """The HTTP error of a refused decision (the table in the module docstring); ``max_tokens``:
+    what the request reserved for its completions, over all its choices and prompts."""
     message = decision.message
-    if decision.limit == "max_tokens":
+    if decision.limit == "max_tokens":  # the cap is on the total: say what was counted
+        whose = "API key" if decision.scope == "key" else "organization"
+        message = (
+            f"This request's max_tokens, {max_tokens} over all its choices (n) and prompts, is above the "
+            f"{whose}'s max_tokens per request."
+        )
         return InvalidRequest(message, param="max_tokens", headers=headers)
     if decision.limit == "tier":  # the code tiers.py gives a tier the tenant may not use
         whose = "API key" if decision.scope == "key" else "organization"
@@ -233,7 +239,7 @@ class QuotaService:
             metrics.QUOTA_REFUSALS.labels(tier, decision.limit or "unknown").inc()
             if self.tally is not None:
                 self.tally.note(auth.tenant_id, auth.key_id)
-            raise refusal(decision, admission.headers, tier)
+            raise refusal(decision, admission.headers, tier, max_tokens)
         admission.reservation, admission.decision = decision.reservation, decision
         admission.queued = decision.entry_id is not None
         admission.worker_settles = admission.queued and worker_settles

@@ -109,7 +109,10 @@ async def test_a_request_without_max_tokens_gets_the_default_capped_by_the_quota
     )
     assert put.status_code == 200, put.text
     assert (await gw.chat(key, max_tokens=None)).json()["usage"]["completion_tokens"] == 2
-    assert_openai_error(await gw.chat(key, max_tokens=3), 400, param="max_tokens")  # asked explicitly
+    error = assert_openai_error(await gw.chat(key, max_tokens=3), 400, param="max_tokens")  # asked explicitly
+    assert "max_tokens, 3 over all its choices" in error["message"]
+    error = assert_openai_error(await gw.chat(key, max_tokens=1, n=3), 400, param="max_tokens")
+    assert "max_tokens, 3 over all its choices (n)" in error["message"]  # the cap is on the total
 
 
 async def test_admin_quota_set_get_usage_round_trip(gw):
