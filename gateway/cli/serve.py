@@ -29,6 +29,7 @@ import os
 import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
 
@@ -44,6 +45,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # serve's resolved settings for its extra gateway processes (gateway/cli/gateway_process.py): not a
 # FAIRLANE_* setting, read (and removed) before their settings load
 SETTINGS_ENV = "FL_SERVE_SETTINGS_JSON"
+# what the engine's checkpoint check raises on a damaged file (a header length past the file:
+# OverflowError; a header that is not JSON: ValueError; a file under 8 bytes: struct.error)
+UNREADABLE = (OSError, ValueError, OverflowError, struct.error)
 GRACE_S = 5.0  # an extra gateway process may take this long past drain_timeout_s to stop (its shutdown)
 
 
@@ -280,6 +284,8 @@ def _refuse_model(model: str) -> str | None:
         source = assets.resolve_model(model)
     except (UnsupportedModelError, FileNotFoundError) as exc:
         return str(exc)
+    except UNREADABLE as exc:  # a damaged or truncated file: the check's reader fails on it
+        return f"its checkpoint cannot be read ({type(exc).__name__}: {exc})"
     if source.kind == "folder" and not assets.has_tokenizer(source.files):
         return "the folder has no tokenizer (tokenizer.json): the gateway needs one to tokenize prompts"
     return None

@@ -68,7 +68,12 @@ def main(engine_overrides: dict | None = None) -> None:
     serve_metrics(settings)
     traced = setup_tracing(settings, "fairlane-worker")
     name = worker_id()
-    engine = build_engine(settings)
+    try:
+        engine = build_engine(settings)
+    except Exception as exc:  # a model it cannot load: one line, not a traceback on each restart
+        log.debug("the engine's start failed", exc_info=True)
+        log.error("cannot load model %r: %s: %s", settings.engine.model, type(exc).__name__, exc)
+        raise SystemExit(1) from None
     redis = sync_client(settings.redis_url)
     worker = Worker(
         engine,

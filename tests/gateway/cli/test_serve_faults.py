@@ -22,6 +22,7 @@ import httpx
 import pytest
 from serve_process import REPO, fairlane_command, free_port, start, wait_ready
 
+from benchmarks.common import tiny_model
 from tenancy import UsageRecord, make_engine, make_session_factory
 
 TINY = dict(
@@ -276,8 +277,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _serve_once(tmp_path, *args: str, wrap: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, str]:
+def _serve_once(
+    tmp_path, *args: str, wrap: tuple[str, ...] = (), model: str | None = None
+) -> tuple[subprocess.CompletedProcess, str]:
     env = {**os.environ, "PYTHONPATH": REPO, **_env(tmp_path)}
+    if model is not None:
+        env["FAIRLANE_ENGINE__MODEL"] = model
     result = subprocess.run(
         [*wrap, *fairlane_command(), "serve", "--dev", *args],
         env=env,
@@ -365,5 +370,52 @@ async def test_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path
         records = _usage(tmp_path)
         assert {r for r in cancelled if r in records} == cancelled  # every one recorded
         assert all(records[r].status == "cancelled" for r in cancelled)
+    finally:
+        served.stop()
+
+
+def _damaged_copy(tmp_path) -> str:
+    """The tiny model's folder with its weights file's header length overwritten (a damaged disk,
+    a copy cut short)."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model(), folder)
+    with open(folder / "model.safetensors", "r+b") as f:
+        f.write(b"\xff" * 8)
+    return str(folder)
+
+
+def test_a_damaged_checkpoint_stops_serve_at_once_naming_it(tmp_path):
+    """The model check's reader raised OverflowError: a 25-line traceback, no reason given."""
+    model = _damaged_copy(tmp_path)
+    result, output = _serve_once(tmp_path, "--port", str(free_port()), model=model)
+    assert result.returncode == 1 and "Traceback" not in output
+    assert f"cannot serve model {model!r}: its checkpoint cannot be read" in output
+    assert len(output.strip().splitlines()) == 1
+
+
+def test_a_worker_that_cannot_load_its_model_crash_loops_saying_why_in_one_line(tmp_path):
+    """Weights damaged under a running serve: each restart of the worker printed a 25-line
+    traceback; now one line naming the model, and /ready a 503 with the crash loop."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model(), folder)
+    port = free_port()
+    env = {**_env(tmp_path), "FAIRLANE_ENGINE__MODEL": str(folder)}
+    served = wait_ready(
+        start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
+    )
+    try:
+        with open(folder / "model.safetensors", "r+b") as f:
+            f.write(b"\xff" * 8)
+        os.kill(_processes(served)["worker-0"]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while (ready := httpx.get(served.base_url + "/ready", timeout=10)).json()["processes"]["worker-0"][
+            "state"
+        ] != "crash_loop":
+            assert time.monotonic() < deadline, ready.text
+            time.sleep(0.5)
+        assert ready.status_code == 503 and ready.json()["checks"]["processes"] is False
+        log = served.log()
+        assert log.count(f"cannot load model '{folder}': OverflowError") >= 2, log[-3000:]
+        assert "Traceback" not in log
     finally:
         served.stop()
