@@ -61,7 +61,10 @@ def get_key(key_id: DbId, session: SessionDep):
 def usage(tenant_id: DbId, session: SessionDep, since: datetime | None = None, until: datetime | None = None):
     """Usage of a tenant in [since, until) (default: the last 30 days), by model and by tier."""
     until = _aware(until) or datetime.now(UTC)
-    since = _aware(since) or until - timedelta(days=USAGE_WINDOW_DAYS)
+    try:
+        since = _aware(since) or until - timedelta(days=USAGE_WINDOW_DAYS)
+    except OverflowError:  # an 'until' in the first 30 days of year 1
+        raise UnprocessableEntity("'until' is out of range.", param="until") from None
     if since >= until:
         raise UnprocessableEntity("'since' must be before 'until'.", param="since")
     get_tenant(session, tenant_id=tenant_id)
