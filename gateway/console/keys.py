@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import StateDep
 from gateway.api.routes import admin_keys, admin_quotas
-from gateway.api.schemas.admin import ApiKeyCreate, DbId
+from gateway.api.schemas.admin import DB_ID_MAX, ApiKeyCreate, DbId
 from gateway.api.schemas.quotas import QuotaSet
 from gateway.console.session import PREFIX, Change, SignedIn
 from gateway.console.views import ACTION_ERRORS, error_text, number, render, tier_shares
@@ -77,7 +77,16 @@ async def revoke_key(key_id: DbId, session: Change, request: Request, state: Sta
     return await _keys_page(request, session, state, key.tenant_id, notice=notice)
 
 
+def _unknown_key(key_id: int | None) -> bool:
+    """A ``key_id`` no row can have (the query string is not bounded as path ids are): the database
+    would overflow on it, so it is treated as a key that does not exist."""
+    return key_id is not None and not 1 <= key_id <= DB_ID_MAX
+
+
 async def _quota_page(request: Request, session, state, tenant_id: int, key_id: int | None, **context):
+    if _unknown_key(key_id):
+        return RedirectResponse(f"{PREFIX}/tenants", status_code=303)
+
     def read():
         with state.session_factory() as db:
             tenant = get_tenant(db, tenant_id=tenant_id)
@@ -131,6 +140,8 @@ async def quotas(
 async def set_quota(
     tenant_id: DbId, request: Request, session: Change, state: StateDep, key_id: int | None = None
 ):
+    if _unknown_key(key_id):
+        return RedirectResponse(f"{PREFIX}/tenants", status_code=303)
     form = await request.form()
     try:
         body = QuotaSet(

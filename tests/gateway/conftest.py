@@ -1,4 +1,6 @@
-"""Shared fixtures: the machine's real Redis, a tiny random-weight engine, unique model names."""
+"""Shared fixtures: the machine's real Redis, a tiny random-weight engine, unique model names, and
+for modules that run on both database backends `sql_backend_url` and `sql_database_url` (a module
+overrides its own `database_url` with them; nothing here overrides `database_url`)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,11 @@ import uuid
 import pytest
 import redis as redislib
 from gateway_test_helpers import ADMIN_TOKEN, TINY, TINY_ENGINE, inproc_worker
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 REDIS_URL = os.environ.get("FAIRLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_ENV = "FAIRLANE_TEST_POSTGRES_URL"
 
 
 @pytest.fixture(scope="session")
@@ -120,3 +125,40 @@ def free_tcp_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def sql_backend_url(request, tmp_path_factory):
+    """One database per module and backend (PostgreSQL from FAIRLANE_TEST_POSTGRES_URL, set by
+    .ci/run; skipped with a visible reason without it)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'fairlane.db'}"
+        return
+    base_url = os.environ.get(POSTGRES_ENV)
+    if not base_url:
+        pytest.skip(f"{POSTGRES_ENV} is not set: PostgreSQL tests not run")
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
+    name = f"fairlane_test_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(base_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sql_database_url(sql_backend_url):
+    """The module's database at the migration head, emptied for each test."""
+    url = sql_backend_url
+    from tenancy import make_engine, upgrade
+
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        for table in ("usage_records", "usage_hourly", "quotas", "adapters", "api_keys", "tenants"):
+            connection.execute(text(f"DELETE FROM {table}"))
+    engine.dispose()
+    return url
