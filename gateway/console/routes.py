@@ -70,8 +70,13 @@ async def login(request: Request, state: StateDep):
 
 
 @router.post("/logout")
-async def logout(session: Change):
-    response = RedirectResponse(f"{PREFIX}/login", status_code=303)
+async def logout(request: Request, session: Change):
+    # From the page (htmx), a full navigation: a swapped-in sign-in form would keep the page's URL
+    # and htmx (which swaps no 4xx) would show nothing for a wrong token.
+    if "hx-request" in request.headers:
+        response = Response(status_code=200, headers={"hx-redirect": f"{PREFIX}/login"})
+    else:
+        response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     response.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
     return response
 

@@ -310,3 +310,19 @@ def test_the_browser_logged_no_error(page, shared):
     page.goto("/console/tenants")
     page.wait_for_timeout(300)
     assert shared["problems"] == []
+
+
+def test_sign_out_goes_to_the_sign_in_page_where_a_wrong_token_is_told(page):
+    # found by an exploratory run: htmx swapped the sign-in form into the page it was on (its URL
+    # kept), and a wrong token there showed nothing (htmx swaps no 401)
+    page.goto("/console/tenants")
+    page.locator("form.logout button").click()
+    page.wait_for_url("**/console/login")
+    assert not [c for c in page.context.cookies() if c["name"] == "fairlane_console"]
+    page.fill("input[name=token]", "not-the-admin-token")
+    page.click("button[type=submit]")
+    page.locator(".error", has_text="not this gateway's admin token").wait_for()
+    assert page.url.endswith("/console/login")
+    page.fill("input[name=token]", ADMIN_TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/console/tenants")
