@@ -35,6 +35,9 @@ def create_api_key(
         raise ValidationError(
             f"unknown scopes {unknown}: a key's scopes are among {list(SCOPES)}", param="scopes"
         )
+    twice = sorted({scope for scope in scopes if list(scopes).count(scope) > 1})
+    if twice:  # stored as given, twice, before: a list of scopes is a set
+        raise ValidationError(f"scopes names {twice[0]!r} more than once", param="scopes")
     get_tenant(session, tenant_id=tenant_id)
     while True:  # a prefix collision is astronomically rare (62**8); draw again if it happens
         generated = generate_key()

@@ -34,6 +34,15 @@ def test_create_returns_secret_once_and_stores_only_its_hash(session):
     assert refused.value.param == "scopes"
 
 
+def test_a_scope_named_twice_is_refused(session):
+    # found by an exploratory run: ["inference", "inference"] was stored as given, twice
+    tenant = create_tenant(session, name="acme")
+    with pytest.raises(ValidationError) as refused:
+        create_api_key(session, tenant_id=tenant.id, scopes=["inference", "adapters", "inference"])
+    assert refused.value.param == "scopes" and "'inference'" in refused.value.message
+    assert list_api_keys(session, tenant_id=tenant.id) == []
+
+
 def test_authenticate_good_wrong_and_malformed_keys(session):
     tenant = create_tenant(session, name="acme")
     created = create_api_key(session, tenant_id=tenant.id)
