@@ -127,7 +127,10 @@ def _not_signed_in(request: Request, _exc: Exception) -> Response:
 
 
 def _csrf_refused(_request: Request, _exc: Exception) -> Response:
-    return PlainTextResponse("Missing or wrong CSRF token: reload the page.", status_code=403)
+    return PlainTextResponse(
+        "This page's CSRF token is not its session's (signed in again in another tab?): reload the page.",
+        status_code=403,
+    )
 
 
 for _module in (tenants, keys, adapters, usage):

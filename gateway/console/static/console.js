@@ -43,8 +43,40 @@
     charts.problems = bar(document.getElementById("chart-problems"), data.labels, problems, false);
   }
 
+  // htmx swaps no 4xx or 5xx answer: without this, a refused change (a CSRF token replaced by a
+  // sign-in in another tab, an error of the gateway) would show nothing at all.
+  function showError(text) {
+    var main = document.getElementById("main");
+    if (!main) return;
+    var notice = document.getElementById("request-error");
+    if (!notice) {
+      notice = document.createElement("p");
+      notice.id = "request-error";
+      notice.className = "error";
+      notice.setAttribute("role", "alert");
+    }
+    main.insertBefore(notice, main.firstChild);
+    notice.textContent = text; // text, never HTML
+    notice.scrollIntoView({ block: "nearest" });
+  }
+
+  function errorText(xhr) {
+    var text = (xhr.responseText || "").trim();
+    try {
+      var body = JSON.parse(text);
+      if (body && body.error && body.error.message) text = body.error.message;
+    } catch (e) {}
+    return (text.slice(0, 500) || "The request failed.") + " (HTTP " + xhr.status + ")";
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     draw();
+    document.body.addEventListener("htmx:responseError", function (event) {
+      showError(errorText(event.detail.xhr));
+    });
+    document.body.addEventListener("htmx:sendError", function () {
+      showError("The gateway did not answer: is it running?");
+    });
     document.body.addEventListener("htmx:afterSettle", function (event) {
       if (event.detail.elt && event.detail.elt.id !== "live") draw();
     });
