@@ -68,6 +68,7 @@ def result_stream(state: GatewayState, request_id: str, epoch: str) -> AsyncIter
         idle_timeout_s=settings.stream_idle_timeout_s,
         keepalive_s=settings.sse_keepalive_s,
         epoch=epoch,
+        model=settings.model_name,  # its workers run its adapters too
     ).__aiter__()
 
 

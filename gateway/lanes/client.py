@@ -143,6 +143,7 @@ class LaneClient:
         idle_timeout_s: float | None = None,
         keepalive_s: float | None = None,
         epoch: str | None = None,
+        model: str | None = None,
     ) -> AsyncIterator[LaneResult | None]:
         """Every result of a request in order, until the last one (``done``); drops chunks already seen, and
         never skips any: a result past a gap (tokens lost with a restarted Redis) ends the relay.
@@ -151,11 +152,15 @@ class LaneClient:
         if nothing arrives for ``timeout_s`` seconds before the first result, ``idle_timeout_s``
         (default: the same) after it, and QueueUnavailable if Redis stops answering, is no
         longer at ``epoch`` (the one the request was queued at; default: this replica's now) or
-        lost results.
+        lost results. ``model``: before the first result, every ``idle_timeout_s`` the relay asks
+        whether a worker of ``model`` is alive, and raises ResultTimeout when none is (its worker
+        died and none came back, a crash loop): it does not wait out ``timeout_s`` for nobody.
         """
         key = out_key(request_id)
         try:
-            async for result in self._results(key, request_id, timeout_s, idle_timeout_s, keepalive_s, epoch):
+            async for result in self._results(
+                key, request_id, timeout_s, idle_timeout_s, keepalive_s, epoch, model
+            ):
                 yield result
                 if result is not None and result.done:
                     return
@@ -170,10 +175,13 @@ class LaneClient:
         idle_timeout_s: float | None,
         keepalive_s: float | None,
         epoch: str | None,
+        model: str | None,
     ) -> AsyncIterator[LaneResult | None]:
         last_id, idle_ms, quiet_ms = "0-0", 0.0, 0.0
         relayed: dict[int, int] = {}  # choice index -> output tokens relayed
         limit_s = timeout_s
+        # before the first result: when (ms waited) to ask next whether a worker of the model lives
+        ask_ms = idle_timeout_s * 1000 if model and idle_timeout_s and idle_timeout_s < timeout_s else None
         while True:
             _raise_if_cancelled()
             try:
@@ -188,12 +196,24 @@ class LaneClient:
                 quiet_ms += self.poll_ms
                 if idle_ms >= limit_s * 1000:
                     raise ResultTimeout(f"no result for {request_id} in {limit_s:.0f} s")
+                if ask_ms is not None and idle_ms >= ask_ms:
+                    assert model is not None and idle_timeout_s is not None
+                    ask_ms += idle_timeout_s * 1000
+                    try:
+                        alive = await self.has_worker(model, fresh=True)
+                    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                        raise QueueUnavailable(str(exc)) from exc
+                    if not alive:
+                        raise ResultTimeout(
+                            f"no result for {request_id} in {idle_ms / 1000:.0f} s and no live worker "
+                            f"serves {model!r}"
+                        )
                 if keepalive_s is not None and quiet_ms >= keepalive_s * 1000:
                     quiet_ms = 0.0
                     yield None
                 continue
             idle_ms = quiet_ms = 0.0
-            limit_s = idle_timeout_s or timeout_s
+            limit_s, ask_ms = idle_timeout_s or timeout_s, None
             for entry_id, fields in reply[0][1]:
                 last_id = entry_id
                 result = LaneResult.decode(fields)

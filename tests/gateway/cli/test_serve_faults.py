@@ -395,11 +395,12 @@ def test_a_damaged_checkpoint_stops_serve_at_once_naming_it(tmp_path):
 
 def test_a_worker_that_cannot_load_its_model_crash_loops_saying_why_in_one_line(tmp_path):
     """Weights damaged under a running serve: each restart of the worker printed a 25-line
-    traceback; now one line naming the model, and /ready a 503 with the crash loop."""
+    traceback; now one line naming the model, and /ready a 503 with the crash loop. A request
+    admitted as the worker died ends worker_lost after the idle timeout, not the request timeout."""
     folder = tmp_path / "model"
     shutil.copytree(tiny_model(), folder)
     port = free_port()
-    env = {**_env(tmp_path), "FAIRLANE_ENGINE__MODEL": str(folder)}
+    env = {**_env(tmp_path), "FAIRLANE_ENGINE__MODEL": str(folder), "FAIRLANE_STREAM_IDLE_TIMEOUT_S": "3"}
     served = wait_ready(
         start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
     )
@@ -407,6 +408,15 @@ def test_a_worker_that_cannot_load_its_model_crash_loops_saying_why_in_one_line(
         with open(folder / "model.safetensors", "r+b") as f:
             f.write(b"\xff" * 8)
         os.kill(_processes(served)["worker-0"]["pid"], signal.SIGKILL)
+        # admitted (the worker beat a moment ago), then nobody to run it: it waited the request
+        # timeout (600 s); it ends once the idle timeout finds no live worker
+        began = time.monotonic()
+        body = {"model": folder.name, "prompt": "anyone?", "max_tokens": 4}
+        headers = {"Authorization": f"Bearer {served.api_key}"}
+        response = httpx.post(served.base_url + "/v1/completions", json=body, headers=headers, timeout=60)
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "worker_lost"
+        assert time.monotonic() - began < 20 and response.headers["retry-after"]
         deadline = time.monotonic() + 120
         while (ready := httpx.get(served.base_url + "/ready", timeout=10)).json()["processes"]["worker-0"][
             "state"

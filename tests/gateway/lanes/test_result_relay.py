@@ -4,13 +4,14 @@ empty while a worker kept publishing) ends the relay with QueueUnavailable, neve
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.lanes.client import LaneClient, QueueUnavailable
-from gateway.lanes.keys import out_key
+from gateway.lanes.client import LaneClient, QueueUnavailable, ResultTimeout
+from gateway.lanes.keys import out_key, workers_key
 from gateway.lanes.messages import LaneResult
 
 
@@ -59,3 +60,27 @@ async def test_a_gap_in_the_results_ends_the_relay(lanes):
         async for result in lanes.results(rid, timeout_s=5):
             relayed += result.token_ids
     assert relayed == [1, 2]
+
+
+async def test_no_first_result_and_no_live_worker_ends_the_wait_after_the_idle_timeout(lanes):
+    """A request queued as its only worker died, the worker crash-looping: the wait for its first
+    result went on for the whole request timeout (600 s by default) with nobody to run it."""
+    model, rid = f"m-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    began = time.monotonic()
+    with pytest.raises(ResultTimeout, match="no live worker serves"):
+        async for _ in lanes.results(rid, timeout_s=30, idle_timeout_s=0.3, model=model):
+            pass
+    assert time.monotonic() - began < 5
+
+
+async def test_no_first_result_with_a_live_worker_waits_the_request_timeout(lanes):
+    """A request queued behind others on a live worker waits its whole request timeout."""
+    model, rid = f"m-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    now_s, _ = await lanes.redis.time()
+    await lanes.redis.zadd(workers_key(model), {"w1": now_s + 60})  # beats "in the future": alive
+    try:
+        with pytest.raises(ResultTimeout, match=r"in 1 s$"):
+            async for _ in lanes.results(rid, timeout_s=1.2, idle_timeout_s=0.3, model=model):
+                pass
+    finally:
+        await lanes.redis.delete(workers_key(model))
