@@ -79,8 +79,9 @@ def revoke_api_key(session: Session, *, key_id: int) -> ApiKey:
     return row
 
 
-def authenticate_key(session: Session, *, key: str) -> tuple[ApiKey, Tenant] | None:
-    """The key's row and tenant if the key is ours, unrevoked and its tenant active; else None."""
+def authenticate_key(session: Session, *, key: str, active_only: bool = True) -> tuple[ApiKey, Tenant] | None:
+    """The key's row and tenant if the key is ours, unrevoked and its tenant active (any tenant
+    with ``active_only`` false: the caller says why it refuses); else None."""
     prefix = key_prefix(key)
     if prefix is None:
         return None
@@ -88,7 +89,7 @@ def authenticate_key(session: Session, *, key: str) -> tuple[ApiKey, Tenant] | N
     if row is None or not verify_key(key, row.secret_hash) or row.revoked:
         return None
     tenant = row.tenant
-    if not tenant.active:
+    if active_only and not tenant.active:
         return None
     return row, tenant
 

@@ -45,6 +45,7 @@ class AuthContext:
     # request without max_tokens gets the server default capped at it. Quota changes invalidate
     # the cache like revocations; quotas enforce the current cap anyway.
     max_tokens_cap: int | None = None
+    tenant_active: bool = True  # False: a good key of a disabled tenant (refused, told why)
 
 
 async def invalidate_auth(redis: aioredis.Redis) -> None:
@@ -79,7 +80,8 @@ class KeyCache:
         self._entries.clear()
 
     async def lookup(self, key: str) -> AuthContext | None:
-        """The caller's context, or None for a wrong, revoked or disabled key."""
+        """The caller's context, or None for a wrong or revoked key or a disabled tenant's
+        (``tenant_disabled`` tells the last apart)."""
         await self._refresh()
         digest = hash_key(key)
         entry = self._entries.get(digest)
@@ -91,9 +93,15 @@ class KeyCache:
                 self._loading[digest] = asyncio.ensure_future(self._load_into_cache(digest, key))
                 self._loading[digest].add_done_callback(lambda _: self._loading.pop(digest, None))
             context = await asyncio.shield(self._loading[digest])
-        if context is not None:
-            await self._touch(context.key_id)
+        if context is None or not context.tenant_active:
+            return None
+        await self._touch(context.key_id)
         return context
+
+    def tenant_disabled(self, key: str) -> bool:
+        """Whether ``key``, just refused by ``lookup``, is a good key of a disabled tenant."""
+        entry = self._entries.get(hash_key(key))
+        return entry is not None and entry[0] is not None and not entry[0].tenant_active
 
     async def _refresh(self) -> None:
         now = time.monotonic()
@@ -117,7 +125,7 @@ class KeyCache:
 
     def _load(self, key: str) -> AuthContext | None:
         with self.session_factory() as session:
-            found = authenticate_key(session, key=key)
+            found = authenticate_key(session, key=key, active_only=False)
             if found is None:
                 return None
             row, tenant = found
@@ -141,6 +149,7 @@ class KeyCache:
                 ttft_target_s=tenant.ttft_target_s,
                 tpot_target_s=tenant.tpot_target_s,
                 max_tokens_cap=min(caps) if caps else None,
+                tenant_active=tenant.active,
             )
 
     async def _touch(self, key_id: int) -> None:

@@ -46,6 +46,11 @@ async def get_current_key(state: StateDep, credentials: BearerDep) -> AuthContex
     with tracing.span("auth"):
         context = await state.key_cache.lookup(credentials.credentials)
         if context is None:
+            if state.key_cache.tenant_disabled(credentials.credentials):
+                raise AuthenticationFailed(
+                    "This API key's tenant is disabled: ask the operator to enable it.",
+                    code="account_deactivated",
+                )
             raise AuthenticationFailed("Incorrect API key provided, or the key was revoked.")
         tracing.set_attributes({"fairlane.tenant.id": str(context.tenant_id)})
     if INFERENCE_SCOPE not in context.scopes:

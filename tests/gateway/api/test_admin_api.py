@@ -136,3 +136,24 @@ async def test_openapi_docs_are_served(app_client):
     assert (await app_client.get("/docs")).status_code == 200
     paths = (await app_client.get("/openapi.json")).json()["paths"]
     assert {"/v1/chat/completions", "/admin/tenants", "/admin/keys/{key_id}/revoke"} <= set(paths)
+
+
+async def test_a_disabled_tenants_key_is_told_so(app_client):
+    """A good key of a disabled tenant is a 401 that says so (OpenAI's account_deactivated), not the
+    wrong-key message; a revoked key keeps the wrong-key one."""
+    h = admin_headers()
+    tenant, key = await make_tenant_key(app_client, "paused")
+    other, revoked = await make_tenant_key(app_client, "other")
+    models = {"Authorization": f"Bearer {key}"}
+    assert (await app_client.get("/v1/models", headers=models)).status_code == 200
+    await app_client.post(f"/admin/tenants/{tenant['id']}/disable", headers=h)
+    refused = await app_client.get("/v1/models", headers=models)
+    assert_openai_error(refused, 401, code="account_deactivated")
+    assert "disabled" in refused.json()["error"]["message"]
+    (other_key,) = (await app_client.get(f"/admin/tenants/{other['id']}/keys", headers=h)).json()["data"]
+    await app_client.post(f"/admin/keys/{other_key['id']}/revoke", headers=h)
+    assert_openai_error(
+        await app_client.get("/v1/models", headers={"Authorization": f"Bearer {revoked}"}),
+        401,
+        code="invalid_api_key",
+    )

@@ -88,6 +88,7 @@ async def test_other_replica_sees_the_change_within_one_second(session_factory, 
             disable_tenant(session, tenant_id=tenant.id)
     await replica_a.invalidate()
     assert await replica_a.lookup(created.key) is None  # the replica that made the change: at once
+    assert replica_a.tenant_disabled(created.key) is (change == "disable_tenant")  # what the 401 says
     assert await _wait_until_refused(replica_b, created.key, limit_s=1.0) < 1.0
 
 
