@@ -35,6 +35,8 @@ def create_api_key(
         raise ValidationError(
             f"unknown scopes {unknown}: a key's scopes are among {list(SCOPES)}", param="scopes"
         )
+    if not scopes:  # a key that may do nothing: revoking is how a key is stopped
+        raise ValidationError(f"a key needs at least one scope, among {list(SCOPES)}", param="scopes")
     twice = sorted({scope for scope in scopes if list(scopes).count(scope) > 1})
     if twice:  # stored as given, twice, before: a list of scopes is a set
         raise ValidationError(f"scopes names {twice[0]!r} more than once", param="scopes")

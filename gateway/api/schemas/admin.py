@@ -32,13 +32,19 @@ class _Strict(BaseModel):
 class TenantCreate(_Strict):
     name: str = Field(pattern=NAME_PATTERN, description="Unique tenant name.")
     weight: float = Field(
-        1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="Share of the engine under contention (fair share)."
+        1.0,
+        ge=MIN_WEIGHT,
+        le=MAX_WEIGHT,
+        strict=True,  # true is not 1.0
+        allow_inf_nan=False,
+        description="Share of the engine under contention (fair share).",
     )
     default_tier: str = Field("standard", description="Lane used when a request names no service_tier.")
     allowed_tiers: list[str] = Field(default_factory=lambda: ["standard", "batch"], min_length=1)
     ttft_target_s: float | None = Field(
         None,
         gt=0,
+        strict=True,
         allow_inf_nan=False,
         description="Time-to-first-token target (s) of this "
         "tenant's requests, over its tier's; null: the tier's.",
@@ -46,6 +52,7 @@ class TenantCreate(_Strict):
     tpot_target_s: float | None = Field(
         None,
         gt=0,
+        strict=True,
         allow_inf_nan=False,
         description="Time-per-output-token target (s), over its tier's; null: the tier's.",
     )
@@ -53,15 +60,15 @@ class TenantCreate(_Strict):
 
 class TenantUpdate(_Strict):
     name: str | None = Field(None, pattern=NAME_PATTERN)
-    weight: float | None = Field(None, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+    weight: float | None = Field(None, ge=MIN_WEIGHT, le=MAX_WEIGHT, strict=True, allow_inf_nan=False)
     default_tier: str | None = None
     allowed_tiers: list[str] | None = Field(None, min_length=1)
     status: str | None = Field(None, pattern="^(active|disabled)$")
     ttft_target_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="null clears it (the tier's applies)."
+        None, gt=0, strict=True, allow_inf_nan=False, description="null clears it (the tier's applies)."
     )
     tpot_target_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="null clears it (the tier's applies)."
+        None, gt=0, strict=True, allow_inf_nan=False, description="null clears it (the tier's applies)."
     )
 
 

@@ -66,6 +66,14 @@ async def test_tenant_input_is_validated(app_client):
         422,
         param="default_tier",
     )
+    for weight in (True, "NaN", "2"):  # a number, not a boolean or a string
+        refused = await app_client.post("/admin/tenants", headers=h, json={"name": "x", "weight": weight})
+        assert_openai_error(refused, 422, param="weight")
+    assert_openai_error(
+        await app_client.post("/admin/tenants", headers=h, json={"name": "x", "ttft_target_s": True}),
+        422,
+        param="ttft_target_s",
+    )
     assert_openai_error(
         await app_client.post("/admin/tenants", headers=h, json={"name": "x", "surprise": 1}),
         422,
@@ -77,6 +85,8 @@ async def test_keys_secret_shown_once_and_revocation(app_client):
     h = admin_headers()
     tenant, key = await make_tenant_key(app_client, "acme")
     assert key.startswith("fl-")
+    no_scope = await app_client.post(f"/admin/tenants/{tenant['id']}/keys", headers=h, json={"scopes": []})
+    assert_openai_error(no_scope, 422, param="scopes")  # a key that may do nothing
     keys = (await app_client.get(f"/admin/tenants/{tenant['id']}/keys", headers=h)).json()
     assert keys["count"] == 1
     listed = keys["data"][0]
