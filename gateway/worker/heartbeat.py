@@ -3,9 +3,9 @@
 Every beat, in one round trip: the worker's score in ``workers:{model}`` (and ids that stopped
 beating pruned), the model's max_model_len, the worker's KV blocks, running requests and live
 statistics for the console (gateway/worker/live_stats.py; a hash that expires with it) and the
-address of its early-start inbox (gateway/lanes/hints.py), and an
-XCLAIM of every entry it runs, which resets their idle time so that
-no other worker mistakes them for a dead worker's.
+address of its early-start inbox (gateway/lanes/hints.py), and a re-claim of every entry it runs
+that is still its own (gateway/worker/ownership.py), which resets their idle time so that no other
+worker mistakes them for a dead worker's.
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ import orjson
 import redis as redislib
 
 from gateway.lanes.keys import (
-    GROUP,
     WORKER_ALIVE_S,
     WORKER_FORGOTTEN_S,
     WORKER_INBOX_FIELD,
     WORKER_LIVE_FIELD,
-    as_text,
     model_info_key,
     worker_info_key,
     workers_key,
 )
 from gateway.worker.live_stats import PreemptionRate, live_stats
 from gateway.worker.loop import Worker
+from gateway.worker.ownership import queue_reclaim, read_reclaim
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +53,9 @@ def beat(worker: Worker, redis: redislib.Redis, rate: PreemptionRate | None = No
     )
     pipe.expire(info, int(WORKER_ALIVE_S))
     owned = worker.owned_entries()
-    for lane, ids in owned.items():
-        pipe.xclaim(lane, GROUP, worker.worker_id, 0, ids, justid=True)
+    queue_reclaim(pipe, owned, worker.worker_id)
     replies = pipe.execute()
-    for (lane, ids), claimed in zip(owned.items(), replies[len(replies) - len(owned) :]):
-        kept = {as_text(e) for e in claimed}
-        lost = [e for e in ids if e not in kept]
-        if lost:
-            worker.mark_lost(lane, lost)
+    worker.mark_ownership(read_reclaim(owned, replies[len(replies) - len(owned) :]))
 
 
 def heartbeat(worker: Worker, redis: redislib.Redis, stop: threading.Event, *, every_s: float) -> None:

@@ -38,6 +38,7 @@ from gateway.lanes.keys import (
 )
 from gateway.lanes.messages import LaneResult
 from gateway.worker.lane_out import LaneOut
+from gateway.worker.ownership import Ownership, queue_reclaim, read_reclaim
 
 log = logging.getLogger(__name__)
 TAKE_LUA = resources.files(__package__).joinpath("take.lua").read_text(encoding="utf-8")
@@ -245,6 +246,13 @@ class LaneIO(LaneOut):
             self.prune_consumers()
             self.prune_loads()
         return True
+
+    def reclaim(self, owned: dict[str, list[str]]) -> Ownership:
+        """Claim ``owned`` (lane → entry ids) again where it is still this worker's, retrying
+        through an outage; which were lost or taken by another worker (gateway/worker/ownership.py)."""
+        pipe = self.redis.pipeline(transaction=False)
+        queue_reclaim(pipe, owned, self.worker_id)
+        return read_reclaim(owned, self._execute(pipe))
 
     def priors(
         self, requests: Sequence[tuple[str, bool]], *, take: Room | None = None

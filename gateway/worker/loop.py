@@ -42,6 +42,7 @@ from gateway.worker.early_start import STARTED_REMEMBERED, EarlyStart, EarlyStar
 from gateway.worker.inflight import InFlight
 from gateway.worker.lane_io import BLOCK_MS, LaneEntry, LaneIO, Prior
 from gateway.worker.lane_out import RETRY_FIRST_S, RETRY_MAX_S
+from gateway.worker.ownership import Ownership
 from gateway.worker.publishing import REDIS_DOWN, Publishing
 from gateway.worker.results import error_result
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
@@ -111,6 +112,8 @@ class Worker(EarlyStarts, Publishing):
         self.lock = threading.Lock()  # guards inflight against the heartbeat thread's reads
         self.metrics = EngineMetrics(engine, worker_id, tiers)
         self._lost: set[tuple[str, str]] = set()  # (lane, entry id) the heartbeat found gone from the group
+        self._taken: set[tuple[str, str]] = set()  # ... or claimed by another worker
+        self._last_publish = time.monotonic()  # when the last step's publish began
         urgent = {"priority", "vtc"} & set(parse_policy(engine.config.policy))
         self._interrupt = Interrupt(poll=self._poll, deliver=self._deliver) if urgent else None
         self._last_poll = 0.0
@@ -153,25 +156,52 @@ class Worker(EarlyStarts, Publishing):
                 log.warning("consumer group or lane missing (Redis restarted?); re-creating it: %s", exc)
                 ready = False
 
-    def mark_lost(self, lane: str, entry_ids: list[str]) -> None:
-        """Entries the heartbeat could not re-claim: gone from the group (called from its thread)."""
+    def mark_ownership(self, ownership: Ownership) -> None:
+        """Entries a re-claim found gone from the group or taken by another worker (the heartbeat's
+        thread, or the loop's after a long step); the loop deals with them before its next step."""
         with self.lock:
-            self._lost.update((lane, e) for e in entry_ids)
+            for lane, ids in ownership.lost.items():
+                self._lost.update((lane, e) for e in ids)
+            for lane, ids in ownership.taken.items():
+                self._taken.update((lane, e) for e in ids)
 
     def _forget_lost(self) -> None:
-        """Running requests whose lane entries Redis lost go on without one (nothing to ACK)."""
+        """Running requests whose lane entries Redis lost go on without one (nothing to ACK); those
+        another worker claimed (this one was frozen or cut off) are its now: dropped here unpublished."""
         with self.lock:
             lost, self._lost = self._lost, set()
+            taken, self._taken = self._taken, set()
+            dropped = []
             for request_id, running in self.inflight.items():
                 if (running.lane, running.entry_id) in lost:
                     log.warning(
                         "request %s lost its lane entry %s (Redis restarted?)", request_id, running.entry_id
                     )
                     running.entry_id = None
+                elif (running.lane, running.entry_id) in taken:
+                    log.warning(
+                        "request %s was claimed by another worker while this one stalled; dropped here",
+                        request_id,
+                    )
+                    dropped.append(request_id)
+            for request_id in dropped:
+                running = self.inflight.pop(request_id)
+                if running.trace is not None:
+                    running.trace.aborted()
+        for request_id in dropped:
+            self.engine.abort(request_id)  # frees its blocks; nothing of it is published here
+
+    def _check_ownership(self) -> None:
+        """After a step that outlasted the claim time, before its publish: which running entries are
+        still this worker's (another may have claimed them meanwhile)."""
+        owned = self.owned_entries()
+        if owned:
+            self.mark_ownership(self.lane_io.reclaim(owned))
+            self._forget_lost()
 
     def run_once(self) -> None:
         """One iteration: admit work, step the engine, publish."""
-        if self._lost:
+        if self._lost or self._taken:
             self._forget_lost()
         # An empty engine whose last take left no backlog blocks on the lanes at once: a take would
         # find nothing the read does not (until a dead worker's entries are due to be looked for).
@@ -195,7 +225,14 @@ class Worker(EarlyStarts, Publishing):
             self.publish_load()  # idle: keep the load fresh for the gateways
             return
         self._last_poll = time.monotonic()  # the take above was a poll
-        self._publish(self.engine.step(self._interrupt))
+        if empty:  # what it runs now was taken just now: nobody can have claimed it yet
+            self._last_publish = self._last_poll
+        outputs = self.engine.step(self._interrupt)
+        now = time.monotonic()
+        if now - self._last_publish > self.lane_io.claim_idle_ms / 1000:  # frozen since, or cut off?
+            self._check_ownership()
+        self._last_publish = now
+        self._publish(outputs)
         self.metrics.update()
 
     def _poll(self) -> None:

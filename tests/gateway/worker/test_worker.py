@@ -159,6 +159,41 @@ def test_a_dead_workers_n_gt_1_request_ends_worker_lost_not_invalid(tiny_engine_
     redis.delete(out_key(rid))
 
 
+@pytest.mark.parametrize("noticed_by", ["heartbeat", "step"])
+def test_a_worker_frozen_past_the_claim_time_leaves_its_request_to_the_claimer(
+    tiny_engine_factory, redis, model_name, noticed_by
+):
+    """A worker stalled (SIGSTOP, a VM pause) longer than claim_idle_ms: another claims and resumes
+    its request. On waking, its heartbeat's XCLAIM took the entry back and both ran the request,
+    publishing at the same offsets (sampled tokens: the client got a mix of two continuations)."""
+    from gateway.worker.heartbeat import beat
+
+    prompt, max_tokens = (9, 8, 7, 6, 5), 20
+    frozen_engine = tiny_engine_factory()
+    frozen = _worker(frozen_engine, redis, model_name, worker_id="frozen", claim_idle_ms=1500)
+    claimer = _worker(tiny_engine_factory(), redis, model_name, worker_id="claimer", claim_idle_ms=1500)
+    rid = _submit(redis, model_name, prompt=prompt, max_tokens=max_tokens)
+    for _ in range(6):
+        frozen.run_once()
+    time.sleep(1.6)  # frozen: no step, no heartbeat
+    claimer.run_once()
+    assert rid in claimer.inflight
+    owned = frozen.owned_entries()
+    assert frozen.lane_io.reclaim(owned).taken == owned  # pending for the claimer now
+    if noticed_by == "heartbeat":  # it wakes: its heartbeat finds the entry taken
+        beat(frozen, redis)
+    frozen.run_once()  # drops the request (else its step, long after its last publish, asks first)
+    assert frozen.inflight == {} and frozen_engine.num_free_blocks == frozen_engine.num_total_blocks
+    _run_until_done(claimer, redis, [rid])
+    for _ in range(3):
+        frozen.run_once()
+    results = _results(redis, rid)
+    assert [r.offset for r in results] == list(range(max_tokens))  # each token published once
+    assert results[-1].worker == "claimer"
+    assert [t for r in results for t in r.token_ids] == _greedy(tiny_engine_factory(), prompt, max_tokens)
+    redis.delete(out_key(rid))
+
+
 def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, redis, model_name):
     engine = tiny_engine_factory()
     gone = _worker(engine, redis, model_name, worker_id="gone")
