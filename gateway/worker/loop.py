@@ -42,7 +42,7 @@ from gateway.worker.early_start import STARTED_REMEMBERED, EarlyStart, EarlyStar
 from gateway.worker.inflight import InFlight
 from gateway.worker.lane_io import BLOCK_MS, LaneEntry, LaneIO, Prior
 from gateway.worker.lane_out import RETRY_FIRST_S, RETRY_MAX_S
-from gateway.worker.ownership import Ownership
+from gateway.worker.ownership import Reclaims
 from gateway.worker.publishing import REDIS_DOWN, Publishing
 from gateway.worker.results import error_result
 from gateway.worker.telemetry import EngineMetrics, RequestTrace
@@ -73,7 +73,7 @@ class ChoicesLost(EngineError):
         )
 
 
-class Worker(EarlyStarts, Publishing):
+class Worker(EarlyStarts, Publishing, Reclaims):
     """Feeds one engine from the lanes of one model; see the module docstring for one iteration."""
 
     def __init__(
@@ -125,15 +125,6 @@ class Worker(EarlyStarts, Publishing):
     def setup(self) -> None:
         self.lane_io.setup()
 
-    def owned_entries(self) -> dict[str, list[str]]:
-        """Lane → entry ids this worker is running (the heartbeat keeps them claimed)."""
-        with self.lock:
-            owned: dict[str, list[str]] = {}
-            for running in self.inflight.values():
-                if running.entry_id is not None:
-                    owned.setdefault(running.lane, []).append(running.entry_id)
-            return owned
-
     def run(self, stop: threading.Event) -> None:
         """Iterate until ``stop``; a Redis outage pauses the loop (backoff), never ends it."""
         self.lane_io.stop = stop
@@ -155,49 +146,6 @@ class Worker(EarlyStarts, Publishing):
                     raise
                 log.warning("consumer group or lane missing (Redis restarted?); re-creating it: %s", exc)
                 ready = False
-
-    def mark_ownership(self, ownership: Ownership) -> None:
-        """Entries a re-claim found gone from the group or taken by another worker (the heartbeat's
-        thread, or the loop's after a long step); the loop deals with them before its next step."""
-        with self.lock:
-            for lane, ids in ownership.lost.items():
-                self._lost.update((lane, e) for e in ids)
-            for lane, ids in ownership.taken.items():
-                self._taken.update((lane, e) for e in ids)
-
-    def _forget_lost(self) -> None:
-        """Running requests whose lane entries Redis lost go on without one (nothing to ACK); those
-        another worker claimed (this one was frozen or cut off) are its now: dropped here unpublished."""
-        with self.lock:
-            lost, self._lost = self._lost, set()
-            taken, self._taken = self._taken, set()
-            dropped = []
-            for request_id, running in self.inflight.items():
-                if (running.lane, running.entry_id) in lost:
-                    log.warning(
-                        "request %s lost its lane entry %s (Redis restarted?)", request_id, running.entry_id
-                    )
-                    running.entry_id = None
-                elif (running.lane, running.entry_id) in taken:
-                    log.warning(
-                        "request %s was claimed by another worker while this one stalled; dropped here",
-                        request_id,
-                    )
-                    dropped.append(request_id)
-            for request_id in dropped:
-                running = self.inflight.pop(request_id)
-                if running.trace is not None:
-                    running.trace.aborted()
-        for request_id in dropped:
-            self.engine.abort(request_id)  # frees its blocks; nothing of it is published here
-
-    def _check_ownership(self) -> None:
-        """After a step that outlasted the claim time, before its publish: which running entries are
-        still this worker's (another may have claimed them meanwhile)."""
-        owned = self.owned_entries()
-        if owned:
-            self.mark_ownership(self.lane_io.reclaim(owned))
-            self._forget_lost()
 
     def run_once(self) -> None:
         """One iteration: admit work, step the engine, publish."""

@@ -194,6 +194,26 @@ def test_a_worker_frozen_past_the_claim_time_leaves_its_request_to_the_claimer(
     redis.delete(out_key(rid))
 
 
+def test_a_worker_frozen_until_the_claimer_finished_drops_the_request(tiny_engine_factory, redis, model_name):
+    """Its entry ACKed by the claimer: taken for one a restarted Redis lost, the request ran on to
+    its end here a second time, its results published after the last one."""
+    prompt, max_tokens = (9, 8, 7, 6, 5), 12
+    frozen_engine = tiny_engine_factory()
+    frozen = _worker(frozen_engine, redis, model_name, worker_id="frozen", claim_idle_ms=1500)
+    claimer = _worker(tiny_engine_factory(), redis, model_name, worker_id="claimer", claim_idle_ms=1500)
+    rid = _submit(redis, model_name, prompt=prompt, max_tokens=max_tokens)
+    for _ in range(4):
+        frozen.run_once()
+    time.sleep(1.6)
+    _run_until_done(claimer, redis, [rid])
+    published = len(_results(redis, rid))
+    for _ in range(3):
+        frozen.run_once()
+    assert frozen.inflight == {} and frozen_engine.num_free_blocks == frozen_engine.num_total_blocks
+    assert len(_results(redis, rid)) == published
+    redis.delete(out_key(rid))
+
+
 def test_dead_consumers_with_nothing_pending_are_pruned(tiny_engine_factory, redis, model_name):
     engine = tiny_engine_factory()
     gone = _worker(engine, redis, model_name, worker_id="gone")
