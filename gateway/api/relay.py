@@ -119,6 +119,13 @@ async def read_published(context: RequestContext, request_ids: list[str]) -> lis
         return None
 
 
+def _being_cancelled() -> bool:
+    """Whether the running task is being cancelled (uvicorn cancels the requests still running
+    when serve's drain_timeout_s runs out)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def refusal_status(result: LaneResult) -> Status:
     """The status of a request a worker refused with the error result ``result``."""
     if result.error_code == ErrorCode.WORKER_LOST:
@@ -343,8 +350,8 @@ class Generation:
                 self.relay_span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)
                 self.relay_span.end()
             self.deferred = await settle(self.context, outcome, defer=True)
-        if not after_response:
-            await self.finish()
+        if not after_response or _being_cancelled():  # cancelled (serve's drain ran out): no
+            await self.finish()  # response will be sent to run the usage record after it
 
     async def _count_published(self, relays: list[Relay]) -> None:
         """Charge what the workers published for unfinished prompts that their relays did not read:

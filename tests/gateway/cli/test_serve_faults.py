@@ -374,6 +374,38 @@ async def test_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path
         served.stop()
 
 
+async def test_plain_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path):
+    """Non-streamed requests queued behind one running sequence when the drain runs out: their
+    settlement ran (shielded) but their usage record waited for a response that was never sent
+    (uvicorn answers a 500 for a cancelled request): no record, no 'request finished' line."""
+    port = free_port()
+    env = {**_env(tmp_path), "FAIRLANE_DRAIN_TIMEOUT_S": "0.5", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "1"}
+    served = wait_ready(
+        start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
+    )
+    try:
+        body = {"model": "dummy", "prompt": "p", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+        headers = {"Authorization": f"Bearer {served.api_key}"}
+        async with httpx.AsyncClient(base_url=served.base_url, timeout=60) as http:
+            post = lambda: http.post("/v1/completions", json=body, headers=headers)  # noqa: E731
+            tasks = [asyncio.create_task(post()) for _ in range(16)]
+            await asyncio.sleep(1.0)
+            os.kill(served.process.pid, signal.SIGTERM)
+            responses = await asyncio.gather(*tasks, return_exceptions=True)
+        assert served.process.wait(timeout=60) == 0
+        ok = [r for r in responses if isinstance(r, httpx.Response) and r.status_code == 200]
+        ids = {r.headers["x-request-id"] for r in ok}
+        cut = [r for r in responses if r not in ok]  # a 500 from uvicorn, or the connection closed
+        assert cut, "every request finished in the drain: make them longer"
+        records = _usage(tmp_path)
+        finished = [json.loads(line) for line in served.log().splitlines() if '"request finished"' in line]
+        assert len(records) == len(finished) == 16, (len(records), len(finished))
+        assert sum(r.status == "cancelled" for r in records.values()) == len(cut)
+        assert ids <= set(records)
+    finally:
+        served.stop()
+
+
 def _damaged_copy(tmp_path) -> str:
     """The tiny model's folder with its weights file's header length overwritten (a damaged disk,
     a copy cut short)."""
