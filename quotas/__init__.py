@@ -19,9 +19,9 @@ tenant may spend a whole minute's allowance at once, then one unit per 60 s / li
 """
 
 from .client import connect
-from .decision import Decision, LimitName, RateInfo, Reservation, SettleOutcome, Usage
+from .decision import Decision, LimitName, RateInfo, Reservation, SettleOutcome, Usage, format_duration
 from .errors import QuotaBackendUnavailable, QuotaError, QuotaNotConfigured
-from .headers import format_duration, rate_limit_headers, refunded, retry_headers
+from .headers import rate_limit_headers, refunded, retry_headers
 from .keys import KeySpace
 from .limiter import Limiter, Loader
 from .limits import Demand, Enqueue, QuotaLimits

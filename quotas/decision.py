@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -84,8 +85,6 @@ class Decision:
         if self.retry_after is None:
             return f"Request refused by the {whose}'s {what}: it can never be admitted as sent."
         if self.limit in _PERIODS:  # hours away: a duration, not 6.82e+04s
-            from .headers import format_duration  # headers.py builds on this module
-
             return (
                 f"The {whose}'s {what} is spent for this request; it renews at the end of the UTC "
                 f"{_PERIODS[self.limit]}, in {format_duration(self.retry_after)}."
@@ -122,3 +121,21 @@ class Usage:
     monthly_used: int
     monthly_remaining: int | None
     monthly_reset_after: float
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as OpenAI (Go's ``time.Duration``) writes it: 20ms, 1s, 1.5s, 6m0s, 1h2m3s.
+
+    Rounded up to whole milliseconds: a reset is never announced earlier than it happens.
+    """
+    ms = max(0, math.ceil(round(seconds * 1000, 6)))  # round() drops float noise first
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs = f"{rest // 1000}.{rest % 1000:03d}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{secs}"
+    if minutes:
+        return f"{minutes}m{secs}"
+    return secs

@@ -16,27 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .decision import Decision, RateInfo
+from .decision import Decision, RateInfo, format_duration
 
 WINDOW_S = 60.0  # the rate window (gcra.lua's WINDOW)
-
-
-def format_duration(seconds: float) -> str:
-    """A duration as OpenAI (Go's ``time.Duration``) writes it: 20ms, 1s, 1.5s, 6m0s, 1h2m3s.
-
-    Rounded up to whole milliseconds: a reset is never announced earlier than it happens.
-    """
-    ms = max(0, math.ceil(round(seconds * 1000, 6)))  # round() drops float noise first
-    if ms < 1000:
-        return f"{ms}ms"
-    hours, rest = divmod(ms, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    secs = f"{rest // 1000}.{rest % 1000:03d}".rstrip("0").rstrip(".") + "s"
-    if hours:
-        return f"{hours}h{minutes}m{secs}"
-    if minutes:
-        return f"{minutes}m{secs}"
-    return secs
 
 
 def _family(name: str, info: RateInfo | None) -> dict[str, str]:

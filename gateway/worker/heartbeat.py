@@ -28,7 +28,7 @@ from gateway.lanes.keys import (
 )
 from gateway.worker.live_stats import PreemptionRate, live_stats
 from gateway.worker.loop import Worker
-from gateway.worker.ownership import queue_reclaim, read_reclaim
+from gateway.worker.reclaim import queue_reclaim, read_reclaim
 
 log = logging.getLogger(__name__)
 

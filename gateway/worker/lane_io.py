@@ -38,7 +38,7 @@ from gateway.lanes.keys import (
 )
 from gateway.lanes.messages import LaneResult
 from gateway.worker.lane_out import LaneOut
-from gateway.worker.ownership import Ownership, queue_reclaim, read_reclaim
+from gateway.worker.reclaim import Ownership, queue_reclaim, read_reclaim
 
 log = logging.getLogger(__name__)
 TAKE_LUA = resources.files(__package__).joinpath("take.lua").read_text(encoding="utf-8")
