@@ -29,6 +29,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def refused_serve(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> str:
+    """`fairlane serve --dev` on a free port, ``env`` over this process's (the checkout on
+    PYTHONPATH), run to its end: what it printed, once it is seen to have stopped with status 1."""
+    result = subprocess.run(
+        [*fairlane_command(), "serve", "--dev", "--port", str(free_port()), *args],
+        env={**os.environ, "PYTHONPATH": REPO, **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    return output
+
+
 @dataclass
 class Served:
     process: subprocess.Popen

@@ -5,9 +5,7 @@ the safetensors header (no tensor data): reading a weight would fail with anothe
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig
 from engine import LLM, SamplingParams, UnsupportedModelError
 from engine.models.check import check_folder, safetensors_header
 from tests.engine.models.families import BASE
-from tests.gateway.serve_process import REPO, fairlane_command, free_port
+from tests.gateway.serve_process import refused_serve
 
 
 def _header_only(folder: Path) -> None:
@@ -93,22 +91,8 @@ def test_the_check_reads_headers_only(tmp_path):
 
 def test_serve_refuses_to_start(tmp_path):
     folder = _llama(tmp_path / "model", {"hidden_act": "laplace"})
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": REPO,
-        "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'fairlane.db'}",
-    }
-    result = subprocess.run(
-        [*fairlane_command(), "serve", "--dev", "--port", str(port), "--model", str(folder)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1
+    env = {"FAIRLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'fairlane.db'}"}
+    output = refused_serve(env, "--model", str(folder))
     assert "cannot serve model" in output and "'laplace'" in output and "Traceback" not in output
     assert not (tmp_path / "fairlane.db").exists()  # nothing started
 

@@ -4,11 +4,8 @@ is the engine's own, in a child process (the gateway process stays without torch
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
-from serve_process import REPO, fairlane_command, free_port
+from serve_process import refused_serve
 
 from gateway.cli.device_check import start_device_probe
 
@@ -25,23 +22,13 @@ def _missing_cuda_devices() -> list[str]:
 @pytest.mark.parametrize("device", _missing_cuda_devices())
 def test_serve_refuses_a_cuda_device_torch_does_not_see_in_one_line(tmp_path, device):
     env = {
-        **os.environ,
-        "PYTHONPATH": REPO,
         "FAIRLANE_CONFIG": "",
         "FAIRLANE_ENGINE__MODEL": "dummy",
         "FAIRLANE_ENGINE__DEVICE": device,
         "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'fairlane.db'}",
     }
-    result = subprocess.run(
-        [*fairlane_command(), "serve", "--dev", "--port", str(free_port())],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1 and len(output.strip().splitlines()) == 1, output
+    output = refused_serve(env)
+    assert len(output.strip().splitlines()) == 1, output
     assert output.startswith(
         f"fairlane serve: cannot run the engine on engine.device {device!r} (FAIRLANE_ENGINE__DEVICE): "
     )

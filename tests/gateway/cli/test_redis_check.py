@@ -5,12 +5,9 @@ started a "healthy" gateway whose worker crash-looped and whose requests were 50
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 import redis as redislib
-from serve_process import REPO, fairlane_command, free_port
+from serve_process import free_port, refused_serve
 
 from gateway.cli.redis_check import redis_refusal, shown_url
 
@@ -73,23 +70,13 @@ def test_shown_url_hides_every_password():
 def test_serve_refuses_to_start_in_one_line(locked, tmp_path, url):
     """The whole command: one line on stderr, exit status 1, nothing started (no database made)."""
     env = {
-        **os.environ,
-        "PYTHONPATH": REPO,
         "FAIRLANE_CONFIG": "",
         "FAIRLANE_ENGINE__MODEL": "dummy",
         "FAIRLANE_REDIS_URL": url.format(port=locked),
         "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'fairlane.db'}",
     }
-    result = subprocess.run(
-        [*fairlane_command(), "serve", "--dev", "--port", str(free_port())],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1 and len(output.strip().splitlines()) == 1, output
+    output = refused_serve(env, timeout_s=60)
+    assert len(output.strip().splitlines()) == 1, output
     assert output.startswith("fairlane serve: ") and "FAIRLANE_REDIS_URL" in output
     assert "wrong-pw" not in output and "fl-" not in output
     assert not (tmp_path / "fairlane.db").exists()

@@ -8,13 +8,11 @@ start with a message that names why."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import openai
 import pytest
-from serve_process import REPO, fairlane_command, free_port, start, wait_ready
+from serve_process import free_port, refused_serve, start, wait_ready
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -103,17 +101,8 @@ def test_greedy_chat_and_completion_equal_transformers(served):
 
 
 def _serve_refusal(tmp: Path, folder: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": REPO, **serve_env(tmp, folder)}
-    result = subprocess.run(
-        [*fairlane_command(), "serve", "--dev", "--port", str(free_port())],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1 and "Traceback" not in output
+    output = refused_serve(serve_env(tmp, folder))
+    assert "Traceback" not in output
     assert not (tmp / "fairlane.db").exists()  # nothing started
     return output
 
