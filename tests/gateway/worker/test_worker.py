@@ -159,6 +159,15 @@ def test_a_dead_workers_n_gt_1_request_ends_worker_lost_not_invalid(tiny_engine_
     redis.delete(out_key(rid))
 
 
+def _frozen_and_claimer(tiny_engine_factory, redis, model_name):
+    """Two workers of one model with a 1.5 s claim time: the one to freeze (with its engine) and
+    the one that claims its entries."""
+    frozen_engine = tiny_engine_factory()
+    frozen = _worker(frozen_engine, redis, model_name, worker_id="frozen", claim_idle_ms=1500)
+    claimer = _worker(tiny_engine_factory(), redis, model_name, worker_id="claimer", claim_idle_ms=1500)
+    return frozen_engine, frozen, claimer
+
+
 @pytest.mark.parametrize("noticed_by", ["heartbeat", "step"])
 def test_a_worker_frozen_past_the_claim_time_leaves_its_request_to_the_claimer(
     tiny_engine_factory, redis, model_name, noticed_by
@@ -169,9 +178,7 @@ def test_a_worker_frozen_past_the_claim_time_leaves_its_request_to_the_claimer(
     from gateway.worker.heartbeat import beat
 
     prompt, max_tokens = (9, 8, 7, 6, 5), 20
-    frozen_engine = tiny_engine_factory()
-    frozen = _worker(frozen_engine, redis, model_name, worker_id="frozen", claim_idle_ms=1500)
-    claimer = _worker(tiny_engine_factory(), redis, model_name, worker_id="claimer", claim_idle_ms=1500)
+    frozen_engine, frozen, claimer = _frozen_and_claimer(tiny_engine_factory, redis, model_name)
     rid = _submit(redis, model_name, prompt=prompt, max_tokens=max_tokens)
     for _ in range(6):
         frozen.run_once()
@@ -198,9 +205,7 @@ def test_a_worker_frozen_until_the_claimer_finished_drops_the_request(tiny_engin
     """Its entry ACKed by the claimer: taken for one a restarted Redis lost, the request ran on to
     its end here a second time, its results published after the last one."""
     prompt, max_tokens = (9, 8, 7, 6, 5), 12
-    frozen_engine = tiny_engine_factory()
-    frozen = _worker(frozen_engine, redis, model_name, worker_id="frozen", claim_idle_ms=1500)
-    claimer = _worker(tiny_engine_factory(), redis, model_name, worker_id="claimer", claim_idle_ms=1500)
+    frozen_engine, frozen, claimer = _frozen_and_claimer(tiny_engine_factory, redis, model_name)
     rid = _submit(redis, model_name, prompt=prompt, max_tokens=max_tokens)
     for _ in range(4):
         frozen.run_once()
