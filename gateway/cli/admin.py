@@ -69,7 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tenants = groups.add_parser("tenants", help="list, create, update tenants").add_subparsers(
         dest="action", required=True
     )
-    tenants.add_parser("list", help="every tenant")
+    listing = tenants.add_parser("list", help="every tenant")
+    # after the subcommand too; absent there, the option before it stands
+    listing.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON output")
     for action in ("create", "update"):
         p = tenants.add_parser(action, help=f"{action} a tenant")
         p.add_argument("tenant", help="name (create) or name or id (update)")

@@ -121,6 +121,9 @@ def _walk(capsys, target: list[str], database_url: str) -> dict:
         "standard",
         "disabled",
     ]
+    for where in (["--json", "tenants", "list"], ["tenants", "list", "--json"]):  # either place
+        code, out, _ = admin(capsys, *target, *where)
+        assert code == 0 and [t["name"] for t in json.loads(out)] == ["acme"]
     code, _, err = admin(capsys, *target, "tenants", "create", "acme")
     assert code == 1 and "already exists" in err
     code, _, err = admin(capsys, *target, "quotas", "set", "nobody", "--rpm", "1")
