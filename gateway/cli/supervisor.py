@@ -196,7 +196,8 @@ class Supervisor:
         with self._lock:
             child.process, child.last_exit, child.due_at = None, code, now + child.backoff_s
         state = child.state(self.crash_loop_restarts)
-        log.error(
+        log.log(
+            logging.WARNING if code == 0 else logging.ERROR,  # 0: stopped cleanly by someone else
             "%s exited with code %s; restarting in %.1f s%s",
             child.name,
             code,

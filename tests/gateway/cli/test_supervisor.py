@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -32,6 +33,25 @@ def test_a_dead_child_is_restarted_and_reported_to_the_exit_hook():
     assert [pid for _, pid in exits] == pids[: len(exits)]  # each exit names the process that ended
     assert supervisor.status()["crasher"]["restarts"] >= 1
     assert supervisor.status()["crasher"]["last_exit"] == 3
+
+
+def test_a_clean_exit_is_a_warning_and_a_failure_an_error(caplog):
+    """A child that exits 0 unasked (stopped by someone else, e.g. a SIGTERM it handled) is
+    restarted with a warning; a failing one is an error."""
+    for code, level in ((0, logging.WARNING), (3, logging.ERROR)):
+        supervisor = Supervisor()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fairlane"):
+            supervisor.add(
+                "child",
+                lambda code=code: subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"]),
+            )
+            deadline = time.monotonic() + 20
+            while not supervisor.status()["child"]["restarts"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            supervisor.stop()
+        exits = [r for r in caplog.records if f"exited with code {code}" in r.getMessage()]
+        assert exits and all(r.levelno == level for r in exits), (code, exits)
 
 
 def test_a_failing_exit_hook_does_not_stop_the_restarts():
