@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.cli import build_parser
-from gateway.cli.serve import _migrate, _settings
+from gateway.cli.serve import _settings
+from gateway.cli.start_checks import migrate
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_a_database_serve_cannot_use_stops_it_in_one_line(free_tcp_port, url, sa
     from tenancy import upgrade
 
     with pytest.raises(SystemExit) as stopped:
-        _migrate(upgrade, url.format(port=free_tcp_port))  # nothing listens on the port
+        migrate(upgrade, url.format(port=free_tcp_port))  # nothing listens on the port
     message = str(stopped.value)
     assert message.startswith("fairlane serve: ") and says in message and "\n" not in message
     assert ":pw@" not in message
