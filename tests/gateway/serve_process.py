@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -131,3 +132,40 @@ def request_usage_records(served: Served, request_id: str) -> list:
         rows = session.scalars(select(UsageRecord).where(UsageRecord.request_id == request_id)).all()
     engine.dispose()
     return list(rows)
+
+
+# a dummy Llama small enough to serve in seconds on one thread
+TINY_DUMMY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    initializer_range=0.5,
+)
+
+
+def tiny_serve_env(tmp) -> dict[str, str]:
+    """`fairlane serve` on a tiny random dummy model (float32, one thread), SQLite in ``tmp``."""
+    return {
+        "FAIRLANE_ENGINE__MODEL": "dummy",
+        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY_DUMMY),
+        "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "512",
+        "FAIRLANE_ENGINE__NUM_THREADS": "1",
+        "FAIRLANE_ENGINE__DTYPE": "float32",
+        "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
+    }
+
+
+def usage_by_request(tmp) -> dict:
+    """The usage records of the SQLite database of ``tiny_serve_env(tmp)``, by request id."""
+    from tenancy import UsageRecord, make_engine, make_session_factory
+
+    engine = make_engine(f"sqlite:///{tmp / 'fairlane.db'}")
+    with make_session_factory(engine)() as session:
+        records = {r.request_id: r for r in session.query(UsageRecord).all()}
+    engine.dispose()
+    return records

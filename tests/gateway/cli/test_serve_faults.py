@@ -19,40 +19,27 @@ import time
 
 import httpx
 import pytest
-from serve_process import REPO, fairlane_command, free_port, start, wait_ready
+from serve_process import (
+    REPO,
+    fairlane_command,
+    free_port,
+    start,
+    tiny_serve_env,
+    usage_by_request,
+    wait_ready,
+)
 
 from benchmarks.common import tiny_model
-from tenancy import UsageRecord, make_engine, make_session_factory
 
-TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    initializer_range=0.5,
-)
 PROMPTS = [f"stream {i}: tell me a long story" for i in range(8)]
 MAX_TOKENS = 400
 
 
-def _env(tmp) -> dict[str, str]:
-    return {
-        "FAIRLANE_ENGINE__MODEL": "dummy",
-        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
-        "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "512",
-        "FAIRLANE_ENGINE__NUM_THREADS": "1",
-        "FAIRLANE_ENGINE__DTYPE": "float32",
-        "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
-    }
-
-
 def _serve(tmp, name: str):
     port = free_port()
-    served = start(["serve", "--dev", "--port", str(port)], _env(tmp), str(tmp / f"{name}.log"), port=port)
+    served = start(
+        ["serve", "--dev", "--port", str(port)], tiny_serve_env(tmp), str(tmp / f"{name}.log"), port=port
+    )
     return wait_ready(served, timeout_s=300)
 
 
@@ -111,14 +98,6 @@ async def _streams(served, *, during=None) -> list[dict]:
         return await asyncio.gather(*tasks)
 
 
-def _usage(tmp) -> dict[str, UsageRecord]:
-    engine = make_engine(f"sqlite:///{tmp / 'fairlane.db'}")
-    with make_session_factory(engine)() as session:
-        records = {r.request_id: r for r in session.query(UsageRecord).all()}
-    engine.dispose()
-    return records
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-faults")
@@ -149,7 +128,7 @@ async def test_a_worker_killed_during_8_streams_is_restarted_and_every_stream_re
     assert after["restarts"] == worker["restarts"] + 1 and after["last_exit"] == -signal.SIGKILL
     assert after["pid"] != worker["pid"] and after["state"] == "running"
     assert "worker-0 exited with code -9; restarting" in served.log()
-    records = _usage(served.extra["tmp"])
+    records = usage_by_request(served.extra["tmp"])
     assert all(records[r["request_id"]].completion_tokens == MAX_TOKENS for r in disturbed)
 
 
@@ -177,7 +156,7 @@ async def test_a_worker_killed_during_n_gt_1_requests_ends_them_with_a_503_worke
     assert streamed["status"] == 200 and streamed["events"][-1] == "[DONE]"
     error = json.loads(streamed["events"][-2])["error"]
     assert error["code"] == "worker_lost" and error["type"] == "server_error", error
-    records = _usage(served.extra["tmp"])
+    records = usage_by_request(served.extra["tmp"])
     assert records[streamed["request_id"]].status == "worker_lost"
     assert records[response.headers["x-request-id"]].status == "worker_lost"
     deadline = time.monotonic() + 30
@@ -208,7 +187,7 @@ async def test_redis_killed_during_8_streams_is_restarted_and_service_resumes(se
         assert response.status_code == 503, response.text
         assert time.monotonic() - back < 10, f"no service 10 s after Redis returned: {response.text}"
         time.sleep(0.2)
-    records = _usage(served.extra["tmp"])
+    records = usage_by_request(served.extra["tmp"])
     for r in results:  # usage written for every request, cut ones marked interrupted
         record = records[r["request_id"]]
         assert record.status == ("interrupted" if r["error"] else "length"), (record.status, r)
@@ -279,7 +258,7 @@ def _alive(pid: int) -> bool:
 def _serve_once(
     tmp_path, *args: str, wrap: tuple[str, ...] = (), model: str | None = None
 ) -> tuple[subprocess.CompletedProcess, str]:
-    env = {**os.environ, "PYTHONPATH": REPO, **_env(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": REPO, **tiny_serve_env(tmp_path)}
     if model is not None:
         env["FAIRLANE_ENGINE__MODEL"] = model
     result = subprocess.run(
@@ -298,7 +277,7 @@ def test_a_taken_port_stops_serve_at_once_naming_it(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {**os.environ, "PYTHONPATH": REPO, **_env(tmp_path)}
+        env = {**os.environ, "PYTHONPATH": REPO, **tiny_serve_env(tmp_path)}
         began = time.monotonic()
         result = subprocess.run(
             [*fairlane_command(), "serve", "--dev", "--port", str(port)],
@@ -338,84 +317,6 @@ def test_a_privileged_port_is_named_as_such(tmp_path):
     assert len(output.strip().splitlines()) == 1
 
 
-async def test_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path):
-    """SIGTERM with 40 streams queued behind one running sequence and a 0.5 s drain: uvicorn cancels
-    the requests still running and closes the app at once; each settles (shielded) as it closes.
-    Their usage records were lost (the usage writer closed first, then was cancelled with them)."""
-    port = free_port()
-    env = {**_env(tmp_path), "FAIRLANE_DRAIN_TIMEOUT_S": "0.5", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "1"}
-    served = wait_ready(
-        start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
-    )
-    try:
-        body = {"model": "dummy", "prompt": "p", "max_tokens": MAX_TOKENS, "stream": True, "ignore_eos": True}
-        headers = {"Authorization": f"Bearer {served.api_key}"}
-
-        async def one(http: httpx.AsyncClient) -> str:
-            """How the stream ended: [DONE], or the error it was told (a 503, or its last event)."""
-            async with http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
-                if r.status_code != 200:
-                    return json.loads(await r.aread())["error"]["code"]
-                events = [
-                    line.removeprefix("data: ") async for line in r.aiter_lines() if line.startswith("data: ")
-                ]
-            return events[-1] if events[-1] == "[DONE]" else json.loads(events[-1])["error"]["code"]
-
-        async with httpx.AsyncClient(base_url=served.base_url, timeout=60) as http:
-            tasks = [asyncio.create_task(one(http)) for _ in range(40)]
-            await asyncio.sleep(1.0)
-            os.kill(served.process.pid, signal.SIGTERM)
-            ends = await asyncio.gather(*tasks)
-        assert served.process.wait(timeout=60) == 0
-        assert set(ends) <= {"[DONE]", "server_shutting_down"} and "server_shutting_down" in ends, ends
-        assert "Exception in ASGI application" not in served.log()
-        finished = [json.loads(line) for line in served.log().splitlines() if '"request finished"' in line]
-        cancelled = {f["request_id"] for f in finished if f["status"] == "cancelled"}
-        assert cancelled, "no request was cancelled at the drain's end: make them longer"
-        records = _usage(tmp_path)
-        assert {r for r in cancelled if r in records} == cancelled  # every one recorded
-        assert all(records[r].status == "cancelled" for r in cancelled)
-    finally:
-        served.stop()
-
-
-async def test_plain_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path):
-    """Non-streamed requests queued behind one running sequence when the drain runs out: their
-    settlement ran (shielded) but their usage record waited for a response that was never sent
-    (uvicorn answers a 500 for a cancelled request): no record, no 'request finished' line."""
-    port = free_port()
-    env = {**_env(tmp_path), "FAIRLANE_DRAIN_TIMEOUT_S": "0.5", "FAIRLANE_ENGINE__MAX_NUM_SEQS": "1"}
-    served = wait_ready(
-        start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
-    )
-    try:
-        body = {"model": "dummy", "prompt": "p", "max_tokens": MAX_TOKENS, "ignore_eos": True}
-        headers = {"Authorization": f"Bearer {served.api_key}"}
-        async with httpx.AsyncClient(base_url=served.base_url, timeout=60) as http:
-            post = lambda: http.post("/v1/completions", json=body, headers=headers)  # noqa: E731
-            tasks = [asyncio.create_task(post()) for _ in range(16)]
-            await asyncio.sleep(1.0)
-            os.kill(served.process.pid, signal.SIGTERM)
-            responses = await asyncio.gather(*tasks, return_exceptions=True)
-        assert served.process.wait(timeout=60) == 0
-        ok = [r for r in responses if isinstance(r, httpx.Response) and r.status_code == 200]
-        ids = {r.headers["x-request-id"] for r in ok}
-        cut = [r for r in responses if r not in ok]
-        assert cut, "every request finished in the drain: make them longer"
-        for r in cut:  # each told in OpenAI's shape (it was uvicorn's plain-text 500 and a traceback)
-            assert isinstance(r, httpx.Response) and r.status_code == 503, r
-            assert r.json()["error"]["code"] == "server_shutting_down" and r.headers["retry-after"] == "1"
-            ids.add(r.headers["x-request-id"])
-        assert "Exception in ASGI application" not in served.log()
-        records = _usage(tmp_path)
-        finished = [json.loads(line) for line in served.log().splitlines() if '"request finished"' in line]
-        assert len(records) == len(finished) == 16, (len(records), len(finished))
-        assert sum(r.status == "cancelled" for r in records.values()) == len(cut)
-        assert ids == set(records)
-    finally:
-        served.stop()
-
-
 def _damaged_copy(tmp_path) -> str:
     """The tiny model's folder with its weights file's header length overwritten (a damaged disk,
     a copy cut short)."""
@@ -442,7 +343,11 @@ def test_a_worker_that_cannot_load_its_model_crash_loops_saying_why_in_one_line(
     folder = tmp_path / "model"
     shutil.copytree(tiny_model(), folder)
     port = free_port()
-    env = {**_env(tmp_path), "FAIRLANE_ENGINE__MODEL": str(folder), "FAIRLANE_STREAM_IDLE_TIMEOUT_S": "3"}
+    env = {
+        **tiny_serve_env(tmp_path),
+        "FAIRLANE_ENGINE__MODEL": str(folder),
+        "FAIRLANE_STREAM_IDLE_TIMEOUT_S": "3",
+    }
     served = wait_ready(
         start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
     )
