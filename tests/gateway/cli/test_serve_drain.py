@@ -14,19 +14,22 @@ from serve_process import free_port, start, tiny_serve_env, usage_by_request, wa
 MAX_TOKENS = 400
 
 
-async def test_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path):
-    """SIGTERM with 40 streams queued behind one running sequence and a 0.5 s drain: uvicorn cancels
-    the requests still running and closes the app at once; each settles (shielded) as it closes.
-    Their usage records were lost (the usage writer closed first, then was cancelled with them)."""
+def _serve_one_at_a_time(tmp_path):
+    """serve with one sequence at a time (the rest wait in line) and a 0.5 s drain."""
     port = free_port()
     env = {
         **tiny_serve_env(tmp_path),
         "FAIRLANE_DRAIN_TIMEOUT_S": "0.5",
         "FAIRLANE_ENGINE__MAX_NUM_SEQS": "1",
     }
-    served = wait_ready(
-        start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
-    )
+    return wait_ready(start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port))
+
+
+async def test_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path):
+    """SIGTERM with 40 streams queued behind one running sequence and a 0.5 s drain: uvicorn cancels
+    the requests still running and closes the app at once; each settles (shielded) as it closes.
+    Their usage records were lost (the usage writer closed first, then was cancelled with them)."""
+    served = _serve_one_at_a_time(tmp_path)
     try:
         body = {"model": "dummy", "prompt": "p", "max_tokens": MAX_TOKENS, "stream": True, "ignore_eos": True}
         headers = {"Authorization": f"Bearer {served.api_key}"}
@@ -63,15 +66,7 @@ async def test_plain_requests_cancelled_when_the_drain_times_out_are_recorded(tm
     """Non-streamed requests queued behind one running sequence when the drain runs out: their
     settlement ran (shielded) but their usage record waited for a response that was never sent
     (uvicorn answers a 500 for a cancelled request): no record, no 'request finished' line."""
-    port = free_port()
-    env = {
-        **tiny_serve_env(tmp_path),
-        "FAIRLANE_DRAIN_TIMEOUT_S": "0.5",
-        "FAIRLANE_ENGINE__MAX_NUM_SEQS": "1",
-    }
-    served = wait_ready(
-        start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
-    )
+    served = _serve_one_at_a_time(tmp_path)
     try:
         body = {"model": "dummy", "prompt": "p", "max_tokens": MAX_TOKENS, "ignore_eos": True}
         headers = {"Authorization": f"Bearer {served.api_key}"}
