@@ -19,6 +19,7 @@ import time
 
 import httpx
 import pytest
+import redis.asyncio
 from serve_process import (
     REPO,
     fairlane_command,
@@ -30,6 +31,7 @@ from serve_process import (
 )
 
 from benchmarks.common import tiny_model
+from gateway.lanes.keys import GROUP, lane_key
 
 PROMPTS = [f"stream {i}: tell me a long story" for i in range(8)]
 MAX_TOKENS = 400
@@ -132,6 +134,19 @@ async def test_a_worker_killed_during_8_streams_is_restarted_and_every_stream_re
     assert all(records[r["request_id"]].completion_tokens == MAX_TOKENS for r in disturbed)
 
 
+async def _taken_by_worker(served, count: int, timeout_s: float = 30) -> None:
+    """Wait until the standard lane's consumer group has ``count`` entries pending (taken by the
+    worker, not yet done)."""
+    client = redis.asyncio.Redis.from_url(served.extra["redis_url"])
+    try:
+        deadline = time.monotonic() + timeout_s
+        while (await client.xpending(lane_key("dummy", "standard"), GROUP))["pending"] < count:
+            assert time.monotonic() < deadline, "the worker did not take both requests"
+            await asyncio.sleep(0.005)
+    finally:
+        await client.aclose()
+
+
 async def test_a_worker_killed_during_n_gt_1_requests_ends_them_with_a_503_worker_lost(served):
     """The engine resumes one sequence, not n choices: an n = 2 request its worker died in was a
     400 invalid_request ("resume_token_ids cannot continue an n > 1 request"), the client's fault."""
@@ -149,6 +164,9 @@ async def test_a_worker_killed_during_n_gt_1_requests_ends_them_with_a_503_worke
                 if line.startswith("data: "):
                     streamed["events"].append(line[len("data: ") :])
                     if len(streamed["events"]) == 10:
+                        # Both requests in the worker's engine (its pending entries), not the plain
+                        # one still in the lane: a slow host admits it after the stream's 10 events.
+                        await _taken_by_worker(served, 2)
                         os.kill(worker["pid"], signal.SIGKILL)
         response = await plain
     assert response.status_code == 503, response.text
