@@ -71,6 +71,9 @@ def round_trips(args, workdir: Path) -> dict:
     engine = {"num_threads": 1, "dtype": "float32", "num_kv_blocks": KV_BLOCKS}
     runs: dict = {f"{way}_c{c}": [] for c in (1, args.concurrency) for way in ("http", "engine")}
     runs["http_stream_c1"] = []  # the same request streamed: to the end of the response
+    # in process, each request after the pause a served engine sits idle at concurrency 1 (the
+    # round trip less the in-process one, from the segments before): what that idling costs
+    runs["engine_idle_c1"], idle_ms = [], []
     llm = LLM(model=model, incremental_text=True, **engine)  # text every step, as the worker's engine
     params = SamplingParams(max_tokens=1)
     served = serve(model, workdir, env={f"FAIRLANE_ENGINE__{k.upper()}": str(v) for k, v in engine.items()})
@@ -96,6 +99,11 @@ def round_trips(args, workdir: Path) -> dict:
                 runs[f"engine_c{concurrency}"] += engine_closed_loop(
                     llm, CHAT, params, requests=size, concurrency=concurrency
                 )
+                if concurrency == 1:
+                    idle_ms.append(max(0.0, pct(runs["http_c1"], 0.5) - pct(runs["engine_c1"], 0.5)))
+                    runs["engine_idle_c1"] += engine_closed_loop(
+                        llm, CHAT, params, requests=size, concurrency=1, idle_s=idle_ms[-1] / 1000
+                    )
     finally:
         served.stop()
     return {
@@ -103,6 +111,7 @@ def round_trips(args, workdir: Path) -> dict:
         "max_tokens": 1,
         "messages": CHAT,
         "requests_c1": args.requests,
+        "engine_idle_c1_pause_ms": idle_ms,  # each segment's pause before a request
         "segments": args.segments,
         "latency": {
             name: {
@@ -174,6 +183,11 @@ def table(result: dict) -> str:
         rows.append(
             f"| {name} | {h['p50_ms']:.1f} | {h['p99_ms']:.1f} | {e['p50_ms']:.1f} | {e['p99_ms']:.1f} |"
         )
+    e, pauses = trips["engine_idle_c1"], result["round_trip"]["engine_idle_c1_pause_ms"]
+    rows.append(
+        f"| 1, in process after an idle pause ({min(pauses):.1f}-{max(pauses):.1f} ms) | | "
+        f"| {e['p50_ms']:.1f} | {e['p99_ms']:.1f} |"
+    )
     rows += ["", "| stage | p50 (ms) | p99 (ms) |", "| --- | --- | --- |"]
     staged = result["stages"]
     for name in (*STAGES, "overhead", "settle", "end_to_end"):

@@ -164,24 +164,32 @@ async def _chunked(reader: asyncio.StreamReader) -> bytes:
         data += chunk[:-2]
 
 
-def engine_closed_loop(llm, messages: list[dict], params, *, requests: int, concurrency: int) -> list[float]:
+def engine_closed_loop(
+    llm, messages: list[dict], params, *, requests: int, concurrency: int, idle_s: float = 0.0
+) -> list[float]:
     """The same requests in process: tokenize (the chat template), add to the engine, step until
     finished (text detokenized as a server does), `concurrency` in flight; seconds per request.
-    The process's garbage collector runs as a worker's does (gateway/telemetry/gc_policy.py)."""
+    ``idle_s``: the process sleeps this long before each request is sent (not counted in its
+    latency), as a served engine idles while a request travels to it and back. The process's
+    garbage collector runs as a worker's does (gateway/telemetry/gc_policy.py)."""
     from gateway.telemetry import gc_policy
 
     thresholds = gc_policy.freeze()
     try:
-        return _engine_loop(llm, messages, params, requests=requests, concurrency=concurrency)
+        return _engine_loop(llm, messages, params, requests=requests, concurrency=concurrency, idle_s=idle_s)
     finally:
         gc_policy.thaw(thresholds)
 
 
-def _engine_loop(llm, messages: list[dict], params, *, requests: int, concurrency: int) -> list[float]:
+def _engine_loop(
+    llm, messages: list[dict], params, *, requests: int, concurrency: int, idle_s: float
+) -> list[float]:
     engine, latencies, started, sent = llm.engine, [], {}, 0
 
     def submit() -> None:
         nonlocal sent
+        if idle_s:
+            time.sleep(idle_s)
         request_id, sent = f"r{sent}", sent + 1
         started[request_id] = time.perf_counter()
         engine.add_request(request_id, llm.encode(messages), params)
