@@ -11,7 +11,10 @@
    serving path: HTTP, auth, quotas, lanes, the worker and the relay. p50 and p99 at concurrency 1
    and ``--concurrency`` (closed loop), and at concurrency 1 streamed (to the response's last
    chunk, after ``[DONE]``), sent by the lean keep-alive client of benchmarks.round_trip (raw
-   HTTP/1.1 on asyncio streams: it leaves the shared cores to the server).
+   HTTP/1.1 on asyncio streams: it leaves the shared cores to the server). At concurrency 1 the
+   in-process request also runs after an idle pause as long as the served round trip less the
+   in-process one so far: a served engine idles that long between requests, and on a VM whose
+   idle vCPUs halt, the step after a pause runs slower than back to back.
    The two ways alternate in ``--segments`` segments each, so that a shared host's drift between
    minutes falls on both.
 2. Stages (the gateway's own path, in process, on the event loop `fairlane serve` gives its gateway:
