@@ -95,7 +95,9 @@ def serve(
     raise TimeoutError(f"fairlane serve not ready in {timeout_s} s:\n{log_path.read_text()}")
 
 
-async def lean_closed_loop(served: Served, body: dict, *, requests: int, concurrency: int) -> list[float]:
+async def lean_closed_loop(
+    served: Served, body: dict, *, requests: int, concurrency: int, times_ns: list | None = None
+) -> list[float]:
     """`requests` POSTs of `body` to /v1/chat/completions from `concurrency` callers, each on its
     keep-alive connection (as an OpenAI client holds them); each one's seconds from send to parsed
     JSON, or, with ``"stream": true``, to the stream's last chunk (after ``data: [DONE]``). The
@@ -104,7 +106,8 @@ async def lean_closed_loop(served: Served, body: dict, *, requests: int, concurr
     request (3 ms at 32 callers) on the cores the gateway uses, which a client on another host
     would not. The client's own garbage collector is off while it sends (what the process
     allocated before is frozen): a collection of the benchmark's heap took 20 ms, counted in
-    the round trip it fell in, which no server did."""
+    the round trip it fell in, which no server did. ``times_ns``: each request's (send, end)
+    ``time.perf_counter_ns()`` is appended to it."""
     host, port = served.base_url.removeprefix("http://").rsplit(":", 1)
     payload = json.dumps(body).encode()
     message = (
@@ -136,6 +139,8 @@ async def lean_closed_loop(served: Served, body: dict, *, requests: int, concurr
                     data = await reader.readexactly(int(fields[b"content-length"]))
                     json.loads(data)
                 latencies.append(time.perf_counter() - start)
+                if times_ns is not None:
+                    times_ns.append((round(start * 1e9), time.perf_counter_ns()))
                 status = int(head.split(b" ", 2)[1])
                 if status != 200:
                     raise RuntimeError(f"HTTP {status}: {data[:300]!r}")

@@ -39,11 +39,14 @@ from gateway.settings_sources import (
     config_file,
     read_config,
 )
+from gateway.telemetry import path_marks
 
 # FAIRLANE_* variables that are not settings: read directly by one part of the project, or by clients.
 # (Observability also reads the standard OTEL_* variables, e.g. OTEL_EXPORTER_OTLP_ENDPOINT, and
 # fairlane serve sets PROMETHEUS_MULTIPROC_DIR for itself and its workers: docs/observability.md.)
-NOT_SETTINGS = frozenset({"FAIRLANE_CONFIG", "FAIRLANE_WORKER_ID", CACHE_ENV, "FAIRLANE_API_KEY"})
+NOT_SETTINGS = frozenset(
+    {"FAIRLANE_CONFIG", "FAIRLANE_WORKER_ID", CACHE_ENV, "FAIRLANE_API_KEY", path_marks.ENV}
+)
 NOT_SETTINGS_PREFIX = "FAIRLANE_TEST_"  # the test suite's own
 WEAK_ADMIN_TOKENS = frozenset(
     {"", "admin", "changeme", "change-me", "change_me", "secret", "default", "fairlane"}

@@ -47,7 +47,7 @@ from gateway.api.settle import RequestContext, settle
 from gateway.api.state import GatewayState
 from gateway.lanes.messages import LaneAdapter, LaneRequest, LaneResult
 from gateway.settings import ApiSettings
-from gateway.telemetry import tracing
+from gateway.telemetry import path_marks, tracing
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,7 @@ async def _start(
         worker_settles = queue_with_admission and plan.lane_requests[0].sampling.n == 1
         # An idle worker on this host starts the request while the admission queues it (hints.py).
         hinted = lane_entry is not None and state.lanes.hint(plan.lane_requests[0], *lane_entry)
+        path_marks.mark("hinted")
         try:
             context.admission = await _admit(context, plan, lane_entry, worker_settles)
         except GatewayError as exc:  # refused (over a quota: its retry-after), or a backend is down
@@ -143,6 +144,7 @@ async def _start(
         if context.admission is not None:  # admitted as the client left (_admit)
             await _settle_before_first_results(context, plan, exc, {})
         raise
+    path_marks.mark("admitted")
     got: dict[int, LaneResult] = {}  # the first results that came back, by prompt
     relay_span = None
     try:
@@ -156,6 +158,7 @@ async def _start(
             relay_span = tracing.tracer().start_span("lane.relay")
         streams = [result_stream(state, r.request_id, epoch) for r in plan.lane_requests]
         firsts = await first_results(state, streams, got, ask.disconnected)
+        path_marks.mark("first_results")
     except BaseException as exc:  # admitted, then not every first result: what ran is charged
         if relay_span is not None:
             relay_span.end()

@@ -12,6 +12,7 @@ import anyio.to_thread
 from engine import EngineError, ErrorCode, check_prompt
 from gateway.api.errors import InvalidRequest, refused_by_engine_checks
 from gateway.api.state import GatewayState
+from gateway.telemetry import path_marks
 
 
 def _too_long(name: str, chars: int, limit: int, param: str) -> InvalidRequest:
@@ -36,7 +37,10 @@ async def encode_off_loop(state: GatewayState, encode: Callable[[Any], Any], arg
     """``encode(arg)``, in a thread when ``chars`` is long, so that one client's huge prompt never
     delays another's request."""
     if chars <= state.settings.tokenize_inline_chars:
-        return encode(arg)
+        path_marks.mark("tokenized_in")
+        encoded = encode(arg)
+        path_marks.mark("tokenized_out")
+        return encoded
     return await anyio.to_thread.run_sync(encode, arg, limiter=state.tokenize_limiter)
 
 

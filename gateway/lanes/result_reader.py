@@ -34,6 +34,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway.lanes.connect import BACKOFF_BASE_S, BACKOFF_CAP_S, ERRORS
+from gateway.telemetry import path_marks
 from quotas.resp import RespConnection
 
 WAKE_TTL_MS = 60_000  # the wake stream outlives a reader that died by this much at most
@@ -120,6 +121,7 @@ class ResultReader:
             streams[self.wake_key] = self._wake_id
             try:
                 reply: Any = await self._xread(streams)
+                path_marks.mark("results_read")
             except Exception as exc:  # every waiting request fails its read with it, as its own XREAD would
                 self._reading = set()
                 for waiting in self._streams.values():

@@ -17,7 +17,7 @@ from engine import EngineError, RequestOutput
 from engine.lora import AdapterNotFoundError
 from gateway.lanes import hints
 from gateway.lanes.messages import LaneRequest, MessageError
-from gateway.telemetry import metrics
+from gateway.telemetry import metrics, path_marks
 from gateway.worker.lane_io import LaneEntry
 
 # A hint is acted on only this soon after its request was made (an older one is stale: its entry
@@ -50,6 +50,7 @@ class EarlyStarts:
         """Datagrams that reached the inbox while the worker waited on its lanes: the first fresh
         start hint runs its first engine step now (the engine is empty: the worker only waits
         then), a drop hint for it aborts it."""
+        path_marks.mark("worker_hint")
         for payload in reversed(payloads):  # the newest first: older ones may be stale
             dropped = hints.parse_drop(payload)
             if dropped is not None:
@@ -78,7 +79,9 @@ class EarlyStarts:
         self._early = EarlyStart(hint.lane, hint.version, hint.body, request, taken_at)
         stats = self.engine.stats
         before = stats.prefill_tokens + stats.prefix_hit_tokens
+        path_marks.mark("early_step_in")
         self._early.outputs = self.engine.step()  # no interrupt: the lanes' connection is in a read
+        path_marks.mark("early_step_out")
         self._early.prompt_tokens = stats.prefill_tokens + stats.prefix_hit_tokens - before
 
     def _match_early(self, woke: list[LaneEntry]) -> None:

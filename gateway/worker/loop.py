@@ -37,7 +37,7 @@ from engine.lora import AdapterNotFoundError
 from gateway.adapters.store import AdapterStore, default_adapter_dir
 from gateway.lanes.hints import Inbox
 from gateway.lanes.messages import LaneRequest, LaneResult, LoadReport, MessageError
-from gateway.telemetry import metrics, tracing
+from gateway.telemetry import metrics, path_marks, tracing
 from gateway.worker.early_start import STARTED_REMEMBERED, EarlyStart, EarlyStarts
 from gateway.worker.inflight import InFlight
 from gateway.worker.lane_io import BLOCK_MS, LaneEntry, LaneIO, Prior
@@ -162,6 +162,7 @@ class Worker(EarlyStarts, Publishing, Reclaims):
             except BaseException:
                 self._drop_early()
                 raise
+            path_marks.mark("worker_entry")
             self._match_early(woke)
             if woke and self.lane_io.more:  # the rest of a burst joins the entries that woke the worker
                 self._admit(woke, then_take=True)

@@ -12,6 +12,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import RequestOutput
 from gateway.lanes.messages import LaneResult
+from gateway.telemetry import path_marks
 from gateway.worker.results import output_result
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class Publishing:
                     done.append((running.lane, running.entry_id))
                     del self.inflight[out.request_id]
             watched = list(self.inflight) if watch_cancels else []
+        path_marks.mark("publish_in")
         try:
             load = self._load()
             cancelled = self.lane_io.publish(
@@ -72,6 +74,7 @@ class Publishing:
             self._outbox[:0], self._outbox_done[:0] = unsettled, done
             log.warning("a nested step's results wait for the step's publish: Redis is unavailable")
             return
+        path_marks.mark("publish_out")
         for request_id, flagged in zip(watched, cancelled):
             if flagged:
                 self._cancel(request_id)

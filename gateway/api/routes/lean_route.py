@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 from gateway.api.deps import bearer, get_current_key, get_state
 from gateway.api.errors import INVALID_JSON, InvalidRequest
 from gateway.api.quota_service import get_quota_service
+from gateway.telemetry import path_marks
 
 PARAMETERS = ("body", "request", "auth", "state", "quota")  # the endpoints' signature, in order
 
@@ -70,6 +71,7 @@ class LeanRoute(APIRoute):
             raise TypeError(f"{endpoint.__name__}'s body must be a pydantic model, not {model!r}")
 
         async def handler(request: Request) -> Response:
+            path_marks.mark("route_in")
             if not is_json(request.headers.get("content-type")):
                 request = _declared_json(request)
             if request.app.dependency_overrides:
@@ -85,6 +87,8 @@ class LeanRoute(APIRoute):
             except RecursionError:  # nested deeper than the parser goes (FastAPI's would say 500)
                 raise InvalidRequest(INVALID_JSON, code="invalid_json") from None
             quota = await get_quota_service(request)
-            return await endpoint(body, request, auth, state, quota)
+            response = await endpoint(body, request, auth, state, quota)
+            path_marks.mark("route_out")
+            return response
 
         return handler
