@@ -46,5 +46,6 @@ def test_serve_does_not_refuse_the_variable_as_an_unknown_setting(tmp_path):
     config = tmp_path / "fairlane.yaml"
     config.write_text("{}\n")
     check_known_keys({path_marks.ENV: str(tmp_path / "marks.txt")}, path=config)
-    with pytest.raises(UnknownSetting, match="unknown setting FAIRLANE_PATH_MARK;"):  # a near name is still refused
+    # a near name is still refused
+    with pytest.raises(UnknownSetting, match="unknown setting FAIRLANE_PATH_MARK;"):
         check_known_keys({"FAIRLANE_PATH_MARK": "x"}, path=config)
