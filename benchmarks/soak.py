@@ -45,21 +45,10 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import add_common_args, done, machine, out_dir
+from benchmarks.common import PEAKED_DUMMY_CONFIG, add_common_args, done, machine, out_dir
 from benchmarks.round_trip import serve
 from benchmarks.soak_checks import check, outcome, passed, tokens
 
-TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    initializer_range=0.5,
-)
 LOG_TAIL = 3000  # characters of the server's log shown when the run fails
 KV_BLOCKS = 20  # of 16 tokens: about 3 of the longest requests at once, far fewer than run concurrently
 PROMPTS = [
@@ -263,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     out = out_dir(args, "soak")
     with tempfile.TemporaryDirectory(prefix="fairlane-soak-") as workdir:
         env = {
-            "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
+            "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(PEAKED_DUMMY_CONFIG),
             "FAIRLANE_ENGINE__NUM_KV_BLOCKS": str(KV_BLOCKS),
             "FAIRLANE_ENGINE__NUM_THREADS": "1",
             "FAIRLANE_MAX_TOKENS_DEFAULT": "16",

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from benchmarks.common import PEAKED_DUMMY_CONFIG
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -134,25 +136,11 @@ def request_usage_records(served: Served, request_id: str) -> list:
     return list(rows)
 
 
-# a dummy Llama small enough to serve in seconds on one thread
-TINY_DUMMY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    initializer_range=0.5,
-)
-
-
 def tiny_serve_env(tmp) -> dict[str, str]:
     """`fairlane serve` on a tiny random dummy model (float32, one thread), SQLite in ``tmp``."""
     return {
         "FAIRLANE_ENGINE__MODEL": "dummy",
-        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY_DUMMY),
+        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(PEAKED_DUMMY_CONFIG),
         "FAIRLANE_ENGINE__NUM_KV_BLOCKS": "512",
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
         "FAIRLANE_ENGINE__DTYPE": "float32",

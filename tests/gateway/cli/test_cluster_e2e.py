@@ -19,22 +19,11 @@ from gateway_test_helpers import ADMIN_TOKEN
 from serve_process import free_port, start, wait_ready
 from sqlalchemy import func, select
 
+from benchmarks.common import PEAKED_DUMMY_CONFIG
 from gateway.lanes.keys import GROUP, lane_key, out_key
 from gateway.lanes.messages import LaneRequest
 from tenancy import UsageRecord, make_engine, make_session_factory
 
-# Peaked logits (large init std) keep greedy answers identical under any batch composition.
-MODEL_CONFIG = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    initializer_range=0.5,
-)
 PROMPTS = [f"prompt number {i}: tell me something" for i in range(8)]
 MAX_TOKENS = 48
 STEPS_LEFT = 12  # a worker is killed while its requests have this many steps to go, at least
@@ -52,7 +41,7 @@ def cluster(tmp_path_factory, redis_url):
         "FAIRLANE_DATABASE_URL": database_url,
         "FAIRLANE_ENGINE__MODEL": "dummy",
         "FAIRLANE_SERVED_MODEL_NAME": model,
-        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(MODEL_CONFIG),
+        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(PEAKED_DUMMY_CONFIG),
         "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN,
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
         "FAIRLANE_ENGINE__DTYPE": "float32",

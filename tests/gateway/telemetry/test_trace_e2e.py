@@ -15,19 +15,11 @@ from gateway_test_helpers import ADMIN_TOKEN, admin_headers
 from otlp_receiver import OTLPReceiver
 from serve_process import free_port, start, wait_ready
 
+from benchmarks.common import PEAKED_DUMMY_CONFIG
+
 # A tiny random Llama; a KV cache of 24 blocks of 4 tokens (96 slots) for two requests of ~45
 # prompt tokens each that grow while decoding: one of them is preempted.
-MODEL_CONFIG = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-    initializer_range=0.5,
-)
+MODEL_CONFIG = {**PEAKED_DUMMY_CONFIG, "max_position_embeddings": 256}
 PROMPT = "zebra quokka marmalade 7341: please write something"  # must never be logged nor traced
 SERVER_SPAN = "POST /v1/chat/completions"
 
