@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
+from benchmarks.gateway_path import pct
 from benchmarks.round_trip import lean_closed_loop, serve
 from gateway.telemetry import path_marks
 
@@ -68,12 +69,9 @@ def requests_marks(times_ns: list[tuple[int, int]], marks: list[tuple[str, int]]
 
 
 def quantiles_ms(values_ns: list[int]) -> dict[str, float]:
-    ordered = sorted(values_ns)
-    return {
-        "p50_ms": ordered[len(ordered) // 2] / 1e6,
-        "p90_ms": ordered[int(len(ordered) * 0.9)] / 1e6,
-        "mean_ms": statistics.fmean(ordered) / 1e6,
-    }
+    seconds = [v / 1e9 for v in values_ns]
+    mean_ms = 1000 * statistics.fmean(seconds)
+    return {"p50_ms": pct(seconds, 0.5), "p90_ms": pct(seconds, 0.9), "mean_ms": mean_ms}
 
 
 def measure(requests: int) -> dict:

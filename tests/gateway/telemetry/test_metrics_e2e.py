@@ -13,23 +13,12 @@ from collections import Counter
 import httpx
 import pytest
 import redis as redislib
-from gateway_test_helpers import ADMIN_TOKEN, admin_headers
+from gateway_test_helpers import ADMIN_TOKEN, TINY, admin_headers
 from prometheus_client.parser import text_string_to_metric_families
 from serve_process import free_port, start, wait_ready
 from sqlalchemy import select
 
 from tenancy import UsageRecord, make_engine, make_session_factory
-
-MODEL_CONFIG = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-)
 
 
 def env_for(tmp, redis_url, model) -> dict:
@@ -37,7 +26,7 @@ def env_for(tmp, redis_url, model) -> dict:
         "FAIRLANE_REDIS_URL": redis_url,
         "FAIRLANE_DATABASE_URL": f"sqlite:///{tmp / 'fairlane.db'}",
         "FAIRLANE_ENGINE__MODEL": "dummy",
-        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(MODEL_CONFIG),
+        "FAIRLANE_ENGINE__DUMMY_CONFIG": json.dumps(TINY),
         "FAIRLANE_SERVED_MODEL_NAME": model,
         "FAIRLANE_ADMIN_TOKEN": ADMIN_TOKEN,
         "FAIRLANE_ENGINE__NUM_THREADS": "1",
