@@ -11,7 +11,9 @@ of benchmarks.round_trip sends ``--requests`` ``max_tokens=1`` chats at concurre
 each one's send and end; the marks between them are that request's. The table gives each mark's
 time from the send (p50 / p90 over the requests that passed every mark) and the stages between
 them; an early-started request's step begins before its admission is back, so the stages overlap
-and do not add up to the round trip.
+and do not add up to the round trip. A request whose worker was not idle when its hint came (or a
+server with ``early_start: false``) passes no early-step marks and is left out; the count of those
+kept is printed.
 
 Writes path_timeline.json and path_timeline.png under --out (benchmarks/results).
 """
