@@ -41,6 +41,7 @@ _EXPORTS = {
     "POLICY_PARTS": "engine.scheduler.registry",
     "parse_policy": "engine.scheduler.registry",
     "Engine": "engine.engine",
+    "calibrate": "engine.calibrate",
     "LLM": "engine.llm",
     "Completion": "engine.llm",
     "LoRARequest": "engine.lora.request",
@@ -52,6 +53,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from engine.calibrate import calibrate
     from engine.codes import ErrorCode, FinishReason
     from engine.config import CacheConfig, EngineConfig, LoRAConfig, SchedulerConfig
     from engine.engine import Engine

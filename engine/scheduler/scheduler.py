@@ -72,6 +72,7 @@ class Scheduler(UrgentSteps):
         self._starts: set[int] = set()  # ids of every sequence admitted in this step
         # Room.tokens bounds a worker's take (_prompt_tokens_left)
         self._bounded_take = config.batching == "continuous" and "vtc" in parse_policy(config.policy)
+        self.observing = True  # measured steps feed the step-cost models (observe_step)
         UrgentSteps.__init__(self)  # self.step_cost: the measured steps' cost model, fed once a step
         self.preemption = PreemptionChooser(
             config, swap_cost if block_manager.num_host_blocks else None, cost=self.step_cost
@@ -348,6 +349,8 @@ class Scheduler(UrgentSteps):
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
         """The engine measured the step of `plan`: the policy's step-cost model (SLO) and the one the
         preemption chooser and the short steps beside urgent work read."""
+        if not self.observing:  # engine/calibrate.py's warm-up round
+            return
         self.policy.observe(plan, seconds)
         self.step_cost.observe(*split(plan), seconds)
 

@@ -15,7 +15,7 @@ import uuid
 import redis as redislib
 from prometheus_client import start_http_server
 
-from engine import Engine
+from engine import Engine, calibrate
 from gateway.lanes import hints
 from gateway.lanes.connect import sync_client
 from gateway.lanes.keys import workers_key
@@ -74,6 +74,14 @@ def main(engine_overrides: dict | None = None) -> None:
         log.debug("the engine's start failed", exc_info=True)
         log.error("cannot load model %r: %s: %s", settings.engine.model, type(exc).__name__, exc)
         raise SystemExit(1) from None
+    calibrate(engine)  # the step-cost models from this machine's steps, not the prior (engine/calibrate.py)
+    step_s, prefill_s, decode_s = engine.scheduler.step_cost.theta
+    log.info(
+        "step cost: %.2f ms + %.4f ms a prompt token + %.3f ms a decoding sequence",
+        1e3 * step_s,
+        1e3 * prefill_s,
+        1e3 * decode_s,
+    )
     redis = sync_client(settings.redis_url)
     worker = Worker(
         engine,

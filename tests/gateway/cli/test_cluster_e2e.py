@@ -186,6 +186,8 @@ async def test_120_streams_3_tenants_with_a_worker_killed_mid_stream(cluster, re
     while "claims" not in procs[survivor].log() and time.monotonic() < claimed_by:
         await asyncio.sleep(0.1)
     assert "claims" in procs[survivor].log(), "the surviving worker claimed nothing"
+    for name in WORKERS:  # each fitted its step costs before taking requests (engine/calibrate.py)
+        assert "step cost: " in procs[name].log(), procs[name].log()[-2000:]
     request_ids = {box[0].split("-", 1)[1] for box in rids}
     assert len(request_ids) == STREAMS
     # each gateway writes a stream's usage record after its last chunk (a response's background
