@@ -49,7 +49,14 @@ def _decode_plan(llm: LLM, prompts: list[list[int]]):
 def test_one_call_equals_the_per_operator_forward(tiny_model_dir, dtype, quantization, amx, batch):
     # cpu_amx off: the per-operator forward's bf16 linears all run the C kernel, as the one call's do;
     # on (AMX CPUs): from 3 rows both run bf16_amx.c's tiles
-    llm = LLM(model=str(tiny_model_dir), dtype=dtype, num_threads=2, quantization=quantization, cpu_amx=amx)
+    llm = LLM(
+        model=str(tiny_model_dir),
+        dtype=dtype,
+        num_threads=2,
+        quantization=quantization,
+        cpu_amx=amx,
+        kv_cache_gib=0.01,  # each forward below zeroes the whole cache first
+    )
     runner, model = llm.engine.runner, llm.engine.runner.model
     assert model.decode is not None and model.decode.int8 == (quantization == "int8")
     assert model.decode.bf16 == (dtype == "bfloat16")
