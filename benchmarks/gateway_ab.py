@@ -4,6 +4,7 @@ each process spends per request and the Redis commands per request.
     git archive <commit> | tar -x -C /tmp/base        # the version to compare against
     python -m benchmarks.gateway_ab --baseline /tmp/base
     python -m benchmarks.gateway_ab --smoke       # this tree against itself, a few requests
+                                                  # (both servers start at once, a short warm-up)
 
 ``fairlane serve`` (embedded Redis-compatible server, SQLite, one worker, the tiny model of
 benchmarks.gateway_overhead) runs from the baseline tree and from this one at the same time, and
@@ -29,6 +30,7 @@ import re
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
@@ -106,12 +108,25 @@ def side_by_side(trees: dict[str, Path], args, model: str, workdir: Path) -> dic
     body = {"model": Path(model).name, "messages": CHAT, "max_tokens": 1}
     runs: dict[str, list[dict]] = {side: [] for side in trees}
     try:
-        for side, repo in trees.items():
+        for side in trees:
             (workdir / side).mkdir()
-            served[side] = start(repo, model, workdir / side)
-        for side in trees:  # warm-up: caches, scripts, connections
+        if args.smoke:  # both start at once
+            with ThreadPoolExecutor(len(trees)) as pool:
+                futures = {
+                    side: pool.submit(start, repo, model, workdir / side) for side, repo in trees.items()
+                }
+                for side, future in futures.items():
+                    if future.exception() is None:
+                        served[side] = future.result()
+                for future in futures.values():
+                    future.result()  # raises a failed start's error (the others are stopped below)
+        for side, repo in trees.items():
+            if side not in served:
+                served[side] = start(repo, model, workdir / side)
+        for side in trees:  # warm-up: caches, scripts, connections (--smoke: a few requests)
             for concurrency, _n in loops(args):
-                measure(served[side], body, max(20, 2 * concurrency), concurrency)
+                n = 2 * concurrency if args.smoke else max(20, 2 * concurrency)
+                measure(served[side], body, n, concurrency)
         for i in range(args.rounds):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
             for side in order:

@@ -281,7 +281,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.requests, args.rate, args.high_rate, args.seconds, args.concurrency = 8, 50.0, 100.0, 0.5, 4
-        args.segments = 2
+        args.segments = 1  # each closed loop's GC collection takes ~0.5 s here (torch is imported)
         args.crossing = min(args.crossing, 1)
     out = out_dir(args, "gateway_overhead")
     server = None

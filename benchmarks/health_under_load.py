@@ -2,7 +2,7 @@
 1 MB prompts to `fairlane serve`.
 
     python -m benchmarks.health_under_load            # about 1 minute
-    python -m benchmarks.health_under_load --smoke    # seconds
+    python -m benchmarks.health_under_load --smoke    # seconds (both servers start at once)
 
 `fairlane serve --dev` runs as a subprocess on a real port (embedded Redis-compatible server,
 SQLite, one worker) with a tiny random-weight Llama and SmolLM2's real tokenizer. A load process
@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -166,15 +167,33 @@ def main(argv: list[str] | None = None) -> None:
     }
     phases: dict = {}
     with tempfile.TemporaryDirectory(prefix="fairlane-health-") as workdir:
-        for name, env in (("refused", {}), ("tokenized", raised)):
+
+        def start(name: str, env: dict[str, str]):
             folder = Path(workdir) / name
             folder.mkdir()
-            served = serve(model, folder, env=env)
-            try:
-                if name == "refused":
-                    phases["idle"] = phase(served, Path(model).name, args, load=False)
-                phases[name] = phase(served, Path(model).name, args, load=True)
-            finally:
+            return serve(model, folder, env=env)
+
+        servers = {"refused": {}, "tokenized": raised}
+        started: dict = {}  # --smoke: both servers start at once (the second idles meanwhile)
+        try:
+            if args.smoke:
+                with ThreadPoolExecutor(len(servers)) as pool:
+                    futures = {name: pool.submit(start, name, env) for name, env in servers.items()}
+                    for name, future in futures.items():
+                        if future.exception() is None:
+                            started[name] = future.result()
+                    for future in futures.values():
+                        future.result()  # raises a failed start's error (the others are stopped below)
+            for name, env in servers.items():
+                served = started.pop(name, None) or start(name, env)
+                try:
+                    if name == "refused":
+                        phases["idle"] = phase(served, Path(model).name, args, load=False)
+                    phases[name] = phase(served, Path(model).name, args, load=True)
+                finally:
+                    served.stop()
+        finally:
+            for served in started.values():
                 served.stop()
     result = {
         "benchmark": "health_under_load",

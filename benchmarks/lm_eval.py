@@ -259,7 +259,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fairlane-lm-eval-") as tmp:
         if args.smoke:
             model = tiny_model()
-            fairlane, reference, setup = without_lm_eval(model, model, Path(tmp), mc_items=6, gen_items=3)
+            fairlane, reference, setup = without_lm_eval(model, model, Path(tmp), mc_items=4, gen_items=2)
         elif args.lm_eval_python:
             model = str(smollm2_folder())
             fairlane, reference, setup = with_lm_eval(args, Path(model), Path(tmp))

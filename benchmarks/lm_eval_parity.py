@@ -3,7 +3,7 @@ its `hf` backend on the same weights give the same answers, item by item.
 
     python -m benchmarks.lm_eval_parity --lm-eval-python /path/to/venv/bin/python   # lm-eval (README)
     python -m benchmarks.lm_eval_parity            # without lm-eval: its requests, sent here
-    python -m benchmarks.lm_eval_parity --smoke    # the latter, on a tiny random model and 3 items
+    python -m benchmarks.lm_eval_parity --smoke    # the latter, on a tiny random model and 2 items
 
 The task is fairlane_chat_qa (benchmarks/lm_eval_tasks): 50 short questions with one exact answer,
 each one user turn through SmolLM2's chat template, answered greedily (32 tokens at most, up to a
@@ -185,7 +185,7 @@ def main() -> None:
         plot(report, out / "lm_eval_parity.png")
         return
     if args.smoke:
-        args.dtypes, args.limit = "float32", 3
+        args.dtypes, args.limit = "float32", 2
     folder = tiny_model() if args.smoke else smollm2_folder()
     spec = folder if args.smoke else MODEL_NAME
     items = items_of(str(folder), args.limit)

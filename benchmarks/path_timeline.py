@@ -1,7 +1,7 @@
 """Where a served request's time goes: timestamps along the path of one chat at a time.
 
     python -m benchmarks.path_timeline              # 1,000 requests, about a minute on 2 CPU cores
-    python -m benchmarks.path_timeline --smoke      # a few requests
+    python -m benchmarks.path_timeline --smoke      # a few requests (20, after 10 to warm up)
 
 ``fairlane serve`` runs as in benchmarks.gateway_overhead (a tiny random-weight Llama with SmolLM2's
 tokenizer, one engine thread, fp32, the embedded Redis-compatible server) with
@@ -76,7 +76,7 @@ def quantiles_ms(values_ns: list[int]) -> dict[str, float]:
     return {"p50_ms": pct(seconds, 0.5), "p90_ms": pct(seconds, 0.9), "mean_ms": mean_ms}
 
 
-def measure(requests: int) -> dict:
+def measure(requests: int, warmup: int = WARMUP) -> dict:
     model = tiny_model()
     env = {f"FAIRLANE_ENGINE__{k.upper()}": str(v) for k, v in ENGINE.items()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,7 +85,7 @@ def measure(requests: int) -> dict:
         body = {"model": Path(model).name, "messages": CHAT, "max_tokens": 1}
         times_ns: list[tuple[int, int]] = []
         try:
-            asyncio.run(lean_closed_loop(served, body, requests=WARMUP, concurrency=1))
+            asyncio.run(lean_closed_loop(served, body, requests=warmup, concurrency=1))
             asyncio.run(lean_closed_loop(served, body, requests=requests, concurrency=1, times_ns=times_ns))
         finally:
             served.stop()
@@ -146,10 +146,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000, help="timed requests at concurrency 1")
     add_common_args(parser)
     args = parser.parse_args()
+    warmup = WARMUP
     if args.smoke:
-        args.requests = 20
+        args.requests, warmup = 20, 10
     out = out_dir(args, "path_timeline")
-    result = {**measure(args.requests), "smoke": args.smoke, "engine": ENGINE, "machine": machine()}
+    result = {**measure(args.requests, warmup), "smoke": args.smoke, "engine": ENGINE, "machine": machine()}
     (out / "path_timeline.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "path_timeline.png")
     print(table(result))

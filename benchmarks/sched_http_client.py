@@ -156,15 +156,20 @@ atexit.register(close_clients)
 
 
 def replay_in_processes(
-    base_url: str, model: str, calls: dict[str, tuple[str, list[Call]]], until: float | None, words: list[int]
+    base_url: str,
+    model: str,
+    calls: dict[str, tuple[str, list[Call]]],
+    until: float | None,
+    words: list[int],
+    start_ahead_s: float = START_AHEAD_S,
 ) -> tuple[dict[str, list[Sent]], float]:
     """Each tenant's ``calls`` (tenant -> (key, calls)) from a client process of its own (an idle
     process of the pool takes one call at a time), on one wall clock; what each saw, and the run's
-    t0 (time.time())."""
+    t0 (time.time(), ``start_ahead_s`` from now)."""
     if not calls:  # a trace with no request in its duration
         return {}, time.time()
     pool = _clients(len(calls))
-    t0 = time.time() + START_AHEAD_S
+    t0 = time.time() + start_ahead_s
     futures = {
         tenant: pool.submit(_client_process, base_url, model, key, tenant_calls, until, t0, words)
         for tenant, (key, tenant_calls) in calls.items()

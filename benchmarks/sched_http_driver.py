@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
 from benchmarks.round_trip import Served, serve
-from benchmarks.sched_http_client import TIERS, Call, Sent, replay_calls, replay_in_processes
+from benchmarks.sched_http_client import (
+    START_AHEAD_S,
+    TIERS,
+    Call,
+    Sent,
+    replay_calls,
+    replay_in_processes,
+)
 from benchmarks.sched_prompts import word_ids
 from benchmarks.sched_service import prompt_events, series
 from engine.assets import load_tokenizer
@@ -47,9 +55,21 @@ class Server:
     # served (prefix caching): a run whose prompts repeated those of the warm-up or of an earlier
     # run found most of them cached, and its prefills were twice as fast as they are.
     seeds: int = 0
+    # One client for the admin API and the scrapes of /metrics: a fresh one per call builds an SSL
+    # context (tens of ms of CPU each, several calls a run, on the cores the server uses).
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
 
     @classmethod
-    def start(cls, model: str, policy: str, engine: dict, workdir: Path, trace_spans: bool) -> Server:
+    def start(
+        cls,
+        model: str,
+        policy: str,
+        engine: dict,
+        workdir: Path,
+        trace_spans: bool,
+        warm_up_rounds: int = 2,
+        warm_up_streams: int = WARM_UP_STREAMS,
+    ) -> Server:
         workdir.mkdir(parents=True, exist_ok=True)
         token = "fl-admin-" + secrets.token_urlsafe(24)
         env = {f"FAIRLANE_ENGINE__{k.upper()}": str(v) for k, v in engine.items() if k != "model"}
@@ -60,16 +80,16 @@ class Server:
         name = httpx.get(
             served.base_url + "/v1/models", headers={"Authorization": f"Bearer {served.api_key}"}
         ).json()["data"][0]["id"]
-        server = cls(served, token, name, word_ids(load_tokenizer(model)))
-        server.warm_up()
+        server = cls(served, token, name, prompt_words(model))
+        server.warm_up(warm_up_rounds, warm_up_streams)
         return server
 
-    def warm_up(self, rounds: int = 2) -> None:
-        """Bursts of WARM_UP_STREAMS streamed requests first, so what a server does once (the first
-        forwards at each batch size, connections and pools of the gateway and the client) is not in
-        a measured run (the in-process runs need one request)."""
-        calls = [Call(0.0, 64, 4, 0, seed) for seed in range(self.seeds, self.seeds + WARM_UP_STREAMS)]
-        self.seeds += WARM_UP_STREAMS
+    def warm_up(self, rounds: int = 2, streams: int = WARM_UP_STREAMS) -> None:
+        """Bursts of `streams` (WARM_UP_STREAMS) streamed requests first, so what a server does once
+        (the first forwards at each batch size, connections and pools of the gateway and the client)
+        is not in a measured run (the in-process runs need one request)."""
+        calls = [Call(0.0, 64, 4, 0, seed) for seed in range(self.seeds, self.seeds + streams)]
+        self.seeds += streams
         for _ in range(rounds):
             asyncio.run(
                 replay_calls(
@@ -84,12 +104,11 @@ class Server:
             )
 
     def admin(self, method: str, path: str, body: dict) -> dict:
-        response = httpx.request(
+        response = self.http.request(
             method,
             self.served.base_url + "/admin" + path,
             json=body,
             headers={"Authorization": f"Bearer {self.admin_token}"},
-            timeout=30,
         )
         if response.status_code >= 300:
             raise RuntimeError(f"{method} /admin{path}: HTTP {response.status_code} {response.text}")
@@ -115,7 +134,7 @@ class Server:
 
     def metrics(self) -> dict[str, float]:
         """The server's Prometheus samples (name{labels} -> value), lane gauges and histograms."""
-        text = httpx.get(self.served.base_url + "/metrics", timeout=30).text
+        text = self.http.get(self.served.base_url + "/metrics").text
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
@@ -142,6 +161,19 @@ class Server:
         raise TimeoutError(f"the server still had work {DRAIN_TIMEOUT_S} s after the run")
 
 
+_WORDS: dict[str, list[int]] = {}
+_WORDS_LOCK = threading.Lock()
+
+
+def prompt_words(model: str) -> list[int]:
+    """The prompts' token ids of `model` (benchmarks.sched_prompts), worked out once for the servers
+    that start side by side (a tokenizer load and a decode of its vocabulary: seconds of CPU)."""
+    with _WORDS_LOCK:
+        if model not in _WORDS:
+            _WORDS[model] = word_ids(load_tokenizer(model))
+        return _WORDS[model]
+
+
 def tier_means(before: dict[str, float], after: dict[str, float], metric: str) -> dict[str, float]:
     """Mean of a per-tier histogram over the run (seconds), from two scrapes."""
     out = {}
@@ -154,9 +186,12 @@ def tier_means(before: dict[str, float], after: dict[str, float], metric: str) -
     return out
 
 
-def replay(server: Server, trace: list[SimRequest], until: float | None = None) -> tuple[SimReport, list]:
+def replay(
+    server: Server, trace: list[SimRequest], until: float | None = None, start_ahead_s: float = START_AHEAD_S
+) -> tuple[SimReport, list]:
     """Serve `trace` through `server` (one new tenant and key per trace tenant, with its weight and
-    targets; arrivals on the wall clock); the report, and what the client saw of each request."""
+    targets; arrivals on the wall clock, the first ``start_ahead_s`` after the client processes are
+    told t0); the report, and what the client saw of each request."""
     trace = sorted((replace(r) for r in trace), key=lambda r: r.arrival)
     first: dict[str, SimRequest] = {}
     for r in trace:
@@ -167,7 +202,9 @@ def replay(server: Server, trace: list[SimRequest], until: float | None = None) 
         calls[r.tenant][1].append(Call(r.arrival, r.prompt_len, r.output_len, r.priority, i))
     server.seeds += len(trace)
     before = server.metrics()
-    by_tenant, t0 = replay_in_processes(server.served.base_url, server.model, calls, until, server.words)
+    by_tenant, t0 = replay_in_processes(
+        server.served.base_url, server.model, calls, until, server.words, start_ahead_s
+    )
     seen = {t: iter(s) for t, s in by_tenant.items()}
     sent = [next(seen[r.tenant]) for r in trace]  # each tenant's calls in the trace's order
     duration = time.time() - t0

@@ -335,11 +335,11 @@ def main() -> None:
     backlog_n, capacity_n = 24, 64
     if args.smoke:
         ENGINE.update(model=tiny_model(), dtype="float32", num_threads=1, kv_cache_gib=0.02)
-        args.duration, backlog_n, capacity_n = 0.5, 4, 16
+        args.duration, backlog_n, capacity_n = 0.5, 4, 8
     if args.http:
         from benchmarks.scheduling_http import HTTP
 
-        with HTTP(ENGINE, spans=not args.no_spans, keep_logs=args.keep_logs) as d:
+        with HTTP(ENGINE, spans=not args.no_spans, keep_logs=args.keep_logs, smoke=args.smoke) as d:
             measure(args, d, backlog_n, capacity_n)
     else:
         # imported here: --http's client processes (spawned) import this module again, and the

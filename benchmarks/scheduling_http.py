@@ -35,12 +35,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import sched_http_timeline as timeline
-from benchmarks.sched_http_client import close_clients
+from benchmarks.sched_http_client import START_AHEAD_S, close_clients
 from benchmarks.sched_http_driver import TIERS, Server, replay, service
 from engine.sim import SimReport
 
 POLICY = "priority+vtc+slo"
 SPAN_FLUSH_S = 0.3  # the span processors export at least every 100 ms
+# --smoke: one warm-up round of a few streams per server, and the clients told t0 this much ahead of
+# the first arrival (their processes are up and their imports done after the first run)
+SMOKE_WARM_UP = {"warm_up_rounds": 1, "warm_up_streams": 8}
+SMOKE_START_AHEAD_S = 0.2
 
 
 class HTTP:
@@ -53,8 +57,8 @@ class HTTP:
     )
     line = staticmethod(timeline.line)
 
-    def __init__(self, engine: dict, *, spans: bool = True, keep_logs: bool = False):
-        self.engine, self.spans, self.keep_logs = dict(engine), spans, keep_logs
+    def __init__(self, engine: dict, *, spans: bool = True, keep_logs: bool = False, smoke: bool = False):
+        self.engine, self.spans, self.keep_logs, self.smoke = dict(engine), spans, keep_logs, smoke
         self.servers: dict[str, Server] = {}
         self.read: dict[str, int] = {}  # bytes of each server's log already read
         self.workdir = Path(tempfile.mkdtemp(prefix="fairlane-sched-http-"))
@@ -71,6 +75,7 @@ class HTTP:
                     self.engine,
                     self.workdir / key,
                     self.spans,
+                    **(SMOKE_WARM_UP if self.smoke else {}),
                 )
                 for key, policy in policies.items()
             }
@@ -85,8 +90,10 @@ class HTTP:
 
     def __exit__(self, *exc) -> None:
         close_clients()
+        with ThreadPoolExecutor(max(1, len(self.servers))) as pool:  # both stop at once
+            list(pool.map(lambda server: server.served.stop(), self.servers.values()))
         for server in self.servers.values():
-            server.served.stop()
+            server.http.close()
         if exc[0] is None and not self.keep_logs:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -94,7 +101,7 @@ class HTTP:
         """`policy` is the in-process run's name: fcfs on the FCFS server, any other on fairlane's."""
         key = "fcfs" if policy == "fcfs" else "policy"
         server = self.servers[key]
-        report, _ = replay(server, trace, until)
+        report, _ = replay(server, trace, until, SMOKE_START_AHEAD_S if self.smoke else START_AHEAD_S)
         if self.spans:
             time.sleep(SPAN_FLUSH_S)
         log = server.served.log_path.read_bytes()

@@ -2,7 +2,7 @@
 count of what was lost or leaked.
 
     python -m benchmarks.soak                  # 10,000 requests (tens of minutes on 2 cores)
-    python -m benchmarks.soak --smoke          # 150 requests, the same faults and checks
+    python -m benchmarks.soak --smoke          # 100 requests, the same faults and checks
 
 `fairlane serve --dev` runs as a subprocess (embedded Redis-compatible server, SQLite, one worker)
 on a tiny random-weight Llama with peaked logits (greedy answers do not depend on the batch) and
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.requests, args.tenants, args.concurrency = 150, 8, 12
+        args.requests, args.tenants, args.concurrency = 100, 8, 12
     out = out_dir(args, "soak")
     with tempfile.TemporaryDirectory(prefix="fairlane-soak-") as workdir:
         env = {

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.real_model
 BF16_KERNEL = bf16_library() is not None  # bf16 decodes (and drafts) in the one-call C forward
 
 BATCH = 32
+TOKENS = 16  # a request's output: enough for more than one kept draft a sequence (asserted below)
 SPEC = {
     "method": "ngram",
     "num_speculative_tokens": 4,
@@ -41,6 +42,7 @@ TEXTS = [
     "Alice sent Bob the report on Monday; Bob read the report on Tuesday and replied on Wednesday.",
     "Paris is the capital of France. Berlin is the capital of Germany. Rome is the capital of Italy.",
 ]
+SYSTEM = {"role": "system", "content": ""}
 ASKS = [
     "Repeat this text exactly:",
     "Rewrite this text in the past tense:",
@@ -54,7 +56,8 @@ ASKS = [
 
 
 def _prompts(tokenizer_llm: LLM) -> list[list[int]]:
-    chats = [[{"role": "user", "content": f"{ask}\n{text}"}] for ask in ASKS for text in TEXTS]
+    # an empty system turn: the chat template's default one would add 16 tokens to each prompt's prefill
+    chats = [[SYSTEM, {"role": "user", "content": f"{ask}\n{text}"}] for ask in ASKS for text in TEXTS]
     assert len(chats) == BATCH
     return [tokenizer_llm.encode(chat) for chat in chats]
 
@@ -91,7 +94,7 @@ def test_batch_of_32_greedy_equals_no_speculation(path):
     plain = path.llm()
     spec = path.llm(speculative_config=SPEC)
     prompts = _prompts(plain)
-    want = _run(plain, prompts, 24)
+    want = _run(plain, prompts, TOKENS)
     eng, stats = spec.engine, spec.engine.stats
     widest, one_call = 0, 0
     step, decode = eng.step, eng.runner.model.decode
@@ -107,7 +110,7 @@ def test_batch_of_32_greedy_equals_no_speculation(path):
 
     eng.step, eng.runner.model.decode = recording_step, counting  # type: ignore[method-assign]
     try:
-        got = _run(spec, prompts, 24)
+        got = _run(spec, prompts, TOKENS)
     finally:
         del eng.step
         eng.runner.model.decode = decode
@@ -125,8 +128,8 @@ def test_batch_of_32_bf16_parts_from_no_speculation_only_at_a_near_tie(path):
     plain = path.llm()
     spec = path.llm(speculative_config=SPEC)
     prompts = _prompts(plain)
-    want = _run(plain, prompts, 16, logprobs=2)
-    got = _run(spec, prompts, 16)
+    want = _run(plain, prompts, TOKENS, logprobs=2)
+    got = _run(spec, prompts, TOKENS)
     agreed = 0
     for g, w in zip(got, want):
         i = greedy_prefix(w.token_ids, g.token_ids)

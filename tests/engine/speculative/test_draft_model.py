@@ -30,7 +30,7 @@ ASKS = [
 ]
 
 
-def _race(llm: LLM, max_tokens: int = 32) -> dict[str, tuple[list[int], str, str | None]]:
+def _race(llm: LLM, max_tokens: int = 24) -> dict[str, tuple[list[int], str, str | None]]:
     """Three requests decode; a fourth arrives after four steps; request 2 stops at a string."""
     engine = llm.engine
     prompts = [llm.encode([{"role": "user", "content": ask}]) for ask in ASKS]
@@ -63,7 +63,7 @@ def _race(llm: LLM, max_tokens: int = 32) -> dict[str, tuple[list[int], str, str
     ids=["fp32-c-recompute", "fp32-c-swap", "fp32-torch-recompute"],
 )
 def test_self_draft_greedy_equals_no_speculation(path, preemption_mode):
-    # 16 blocks of 8 tokens: three sequences of ~30-token prompts and 32 outputs do not fit together
+    # 16 blocks of 8 tokens: three sequences of ~40-token prompts and 24 outputs do not fit together
     kw = dict(num_kv_blocks=16, block_size=8, preemption_mode=preemption_mode, num_swap_blocks=64)
     want = _race(path.llm(**kw))
     spec = path.llm(speculative_config=SELF_INT8, **kw)
