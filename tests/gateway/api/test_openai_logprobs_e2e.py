@@ -98,12 +98,12 @@ def test_echo_scores_the_prompt_like_a_direct_forward(client, tok, hf):
 
 def test_lm_eval_loglikelihoods_equal_a_direct_forward(client, tok, hf):
     """lm-eval's loglikelihood requests (its context/continuation split, token-id prompts, echo) for
-    fairlane_mc items, one of them after a 20-question few-shot prefix (over 256 tokens: the prompt's
+    fairlane_mc items, one of them after a 15-question few-shot prefix (over 256 tokens: the prompt's
     logprobs in two chunks) that a plain request has just put in the prefix cache: every
     continuation's loglikelihood and is_greedy as a direct fp32 forward's, so the same choice wins."""
     docs = scoring.read_jsonl(scoring.MC_FILE)
     shots = "".join(
-        f"Question: {d['question']}\nAnswer: {d['choices'][d['answer']]}\n\n" for d in docs[10:30]
+        f"Question: {d['question']}\nAnswer: {d['choices'][d['answer']]}\n\n" for d in docs[10:25]
     )
     requests = scoring.mc_requests(docs[:2])
     long = [

@@ -98,7 +98,7 @@ SCHEMAS = {
         }
     ),
 }
-SEEDS = (1, 2, 3, 4, 5)
+SEEDS = (1, 2, 3)
 
 
 def _format(name: str) -> dict:
@@ -140,9 +140,9 @@ def client(server):
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0)
 
 
-async def test_twenty_schemas_five_seeds_sampled_together_under_preemption(server):
-    """100 requests at temperature 1, sent at once so that the worker batches them and, with its
-    small KV cache, preempts some: every output parses and validates; each schema's fifth seed is
+async def test_twenty_schemas_three_seeds_sampled_together_under_preemption(server):
+    """60 requests at temperature 1, sent at once so that the worker batches them and, with its
+    small KV cache, preempts some: every output parses and validates; each schema's third seed is
     streamed."""
     client = openai.AsyncOpenAI(
         base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0, timeout=600
