@@ -46,6 +46,7 @@ def calibrate(engine: Engine) -> int:
         scheduler.observing = True
     observed = _round(engine, 1)
     engine.stats = EngineStats()
+    scheduler.num_admissions = 0  # the stats copy it at each step (random ids make no prefix hits)
     return observed
 
 

@@ -56,6 +56,12 @@ def test_calibration_leaves_an_idle_engine_with_no_trace_in_its_counters(tiny_mo
     assert not eng.has_unfinished() and not eng.seqs
     assert eng.stats.steps == 0 and eng.stats.output_tokens == 0 and eng.stats.admissions == 0
     assert eng.num_free_blocks == free  # cached prompt blocks stay evictable: free to allocate
+    eng.add_request("first", [3, 4, 5], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+    # what a worker's metrics count from its engine's stats: the first request's, not calibration's
+    assert (eng.stats.steps, eng.stats.admissions, eng.stats.output_tokens) == (2, 1, 2)
+    assert eng.stats.prefix_hit_tokens == 0
     # every term of both fits moved off the prior to this machine's scale
     for theta in (eng.scheduler.step_cost.theta, eng.scheduler.policy.cost.theta):
         assert theta[0] < 0.1 * SLOW_PRIOR["cost_step_s"]
