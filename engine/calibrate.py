@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 CALIBRATION_TENANT = "fairlane-calibration"
 LONG_PROMPT = 128  # tokens of the first prefill (fewer where the context or the step budget is smaller)
-SHORT_PROMPTS, SHORT_PROMPT = 8, 8  # the sequences that then decode together, and their prompts
-DECODE_STEPS = 3  # of each request after its prefill
+SHORT_PROMPTS, SHORT_PROMPT = 8, 4  # the sequences that then decode together, and their prompts
+DECODE_STEPS = 2  # of each request after its prefill
 
 
 def calibrate(engine: Engine) -> int:
