@@ -30,11 +30,11 @@ import re
 import statistics
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
-from benchmarks.round_trip import REPO, Served, engine_closed_loop, lean_closed_loop, serve
+from benchmarks.round_trip import REPO, Served, engine_closed_loop, lean_closed_loop, serve, start_at_once
 
 CHAT = [{"role": "user", "content": "Say hello in French."}]
 ENGINE = {"num_threads": 1, "dtype": "float32", "num_kv_blocks": 1024}
@@ -111,15 +111,9 @@ def side_by_side(trees: dict[str, Path], args, model: str, workdir: Path) -> dic
         for side in trees:
             (workdir / side).mkdir()
         if args.smoke:  # both start at once
-            with ThreadPoolExecutor(len(trees)) as pool:
-                futures = {
-                    side: pool.submit(start, repo, model, workdir / side) for side, repo in trees.items()
-                }
-                for side, future in futures.items():
-                    if future.exception() is None:
-                        served[side] = future.result()
-                for future in futures.values():
-                    future.result()  # raises a failed start's error (the others are stopped below)
+            start_at_once(
+                {side: partial(start, repo, model, workdir / side) for side, repo in trees.items()}, served
+            )
         for side, repo in trees.items():
             if side not in served:
                 served[side] = start(repo, model, workdir / side)

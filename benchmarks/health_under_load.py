@@ -31,13 +31,13 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
 
 from benchmarks.common import add_common_args, done, machine, out_dir, tiny_model
-from benchmarks.round_trip import serve
+from benchmarks.round_trip import serve, start_at_once
 
 TARGET_P99_MS = 50.0
 
@@ -177,13 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         started: dict = {}  # --smoke: both servers start at once (the second idles meanwhile)
         try:
             if args.smoke:
-                with ThreadPoolExecutor(len(servers)) as pool:
-                    futures = {name: pool.submit(start, name, env) for name, env in servers.items()}
-                    for name, future in futures.items():
-                        if future.exception() is None:
-                            started[name] = future.result()
-                    for future in futures.values():
-                        future.result()  # raises a failed start's error (the others are stopped below)
+                start_at_once({name: partial(start, name, env) for name, env in servers.items()}, started)
             for name, env in servers.items():
                 served = started.pop(name, None) or start(name, env)
                 try:

@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +95,19 @@ def serve(
             time.sleep(0.2)
     served.stop()
     raise TimeoutError(f"fairlane serve not ready in {timeout_s} s:\n{log_path.read_text()}")
+
+
+def start_at_once(starts: dict[str, Callable[[], Served]], into: dict[str, Served]) -> None:
+    """Run the ``starts`` (``serve`` calls) at the same time, each server put in ``into`` as it comes
+    up (the caller stops them, a start failed or not); a failed start's error is raised once every
+    start has ended."""
+    with ThreadPoolExecutor(len(starts)) as pool:
+        futures = {name: pool.submit(start) for name, start in starts.items()}
+        for name, future in futures.items():
+            if future.exception() is None:
+                into[name] = future.result()
+        for future in futures.values():
+            future.result()
 
 
 async def lean_closed_loop(

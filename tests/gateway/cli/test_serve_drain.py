@@ -7,9 +7,13 @@ import asyncio
 import json
 import os
 import signal
+import time
 
 import httpx
+import redis.asyncio
 from serve_process import free_port, start, tiny_serve_env, usage_by_request, wait_ready
+
+from gateway.lanes.keys import lane_key
 
 MAX_TOKENS = 400
 
@@ -23,6 +27,18 @@ def _serve_one_at_a_time(tmp_path):
         "FAIRLANE_ENGINE__MAX_NUM_SEQS": "1",
     }
     return wait_ready(start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port))
+
+
+async def _queued(served, count: int, timeout_s: float = 30) -> None:
+    """Wait until the standard lane holds ``count`` entries (each request admitted and queued)."""
+    client = redis.asyncio.Redis.from_url(served.extra["redis_url"])
+    try:
+        deadline = time.monotonic() + timeout_s
+        while await client.xlen(lane_key("dummy", "standard")) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} requests were queued"
+            await asyncio.sleep(0.005)
+    finally:
+        await client.aclose()
 
 
 async def test_requests_cancelled_when_the_drain_times_out_are_recorded(tmp_path):
@@ -73,7 +89,7 @@ async def test_plain_requests_cancelled_when_the_drain_times_out_are_recorded(tm
         async with httpx.AsyncClient(base_url=served.base_url, timeout=60) as http:
             post = lambda: http.post("/v1/completions", json=body, headers=headers)  # noqa: E731
             tasks = [asyncio.create_task(post()) for _ in range(16)]
-            await asyncio.sleep(1.0)
+            await _queued(served, 16)  # every one admitted (on a slow machine 1 s was not enough)
             os.kill(served.process.pid, signal.SIGTERM)
             responses = await asyncio.gather(*tasks, return_exceptions=True)
         assert served.process.wait(timeout=60) == 0
