@@ -23,10 +23,9 @@ RESULTS = Path(__file__).parent / "results"
 
 # A tiny Llama with SmolLM2's vocabulary: SmolLM2's real tokenizer fits it, and a forward costs
 # almost nothing, so what is measured around the engine is not hidden by the model.
-# A dummy Llama (engine.model "dummy" with this dummy_config) small enough to serve in seconds on
-# one thread; its large initialisation makes its logits peaked, so that greedy answers do not
-# depend on the batch a request runs in.
-PEAKED_DUMMY_CONFIG = dict(
+# The shape of a dummy Llama (engine.model "dummy" with a dummy_config) small enough to serve in
+# seconds on one thread; users add its context (max_position_embeddings).
+TINY_DUMMY_SHAPE = dict(
     vocab_size=512,
     hidden_size=64,
     intermediate_size=128,
@@ -34,9 +33,10 @@ PEAKED_DUMMY_CONFIG = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=16,
-    max_position_embeddings=512,
-    initializer_range=0.5,
 )
+# Its large initialisation makes the logits peaked, so that greedy answers do not depend on the
+# batch a request runs in.
+PEAKED_DUMMY_CONFIG = {**TINY_DUMMY_SHAPE, "max_position_embeddings": 512, "initializer_range": 0.5}
 TINY_CONFIG = {
     "vocab_size": 49152,
     "hidden_size": 64,

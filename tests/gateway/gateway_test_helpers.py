@@ -9,19 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
+from benchmarks.common import TINY_DUMMY_SHAPE
+
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 HEARTBEAT_S = 0.5  # the in-process worker's (the settings' default)
 # A tiny Llama: fast enough to run hundreds of requests on 2 CPU cores.
-TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-)
+TINY = {**TINY_DUMMY_SHAPE, "max_position_embeddings": 256}
 # The engine section of the gateway settings the tests use (the workers are built by tiny_engine_factory).
 TINY_ENGINE = dict(
     model="dummy",

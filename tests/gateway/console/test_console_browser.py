@@ -20,6 +20,8 @@ import pytest
 from adapter_files import make_peft_adapter
 from serve_process import free_port, start, wait_ready
 
+from benchmarks.common import TINY_DUMMY_SHAPE
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (.ci/setup)")
 CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
@@ -29,16 +31,7 @@ if not os.path.exists(CHROMIUM):
 
 ADMIN_TOKEN = "console-admin-token-0123456789abcdef"
 MODEL = "dummy"
-DUMMY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=4096,
-)
+DUMMY = {**TINY_DUMMY_SHAPE, "max_position_embeddings": 4096}
 SHOTS = os.environ.get("FAIRLANE_TEST_CONSOLE_SCREENSHOTS")
 PAGES = ("tenants", "tenant", "keys", "quotas", "adapters", "usage", "live", "login")
 
