@@ -143,6 +143,8 @@ async def _start(
     except asyncio.CancelledError as exc:
         if context.admission is not None:  # admitted as the client left (_admit)
             await _settle_before_first_results(context, plan, exc, {})
+        else:  # cut before its admission (the server stopping): nothing charged or queued, reported
+            await settle(context, RequestOutcome(Status.CANCELLED_BEFORE_FIRST_TOKEN))
         raise
     path_marks.mark("admitted")
     got: dict[int, LaneResult] = {}  # the first results that came back, by prompt

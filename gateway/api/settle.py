@@ -12,8 +12,8 @@ free.
 
 ``settle`` runs once per request, shielded from cancellation (the client may be gone): by the
 relay when it closes (gateway/api/relay.py), or by the admission when the request fails before
-its first results (gateway/api/admit.py). A request refused before admission has nothing to settle
-or record: only its report is written.
+its first results (gateway/api/admit.py). A request refused or cancelled before admission has
+nothing to settle or record: only its report is written.
 """
 
 from __future__ import annotations
