@@ -9,6 +9,10 @@ tokens it must publish), a gateway ends the affected request with an error.
 
 from __future__ import annotations
 
+import asyncio
+import builtins
+from typing import Any
+
 import redis as redislib
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialBackoff
@@ -34,6 +38,32 @@ def _options(url: str) -> dict:
     return options
 
 
+class _SendsCancellably:
+    """redis-py's asyncio connection, its writes bounded by ``asyncio.timeout`` instead of
+    ``asyncio.wait_for``: on Python 3.11, a task cancelled in the loop step its write completes in
+    gets wait_for's result and loses the cancel (a gateway request cut by the server's drain, or by
+    its client leaving, would run on as if nothing had happened). The write timeout is the socket
+    timeout, as redis-py's."""
+
+    socket_timeout: float | None
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        timeout, self.socket_timeout = self.socket_timeout, None  # redis-py writes without wait_for
+        try:
+            async with asyncio.timeout(timeout):
+                await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        except builtins.TimeoutError as exc:  # redis-py has dropped the connection: a retry opens another
+            raise TimeoutError("Timeout writing to socket") from exc
+        finally:
+            self.socket_timeout = timeout
+
+
+_CANCELLABLE: dict[type[aioredis.connection.AbstractConnection], type] = {
+    base: type(f"Cancellable{base.__name__}", (_SendsCancellably, base), {})
+    for base in (aioredis.Connection, aioredis.SSLConnection, aioredis.UnixDomainSocketConnection)
+}
+
+
 def sync_client(url: str) -> redislib.Redis:
     """A worker's client: blocking, retrying with backoff, reconnecting."""
     from redis.retry import Retry
@@ -54,4 +84,7 @@ def async_client(url: str, *, max_connections: int = 4096) -> aioredis.Redis:
         RETRIES,
         supported_errors=ERRORS,  # type: ignore[arg-type]  # OSError too, which redis-py's annotation leaves out
     )
-    return aioredis.Redis.from_url(url, retry=retry, max_connections=max_connections, **_options(url))
+    client = aioredis.Redis.from_url(url, retry=retry, max_connections=max_connections, **_options(url))
+    pool = client.connection_pool  # the URL's connection class (TCP, TLS, unix socket), made cancellable
+    pool.connection_class = _CANCELLABLE.get(pool.connection_class, pool.connection_class)
+    return client

@@ -90,8 +90,11 @@ class ResultReader:
                 pipe.pexpire(self.wake_key, WAKE_TTL_MS)
                 await pipe.execute()
         if not waiting.entries and waiting.error is None:
+            # asyncio.timeout, not wait_for: on Python 3.11 a request cancelled in the step its
+            # entries came would get them and lose the cancel (its client gone, the server's drain)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiting.ready.wait(), timeout_ms / 1000)
+                async with asyncio.timeout(timeout_ms / 1000):
+                    await waiting.ready.wait()
         waiting.ready.clear()
         if waiting.error is not None:
             error, waiting.error = waiting.error, None

@@ -21,6 +21,26 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 IN_FLIGHT = 150
 
 
+@pytest.mark.parametrize("steps", range(5))
+async def test_a_command_cancelled_as_its_write_completes_ends_cancelled(steps):
+    """A command is cancelled ``steps`` loop steps after it starts, its reply held back by Redis (a
+    blocking pop of an absent key): the call ends cancelled whatever the step. redis-py writes
+    through asyncio.wait_for, which on Python 3.11 lost a cancel that came in the step the write
+    finished in (steps 1 to 3 here): the command ran to its reply as if never cancelled."""
+    redis = async_client(REDIS_URL)
+    try:
+        await redis.ping()  # connected: the next command is written at once
+        call = asyncio.ensure_future(redis.blpop([f"test-connect-absent-{uuid.uuid4().hex}"], timeout=2))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert await redis.ping()  # the cancelled command's connection was dropped; the pool serves on
+    finally:
+        await redis.aclose()
+
+
 async def test_more_requests_waiting_on_results_than_the_default_pool_holds():
     redis = async_client(REDIS_URL, max_connections=256)
     lanes = LaneClient(redis, result_ttl_s=30)

@@ -111,6 +111,27 @@ async def test_a_stream_asked_past_its_last_result_is_read_again(redis_url):
         await client.aclose()
 
 
+async def test_a_request_cancelled_in_the_step_its_entries_come_is_cancelled(redis_url):
+    """The reader hands a request its entries in the very step the request is cancelled (its client
+    gone, the server's drain): the read ends cancelled. Through asyncio.wait_for, Python 3.11 gave
+    the read its entries instead, and the cancel was lost."""
+    client = aioredis.Redis.from_url(redis_url)
+    reader = ResultReader(client, batch=16, block_ms=POLL_MS)
+    key = f"out:{uuid.uuid4().hex}"
+    try:
+        read = asyncio.ensure_future(reader.read(key, "0-0", POLL_MS))
+        await asyncio.sleep(0.2)  # waiting for its entries
+        waiting = reader._streams[key]
+        waiting.entries.append((b"1-0", {b"x": b"1"}))
+        waiting.ready.set()  # what the reader does when the entries come, and in the same step:
+        read.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+    finally:
+        await reader.aclose()
+        await client.aclose()
+
+
 def _named(client) -> str:
     """Name the client's connections (CLIENT SETNAME), so that this test finds its own among those
     of the tests running beside it on the same Redis."""
