@@ -1,4 +1,5 @@
-"""The gateway's SERVER span of every /v1 request (installed only while tracing is on).
+"""The gateway's SERVER span of every /v1, admin API and console request (installed only while
+tracing is on; the console's static files, the health probes and /metrics have none).
 
 A client's ``traceparent`` (and ``tracestate``) header makes it the parent; the span covers the
 whole response, a stream's last byte included, and is current while the route runs, so the
@@ -16,7 +17,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.telemetry import tracing
 
-TRACED_PREFIX = "/v1/"
+TRACED_PREFIXES = ("/v1/", "/admin/", "/console")
+UNTRACED_PREFIX = "/console/static/"
+
+
+def traced(path: str) -> bool:
+    return path.startswith(TRACED_PREFIXES) and not path.startswith(UNTRACED_PREFIX)
+
+
+def route_template(path: str, route) -> str:
+    """The matched route's path template as the client addressed it: a route of a router included
+    under a prefix has its own path (the console's ``/login``, under ``/console``)."""
+    regex = getattr(route, "path_regex", None)
+    if regex is None or regex.match(path):
+        return route.path
+    for i in range(1, len(path)):
+        if path[i] == "/" and regex.match(path[i:]):
+            return path[:i] + route.path
+    return route.path
 
 
 class TracingMiddleware:
@@ -24,7 +42,7 @@ class TracingMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(TRACED_PREFIX) or not tracing.enabled():
+        if scope["type"] != "http" or not traced(scope["path"]) or not tracing.enabled():
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
@@ -64,8 +82,9 @@ class TracingMiddleware:
         finally:
             route = scope.get("route")
             if route is not None and getattr(route, "path", None):
-                span.update_name(f"{method} {route.path}")
-                span.set_attribute("http.route", route.path)
+                template = route_template(path, route)
+                span.update_name(f"{method} {template}")
+                span.set_attribute("http.route", template)
             # The report after the response (its background task) adds its attributes while the
             # span is open; the span's duration is the response's, up to its last byte.
             span.end(end_time=sent_ns)

@@ -158,6 +158,33 @@ def test_a_clients_traceparent_is_the_parent(traced):
     assert one(spans, "engine.request")["trace_id"] == trace_id
 
 
+def test_admin_and_console_requests_have_server_spans_and_static_files_none(traced):
+    http, receiver = traced["http"], traced["receiver"]
+    calls = {
+        "GET /admin/tenants": (http.get("/admin/tenants", headers=admin_headers()), 200),
+        "GET /admin/tenants/{tenant_id}": (http.get("/admin/tenants/999999999", headers=admin_headers()), 404),
+        "GET /console/login": (http.get("/console/login"), 200),
+    }
+    static = http.get("/console/static/console.css")
+    assert static.status_code == 200
+    ids = {}
+    for name, (response, status) in calls.items():
+        assert response.status_code == status, (name, response.text)
+        ids[response.headers["x-request-id"]] = (name, status)
+    spans = receiver.wait_for(
+        lambda all_: set(ids) <= {s["attributes"].get("fairlane.request_id") for s in all_}
+    )
+    for span in spans:
+        request_id = span["attributes"].get("fairlane.request_id")
+        if request_id in ids:
+            name, status = ids[request_id]
+            assert span["name"] == name and span["kind"] == "SERVER", span
+            assert span["attributes"]["http.response.status_code"] == status
+            assert span["attributes"]["http.route"] == name.split(" ", 1)[1]
+    assert static.headers["x-request-id"] not in {s["attributes"].get("fairlane.request_id") for s in spans}
+    assert not [s for s in receiver.spans if s["attributes"].get("url.path", "").startswith("/console/static")]
+
+
 def test_a_preempted_request_shows_the_preemption(traced):
     import concurrent.futures
 
