@@ -23,11 +23,13 @@ from .decision import Decision, LimitName, RateInfo, Reservation, SettleOutcome,
 from .errors import QuotaBackendUnavailable, QuotaError, QuotaNotConfigured
 from .headers import rate_limit_headers, refunded, retry_headers
 from .keys import KeySpace
-from .limiter import Limiter, Loader
-from .limits import Demand, Enqueue, QuotaLimits
+from .limiter import BudgetLoader, Limiter, Loader
+from .limits import BudgetUse, Demand, Enqueue, QuotaLimits
 from .store import QuotaStore
 
 __all__ = [
+    "BudgetLoader",
+    "BudgetUse",
     "Decision",
     "Demand",
     "Enqueue",

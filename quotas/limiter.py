@@ -23,7 +23,7 @@ from . import codec, settlement
 from .decision import Decision, Reservation, SettleOutcome
 from .errors import QuotaBackendUnavailable, QuotaNotConfigured
 from .keys import KeySpace
-from .limits import Demand, Enqueue, QuotaLimits
+from .limits import BudgetUse, Demand, Enqueue, QuotaLimits
 from .scripts import Scripts
 from .store import QuotaStore
 
@@ -36,6 +36,10 @@ BACKEND_ERRORS = (ConnectionError, TimeoutError, ReadOnlyError, OSError)
 # scope has no quota row (stored as unlimited). Called only when Redis has none, e.g. after a
 # Redis restart.
 Loader = Callable[[str, str | None], Awaitable[QuotaLimits | None]]
+# Counts a scope's budget use from the database: (tenant, key or None) → the tokens charged in
+# the current UTC day and month. Called with the loader, for a scope with a budget: a Redis that
+# lost the scope's limits lost its budget counters with them.
+BudgetLoader = Callable[[str, str | None], Awaitable[BudgetUse]]
 
 
 class Limiter:
@@ -57,6 +61,7 @@ class Limiter:
         settle_grace: float = 300.0,
         unavailable_retry_after: float = 1.0,
         loader: Loader | None = None,
+        budget_loader: BudgetLoader | None = None,
     ) -> None:
         if on_redis_error not in ("closed", "open"):
             raise ValueError(f"on_redis_error must be 'closed' or 'open', not {on_redis_error!r}")
@@ -68,7 +73,7 @@ class Limiter:
         self.lease_ttl = lease_ttl
         self.settle_grace = settle_grace
         self.unavailable_retry_after = unavailable_retry_after
-        self.loader = loader
+        self.loader, self.budget_loader = loader, budget_loader
         self.scripts = Scripts.register(redis)  # once: EVALSHA from here on
         self.store = QuotaStore(redis, keys=self.keys, scripts=self.scripts)
         self._background: set[asyncio.Task] = set()
@@ -235,6 +240,10 @@ class Limiter:
         if self.loader is None:
             raise QuotaNotConfigured(tenant, key)
         limits = await self.loader(tenant, key)
+        if limits is not None and self.budget_loader is not None and limits.has_budget:
+            # Before the limits: no admission of the scope runs until they are stored, so none
+            # is charged in Redis before the database's count is there (a later one keeps Redis's).
+            await self.store.seed_budgets(tenant, key, await self.budget_loader(tenant, key))
         await self.store.put(tenant, limits if limits is not None else QuotaLimits(), key)
 
     def _unavailable(self, demand: Demand, rid: str, exc: BaseException) -> Decision:

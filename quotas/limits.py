@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 # Largest per-minute rate the Lua arithmetic keeps exact: (60e6 µs × limit) must stay below
 # 2**53, the integer range of Lua's doubles.
@@ -54,6 +55,10 @@ class QuotaLimits:
     max_tokens_per_request: int | None = None  # cap on a request's max_tokens (completion)
     allowed_tiers: frozenset[str] | None = None  # None: every tier
     tier_shares: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def has_budget(self) -> bool:
+        return self.daily_token_budget is not None or self.monthly_token_budget is not None
 
     def __post_init__(self) -> None:
         _nonneg("requests_per_minute", self.requests_per_minute, MAX_RATE)
@@ -149,3 +154,20 @@ class Enqueue:
     stream: str
     fields: Mapping[str, str | bytes]
     settlement: bool = False
+
+
+@dataclass(frozen=True)
+class BudgetUse:
+    """A scope's tokens charged in the UTC day and month of ``at`` (Unix seconds), as the database
+    counts them (its usage records): what a Redis that lost its counters is seeded with."""
+
+    at: float
+    day_tokens: int
+    month_tokens: int
+
+
+def budget_periods(at: float) -> tuple[int, int]:
+    """The ids the budgets' periods have in Redis (lua/periods.lua) at ``at`` (Unix seconds): days
+    since 1970-01-01 and year x 12 + month - 1, both of the UTC calendar."""
+    moment = datetime.fromtimestamp(at, UTC)
+    return int(at // 86400), moment.year * 12 + moment.month - 1

@@ -7,7 +7,8 @@ restart needs no gateway restart.
 
 The calls on every request's path (admit, settle, renew) go over a ``RespConnection``
 (quotas/resp.py), redis-py's contract at a fraction of its cost per call; the usage report, an
-operator's call, stays on redis-py. A TLS client keeps redis-py for all of them.
+operator's call, and the budgets' seed after a Redis restart stay on redis-py. A TLS client keeps
+redis-py for all of them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SOURCES = {
     "settle": ("common.lua", "state.lua", "gcra.lua", "settle.lua"),
     "usage": ("common.lua", "state.lua", "gcra.lua", "periods.lua", "usage.lua"),
     "renew": ("common.lua", "state.lua", "renew.lua"),
+    "seed": ("common.lua", "state.lua", "periods.lua", "seed.lua"),
 }
 
 
@@ -45,6 +47,7 @@ class Scripts:
     settle: AsyncScript | RespScript
     usage: AsyncScript
     renew: AsyncScript | RespScript
+    seed: AsyncScript  # budgets' use from the database, after Redis lost it (rare: redis-py)
     connection: RespConnection | None = None  # the lean connection of admit, settle and renew
 
     @classmethod
@@ -53,13 +56,18 @@ class Scripts:
         lean = RespConnection.for_client(redis)
         if lean is None:
             scripts = {name: redis.register_script(source(name)) for name in SOURCES}
-            return cls(scripts["admit"], scripts["settle"], scripts["usage"], scripts["renew"])
+            return cls(**scripts)  # type: ignore[arg-type]
         hot = {name: RespScript(lean, source(name)) for name in ("admit", "settle", "renew")}
-        return cls(**hot, usage=redis.register_script(source("usage")), connection=lean)
+        return cls(
+            **hot,
+            usage=redis.register_script(source("usage")),
+            seed=redis.register_script(source("seed")),
+            connection=lean,
+        )
 
     async def load(self) -> None:
         """SCRIPT LOAD every script now (optional warm-up; calls load lazily anyway)."""
-        for script in (self.admit, self.settle, self.usage, self.renew):
+        for script in (self.admit, self.settle, self.usage, self.renew, self.seed):
             if isinstance(script, RespScript):
                 await script.connection.execute("SCRIPT", "LOAD", script.script)
             else:

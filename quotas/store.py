@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from . import codec
 from .decision import Usage
 from .keys import KeySpace
-from .limits import QuotaLimits
+from .limits import BudgetUse, QuotaLimits, budget_periods
 from .scripts import Scripts
 
 
@@ -56,6 +56,20 @@ class QuotaStore:
         keys = self.keys.usage_keys(tenant, key)
         reply = await self.scripts.usage(keys=keys, args=[codec.now_arg(now)])
         return codec.decode_usage(reply, tenant, key, limits)
+
+    async def seed_budgets(
+        self, tenant: str, key: str | None, use: BudgetUse, *, now: float | None = None
+    ) -> tuple[bool, bool]:
+        """Write a scope's budget use as the database counted it (``use``) where Redis holds none
+        for the current day and month (a restarted or flushed Redis, before the scope's limits are
+        stored again). A period Redis already counts keeps Redis's count. Returns whether the day
+        and the month were written. ``now`` (Unix seconds) is for tests only."""
+        day, month = budget_periods(use.at)
+        reply = await self.scripts.seed(
+            keys=[self.keys.state(tenant, key)],
+            args=[codec.now_arg(now), day, use.day_tokens, month, use.month_tokens],
+        )
+        return bool(int(reply[0])), bool(int(reply[1]))
 
     async def clear(self, tenant: str) -> int:
         """Delete every key of a tenant: limits, counters, leases, reservations (admin reset).

@@ -62,6 +62,7 @@ from tenancy.usage_rollup import (
     COUNTERS,
     UsagePoint,
     add_refusals,
+    budget_use,
     hour_of,
     usage_series,
     usage_series_rows,
@@ -131,6 +132,7 @@ __all__ = [
     "usage_series",
     "usage_series_rows",
     "usage_summary",
+    "budget_use",
     "usage_totals",
     "verify_key",
 ]

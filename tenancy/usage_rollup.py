@@ -253,3 +253,27 @@ def usage_totals(
     for who, *sums in session.execute(query.group_by(owner)):
         totals[who] = UsagePoint(hour_of(since), who, *(int(v or 0) for v in sums))
     return totals
+
+
+def budget_use(session: Session, *, tenant_id: int, key_id: int | None, at: datetime) -> tuple[int, int]:
+    """The tokens a tenant (or one of its keys: ``key_id``) was charged in the UTC day and the UTC
+    month of ``at``, from the roll-ups (a usage record holds what its request was charged: the
+    tokens of a request that never ran are 0): what the quotas' budgets count."""
+    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    day = at.replace(hour=0, minute=0, second=0, microsecond=0)
+    month = day.replace(day=1)
+    tokens = UsageHourly.prompt_tokens + UsageHourly.completion_tokens
+    total = sql_cast(func.coalesce(func.sum(tokens), 0), BigInteger)
+
+    def charged(since: datetime, key: int) -> int:
+        query = select(total).where(
+            UsageHourly.tenant_id == tenant_id,
+            UsageHourly.key_id == key,
+            UsageHourly.hour >= since,
+            UsageHourly.hour <= at,
+        )
+        return int(session.scalar(query) or 0)
+
+    if key_id is None:  # the tenant's day totals (one row a day), the current day among them
+        return charged(day, ALL_KEYS_DAY), charged(month, ALL_KEYS_DAY)
+    return charged(day, key_id), charged(month, key_id)

@@ -35,6 +35,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -55,6 +56,8 @@ from gateway.api.refusal_tally import RefusalTally
 from gateway.settings import ApiSettings
 from gateway.telemetry import metrics, tracing
 from quotas import (
+    BudgetLoader,
+    BudgetUse,
     Decision,
     Demand,
     Enqueue,
@@ -71,7 +74,7 @@ from quotas import (
     refunded,
     retry_headers,
 )
-from tenancy import get_quota
+from tenancy import budget_use, get_quota
 
 log = logging.getLogger(__name__)
 # A settlement Redis did not answer (an outage, or a pool without a free connection under overload)
@@ -117,6 +120,27 @@ def tenancy_loader(session_factory: sessionmaker[Session]) -> Loader:
             pending[scope] = asyncio.ensure_future(run_in_threadpool(load, tenant_id, key_id))
             pending[scope].add_done_callback(lambda _: pending.pop(scope, None))
         return await asyncio.shield(pending[scope])
+
+    return loader
+
+
+def tenancy_budget_loader(session_factory: sessionmaker[Session]) -> BudgetLoader:
+    """The limiter's budget loader: a scope's tokens charged this UTC day and month, from the
+    usage roll-ups (read when Redis lost the scope's counters, with its limits)."""
+
+    def count(tenant_id: str, key_id: str | None) -> BudgetUse:
+        at = time.time()
+        with session_factory() as session:
+            day, month = budget_use(
+                session,
+                tenant_id=int(tenant_id),
+                key_id=None if key_id is None else int(key_id),
+                at=datetime.fromtimestamp(at, UTC),
+            )
+        return BudgetUse(at, day, month)
+
+    async def loader(tenant_id: str, key_id: str | None) -> BudgetUse:
+        return await run_in_threadpool(count, tenant_id, key_id)
 
     return loader
 
@@ -168,6 +192,7 @@ class QuotaService:
             on_redis_error=settings.quota_on_redis_error,
             lease_ttl=settings.quota_lease_ttl_s,
             loader=tenancy_loader(session_factory),
+            budget_loader=tenancy_budget_loader(session_factory),
         )
         return cls(limiter, queues_lanes=url == settings.redis_url, tally=RefusalTally(session_factory))
 

@@ -14,6 +14,7 @@ from tenancy import (
     UsageHourly,
     UsageRecord,
     add_refusals,
+    budget_use,
     create_api_key,
     create_tenant,
     downgrade,
@@ -26,6 +27,7 @@ from tenancy import (
     usage_series_rows,
     usage_totals,
 )
+from tenancy.usage_rollup import add_to_rollup
 
 
 def _record(session, tenant_id, key_id, rid, status="stop", prompt=10, completion=5):
@@ -61,6 +63,30 @@ def test_record_usage_updates_its_hour_once(session):
     assert (by_key.errors, by_key.slo_refusals, by_key.rate_limited) == (1, 0, 3)
     assert (rows[0].requests, rows[0].slo_refusals) == (1, 1)
     assert hour_of(by_key.hour) == hour_of(datetime.now(UTC))
+
+
+def test_budget_use_is_the_tokens_of_the_day_and_the_month_of_a_moment(session):
+    """What a Redis that lost its budget counters is seeded with: a tenant's (or one key's) tokens
+    in the UTC day and month of the moment, nothing before the month, after the moment or of
+    another tenant."""
+    tenant, other = create_tenant(session, name="budgeted"), create_tenant(session, name="other")
+    key = create_api_key(session, tenant_id=tenant.id).api_key
+    at = datetime(2026, 11, 29, 12, 30, tzinfo=UTC)
+    for tenant_id, key_id, hour, tokens in [
+        (tenant.id, key.id, datetime(2026, 11, 29, 3), 100),  # today, the key
+        (tenant.id, None, datetime(2026, 11, 29, 12), 10),  # today, no key; its hour began before
+        (tenant.id, key.id, datetime(2026, 11, 2, 8), 1000),  # this month
+        (tenant.id, key.id, datetime(2026, 10, 31, 23), 5000),  # the month before
+        (tenant.id, key.id, datetime(2026, 11, 30, 0), 7),  # after the moment
+        (other.id, None, datetime(2026, 11, 29, 5), 333),
+    ]:
+        add_to_rollup(
+            session, tenant_id=tenant_id, key_id=key_id, hour=hour, prompt_tokens=tokens, completion_tokens=1
+        )
+    session.commit()
+    assert budget_use(session, tenant_id=tenant.id, key_id=None, at=at) == (111 + 1, 111 + 1 + 1001)
+    assert budget_use(session, tenant_id=tenant.id, key_id=key.id, at=at) == (101, 101 + 1001)
+    assert budget_use(session, tenant_id=other.id, key_id=key.id, at=at) == (0, 0)
 
 
 def test_a_batch_is_recorded_as_its_records_one_by_one(session):

@@ -5,6 +5,7 @@ by the quota; the admin quota API. Settlement and refunds: test_quota_settlement
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -190,3 +191,27 @@ async def test_admin_quota_set_get_usage_round_trip(gw):
         await gw.http.put(f"/admin/tenants/{tid}/quota", json={}, headers={"Authorization": "Bearer nope"}),
         401,
     )
+
+
+async def test_a_budget_spent_before_redis_lost_the_counters_stays_spent(gw):
+    """Redis restarted empty (here the tenant's quota keys deleted, as a restart loses them): the
+    next request finds no limits, and the day's use comes back from the usage records with them,
+    so a budget spent before the loss stays spent."""
+    tenant, key, _ = await gw.tenant(daily_token_budget=60)  # a chat reserves 20 + 4 tokens
+    for _ in range(2):
+        response = await gw.chat(key)
+        assert response.status_code == 200, response.text
+    for _ in range(100):  # the usage records are written in batches, after the responses
+        if len(gw.records(tenant["id"])) == 2:
+            break
+        await asyncio.sleep(0.05)
+    spent = sum(r.prompt_tokens + r.completion_tokens for r in gw.records(tenant["id"]))
+    assert spent == 48 and (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 48
+    limiter = gw.app.state.gateway.quota_service.limiter
+    assert await limiter.store.clear(str(tenant["id"])) > 0
+    assert not (await gw.quota_usage(tenant["id"]))["configured"]  # Redis knows nothing of it now
+
+    refused = await gw.chat(key)  # 48 + 24 > 60
+    assert_openai_error(refused, 429, code="insufficient_quota")
+    daily = (await gw.quota_usage(tenant["id"]))["daily"]
+    assert (daily["used"], daily["remaining"]) == (48, 12)
