@@ -240,11 +240,18 @@ class Limiter:
         if self.loader is None:
             raise QuotaNotConfigured(tenant, key)
         limits = await self.loader(tenant, key)
-        if limits is not None and self.budget_loader is not None and limits.has_budget:
-            # Before the limits: no admission of the scope runs until they are stored, so none
-            # is charged in Redis before the database's count is there (a later one keeps Redis's).
+        await self.store_limits(tenant, limits if limits is not None else QuotaLimits(), key)
+
+    async def store_limits(self, tenant: str, limits: QuotaLimits, key: str | None = None) -> None:
+        """Store a scope's limits (``QuotaStore.put``), its budgets' use first where Redis counts
+        none for the current day or month (with a ``budget_loader``): a budget counts the UTC day's
+        or month's tokens, those charged before Redis lost its counters, or before the budget was
+        set, included."""
+        if self.budget_loader is not None and limits.has_budget:
+            # Before the limits: no admission of a scope Redis knows nothing of runs until they are
+            # stored, so none counts from zero (a period Redis already counts keeps Redis's count).
             await self.store.seed_budgets(tenant, key, await self.budget_loader(tenant, key))
-        await self.store.put(tenant, limits if limits is not None else QuotaLimits(), key)
+        await self.store.put(tenant, limits, key)
 
     def _unavailable(self, demand: Demand, rid: str, exc: BaseException) -> Decision:
         if self.on_redis_error == "closed":

@@ -97,15 +97,23 @@ class DatabaseBackend:
 
         async def push() -> None:
             from gateway.api.auth import invalidate_auth
+            from gateway.api.quota_service import tenancy_budget_loader
             from gateway.lanes.connect import async_client
-            from quotas import KeySpace, QuotaLimits, QuotaStore
+            from quotas import KeySpace, Limiter, QuotaLimits
 
             redis = async_client(self.redis_url)
             try:
-                if quota is not None:
-                    store = QuotaStore(redis, keys=KeySpace(self.quota_prefix) if self.quota_prefix else None)
+                if quota is not None:  # as the admin API stores it: budgets' use of the day first
+                    limiter = Limiter(
+                        redis,
+                        keys=KeySpace(self.quota_prefix) if self.quota_prefix else None,
+                        budget_loader=tenancy_budget_loader(self.sessions),
+                    )
                     key = None if key_id is None else str(key_id)
-                    await store.put(str(tenant_id), QuotaLimits.from_row(quota), key)
+                    try:
+                        await limiter.store_limits(str(tenant_id), QuotaLimits.from_row(quota), key)
+                    finally:
+                        await limiter.aclose()
                 await invalidate_auth(redis)
             finally:
                 await redis.aclose()

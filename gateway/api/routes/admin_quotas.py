@@ -1,7 +1,7 @@
 """Admin REST for quotas: set and read a tenant's or an API key's limits, read live usage.
 
 A write goes to the database (the source of truth, tenancy ``Quota`` rows) and then to the quota
-Redis (``QuotaStore.put``), which every replica's admission script reads on each request: the
+Redis (``Limiter.store_limits``), which every replica's admission script reads on each request: the
 change is in force everywhere at the next request. If the Redis write fails the call answers 503
 and may simply be repeated (the row is already stored).
 """
@@ -16,7 +16,7 @@ from gateway.api.errors import ADMIN_ERROR_RESPONSES, UnprocessableEntity
 from gateway.api.routes.admin_tenants import check_tiers
 from gateway.api.schemas.admin import DbId
 from gateway.api.schemas.quotas import QuotaPublic, QuotaSet, QuotaUsagePublic
-from quotas import QuotaLimits, QuotaStore
+from quotas import Limiter, QuotaLimits
 from tenancy import get_api_key, get_quota, get_tenant, set_quota
 
 router = APIRouter(
@@ -24,11 +24,11 @@ router = APIRouter(
 )
 
 
-def _store(state: StateDep) -> QuotaStore:
+def _limiter(state: StateDep) -> Limiter:
     limiter = state.quota_service.limiter
     if limiter is None:
         raise UnprocessableEntity("Quotas are not enabled on this gateway.")
-    return limiter.store
+    return limiter
 
 
 def _validated(body: QuotaSet, state: StateDep) -> dict:
@@ -52,7 +52,8 @@ async def _put(
         return QuotaPublic.model_validate(row), QuotaLimits.from_row(row)
 
     public, stored = await run_in_threadpool(write)
-    await _store(state).put(str(public.tenant_id), stored, None if key_id is None else str(key_id))
+    # a budget counts its UTC day's (month's) tokens, those charged before it was set included
+    await _limiter(state).store_limits(str(public.tenant_id), stored, None if key_id is None else str(key_id))
     await state.key_cache.invalidate()  # cached keys carry the max_tokens cap
     return public
 
@@ -85,7 +86,7 @@ def get_tenant_quota(tenant_id: DbId, session: SessionDep):
 async def tenant_quota_usage(tenant_id: DbId, session: SessionDep, state: StateDep):
     """A tenant's live rate limits, requests in flight and token budgets used and remaining."""
     await run_in_threadpool(lambda: get_tenant(session, tenant_id=tenant_id))
-    usage = await _store(state).usage(str(tenant_id))
+    usage = await _limiter(state).store.usage(str(tenant_id))
     return QuotaUsagePublic.from_usage(usage, tenant_id=tenant_id, key_id=None)
 
 
@@ -105,5 +106,5 @@ def get_key_quota(key_id: DbId, session: SessionDep):
 async def key_quota_usage(key_id: DbId, session: SessionDep, state: StateDep):
     """An API key's live rate limits, requests in flight and token budgets used and remaining."""
     tenant_id = await run_in_threadpool(lambda: get_api_key(session, key_id=key_id).tenant_id)
-    usage = await _store(state).usage(str(tenant_id), str(key_id))
+    usage = await _limiter(state).store.usage(str(tenant_id), str(key_id))
     return QuotaUsagePublic.from_usage(usage, tenant_id=tenant_id, key_id=key_id)

@@ -215,3 +215,18 @@ async def test_a_budget_spent_before_redis_lost_the_counters_stays_spent(gw):
     assert_openai_error(refused, 429, code="insufficient_quota")
     daily = (await gw.quota_usage(tenant["id"]))["daily"]
     assert (daily["used"], daily["remaining"]) == (48, 12)
+
+
+async def test_a_budget_set_during_the_day_counts_the_days_tokens_before_it(gw):
+    tenant, key, _ = await gw.tenant()  # no quota yet
+    assert (await gw.chat(key)).status_code == 200
+    for _ in range(100):
+        if gw.records(tenant["id"]):
+            break
+        await asyncio.sleep(0.05)
+    put = await gw.http.put(
+        f"/admin/tenants/{tenant['id']}/quota", json={"daily_token_budget": 30}, headers=admin_headers()
+    )
+    assert put.status_code == 200, put.text
+    assert (await gw.quota_usage(tenant["id"]))["daily"]["used"] == 24
+    assert_openai_error(await gw.chat(key), 429, code="insufficient_quota")  # 24 + 24 > 30
