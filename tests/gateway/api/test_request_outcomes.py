@@ -202,39 +202,6 @@ async def test_cancelled_before_the_first_token_is_refunded(quota_settings, redi
         _forget_model(redis, settings.model_name)
 
 
-async def test_cancelled_before_its_admission_is_reported_and_charges_nothing(quota_settings, redis, caplog):
-    """A request cut while its checks wait (the server stopping, say) gets its request log line,
-    cancelled with no tokens, and nothing else: no settlement, no usage record, no lane entry."""
-    settings = _own_model(quota_settings)
-    redis.zadd(workers_key(settings.model_name), {"announced-only": time.time()})
-    try:
-        async with inproc_gateway(settings, Gateway) as gw:
-            tenant_id, key = await gw.tenant()
-            lanes, asked, never = gw.app.state.gateway.lanes, asyncio.Event(), asyncio.Event()
-            has_worker = lanes.has_worker
-
-            async def has_worker_held(model, **kwargs):  # the worker check, held until cancelled
-                asked.set()
-                await never.wait()
-                return await has_worker(model, **kwargs)
-
-            lanes.has_worker = has_worker_held
-            before, logged = _settlements(), len(caplog.records)
-            waiting = asyncio.create_task(gw.chat(key))
-            await asyncio.wait_for(asked.wait(), 10)
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-            lines = [r for r in caplog.records[logged:] if r.name == "fairlane.request"]
-            assert [(r.status, r.prompt_tokens, r.completion_tokens) for r in lines] == [("cancelled", 0, 0)]
-            assert _settlements() == before
-            usage = await gw.quota_usage(tenant_id)
-            assert usage["in_flight"] == 0 and usage["daily"]["used"] == 0
-            assert gw.records(tenant_id) == []
-            assert redis.xlen(lane_key(settings.model_name, "standard")) == 0
-    finally:
-        _forget_model(redis, settings.model_name)
-
-
 async def test_cancelled_after_the_first_token_is_charged_what_ran(quota_settings, module_worker, caplog):
     async with inproc_gateway(quota_settings, Gateway) as gw:
         tenant_id, key = await gw.tenant()
