@@ -72,8 +72,14 @@ def get_adapter_by_id(session: Session, *, adapter_id: int, tenant_id: int | Non
     return row
 
 
-def list_adapters(session: Session, *, tenant_id: int) -> list[Adapter]:
-    return list(session.scalars(select(Adapter).where(Adapter.tenant_id == tenant_id).order_by(Adapter.id)))
+def list_adapters(
+    session: Session, *, tenant_id: int, after: int | None = None, limit: int | None = None
+) -> list[Adapter]:
+    """A tenant's adapters by id; ``after``: only those with a greater id; ``limit``: at most that many."""
+    query = select(Adapter).where(Adapter.tenant_id == tenant_id).order_by(Adapter.id)
+    if after is not None:
+        query = query.where(Adapter.id > after)
+    return list(session.scalars(query.limit(limit)))
 
 
 def delete_adapter(session: Session, *, adapter_id: int, tenant_id: int | None = None) -> Adapter:

@@ -57,12 +57,22 @@ def create_api_key(
     return CreatedApiKey(api_key=row, key=generated.key)
 
 
-def list_api_keys(session: Session, *, tenant_id: int, include_revoked: bool = True) -> list[ApiKey]:
+def list_api_keys(
+    session: Session,
+    *,
+    tenant_id: int,
+    include_revoked: bool = True,
+    after: int | None = None,
+    limit: int | None = None,
+) -> list[ApiKey]:
+    """A tenant's keys by id; ``after``: only those with a greater id; ``limit``: at most that many."""
     get_tenant(session, tenant_id=tenant_id)
     query = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id)
     if not include_revoked:
         query = query.where(ApiKey.revoked_at.is_(None))
-    return list(session.scalars(query))
+    if after is not None:
+        query = query.where(ApiKey.id > after)
+    return list(session.scalars(query.limit(limit)))
 
 
 def get_api_key(session: Session, *, key_id: int) -> ApiKey:

@@ -80,11 +80,16 @@ def create_tenant(
     return tenant
 
 
-def list_tenants(session: Session, *, include_disabled: bool = True) -> list[Tenant]:
+def list_tenants(
+    session: Session, *, include_disabled: bool = True, after: int | None = None, limit: int | None = None
+) -> list[Tenant]:
+    """Tenants by id; ``after``: only those with a greater id; ``limit``: at most that many."""
     query = select(Tenant).order_by(Tenant.id)
     if not include_disabled:
         query = query.where(Tenant.status == TENANT_ACTIVE)
-    return list(session.scalars(query))
+    if after is not None:
+        query = query.where(Tenant.id > after)
+    return list(session.scalars(query.limit(limit)))
 
 
 def get_tenant(session: Session, *, tenant_id: int) -> Tenant:

@@ -31,7 +31,16 @@ from gateway.api.errors import (
     PermissionDenied,
     error_responses,
 )
-from gateway.api.schemas.admin import ADAPTER_NAME_PATTERN, AdapterPublic, AdaptersPublic, DbId
+from gateway.api.schemas.admin import (
+    ADAPTER_NAME_PATTERN,
+    AdapterPublic,
+    AdaptersPublic,
+    DbId,
+    PageAfter,
+    PageLimit,
+    fetch_limit,
+    page_of,
+)
 from gateway.api.state import GatewayState
 from tenancy import get_adapter_by_id, get_tenant, list_adapters
 from tenancy.api_keys import ADAPTER_SCOPE  # an API key with it may manage its own tenant's adapters
@@ -185,12 +194,17 @@ async def _size(part: UploadFile) -> int:
 
 
 @router.get("/tenants/{tenant_id}/adapters", response_model=AdaptersPublic)
-def list_all(tenant_id: DbId, session: SessionDep, caller: CallerDep):
-    """List a tenant's adapters."""
+def list_all(
+    tenant_id: DbId, session: SessionDep, caller: CallerDep, limit: PageLimit = None, after: PageAfter = None
+):
+    """List a tenant's adapters by id, all or a page (``limit``, ``after``)."""
     caller.check_tenant(tenant_id)
     get_tenant(session, tenant_id=tenant_id)
-    rows = list_adapters(session, tenant_id=tenant_id)
-    return AdaptersPublic(data=[AdapterPublic.model_validate(r) for r in rows], count=len(rows))
+    rows = list_adapters(session, tenant_id=tenant_id, after=after, limit=fetch_limit(limit))
+    page, more = page_of(rows, limit)
+    return AdaptersPublic(
+        data=[AdapterPublic.model_validate(r) for r in page], count=len(page), has_more=more
+    )
 
 
 @router.get("/adapters/{adapter_id}", response_model=AdapterPublic)

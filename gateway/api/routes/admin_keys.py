@@ -19,7 +19,11 @@ from gateway.api.schemas.admin import (
     ApiKeyPublic,
     ApiKeysPublic,
     DbId,
+    PageAfter,
+    PageLimit,
     UsagePublic,
+    fetch_limit,
+    page_of,
 )
 from tenancy import create_api_key, get_api_key, get_tenant, list_api_keys, revoke_api_key, usage_summary
 
@@ -37,10 +41,19 @@ def create_key(tenant_id: DbId, body: ApiKeyCreate, session: SessionDep):
 
 
 @router.get("/tenants/{tenant_id}/keys", response_model=ApiKeysPublic)
-def list_keys(tenant_id: DbId, session: SessionDep, include_revoked: bool = True):
-    """List a tenant's keys (prefixes only)."""
-    keys = list_api_keys(session, tenant_id=tenant_id, include_revoked=include_revoked)
-    return ApiKeysPublic(data=[ApiKeyPublic.model_validate(k) for k in keys], count=len(keys))
+def list_keys(
+    tenant_id: DbId,
+    session: SessionDep,
+    include_revoked: bool = True,
+    limit: PageLimit = None,
+    after: PageAfter = None,
+):
+    """List a tenant's keys (prefixes only) by id, all or a page (``limit``, ``after``)."""
+    rows = list_api_keys(
+        session, tenant_id=tenant_id, include_revoked=include_revoked, after=after, limit=fetch_limit(limit)
+    )
+    page, more = page_of(rows, limit)
+    return ApiKeysPublic(data=[ApiKeyPublic.model_validate(k) for k in page], count=len(page), has_more=more)
 
 
 @router.post("/keys/{key_id}/revoke", response_model=ApiKeyPublic)

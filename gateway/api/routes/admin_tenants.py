@@ -11,7 +11,17 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.api.deps import AdminDep, SessionDep, StateDep
 from gateway.api.errors import ADMIN_ERROR_RESPONSES, UnprocessableEntity
-from gateway.api.schemas.admin import DbId, TenantCreate, TenantPublic, TenantsPublic, TenantUpdate
+from gateway.api.schemas.admin import (
+    DbId,
+    PageAfter,
+    PageLimit,
+    TenantCreate,
+    TenantPublic,
+    TenantsPublic,
+    TenantUpdate,
+    fetch_limit,
+    page_of,
+)
 from tenancy import create_tenant, disable_tenant, get_tenant, list_tenants, update_tenant
 
 router = APIRouter(
@@ -38,10 +48,13 @@ def create(body: TenantCreate, session: SessionDep, state: StateDep):
 
 
 @router.get("", response_model=TenantsPublic)
-def list_all(session: SessionDep, include_disabled: bool = True):
-    """List tenants."""
-    tenants = list_tenants(session, include_disabled=include_disabled)
-    return TenantsPublic(data=[TenantPublic.model_validate(t) for t in tenants], count=len(tenants))
+def list_all(
+    session: SessionDep, include_disabled: bool = True, limit: PageLimit = None, after: PageAfter = None
+):
+    """List tenants by id, all of them or a page (``limit``, ``after``: the last id of the page before)."""
+    rows = list_tenants(session, include_disabled=include_disabled, after=after, limit=fetch_limit(limit))
+    page, more = page_of(rows, limit)
+    return TenantsPublic(data=[TenantPublic.model_validate(t) for t in page], count=len(page), has_more=more)
 
 
 @router.get("/{tenant_id}", response_model=TenantPublic)

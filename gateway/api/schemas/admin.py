@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import Path
+from fastapi import Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tenancy.tenants import MAX_WEIGHT, MIN_WEIGHT  # fair-share weights: a 10^4 spread, no underflow
@@ -14,6 +14,22 @@ DB_INT_MAX = 2**31 - 1  # INTEGER columns (ids, most quota limits): a larger val
 DB_BIGINT_MAX = 2**63 - 1  # BIGINT columns (token budgets)
 DB_ID_MAX = DB_INT_MAX
 DbId = Annotated[int, Path(ge=1, le=DB_ID_MAX, description="A database id.")]
+# A list's page: at most ``limit`` rows (all without it), those after the id ``after``, by id.
+PageLimit = Annotated[int | None, Query(ge=1, le=1000, description="At most this many (default: all).")]
+PageAfter = Annotated[
+    int | None, Query(ge=0, le=DB_ID_MAX, description="Only those with a greater id (a page's last id).")
+]
+
+
+def fetch_limit(limit: int | None) -> int | None:
+    """How many rows to read for a page of ``limit``: one more, which tells whether more follow."""
+    return None if limit is None else limit + 1
+
+
+def page_of(rows: list, limit: int | None) -> tuple[list, bool]:
+    """The page of rows read with ``fetch_limit(limit)``, and whether a later page holds more."""
+    page = rows[:limit]
+    return page, len(rows) > len(page)
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -88,7 +104,8 @@ class TenantPublic(BaseModel):
 
 class TenantsPublic(BaseModel):
     data: list[TenantPublic]
-    count: int
+    count: int  # of this page
+    has_more: bool = False  # a later page holds more: ask again with ``after`` the last id here
 
 
 class ApiKeyCreate(_Strict):
@@ -119,7 +136,8 @@ class ApiKeyCreated(ApiKeyPublic):
 
 class ApiKeysPublic(BaseModel):
     data: list[ApiKeyPublic]
-    count: int
+    count: int  # of this page
+    has_more: bool = False  # a later page holds more: ask again with ``after`` the last id here
 
 
 class UsageTotalsPublic(BaseModel):
@@ -159,4 +177,5 @@ class AdapterPublic(BaseModel):
 
 class AdaptersPublic(BaseModel):
     data: list[AdapterPublic]
-    count: int
+    count: int  # of this page
+    has_more: bool = False  # a later page holds more: ask again with ``after`` the last id here

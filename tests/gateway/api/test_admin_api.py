@@ -167,3 +167,42 @@ async def test_a_disabled_tenants_key_is_told_so(app_client):
         401,
         code="invalid_api_key",
     )
+
+
+async def _pages(app_client, path: str, limit: int) -> list[dict]:
+    """Every page of a list, ``limit`` at a time, each ``after`` the last id of the one before."""
+    rows, after = [], 0
+    while True:
+        response = await app_client.get(
+            path, params={"limit": limit, "after": after}, headers=admin_headers()
+        )
+        page = response.json()
+        assert response.status_code == 200 and page["count"] == len(page["data"]) <= limit, page
+        rows += page["data"]
+        if not page["has_more"]:
+            return rows
+        assert page["count"] == limit
+        after = page["data"][-1]["id"]
+
+
+async def test_lists_come_whole_or_a_page_at_a_time_by_id(app_client):
+    h = admin_headers()
+    tenant = None
+    for name in ("paged-a", "paged-b", "paged-c"):
+        tenant, _ = await make_tenant_key(app_client, name)
+    for name in ("second", "third"):
+        created = await app_client.post(f"/admin/tenants/{tenant['id']}/keys", json={"name": name}, headers=h)
+        assert created.status_code == 201
+    for path, at_least in (("/admin/tenants", 3), (f"/admin/tenants/{tenant['id']}/keys", 3)):
+        whole = (await app_client.get(path, headers=h)).json()
+        assert whole["has_more"] is False and whole["count"] == len(whole["data"]) >= at_least
+        ids = [row["id"] for row in whole["data"]]
+        assert ids == sorted(ids)
+        for limit in (1, 2):
+            assert [row["id"] for row in await _pages(app_client, path, limit)] == ids
+        last = await app_client.get(path, params={"after": ids[-1]}, headers=h)
+        assert last.json() == {"data": [], "count": 0, "has_more": False}
+    adapters = await app_client.get(f"/admin/tenants/{tenant['id']}/adapters", params={"limit": 1}, headers=h)
+    assert adapters.json() == {"data": [], "count": 0, "has_more": False}
+    for params in ({"limit": 0}, {"limit": 1001}, {"after": -1}, {"limit": "x"}):
+        assert_openai_error(await app_client.get("/admin/tenants", params=params, headers=h), 422)
