@@ -307,6 +307,16 @@ class ServeSettings(ApiSettings):
     gateway_workers: int = Field(1, ge=1)
     # On SIGTERM/SIGINT: in-flight requests get this long to finish before they are cancelled.
     drain_timeout_s: float = Field(30.0, ge=0)
+    # A worker or gateway process that dies is started again after this long, doubled at each
+    # exit up to restart_backoff_max_s, back to the first once it has run a minute.
+    restart_backoff_s: float = Field(1.0, gt=0)
+    restart_backoff_max_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _backoff_in_order(self) -> ServeSettings:
+        if self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ValueError("restart_backoff_max_s must be at least restart_backoff_s")
+        return self
 
 
 PROCESS_SETTINGS: tuple[type[SharedSettings], ...] = (ApiSettings, WorkerSettings, ServeSettings)

@@ -243,7 +243,13 @@ def main(args: argparse.Namespace) -> int:
     from gateway.cli.supervisor import Supervisor
 
     # A dead worker's live gauges (running sequences, KV blocks) leave the scrape with it.
-    supervisor, embedded = Supervisor(on_exit=lambda name, pid: multiproc.forget_process(pid)), None
+    supervisor, embedded = (
+        Supervisor(
+            max_backoff_s=settings.restart_backoff_max_s,
+            on_exit=lambda name, pid: multiproc.forget_process(pid),
+        ),
+        None,
+    )
     # Metrics of this process and its workers in one scrape: the directory must be set before the
     # app (and prometheus_client's metrics) are imported (gateway/telemetry/multiproc.py).
     metrics_dir = multiproc.begin()
@@ -257,8 +263,11 @@ def main(args: argparse.Namespace) -> int:
         # The workers start now: they need Redis, not the database, and their start (torch, the
         # weights) overlaps the gateway's own (the app's import, the migrations, the demo key).
         spawn_worker = _worker_spawner(settings, settings.redis_url)
+        backoff_s = settings.restart_backoff_s  # the first wait before a dead process starts again
         for i in range(settings.workers):
-            supervisor.add(f"worker-{i}", spawn_worker, wait=False)
+            supervisor.add(
+                f"worker-{i}", spawn_worker, wait=False, first_backoff_s=settings.restart_backoff_s
+            )
         from gateway.api.app import create_app
         from gateway.cli.redis_check import shown_url
         from tenancy import upgrade
@@ -276,7 +285,13 @@ def main(args: argparse.Namespace) -> int:
         spawn_gateway = _gateway_spawner(settings, sock)
         gateways = [f"gateway-{i}" for i in range(1, settings.gateway_workers)]  # this process is gateway 0
         for name in gateways:  # each drains its requests for drain_timeout_s when told to stop
-            supervisor.add(name, spawn_gateway, wait=False, stop_timeout_s=settings.drain_timeout_s + GRACE_S)
+            supervisor.add(
+                name,
+                spawn_gateway,
+                wait=False,
+                first_backoff_s=backoff_s,
+                stop_timeout_s=settings.drain_timeout_s + GRACE_S,
+            )
         log.info(
             "serving on http://%s:%d (%d gateway process(es), %d worker(s))",
             settings.host,

@@ -297,3 +297,12 @@ def test_every_invalid_setting_is_named_on_one_line():
         "fairlane serve: invalid setting result_ttl_s: Input should be greater than or equal to 1; "
         "invalid setting port: Input should be greater than or equal to 1"
     )
+
+
+def test_restart_backoffs_are_positive_and_in_order():
+    settings = ServeSettings(dev=True, restart_backoff_s=0.2, restart_backoff_max_s=5)
+    assert (settings.restart_backoff_s, settings.restart_backoff_max_s) == (0.2, 5)
+    with pytest.raises(ValidationError, match="restart_backoff_max_s must be at least restart_backoff_s"):
+        ServeSettings(dev=True, restart_backoff_s=2, restart_backoff_max_s=1)
+    with pytest.raises(ValidationError, match="restart_backoff_s"):
+        ServeSettings(dev=True, restart_backoff_s=0)

@@ -365,6 +365,7 @@ def test_a_worker_that_cannot_load_its_model_crash_loops_saying_why_in_one_line(
         **tiny_serve_env(tmp_path),
         "FAIRLANE_ENGINE__MODEL": str(folder),
         "FAIRLANE_STREAM_IDLE_TIMEOUT_S": "3",
+        "FAIRLANE_RESTART_BACKOFF_S": "0.2",  # the crash loop within a second of backoffs, not 3
     }
     served = wait_ready(
         start(["serve", "--dev", "--port", str(port)], env, str(tmp_path / "s.log"), port=port)
@@ -391,6 +392,7 @@ def test_a_worker_that_cannot_load_its_model_crash_loops_saying_why_in_one_line(
         assert ready.status_code == 503 and ready.json()["checks"]["processes"] is False
         log = served.log()
         assert log.count(f"cannot load model '{folder}': OverflowError") >= 2, log[-3000:]
+        assert "restarting in 0.2 s" in log and "restarting in 0.4 s" in log  # the setting, doubled
         assert "Traceback" not in log
     finally:
         served.stop()
