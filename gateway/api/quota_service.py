@@ -34,9 +34,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
@@ -77,6 +78,7 @@ from quotas import (
 from tenancy import budget_use, get_quota
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # A settlement Redis did not answer (an outage, or a pool without a free connection under overload)
 # is tried again this often, for this long: until then the request's concurrency slot stays taken
 # and its whole reservation charged, which would otherwise last until the lease expires (lease_ttl).
@@ -102,6 +104,21 @@ class Admission:
     admitted_at: float = field(default_factory=time.monotonic)
 
 
+def _once_per_scope(read: Callable[[str, str | None], T]) -> Callable[[str, str | None], Awaitable[T]]:
+    """``read(tenant_id, key_id)`` (a database read) in the thread pool, once per scope however many
+    requests find the scope missing at once (first sight, or every tenant after a Redis restart)."""
+    pending: dict[tuple[str, str | None], asyncio.Future] = {}
+
+    async def once(tenant_id: str, key_id: str | None) -> T:
+        scope = (tenant_id, key_id)
+        if scope not in pending:
+            pending[scope] = asyncio.ensure_future(run_in_threadpool(read, tenant_id, key_id))
+            pending[scope].add_done_callback(lambda _: pending.pop(scope, None))
+        return await asyncio.shield(pending[scope])
+
+    return once
+
+
 def tenancy_loader(session_factory: sessionmaker[Session]) -> Loader:
     """The limiter's loader: a scope's tenancy Quota row (scopes are database ids) → QuotaLimits."""
 
@@ -110,18 +127,7 @@ def tenancy_loader(session_factory: sessionmaker[Session]) -> Loader:
             row = get_quota(session, tenant_id=int(tenant_id), key_id=None if key_id is None else int(key_id))
             return None if row is None else QuotaLimits.from_row(row)
 
-    pending: dict[tuple[str, str | None], asyncio.Future] = {}
-
-    async def loader(tenant_id: str, key_id: str | None) -> QuotaLimits | None:
-        # One database read per scope however many requests find it missing at once (first
-        # sight, or every tenant after a Redis restart).
-        scope = (tenant_id, key_id)
-        if scope not in pending:
-            pending[scope] = asyncio.ensure_future(run_in_threadpool(load, tenant_id, key_id))
-            pending[scope].add_done_callback(lambda _: pending.pop(scope, None))
-        return await asyncio.shield(pending[scope])
-
-    return loader
+    return _once_per_scope(load)
 
 
 def tenancy_budget_loader(session_factory: sessionmaker[Session]) -> BudgetLoader:
@@ -139,10 +145,7 @@ def tenancy_budget_loader(session_factory: sessionmaker[Session]) -> BudgetLoade
             )
         return BudgetUse(at, day, month)
 
-    async def loader(tenant_id: str, key_id: str | None) -> BudgetUse:
-        return await run_in_threadpool(count, tenant_id, key_id)
-
-    return loader
+    return _once_per_scope(count)
 
 
 def refusal(decision: Decision, headers: dict[str, str], tier: str, max_tokens: int) -> Exception:
