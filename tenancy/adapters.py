@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tenancy.db import page
 from tenancy.errors import ConflictError, NotFoundError, ValidationError
 from tenancy.models import Adapter
 from tenancy.tenants import get_tenant
@@ -77,9 +78,7 @@ def list_adapters(
 ) -> list[Adapter]:
     """A tenant's adapters by id; ``after``: only those with a greater id; ``limit``: at most that many."""
     query = select(Adapter).where(Adapter.tenant_id == tenant_id).order_by(Adapter.id)
-    if after is not None:
-        query = query.where(Adapter.id > after)
-    return list(session.scalars(query.limit(limit)))
+    return list(session.scalars(page(query, Adapter.id, after=after, limit=limit)))
 
 
 def delete_adapter(session: Session, *, adapter_id: int, tenant_id: int | None = None) -> Adapter:

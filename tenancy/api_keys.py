@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from tenancy.db import page
 from tenancy.errors import NotFoundError, ValidationError
 from tenancy.keys import generate_key, key_prefix, verify_key
 from tenancy.models import ApiKey, Tenant, utcnow
@@ -70,9 +71,7 @@ def list_api_keys(
     query = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id)
     if not include_revoked:
         query = query.where(ApiKey.revoked_at.is_(None))
-    if after is not None:
-        query = query.where(ApiKey.id > after)
-    return list(session.scalars(query.limit(limit)))
+    return list(session.scalars(page(query, ApiKey.id, after=after, limit=limit)))
 
 
 def get_api_key(session: Session, *, key_id: int) -> ApiKey:

@@ -16,7 +16,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Engine, Select, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 DEFAULT_DATABASE_URL = "sqlite:///fairlane.db"
@@ -36,6 +36,14 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def page(query: Select[Any], id_column: Any, *, after: int | None, limit: int | None) -> Select[Any]:
+    """``query`` (ordered by ``id_column``) from the id after ``after``, at most ``limit`` rows
+    (None: from the first, every row)."""
+    if after is not None:
+        query = query.where(id_column > after)
+    return query.limit(limit)
 
 
 def make_engine(url: str = DEFAULT_DATABASE_URL, **kwargs: Any) -> Engine:

@@ -9,6 +9,7 @@ from typing import cast
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tenancy.db import page
 from tenancy.errors import ConflictError, NotFoundError, ValidationError
 from tenancy.models import TENANT_ACTIVE, TENANT_DISABLED, Tenant
 
@@ -87,9 +88,7 @@ def list_tenants(
     query = select(Tenant).order_by(Tenant.id)
     if not include_disabled:
         query = query.where(Tenant.status == TENANT_ACTIVE)
-    if after is not None:
-        query = query.where(Tenant.id > after)
-    return list(session.scalars(query.limit(limit)))
+    return list(session.scalars(page(query, Tenant.id, after=after, limit=limit)))
 
 
 def get_tenant(session: Session, *, tenant_id: int) -> Tenant:

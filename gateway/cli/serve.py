@@ -263,7 +263,6 @@ def main(args: argparse.Namespace) -> int:
         # The workers start now: they need Redis, not the database, and their start (torch, the
         # weights) overlaps the gateway's own (the app's import, the migrations, the demo key).
         spawn_worker = _worker_spawner(settings, settings.redis_url)
-        backoff_s = settings.restart_backoff_s  # the first wait before a dead process starts again
         for i in range(settings.workers):
             supervisor.add(
                 f"worker-{i}", spawn_worker, wait=False, first_backoff_s=settings.restart_backoff_s
@@ -289,7 +288,7 @@ def main(args: argparse.Namespace) -> int:
                 name,
                 spawn_gateway,
                 wait=False,
-                first_backoff_s=backoff_s,
+                first_backoff_s=settings.restart_backoff_s,
                 stop_timeout_s=settings.drain_timeout_s + GRACE_S,
             )
         log.info(
