@@ -47,9 +47,9 @@ STAGES = [
     ("admission (gateway, beside the step)", "hinted", "admitted"),
     ("step end to the entry read", "early_step_out", "worker_entry"),
     ("entry read to the publish", "worker_entry", "publish_in"),
-    ("publish to the gateway's reader", "publish_in", "results_read"),
+    ("publish to the gateway's reader (echo or Redis)", "publish_in", "results_in"),
     ("publish's round trip (worker)", "publish_in", "publish_out"),
-    ("reader to the request", "results_read", "first_results"),
+    ("reader to the request", "results_in", "first_results"),
     ("relay and response", "first_results", "route_out"),
     ("route to the client's end", "route_out", "end"),
 ]

@@ -329,6 +329,7 @@ async def _admit(
     have charged and queued already, so the call is finished (bounded by the quota client's
     timeout) and its admission set on ``context`` before the cancel goes on, for the caller to
     settle as cancelled (refunded, the lane entry cancelled, the request recorded)."""
+    await context.state.lanes.settled()  # a request answered from an echo is settled in Redis first
     call = asyncio.ensure_future(
         context.quota.admit(
             auth=context.auth,

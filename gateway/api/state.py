@@ -21,7 +21,7 @@ from gateway.api.usage_writer import UsageWriter
 from gateway.lanes.client import LaneClient
 from gateway.lanes.connect import async_client
 from gateway.lanes.keys import model_info_key
-from gateway.settings import ApiSettings
+from gateway.settings import ApiSettings, ServeSettings
 from tenancy import make_engine, make_session_factory
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,13 @@ class GatewayState:
             db_engine=db_engine,
             session_factory=session_factory,
             tokenizer=load_prompt_tokenizer(settings.engine.model, dummy_config=settings.engine.dummy_config),
-            lanes=LaneClient(redis, result_ttl_s=settings.result_ttl_s, early_start=settings.early_start),
+            lanes=LaneClient(
+                redis,
+                result_ttl_s=settings.result_ttl_s,
+                early_start=settings.early_start,
+                # with several gateway processes a client's next request may reach another one
+                result_echoes=not isinstance(settings, ServeSettings) or settings.gateway_workers == 1,
+            ),
             key_cache=KeyCache(session_factory, redis, refresh_s=settings.auth_refresh_s),
             quota_service=QuotaService.open(settings, session_factory),
             slo_gate=SLOGate(

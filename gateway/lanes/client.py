@@ -78,9 +78,12 @@ class LaneClient:
         result_ttl_s: int = 300,
         poll_ms: int = POLL_MS,
         early_start: bool = False,
+        result_echoes: bool = True,
     ) -> None:
         """``early_start``: hint a model's only worker, when it has an inbox on this host
-        (gateway/lanes/hints.py), before each admission."""
+        (gateway/lanes/hints.py), before each admission; ``result_echoes``: and have it echo the
+        hinted request's results to this replica (only where the client's next request comes back
+        to this replica: the admission of that request waits for the echoed one's settlement)."""
         self.redis = redis
         self.early_start = early_start and hints.supported()
         self._inboxes: dict[str, str] = {}  # model -> its only live worker's inbox (as last seen)
@@ -96,7 +99,13 @@ class LaneClient:
         self._discards: set[str] = set()  # result streams to drop with the next UNLINK
         self._discarder: asyncio.Task | None = None
         # every relay's XREAD
-        self.reader = ResultReader(redis, batch=RELAY_BATCH, block_ms=poll_ms, is_last=LaneResult.is_last)
+        self.reader = ResultReader(
+            redis,
+            batch=RELAY_BATCH,
+            block_ms=poll_ms,
+            is_last=LaneResult.is_last,
+            echoes=self.early_start and result_echoes,
+        )
 
     async def epoch(self) -> str:
         """The Redis data's epoch (set here if missing: first use, or a Redis restarted empty)."""
@@ -350,8 +359,13 @@ class LaneClient:
             return False
         address = self._inboxes.get(request.model)
         return address is not None and self._hints.send(
-            address, hints.start_hint(lane, request.request_id, fields)
+            address, hints.start_hint(lane, request.request_id, fields, self.reader.echo_address)
         )
+
+    async def settled(self) -> None:
+        """Before an admission: the quota settlements that rode with results this replica took
+        from echoes are in Redis (ResultReader.settled)."""
+        await self.reader.settled()
 
     def unhint(self, request: LaneRequest, *, refused_for_s: float | None = None) -> None:
         """The hinted request will not be queued (its admission failed, or refused it: then its

@@ -15,8 +15,16 @@ with the process), which a gateway on another host, or in another network namesp
 reach: its sends fail and it stops trying that address for a while. Datagrams are never waited
 for: a full inbox or a missing worker drops the hint, and the request takes the usual way.
 
-A hint is ``S<lane>\\n<request id>\\n<version>\\n<body>`` (the entry's fields as the admission
-writes them); a drop is ``D<request id>``.
+Results come back the same way (``ResultEcho``): a hint names the gateway's own inbox, and the
+worker sends each result of the hinted request there too, just before the transaction that
+publishes it to Redis (gateway/worker/lane_out.py); the gateway's result reader hands the request
+whichever copy comes first (gateway/lanes/result_reader.py). The Redis copy stays the record: the
+reader keeps reading the stream until it shows each echoed last result, and the gateway's next
+admission waits for that copy (the quota's settlement rides in its transaction).
+
+A hint is ``S<lane>\\n<request id>\\n<version>\\n<reply inbox>\\n<body>`` (the entry's fields as the
+admission writes them; the reply inbox may be empty); a drop is ``D<request id>``; a result's echo
+is ``R<request id>\\n<its position in the result stream>\\n<version>\\n<body>``.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ MAX_HINT_BYTES = 60_000  # a larger entry (a long prompt) goes the usual way onl
 MAX_PROMPT_TOKENS = 256
 HOLD_AFTER_REFUSAL_S = 1.0  # a tenant refused at admission is not hinted for this long (or its retry-after)
 UNREACHABLE_S = 5.0  # an address that refused a datagram is not tried again for this long
-START, DROP = b"S", b"D"
+START, DROP, ECHO = b"S", b"D", b"R"
 # Datagrams the kernel may queue for an inbox before it drops new ones (a busy worker reads none).
 INBOX_BYTES = 1 << 20
 
@@ -53,11 +61,28 @@ class StartHint:
     request_id: str
     version: bytes  # the entry's fields, as Redis will return them
     body: bytes
+    reply_to: str = ""  # the gateway's inbox for the request's result echoes ("": none)
 
 
-def start_hint(lane: str, request_id: str, fields: dict[str, str]) -> bytes:
-    """The hint of one lane entry (its fields as LaneRequest.encode makes them)."""
-    head = b"%s%s\n%s\n%s\n" % (START, lane.encode(), request_id.encode(), fields["v"].encode())
+@dataclass(frozen=True)
+class ResultEcho:
+    """A copy of one result a worker published on ``out:{request_id}``: the ``seq``-th entry (from 0)."""
+
+    request_id: str
+    seq: int
+    fields: dict[bytes, bytes]  # as Redis returns the entry's fields
+
+
+def start_hint(lane: str, request_id: str, fields: dict[str, str], reply_to: str = "") -> bytes:
+    """The hint of one lane entry (its fields as LaneRequest.encode makes them); ``reply_to``: where
+    the worker echoes the request's results ("": nowhere)."""
+    head = b"%s%s\n%s\n%s\n%s\n" % (
+        START,
+        lane.encode(),
+        request_id.encode(),
+        fields["v"].encode(),
+        reply_to.encode(),
+    )
     return head + fields["body"].encode()
 
 
@@ -65,12 +90,31 @@ def parse_start(payload: bytes) -> StartHint | None:
     """A start hint; None for anything else."""
     if not payload.startswith(START):
         return None
+    parts = payload[1:].split(b"\n", 4)
+    if len(parts) != 5:
+        return None
+    try:
+        return StartHint(parts[0].decode(), parts[1].decode(), parts[2], parts[4], parts[3].decode())
+    except UnicodeDecodeError:
+        return None
+
+
+def result_echo(request_id: str, seq: int, fields: dict[str, str]) -> bytes:
+    """The echo of a result (its fields as LaneResult.encode makes them), the ``seq``-th of its stream."""
+    head = b"%s%s\n%d\n%s\n" % (ECHO, request_id.encode(), seq, fields["v"].encode())
+    return head + fields["body"].encode()
+
+
+def parse_echo(payload: bytes) -> ResultEcho | None:
+    """A result's echo; None for anything else."""
+    if not payload.startswith(ECHO):
+        return None
     parts = payload[1:].split(b"\n", 3)
     if len(parts) != 4:
         return None
     try:
-        return StartHint(parts[0].decode(), parts[1].decode(), parts[2], parts[3])
-    except UnicodeDecodeError:
+        return ResultEcho(parts[0].decode(), int(parts[1]), {b"v": parts[2], b"body": parts[3]})
+    except (UnicodeDecodeError, ValueError):
         return None
 
 
@@ -85,10 +129,11 @@ def parse_drop(payload: bytes) -> str | None:
 
 
 class Inbox:
-    """A worker's inbox: a non-blocking datagram socket at a fresh abstract address."""
+    """An inbox (a worker's, for hints; a gateway's, for result echoes): a non-blocking datagram
+    socket at a fresh abstract address."""
 
-    def __init__(self) -> None:
-        self.address = f"fairlane-worker-{uuid.uuid4().hex}"
+    def __init__(self, owner: str = "worker") -> None:
+        self.address = f"fairlane-{owner}-{uuid.uuid4().hex}"
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, INBOX_BYTES)
@@ -114,12 +159,12 @@ class Inbox:
         self._sock.close()
 
 
-def open_inbox() -> Inbox | None:
+def open_inbox(owner: str = "worker") -> Inbox | None:
     """A new inbox, or None where there cannot be one (not Linux, or the socket failed)."""
     if not supported():
         return None
     try:
-        return Inbox()
+        return Inbox(owner)
     except OSError as exc:
         log.warning("no early-start inbox: %s", exc)
         return None

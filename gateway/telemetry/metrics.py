@@ -78,6 +78,12 @@ SHED = Counter(
     "they met: admissions in flight, or the Redis connection pool",
     ("reason",),
 )
+RELAYED_RESULTS = Counter(
+    "fairlane_relay_results",
+    "Engine results the replica's result reader handed to requests, by the copy that came first: "
+    "echo (the worker's datagram on this host, gateway/lanes/hints.py) or redis (the result stream)",
+    ("source",),
+)
 
 # ---- gateway: the replica's event loop (gateway/telemetry/loop_lag.py) -------------------------------
 LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)

@@ -17,7 +17,8 @@ host), ``worker_hint`` (the worker reads a hint), ``early_step_in`` / ``early_st
 hinted request's first engine step), ``admitted`` (the admission's reply back at the gateway),
 ``worker_entry`` (the worker's read of its lanes returned), ``publish_in`` / ``publish_out`` (the
 worker's publish of a step's results), ``results_read`` (the gateway's result reader's read
-returned), ``first_results`` (the request has its first results), ``route_out`` (the handler
+returned), ``results_in`` (the reader handed a request results: from that read or from an echo),
+``first_results`` (the request has its first results), ``route_out`` (the handler
 returns its response).
 """
 

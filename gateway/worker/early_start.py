@@ -35,6 +35,7 @@ class EarlyStart:
     body: bytes
     request: LaneRequest
     taken_at: float  # unix seconds
+    reply_to: str = ""  # the hinting gateway's inbox for the request's result echoes
     outputs: list[RequestOutput] = field(default_factory=list)  # its step's, published once it is bound
     prompt_tokens: int = 0  # of its prompt, what its step ran through the model or found cached
     entry: LaneEntry | None = None  # its own entry, once it came
@@ -76,7 +77,7 @@ class EarlyStarts:
             self.engine.add(self._engine_request(hint.lane, request, waited))
         except (AdapterNotFoundError, EngineError):
             return  # its entry, when it comes, is refused the usual way
-        self._early = EarlyStart(hint.lane, hint.version, hint.body, request, taken_at)
+        self._early = EarlyStart(hint.lane, hint.version, hint.body, request, taken_at, hint.reply_to)
         stats = self.engine.stats
         before = stats.prefill_tokens + stats.prefix_hit_tokens
         path_marks.mark("early_step_in")

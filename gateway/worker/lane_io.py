@@ -23,6 +23,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engine import Room
+from gateway.lanes import hints
 from gateway.lanes.connect import SOCKET_TIMEOUT_S
 from gateway.lanes.hints import Inbox
 from gateway.lanes.keys import (
@@ -106,6 +107,7 @@ class LaneIO(LaneOut):
         self.load_key = load_key(model)
         self.result_ttl_s, self.claim_idle_ms, self.block_ms = result_ttl_s, claim_idle_ms, block_ms
         self.stop = threading.Event()  # set by the worker's caller: ends retries too
+        self._echoes = hints.Sender()
         self._last_claim = 0.0
         self._last_prune = time.monotonic()
         self._take = redis.register_script(TAKE_LUA)  # EVALSHA, loaded again on NOSCRIPT

@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.lanes import hints
 from gateway.lanes.keys import GROUP, WORKER_FORGOTTEN_S, as_text, cancel_key, out_key
 from gateway.lanes.messages import LaneResult, LoadReport, MessageError
 from quotas import settlement as quota_settlement
@@ -38,6 +39,7 @@ class LaneOut:
     fair: bool
     fair_keys: dict[str, tuple[str, str]]  # lane -> its backlog and its counters
     stop: threading.Event
+    _echoes: hints.Sender  # result echoes to gateways' inboxes
 
     def publish(
         self,
@@ -48,17 +50,25 @@ class LaneOut:
         watch: Sequence[str] = (),
         served: Mapping[tuple[str, str], float] | None = None,
         settlements: Sequence[tuple[bytes | str, int]] = (),
+        echoes: Sequence[tuple[int, str, int]] = (),
     ) -> list[bool]:
         """One MULTI/EXEC: each result appended to its request's result stream (expiry renewed),
         each ``done`` (lane, entry id) ACKed and deleted (None: Redis lost it, nothing to ACK), the
         encoded load, each ``served`` (lane, tenant): output service added to the tenant's virtual
         counter of the lane (fair takes only: take.lua charged the prompt), each of ``settlements``
         (a lane entry's quota settlement, tokens used) settled; returns whether each request of
-        ``watch`` has a cancel mark."""
+        ``watch`` has a cancel mark.
+
+        Each of ``echoes`` (a result's position in ``results``, its gateway's inbox, its position in
+        its result stream) is sent to that inbox first (gateway/lanes/hints.py): the gateway has it
+        while this transaction is built, sent and run."""
+        encoded: list[dict[Any, Any]] = [result.encode() for result in results]
+        for at, address, seq in echoes:  # never blocks or raises: a datagram not sent is not echoed
+            self._echoes.send(address, hints.result_echo(results[at].request_id, seq, encoded[at]))
         pipe = self.redis.pipeline(transaction=True)
-        for result in results:
+        for result, fields in zip(results, encoded, strict=True):
             key = out_key(result.request_id)
-            pipe.xadd(key, result.encode())
+            pipe.xadd(key, fields)
             pipe.expire(key, self.result_ttl_s)
         for lane, entry_id in done:
             if entry_id is not None:

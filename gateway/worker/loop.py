@@ -323,6 +323,7 @@ class Worker(EarlyStarts, Publishing, Reclaims):
                 weight=request.weight,
                 # not one a dead worker ran: its gateway counts tokens from both workers
                 settlement=None if entry.claimed or resumed else entry.fields.get(SETTLEMENT),
+                reply_to="" if early is None else early.reply_to,  # its first result starts its stream
             )
         return 1
 

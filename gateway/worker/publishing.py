@@ -33,6 +33,7 @@ class Publishing:
         self._outbox, self._outbox_done = [], []
         served: dict[tuple[str, str], float] = {}  # (lane, tenant) -> output service, VTC-weighted
         settlements: list[tuple[bytes, int]] = []
+        echoes: list[tuple[int, str, int]] = []  # (position in results, gateway inbox, position in stream)
         w_out = self.engine.config.vtc_output_weight
         with self.lock:
             for out in outputs:
@@ -50,6 +51,9 @@ class Publishing:
                 settles = out.done and out.error is None and running.settlement is not None
                 if settles:
                     settlements.append((running.settlement, out.num_prompt_tokens + out.num_output_tokens))
+                if running.reply_to:
+                    echoes.append((len(results), running.reply_to, running.published))
+                    running.published += 1
                 results.append(
                     output_result(self.worker_id, out, *offsets, text_of_ids=no_text, quota_settled=settles)
                 )
@@ -64,11 +68,21 @@ class Publishing:
         try:
             load = self._load()
             cancelled = self.lane_io.publish(
-                results, done=done, load=load, watch=watched, served=served, settlements=settlements
+                results,
+                done=done,
+                load=load,
+                watch=watched,
+                served=served,
+                settlements=settlements,
+                echoes=echoes,
             )
         except REDIS_DOWN:
             if watch_cancels:
                 raise
+            with self.lock:  # their streams may get them twice: positions no longer known, no echoes
+                for result in results:
+                    if (running := self.inflight.get(result.request_id)) is not None:
+                        running.reply_to = ""
             # with the step's own results; their gateways settle what this publish would have
             unsettled = [replace(r, quota_settled=False) if r.quota_settled else r for r in results]
             self._outbox[:0], self._outbox_done[:0] = unsettled, done

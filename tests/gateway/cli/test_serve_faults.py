@@ -247,6 +247,45 @@ async def test_requests_one_at_a_time_start_early_on_the_restarted_worker(served
     await client.close()
 
 
+def _relayed(served) -> dict[str, float]:
+    """fairlane_relay_results_total by source (serve's /metrics)."""
+    counts = {"echo": 0.0, "redis": 0.0}
+    for line in httpx.get(served.base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("fairlane_relay_results_total{"):
+            counts[line.split('source="', 1)[1].split('"', 1)[0]] += float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+async def test_results_come_back_as_echoes_and_settle_before_the_next_admission(served):
+    """serve's default: a request alone gets its results from the worker's echoes (the Redis copy
+    comes after), and the next request of a tenant limited to one request at a time, sent as soon as
+    the answer is in, is admitted every time: its admission waited for the settlement that rode with
+    the echoed result's Redis copy. What was charged is what the usage records say."""
+    from openai import AsyncOpenAI
+
+    admin = {"Authorization": f"Bearer {served.admin_token}"}
+    async with httpx.AsyncClient(base_url=served.base_url, headers=admin, timeout=30) as http:
+        tenant = (await http.post("/admin/tenants", json={"name": f"solo-{os.getpid()}"})).json()
+        quota = {"max_concurrency": 1, "daily_token_budget": 10**6}
+        assert (await http.put(f"/admin/tenants/{tenant['id']}/quota", json=quota)).status_code == 200
+        key = (await http.post(f"/admin/tenants/{tenant['id']}/keys", json={"name": "k"})).json()["key"]
+        client = AsyncOpenAI(base_url=served.base_url + "/v1", api_key=key, max_retries=0)
+        ask = dict(model="dummy", prompt="one at a time", max_tokens=3, temperature=0)
+        await client.completions.create(**ask)  # the gateway sees the worker and its inbox
+        await asyncio.sleep(1.2)
+        before = _relayed(served)
+        answers = [await client.completions.create(**ask) for _ in range(20)]  # no 429: none raised
+        after = _relayed(served)
+        await client.close()
+        await asyncio.sleep(0.5)  # the last usage records' batch
+        usage = (await http.get(f"/admin/tenants/{tenant['id']}/quota/usage")).json()
+    assert all(a.usage.completion_tokens == 3 for a in answers)
+    assert after["echo"] - before["echo"] >= 15 * 3, (before, after)  # a result a token, most echoed
+    records = [r for r in usage_by_request(served.extra["tmp"]).values() if r.tenant_id == tenant["id"]]
+    assert len(records) == 21 and usage["in_flight"] == 0
+    assert usage["daily"]["used"] == sum(r.prompt_tokens + r.completion_tokens for r in records)
+
+
 async def test_sigterm_during_8_streams_drains_them_and_stops_everything(tmp_path):
     served = _serve(tmp_path, "sigterm")
     try:

@@ -122,7 +122,11 @@ async def test_a_models_only_live_worker_is_hinted_while_nothing_else_is_relayed
         assert lanes.hint(request, lane, fields)
         lanes.unhint(request)
         start, drop = inbox.receive()
-        assert hints.parse_start(start) == hints.StartHint(lane, "r1", b"2", fields["body"].encode())
+        reply_to = lanes.reader.echo_address  # where the worker echoes the request's results
+        assert reply_to.startswith("fairlane-gateway-")
+        assert hints.parse_start(start) == hints.StartHint(
+            lane, "r1", b"2", fields["body"].encode(), reply_to
+        )
         assert hints.parse_drop(drop) == "r1"
 
         # a tenant refused at admission is not hinted for its retry-after (1 s at least), others are

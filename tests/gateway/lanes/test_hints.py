@@ -34,10 +34,25 @@ def test_a_start_hint_carries_the_entry_byte_for_byte(inbox):
     sender.close()
 
 
+def test_a_hint_names_the_gateways_inbox_and_an_echo_carries_a_result_byte_for_byte(inbox):
+    entry = {"v": "2", "body": '{"request_id":"r1"}'}
+    result = {"v": "2", "body": '{"request_id":"r1","text":"caf\u00e9\\n","done":true}'}
+    sender = hints.Sender()
+    assert sender.send(inbox.address, hints.start_hint("lanes:m:standard", "r1", entry, "fairlane-gateway-x"))
+    assert sender.send(inbox.address, hints.result_echo("r1", 7, result))
+    start, echo = inbox.receive()
+    assert hints.parse_start(start).reply_to == "fairlane-gateway-x"
+    assert hints.parse_echo(echo) == hints.ResultEcho("r1", 7, {b"v": b"2", b"body": result["body"].encode()})
+    assert hints.parse_echo(start) is None and hints.parse_start(echo) is None
+    sender.close()
+
+
 def test_malformed_datagrams_are_not_hints():
     assert hints.parse_start(b"Slane-without-fields") is None
-    assert hints.parse_start(b"S\xff\nr\n2\n{}") is None  # not UTF-8
+    assert hints.parse_start(b"S\xff\nr\n2\n\n{}") is None  # not UTF-8
     assert hints.parse_start(b"X") is None and hints.parse_drop(b"") is None
+    assert hints.parse_echo(b"Rr1\nseven\n2\n{}") is None  # no position
+    assert hints.parse_echo(b"Rr1\n2") is None
 
 
 def test_a_missing_inbox_is_not_tried_again_for_a_while():

@@ -36,9 +36,9 @@ def _request(model, *, tier="standard", max_tokens=6, prompt=PROMPT) -> LaneRequ
     )
 
 
-def _hint(sender, inbox, request: LaneRequest) -> None:
+def _hint(sender, inbox, request: LaneRequest, reply_to: str = "") -> None:
     lane = lane_key(request.model, request.tier)
-    assert sender.send(inbox.address, hints.start_hint(lane, request.request_id, request.encode()))
+    assert sender.send(inbox.address, hints.start_hint(lane, request.request_id, request.encode(), reply_to))
 
 
 def _queue(redis, request: LaneRequest) -> None:
@@ -121,6 +121,35 @@ def test_a_hinted_request_runs_before_its_entry_and_publishes_once_the_entry_com
     assert _tokens(redis, request.request_id) == _greedy(tiny_engine_factory(), PROMPT, 6)
     assert redis.xlen(lane_key(worker.model, "standard")) == 0  # ACKed and deleted
     assert engine.num_free_blocks == engine.num_total_blocks
+    redis.delete(out_key(request.request_id))
+
+
+def test_a_hinted_requests_results_are_echoed_to_its_gateway_each_with_its_place_in_the_stream(
+    early, redis, tiny_engine_factory
+):
+    worker, sender = early
+    gateway_inbox = hints.open_inbox("gateway")
+    request = _request(worker.model)
+    echoed_early = []
+    thread = _in_background(
+        lambda: _hint(sender, worker.inbox, request, gateway_inbox.address),
+        0.3,
+        lambda: echoed_early.extend(gateway_inbox.receive()),  # its step ran: nothing is echoed yet
+        lambda: _queue(redis, request),
+    )
+    try:
+        worker.run_once()
+        thread.join()
+        _run_until_done(worker, redis, [request.request_id])
+        echoes = [hints.parse_echo(payload) for payload in gateway_inbox.receive()]
+    finally:
+        gateway_inbox.close()
+    assert echoed_early == []
+    published = redis.xrange(out_key(request.request_id))
+    assert len(published) > 1  # a result a step: the first step's, then one for each token after
+    assert [(e.request_id, e.seq) for e in echoes] == [(request.request_id, i) for i in range(len(published))]
+    assert [e.fields for e in echoes] == [fields for _id, fields in published]  # byte for byte
+    assert _tokens(redis, request.request_id) == _greedy(tiny_engine_factory(), PROMPT, 6)
     redis.delete(out_key(request.request_id))
 
 
