@@ -56,6 +56,7 @@ ECHO_ENTRY_ID = "0-0"  # an echoed result's id for the request (its Redis id is 
 # A released stream whose echoed last result Redis has not shown is read this long at most, and an
 # admission waits this long at most for those (a worker that died between its echo and its publish).
 ECHO_CONFIRM_S, SETTLED_WAIT_S = 5.0, 0.5
+UNCLAIMED_MAX = 64  # requests whose echoes came before they asked for results, kept at once
 _FROM_ECHO, _FROM_REDIS = (metrics.RELAYED_RESULTS.labels(source) for source in ("echo", "redis"))
 
 
@@ -92,6 +93,7 @@ class ResultReader:
         self._inbox = hints.open_inbox("gateway") if echoes else None
         self._inbox_loop: asyncio.AbstractEventLoop | None = None
         self._echoed_last: set[str] = set()  # streams whose last result came as an echo, not yet from Redis
+        self._unclaimed: dict[str, list[hints.ResultEcho]] = {}  # echoes that came before their request asked
         self._settled = asyncio.Event()
         self._settled.set()
         self.wake_key = f"relay:wake:{uuid.uuid4().hex}"
@@ -111,6 +113,8 @@ class ResultReader:
         if waiting is None or waiting.released_at is not None:
             waiting = self._streams[key] = _Waiting(last_id)
             self._confirmed(key)
+            for echo in self._unclaimed.pop(key, ()):
+                self._hand(key, waiting, echo)
         elif waiting.answered and not waiting.entries:  # asked past its last result: read it again
             waiting.finished = waiting.answered = False
             self._confirmed(key)
@@ -177,24 +181,36 @@ class ResultReader:
             self._task = loop.create_task(self._run(), name="result-reader")
 
     def _on_echoes(self) -> None:
-        """Hand each waiting request the echoes that are its next result (the others: late copies)."""
+        """Hand each waiting request the echoes that are its next result (the others: late copies);
+        keep those of a request that has not asked yet (its admission's reply came after its step)."""
         assert self._inbox is not None
         for payload in self._inbox.receive():
             echo = hints.parse_echo(payload)
-            key = "" if echo is None else out_key(echo.request_id)
-            target = self._streams.get(key)
-            if echo is None or target is None or target.released_at is not None or echo.seq != target.handed:
+            if echo is None:
                 continue
-            path_marks.mark("results_in")
-            _FROM_ECHO.inc()
-            target.handed += 1
-            target.entries.append((ECHO_ENTRY_ID, echo.fields))
-            if self.is_last(echo.fields):
-                target.answered = True
-                if not target.finished:
-                    self._echoed_last.add(key)
-                    self._settled.clear()
-            target.ready.set()
+            key = out_key(echo.request_id)
+            target = self._streams.get(key)
+            if target is None:
+                self._unclaimed.setdefault(key, []).append(echo)
+                while len(self._unclaimed) > UNCLAIMED_MAX:  # of requests that never asked: the oldest go
+                    del self._unclaimed[next(iter(self._unclaimed))]
+            elif self._hand(key, target, echo):
+                target.ready.set()
+
+    def _hand(self, key: str, target: _Waiting, echo: hints.ResultEcho) -> bool:
+        """Hand ``echo`` to its request if it is the next result; whether it was."""
+        if target.released_at is not None or echo.seq != target.handed:
+            return False
+        path_marks.mark("results_in")
+        _FROM_ECHO.inc()
+        target.handed += 1
+        target.entries.append((ECHO_ENTRY_ID, echo.fields))
+        if self.is_last(echo.fields):
+            target.answered = True
+            if not target.finished:
+                self._echoed_last.add(key)
+                self._settled.clear()
+        return True
 
     def _forget_unconfirmed(self) -> None:
         """Stop reading released streams that waited ECHO_CONFIRM_S for Redis to show their last result."""
@@ -279,6 +295,7 @@ class ResultReader:
     async def aclose(self) -> None:
         """Stop reading and drop the wake stream (at shutdown)."""
         self._streams.clear()
+        self._unclaimed.clear()
         self._echoed_last.clear()
         self._settled.set()
         if self._inbox is not None:

@@ -128,15 +128,30 @@ async def test_an_echo_lost_on_the_way_leaves_its_results_to_redis(lanes):
     await asyncio.wait_for(lanes.settled(), 0.01)
 
 
-async def test_an_echo_of_a_request_nobody_waits_for_is_dropped(lanes):
+async def test_echoes_that_come_before_their_request_asks_are_handed_when_it_does(lanes):
+    """The step ended before the admission's reply was back: the request asks for its results after
+    its echoes came. Echoes of requests that never ask are forgotten, the oldest first."""
     lanes, sender = lanes
     rid = uuid.uuid4().hex
-    _first, last = _results(rid)
+    first, last = _results(rid)
     lanes.reader._ensure_running()  # the inbox is read
-    _echo(lanes, sender, last, 0)
+    _echo(lanes, sender, first, 0)
+    _echo(lanes, sender, last, 1)
     await asyncio.sleep(0.1)
     assert lanes.reader._streams == {} and lanes.reader._echoed_last == set()
-    await asyncio.wait_for(lanes.settled(), 0.01)
+    await asyncio.wait_for(lanes.settled(), 0.01)  # nothing handed yet: nothing to wait for
+    got = await asyncio.wait_for(_relay(lanes, rid), 0.5)
+    assert [r.token_ids for r in got] == [(11,), (12,)]
+    await _publish(lanes, first)
+    await _publish(lanes, last)
+    await asyncio.wait_for(lanes.settled(), 1)
+
+    never = [uuid.uuid4().hex for _ in range(result_reader.UNCLAIMED_MAX + 1)]
+    for other in never:
+        _echo(lanes, sender, _results(other)[0], 0)
+        await asyncio.sleep(0.002)  # read as they come (an inbox queues 10 datagrams by default)
+    await asyncio.sleep(0.1)
+    assert list(lanes.reader._unclaimed) == [out_key(other) for other in never[1:]]
 
 
 async def test_an_admission_waits_a_bounded_time_for_a_redis_copy_that_never_comes(lanes, monkeypatch):
