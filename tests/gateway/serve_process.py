@@ -157,3 +157,15 @@ def usage_by_request(tmp) -> dict:
         records = {r.request_id: r for r in session.query(UsageRecord).all()}
     engine.dispose()
     return records
+
+
+def metric_by(served: Served, metric: str, label: str) -> dict[str, float]:
+    """``metric``'s samples on serve's /metrics, summed by the value of ``label``."""
+    import httpx
+
+    sums: dict[str, float] = {}
+    for line in httpx.get(served.base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(metric + "{") and f'{label}="' in line:
+            value = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+            sums[value] = sums.get(value, 0.0) + float(line.rsplit(" ", 1)[1])
+    return sums
