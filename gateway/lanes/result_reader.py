@@ -56,7 +56,7 @@ ECHO_ENTRY_ID = "0-0"  # an echoed result's id for the request (its Redis id is 
 # A released stream whose echoed last result Redis has not shown is read this long at most, and an
 # admission waits this long at most for those (a worker that died between its echo and its publish).
 ECHO_CONFIRM_S, SETTLED_WAIT_S = 5.0, 0.5
-UNCLAIMED_MAX = 64  # requests whose echoes came before they asked for results, kept at once
+UNCLAIMED_MAX = 64  # echoes that came before their request asked for results: requests kept, results each
 _FROM_ECHO, _FROM_REDIS = (metrics.RELAYED_RESULTS.labels(source) for source in ("echo", "redis"))
 
 
@@ -190,8 +190,10 @@ class ResultReader:
                 continue
             key = out_key(echo.request_id)
             target = self._streams.get(key)
-            if target is None:
-                self._unclaimed.setdefault(key, []).append(echo)
+            if target is None:  # kept for a while: UNCLAIMED_MAX requests, each's first UNCLAIMED_MAX results
+                kept = self._unclaimed.setdefault(key, [])
+                if len(kept) < UNCLAIMED_MAX:
+                    kept.append(echo)
                 while len(self._unclaimed) > UNCLAIMED_MAX:  # of requests that never asked: the oldest go
                     del self._unclaimed[next(iter(self._unclaimed))]
             elif self._hand(key, target, echo):

@@ -146,6 +146,12 @@ async def test_echoes_that_come_before_their_request_asks_are_handed_when_it_doe
     await _publish(lanes, last)
     await asyncio.wait_for(lanes.settled(), 1)
 
+    chatty = _results(uuid.uuid4().hex)[0]  # a request that never asks, its results kept up to a bound
+    for seq in range(result_reader.UNCLAIMED_MAX + 5):
+        _echo(lanes, sender, chatty, seq)
+        await asyncio.sleep(0.002)
+    await asyncio.sleep(0.05)
+    assert len(lanes.reader._unclaimed[out_key(chatty.request_id)]) == result_reader.UNCLAIMED_MAX
     never = [uuid.uuid4().hex for _ in range(result_reader.UNCLAIMED_MAX + 1)]
     for other in never:
         _echo(lanes, sender, _results(other)[0], 0)
