@@ -32,6 +32,7 @@ from typing import Any
 import hiredis
 from redis._parsers.base import BaseParser
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -116,8 +117,9 @@ class RespConnection:
         it uses TLS or another connection class this module does not speak."""
         pool = client.connection_pool
         kwargs = pool.connection_kwargs
-        name = pool.connection_class.__name__
-        if name not in ("Connection", "PackingConnection", "UnixDomainSocketConnection"):
+        kind = pool.connection_class  # redis-py's, or derived (quotas/client.py, gateway/lanes/connect.py)
+        unix = issubclass(kind, UnixDomainSocketConnection)
+        if issubclass(kind, SSLConnection) or not (unix or issubclass(kind, Connection)):
             return None
         if kwargs.get("encoding", "utf-8") != "utf-8" or kwargs.get("decode_responses"):
             return None
@@ -125,7 +127,7 @@ class RespConnection:
         return cls(
             host=kwargs.get("host", "127.0.0.1"),
             port=int(kwargs.get("port", 6379)),
-            path=kwargs.get("path") if name == "UnixDomainSocketConnection" else None,
+            path=kwargs.get("path") if unix else None,
             db=int(kwargs.get("db", 0) or 0),
             username=kwargs.get("username"),
             password=kwargs.get("password"),

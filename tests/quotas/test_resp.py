@@ -164,6 +164,19 @@ def test_tls_and_decoding_clients_keep_redis_py():
     assert RespConnection.for_client(connect("unix:///tmp/some.sock")).path == "/tmp/some.sock"  # type: ignore[union-attr]
 
 
+def test_the_gateways_own_clients_get_a_lean_connection():
+    """The lanes' client (cancellable writes: a connection class derived from redis-py's) took
+    redis-py's slower path for the result reader's reads, because only redis-py's own class names
+    were recognised."""
+    from gateway.lanes.connect import async_client
+
+    for url in ("redis://127.0.0.1:6379/0", "unix:///tmp/some.sock"):
+        client = async_client(url)
+        assert client.connection_pool.connection_class.__name__.startswith("Cancellable")
+        assert RespConnection.for_client(client) is not None
+    assert RespConnection.for_client(async_client("rediss://127.0.0.1:6379/0")) is None
+
+
 async def test_script_loads_itself_when_the_server_lacks_it(backend):
     """A script the server does not have (never loaded, or flushed; a text of its own here, so
     that no other test's scripts are flushed on a shared server) is loaded on NOSCRIPT."""
