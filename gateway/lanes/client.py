@@ -82,7 +82,7 @@ class LaneClient:
     ) -> None:
         """``early_start``: hint a model's only worker, when it has an inbox on this host
         (gateway/lanes/hints.py), before each admission; ``result_echoes``: and have it echo the
-        hinted request's results to this replica (only where the client's next request comes back
+        hinted request's last result to this replica (only where the client's next request comes back
         to this replica: the admission of that request waits for the echoed one's settlement)."""
         self.redis = redis
         self.early_start = early_start and hints.supported()

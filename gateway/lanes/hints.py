@@ -15,12 +15,15 @@ with the process), which a gateway on another host, or in another network namesp
 reach: its sends fail and it stops trying that address for a while. Datagrams are never waited
 for: a full inbox or a missing worker drops the hint, and the request takes the usual way.
 
-Results come back the same way (``ResultEcho``): a hint names the gateway's own inbox, and the
-worker sends each result of the hinted request there too, just before the transaction that
+The answer comes back the same way (``ResultEcho``): a hint names the gateway's own inbox, and the
+worker sends the hinted request's last result there too, just before the transaction that
 publishes it to Redis (gateway/worker/lane_out.py); the gateway's result reader hands the request
 whichever copy comes first (gateway/lanes/result_reader.py). The Redis copy stays the record: the
-reader keeps reading the stream until it shows each echoed last result, and the gateway's next
-admission waits for that copy (the quota's settlement rides in its transaction).
+reader keeps reading the stream until it shows the echoed result, and the gateway's next
+admission waits for that copy (the quota's settlement rides in its transaction). Only the last
+result: an echo runs ahead of the stream, and a worker that dies between an echo and its publish
+leaves a stream that another worker continues from what Redis holds; an earlier result handed
+from an echo could then differ from what that worker resumes from.
 
 A hint is ``S<lane>\\n<request id>\\n<version>\\n<reply inbox>\\n<body>`` (the entry's fields as the
 admission writes them; the reply inbox may be empty); a drop is ``D<request id>``; a result's echo

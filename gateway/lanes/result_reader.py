@@ -23,11 +23,12 @@ reads, so a read cut by a dropped connection is simply sent again, as many times
 retries); a TLS client reads through redis-py.
 
 Echoes (gateway/lanes/hints.py): where the replica hinted a request to an idle worker on its host,
-the worker also sends each of its results to the replica's inbox, just before the transaction that
-publishes it to Redis: the gateway has it while the worker builds and sends that transaction and
-Redis runs it and answers the reader. Each echo names its position in the stream; the reader hands
-the request the next result from whichever copy comes first and drops the other (an echo that is
-lost or comes late changes nothing: the Redis copy follows). The Redis copy stays the record: a
+the worker also sends the request's last result to the replica's inbox, just before the transaction
+that publishes it to Redis: the gateway has it while the worker builds and sends that transaction
+and Redis runs it and answers the reader. Each echo names its position in the stream; the reader
+hands it to the request when it is the next result and a last one (nothing comes after it to
+disagree with it), and drops the Redis copy (an echo that is lost or comes late changes nothing:
+the Redis copy follows). The Redis copy stays the record: a
 stream whose last result came as an echo is read on until Redis shows it, after the request has
 released it, and ``settled`` (awaited before each admission) waits for that: the worker settles
 the request's quota in the same transaction, so the client's next request is admitted against the
@@ -200,18 +201,17 @@ class ResultReader:
                 target.ready.set()
 
     def _hand(self, key: str, target: _Waiting, echo: hints.ResultEcho) -> bool:
-        """Hand ``echo`` to its request if it is the next result; whether it was."""
-        if target.released_at is not None or echo.seq != target.handed:
+        """Hand ``echo`` to its request if it is the next result and its last; whether it was."""
+        if target.released_at is not None or echo.seq != target.handed or not self.is_last(echo.fields):
             return False
         path_marks.mark("results_in")
         _FROM_ECHO.inc()
         target.handed += 1
         target.entries.append((ECHO_ENTRY_ID, echo.fields))
-        if self.is_last(echo.fields):
-            target.answered = True
-            if not target.finished:
-                self._echoed_last.add(key)
-                self._settled.clear()
+        target.answered = True
+        if not target.finished:
+            self._echoed_last.add(key)
+            self._settled.clear()
         return True
 
     def _forget_unconfirmed(self) -> None:

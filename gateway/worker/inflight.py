@@ -19,8 +19,8 @@ class InFlight:
     tenant: str = ""  # whose service its tokens are (the lane's virtual counters)
     weight: float = 1.0
     settlement: bytes | None = None  # its quota's, settled with its last result (quotas/settlement.py)
-    reply_to: str = ""  # its gateway's inbox, where its results are echoed ("": none; hints.py)
-    published: int = 0  # results this worker put on its result stream while echoing them
+    reply_to: str = ""  # its gateway's inbox, where its last result is echoed ("": none; hints.py)
+    published: int = 0  # results this worker put on its result stream (while it has a reply_to)
 
     def offset_of(self, index: int) -> int:
         return self.offset if index == 0 else self.choice_offsets.get(index, 0)

@@ -59,9 +59,9 @@ class LaneOut:
         (a lane entry's quota settlement, tokens used) settled; returns whether each request of
         ``watch`` has a cancel mark.
 
-        Each of ``echoes`` (a result's position in ``results``, its gateway's inbox, its position in
-        its result stream) is sent to that inbox first (gateway/lanes/hints.py): the gateway has it
-        while this transaction is built, sent and run."""
+        Each of ``echoes`` (a last result's position in ``results``, its gateway's inbox, its
+        position in its result stream) is sent to that inbox first (gateway/lanes/hints.py): the
+        gateway has it while this transaction is built, sent and run."""
         encoded: list[dict[Any, Any]] = [result.encode() for result in results]
         for at, address, seq in echoes:  # never blocks or raises: a datagram not sent is not echoed
             self._echoes.send(address, hints.result_echo(results[at].request_id, seq, encoded[at]))

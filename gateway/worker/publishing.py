@@ -51,8 +51,9 @@ class Publishing:
                 settles = out.done and out.error is None and running.settlement is not None
                 if settles:
                     settlements.append((running.settlement, out.num_prompt_tokens + out.num_output_tokens))
-                if running.reply_to:
-                    echoes.append((len(results), running.reply_to, running.published))
+                if running.reply_to:  # only its last result is echoed: the relay ends with it
+                    if out.done:
+                        echoes.append((len(results), running.reply_to, running.published))
                     running.published += 1
                 results.append(
                     output_result(self.worker_id, out, *offsets, text_of_ids=no_text, quota_settled=settles)
