@@ -25,7 +25,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from engine import Room
 from gateway.lanes import hints
 from gateway.lanes.connect import SOCKET_TIMEOUT_S
-from gateway.lanes.hints import Inbox
 from gateway.lanes.keys import (
     GROUP,
     as_text,
@@ -168,7 +167,7 @@ class LaneIO(LaneOut):
         return claimed + new
 
     def wait(
-        self, inbox: Inbox | None = None, on_hints: Callable[[list[bytes]], None] | None = None
+        self, inbox: hints.Inbox | None = None, on_hints: Callable[[list[bytes]], None] | None = None
     ) -> list[LaneEntry]:
         """Nothing came: block on every lane at once for an entry (one a lane at most), until the
         next look for a dead worker's entries is due (block_ms at most). An entry added meanwhile
@@ -200,7 +199,7 @@ class LaneIO(LaneOut):
         return woke
 
     def _read_watching(
-        self, block: int, inbox: Inbox, on_hints: Callable[[list[bytes]], None]
+        self, block: int, inbox: hints.Inbox, on_hints: Callable[[list[bytes]], None]
     ) -> tuple[Any, list[int]]:
         """``wait``'s read and lengths in one round trip, watching ``inbox`` until the reply is in.
         The commands go out first, so an entry added while a hint's step runs answers the read
